@@ -1,0 +1,85 @@
+# tinyloop - build, test, run. See README.md.
+CC      ?= gcc
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -fPIC -pthread -Iengine -Ikernels/cpu
+LDLIBS  += -lm -pthread -ldl
+
+LIB_SRC  := $(wildcard engine/*.c kernels/cpu/*.c)
+LIB_OBJ  := $(LIB_SRC:%.c=build/obj/%.o)
+ASAN_OBJ := $(LIB_SRC:%.c=build/asan/%.o)
+TSUP_SRC := $(wildcard tests/c/lib/*.c)
+TEST_SRC := $(wildcard tests/c/test_*.c)
+TESTS    := $(TEST_SRC:tests/c/%.c=build/tests/%)
+ASAN_TESTS := $(TEST_SRC:tests/c/%.c=build/tests-asan/%)
+TOOLS    := bin/tl-gen-model
+
+ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+MODEL   ?= ../shared/models/stories260K.gguf
+
+.PHONY: all test test-c test-asan fuzz bench run clean deps
+all: build/libtinyloop.so build/libtinyloop.a bin/tinyloop $(TOOLS)
+
+build/obj/%.o: %.c $(wildcard engine/*.h kernels/cpu/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+build/asan/%.o: %.c $(wildcard engine/*.h kernels/cpu/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(ASAN_FLAGS) -c $< -o $@
+
+build/libtinyloop.a: $(LIB_OBJ)
+	@mkdir -p build
+	rm -f $@ && ar rcs $@ $^
+
+build/libtinyloop.so: $(LIB_OBJ)
+	$(CC) -shared -o $@ $^ $(LDLIBS)
+
+build/libtinyloop-asan.a: $(ASAN_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+CLI_SRC := $(wildcard engine/cli/*.c)
+bin/tinyloop: $(CLI_SRC) build/libtinyloop.a
+	@mkdir -p bin
+	$(CC) $(CFLAGS) -o $@ $(CLI_SRC) build/libtinyloop.a $(LDLIBS)
+
+bin/tl-gen-model: tests/tools/gen_model.c $(TSUP_SRC) build/libtinyloop.a
+	@mkdir -p bin
+	$(CC) $(CFLAGS) -Itests/c/lib -o $@ $< $(TSUP_SRC) build/libtinyloop.a $(LDLIBS)
+
+build/tests/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop.a tests/c/test.h
+	@mkdir -p build/tests
+	$(CC) $(CFLAGS) -Itests/c -Itests/c/lib -o $@ $< $(TSUP_SRC) build/libtinyloop.a $(LDLIBS)
+
+build/tests-asan/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop-asan.a tests/c/test.h
+	@mkdir -p build/tests-asan
+	$(CC) $(CFLAGS) $(ASAN_FLAGS) -Itests/c -Itests/c/lib -o $@ $< $(TSUP_SRC) build/libtinyloop-asan.a $(LDLIBS)
+
+# make test: every test (C now; Lua specs join as they land), one summary line.
+test: deps all $(TESTS)
+	@sh tests/run.sh build/tests $(TESTS)
+
+test-asan: deps build/libtinyloop-asan.a $(ASAN_TESTS)
+	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	  TL_TEST_QUICK=1 sh tests/run.sh build/tests-asan $(ASAN_TESTS)
+
+FUZZ_TIME ?= 60
+fuzz: build/fuzz/fuzz_gguf
+	sh tests/fuzz/run.sh build/fuzz/fuzz_gguf $(FUZZ_TIME)
+
+build/fuzz/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(LIB_SRC) $(TSUP_SRC)
+	@mkdir -p build/fuzz
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iengine -Ikernels/cpu -Itests/c/lib \
+	  -o $@ tests/fuzz/fuzz_gguf.c $(LIB_SRC) $(TSUP_SRC) -lm -pthread -ldl
+
+bench: all
+	./bin/tinyloop bench
+
+run: deps all
+	./bin/tinyloop generate -m $(MODEL) -p "Once upon a time" -n 64
+
+deps:
+	@sh tests/deps.sh
+
+clean:
+	rm -rf build bin

@@ -1,0 +1,135 @@
+/* bench.c - `tinyloop bench` and the tensor-type summary of `tinyloop info`.
+ * Prints prefill and decode tokens/s for one sequence and for a batch of
+ * sequences decoding together, and the batch/single ratio, measured in one
+ * run on this machine. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf.h"
+#include "quants.h"
+#include "tinyloop.h"
+#include "util.h"
+
+int tl_cli_print_tensor_types(const char *path) {
+    gguf_file *f = gguf_open(path);
+    if (!f) return -1;
+    int64_t count[TL_TYPE_COUNT] = {0};
+    for (uint64_t i = 0; i < f->n_tensors; i++) count[f->tensors[i].type]++;
+    printf("tensor types ");
+    for (int t = 0; t < TL_TYPE_COUNT; t++)
+        if (count[t]) printf(" %s:%lld", tl_type_info(t)->name, (long long)count[t]);
+    printf("  (%llu tensors, GGUF v%u)\n", (unsigned long long)f->n_tensors, f->version);
+    gguf_close(f);
+    return 0;
+}
+
+static int bench_one(const char *path, tl_model_params mp, int n_gen, int prompt_len, int batch) {
+    tl_model *m;
+    if (tl_model_open(path, mp, &m) != TL_OK) {
+        fprintf(stderr, "bench: %s\n", tl_last_error());
+        return -1;
+    }
+    tl_model_info info;
+    tl_model_get_info(m, &info);
+    if (prompt_len + n_gen > info.max_seq_len) prompt_len = info.max_seq_len - n_gen;
+    if (prompt_len < 1) prompt_len = 1;
+    /* The batch needs room for every sequence at once: reopen with enough KV. */
+    int depth_blocks = info.n_layer, bs = info.kv_block_size;
+    size_t need = (size_t)(batch + 1) * (size_t)((prompt_len + n_gen + bs - 1) / bs + 1) * (size_t)depth_blocks;
+    if (mp.kv_mem == 0 && need > (size_t)info.kv_blocks_total) {
+        mp.kv_mem = need * (info.kv_bytes / (size_t)info.kv_blocks_total);
+        tl_model_close(m);
+        if (tl_model_open(path, mp, &m) != TL_OK) {
+            fprintf(stderr, "bench: %s\n", tl_last_error());
+            return -1;
+        }
+        tl_model_get_info(m, &info);
+    }
+    int nv = info.n_vocab, rc = -1;
+    int32_t *prompt = malloc((size_t)prompt_len * sizeof *prompt);
+    float *logits = malloc((size_t)nv * batch * sizeof *logits);
+    tl_seq **seqs = calloc((size_t)batch, sizeof *seqs);
+    const int32_t **toks = calloc((size_t)batch, sizeof *toks);
+    int32_t *next = malloc((size_t)batch * sizeof *next);
+    int *ones = malloc((size_t)batch * sizeof *ones);
+    if (!prompt || !logits || !seqs || !toks || !next || !ones) goto out;
+    uint32_t r = 12345;
+    for (int i = 0; i < prompt_len; i++) prompt[i] = (int32_t)((r = r * 1103515245u + 12345u) >> 8) % nv;
+    for (int i = 0; i < batch; i++) ones[i] = 1;
+
+    /* single sequence: prefill then decode */
+    /* prefill: best of 3 (the first also warms caches and scratch) */
+    double t_prefill = 1e30, t0;
+    for (int rep = 0; rep < 3; rep++) {
+        if (tl_seq_new(m, 0, &seqs[0])) goto out;
+        t0 = tl_now();
+        const int32_t *pp = prompt;
+        if (tl_batch_forward(m, seqs, &pp, &prompt_len, 1, logits)) goto fail;
+        double dt = tl_now() - t0;
+        if (dt < t_prefill) t_prefill = dt;
+        if (rep < 2) {
+            tl_seq_free(seqs[0]);
+            seqs[0] = NULL;
+        }
+    }
+    next[0] = 0;
+    t0 = tl_now();
+    for (int i = 0; i < n_gen; i++) {
+        next[0] = (int32_t)((next[0] * 31 + 7) % nv);
+        toks[0] = &next[0];
+        if (tl_batch_forward(m, seqs, toks, ones, 1, logits)) goto fail;
+    }
+    double t_decode = tl_now() - t0;
+    tl_seq_free(seqs[0]);
+    seqs[0] = NULL;
+
+    /* batch: every sequence gets a short prompt, then all decode together */
+    int short_len = prompt_len < 16 ? prompt_len : 16;
+    for (int b = 0; b < batch; b++) {
+        if (tl_seq_new(m, 0, &seqs[b])) goto fail;
+        const int32_t *p = prompt + (b % 4);
+        int n = short_len - (b % 4) > 0 ? short_len - (b % 4) : 1;
+        if (tl_batch_forward(m, &seqs[b], &p, &n, 1, NULL)) goto fail;
+    }
+    t0 = tl_now();
+    for (int i = 0; i < n_gen; i++) {
+        for (int b = 0; b < batch; b++) {
+            next[b] = (int32_t)((i * 131 + b * 17 + 3) % nv);
+            toks[b] = &next[b];
+        }
+        if (tl_batch_forward(m, seqs, toks, ones, batch, logits)) goto fail;
+    }
+    double t_batch = tl_now() - t0;
+    double pf = prompt_len / t_prefill, dec = n_gen / t_decode, bat = (double)n_gen * batch / t_batch;
+    const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    printf("%-34s %5.1f MiB  prefill(%d) %9.1f tok/s  decode %8.1f tok/s  batch%d decode %9.1f tok/s  "
+           "batch/single %.2fx  [%d threads, %s]\n",
+           name, (double)info.weight_bytes / (1 << 20), prompt_len, pf, dec, batch, bat, bat / dec, info.n_threads,
+           info.isa);
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "bench: %s: %s\n", path, tl_last_error());
+out:
+    for (int b = 0; seqs && b < batch; b++) tl_seq_free(seqs[b]);
+    free(prompt);
+    free(logits);
+    free(seqs);
+    free(toks);
+    free(next);
+    free(ones);
+    tl_model_close(m);
+    return rc;
+}
+
+int tl_cli_bench(int n_models, const char *const *models, tl_model_params mp, int n_gen, int prompt_len, int batch) {
+    static const char *defaults[] = {"../shared/models/stories260K.gguf"};
+    if (n_models == 0) {
+        models = defaults;
+        n_models = 1;
+    }
+    int fails = 0;
+    for (int i = 0; i < n_models; i++) fails += bench_one(models[i], mp, n_gen, prompt_len, batch) != 0;
+    return fails ? 1 : 0;
+}

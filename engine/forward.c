@@ -1,0 +1,413 @@
+/* forward.c - the batched forward pass over the paged KV cache.
+ *
+ * One call runs every layer once over all new tokens of all sequences in
+ * the batch (T tokens in total): prefilling sequences contribute many
+ * tokens, decoding ones a single token. Each token attends to its own
+ * sequence's KV (cached positions plus the batch's own, causally).
+ * Numerics follow ggml's CPU ops (double accumulation in RMSNorm and
+ * softmax sums, float RoPE with an iterated theta) so greedy tokens match
+ * llama.cpp. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+#include "quants.h"
+#include "util.h"
+
+typedef struct tl_scratch {
+    int cap;                 /* token capacity of the buffers below */
+    float *x;                /* (cap, n_embd) residual stream */
+    float *xb;               /* (cap, n_embd) normed input */
+    float *q;                /* (cap, q_dim) */
+    float *k, *v;            /* (cap, kv_dim) */
+    float *att;              /* (cap, q_dim) attention output */
+    float *hb, *hb2;         /* (cap, n_ff) */
+    float *o;                /* (cap, max(n_embd, ...)) projection output */
+    void *xq;                /* (cap, quantized row of the widest input) */
+    size_t xq_stride;
+    int32_t *tok_seq, *tok_pos;
+    float *scores;           /* (n_threads, max_seq_len) */
+    float *logits_x;         /* (n_seq, n_embd) */
+} tl_scratch;
+
+static void scratch_free_bufs(tl_scratch *s) {
+    float **bufs[] = {&s->x, &s->xb, &s->q, &s->k, &s->v, &s->att, &s->hb, &s->hb2, &s->o, &s->logits_x};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        tl_free_aligned(*bufs[i]);
+        *bufs[i] = NULL;
+    }
+    tl_free_aligned(s->xq);
+    free(s->tok_seq);
+    free(s->tok_pos);
+    s->xq = NULL;
+    s->tok_seq = s->tok_pos = NULL;
+    s->cap = 0;
+}
+
+static size_t max_xq_row(const tl_model *m) {
+    const tl_hparams *hp = &m->hp;
+    int widest = hp->n_embd;
+    if (hp->n_ff > widest) widest = hp->n_ff;
+    if (hp->n_head * hp->head_dim > widest) widest = hp->n_head * hp->head_dim;
+    /* Q8_K rows are the largest activation encoding; round up to a block. */
+    int64_t n = ((int64_t)widest + 255) / 256 * 256;
+    size_t a = tl_row_size(TL_TYPE_Q8_K, n), b = tl_row_size(TL_TYPE_Q8_0, n), c = (size_t)n * sizeof(float);
+    size_t r = a > b ? a : b;
+    return (r > c ? r : c) + 64;
+}
+
+static int scratch_reserve(tl_model *m, int T, int n_seq) {
+    tl_scratch *s = m->scratch;
+    if (T <= s->cap && n_seq <= s->cap) return TL_OK;
+    int cap = s->cap ? s->cap : 16;
+    while (cap < T || cap < n_seq) cap *= 2;
+    scratch_free_bufs(s);
+    const tl_hparams *hp = &m->hp;
+    size_t n = (size_t)cap, q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t wide = (size_t)hp->n_embd > q_dim ? (size_t)hp->n_embd : q_dim;
+    s->x = tl_alloc_aligned(n * hp->n_embd * sizeof(float));
+    s->xb = tl_alloc_aligned(n * wide * sizeof(float));
+    s->q = tl_alloc_aligned(n * q_dim * sizeof(float));
+    s->k = tl_alloc_aligned(n * kv_dim * sizeof(float));
+    s->v = tl_alloc_aligned(n * kv_dim * sizeof(float));
+    s->att = tl_alloc_aligned(n * q_dim * sizeof(float));
+    s->hb = tl_alloc_aligned(n * hp->n_ff * sizeof(float));
+    s->hb2 = tl_alloc_aligned(n * hp->n_ff * sizeof(float));
+    s->o = tl_alloc_aligned(n * wide * sizeof(float));
+    s->logits_x = tl_alloc_aligned(n * hp->n_embd * sizeof(float));
+    s->xq_stride = max_xq_row(m);
+    s->xq = tl_alloc_aligned(n * s->xq_stride);
+    s->tok_seq = malloc(n * sizeof(int32_t));
+    s->tok_pos = malloc(n * sizeof(int32_t));
+    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->o || !s->logits_x ||
+        !s->xq || !s->tok_seq || !s->tok_pos) {
+        scratch_free_bufs(s);
+        return tl_set_error(TL_ERR_NOMEM, "out of memory for a batch of %d tokens", T);
+    }
+    s->cap = cap;
+    return TL_OK;
+}
+
+int tl_forward_init(tl_model *m) {
+    m->scratch = calloc(1, sizeof *m->scratch);
+    if (!m->scratch) return tl_set_error(TL_ERR_NOMEM, "out of memory");
+    size_t n = (size_t)tl_threadpool_size(m->tp) * (size_t)m->max_seq_len;
+    m->scratch->scores = tl_alloc_aligned(n * sizeof(float));
+    if (!m->scratch->scores) return tl_set_error(TL_ERR_NOMEM, "out of memory for attention scores");
+    return scratch_reserve(m, 1, 1);
+}
+
+void tl_forward_free(tl_model *m) {
+    if (!m->scratch) return;
+    scratch_free_bufs(m->scratch);
+    tl_free_aligned(m->scratch->scores);
+    free(m->scratch);
+    m->scratch = NULL;
+}
+
+/* ---- element-wise ops ------------------------------------------------------ */
+
+static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    float scale = 1.0f / sqrtf((float)(sum / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+/* Rotates one head in place. NORM pairs (2i, 2i+1); NEOX pairs (i, i + n_rot/2). */
+static void rope(float *x, int pos, int n_rot, float base, int type) {
+    float theta_scale = powf(base, -2.0f / (float)n_rot);
+    float theta = (float)pos;
+    for (int i = 0; i < n_rot / 2; i++) {
+        float c = cosf(theta), s = sinf(theta);
+        int a = type == TL_ROPE_NEOX ? i : 2 * i, b = type == TL_ROPE_NEOX ? i + n_rot / 2 : 2 * i + 1;
+        float x0 = x[a], x1 = x[b];
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+        theta *= theta_scale;
+    }
+}
+
+static float gelu_tanh(float x) {
+    const float k = 0.79788456080286535587989211986876f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x)));
+}
+
+/* ---- matmul: out (T, n_out) = x (T, n_in) . W^T ------------------------------ */
+
+typedef struct {
+    const tl_weight *w;
+    const uint8_t *xq;
+    size_t xq_stride;
+    float *out;
+    int T;
+} mm_ctx;
+
+static void mm_task(void *p, int ith, int nth) {
+    const mm_ctx *c = p;
+    const tl_weight *w = c->w;
+    int64_t rows = w->n_out;
+    /* Split rows in contiguous chunks of whole 16-row tiles. */
+    int64_t tiles = (rows + 15) / 16;
+    int64_t t0 = tiles * ith / nth, t1 = tiles * (ith + 1) / nth;
+    int64_t r0 = t0 * 16, r1 = t1 * 16 < rows ? t1 * 16 : rows;
+    size_t row_size = tl_row_size(w->type, w->n_in);
+    tl_vec_dot_fn dot = tl_vec_dot(w->type);
+    const uint8_t *base = w->data;
+    for (int64_t rt = r0; rt < r1; rt += 16) {
+        int64_t re = rt + 16 < r1 ? rt + 16 : r1;
+        for (int t = 0; t < c->T; t++) {
+            const uint8_t *x = c->xq + (size_t)t * c->xq_stride;
+            float *o = c->out + (size_t)t * rows;
+            for (int64_t r = rt; r < re; r++) dot(w->n_in, &o[r], base + (size_t)r * row_size, x);
+        }
+    }
+}
+
+typedef struct {
+    int type;
+    const float *x;
+    int64_t n;
+    uint8_t *xq;
+    size_t stride;
+    int T;
+} quant_ctx;
+
+static void quant_task(void *p, int ith, int nth) {
+    const quant_ctx *c = p;
+    for (int t = ith; t < c->T; t += nth)
+        tl_quantize_row(c->type, c->x + (size_t)t * c->n, c->xq + (size_t)t * c->stride, c->n);
+}
+
+static void matmul(tl_model *m, float *out, const tl_weight *w, const float *x, int T) {
+    tl_scratch *s = m->scratch;
+    int vt = tl_type_info(w->type)->vec_dot_type;
+    mm_ctx c = {.w = w, .out = out, .T = T};
+    if (vt == TL_TYPE_F32) {
+        c.xq = (const uint8_t *)x;
+        c.xq_stride = (size_t)w->n_in * sizeof(float);
+    } else {
+        quant_ctx q = {.type = vt, .x = x, .n = w->n_in, .xq = s->xq, .stride = s->xq_stride, .T = T};
+        tl_threadpool_run(m->tp, quant_task, &q, T);
+        c.xq = s->xq;
+        c.xq_stride = s->xq_stride;
+    }
+    /* Small matrices are not worth waking the workers. */
+    int64_t work = w->n_out * w->n_in * (int64_t)T;
+    int tasks = work < 64 * 1024 ? 1 : tl_threadpool_size(m->tp);
+    tl_threadpool_run(m->tp, mm_task, &c, tasks);
+}
+
+/* ---- attention over the paged KV ------------------------------------------- */
+
+typedef struct {
+    tl_model *m;
+    tl_seq **seqs;
+    int vl, T;
+    float scale;
+} att_ctx;
+
+static void att_task(void *p, int ith, int nth) {
+    const att_ctx *c = p;
+    tl_model *m = c->m;
+    const tl_hparams *hp = &m->hp;
+    tl_scratch *s = m->scratch;
+    const tl_kv_pool *kv = &m->kv;
+    int hd = hp->head_dim, kv_dim = kv->kv_dim, bs = kv->block_size, group = hp->n_head / hp->n_head_kv;
+    float *scores = s->scores + (size_t)ith * m->max_seq_len;
+    int total = c->T * hp->n_head;
+    int i0 = (int)((int64_t)total * ith / nth), i1 = (int)((int64_t)total * (ith + 1) / nth);
+    for (int i = i0; i < i1; i++) {
+        int t = i / hp->n_head, h = i % hp->n_head, kh = h / group;
+        const tl_seq *seq = c->seqs[s->tok_seq[t]];
+        int pos = s->tok_pos[t], depth = seq->bt.depth;
+        const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)h * hd;
+        float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)h * hd;
+        float maxv = -INFINITY;
+        for (int j = 0; j <= pos; j++) {
+            int id = seq->bt.ids[(j / bs) * depth + c->vl];
+            size_t off = (size_t)(j % bs) * kv_dim + (size_t)kh * hd;
+            float d = kv->kv_type == TL_KV_F32 ? tl_dot_f32((const float *)tl_kv_k(kv, id) + off, q, hd)
+                                               : tl_dot_f16_f32((const uint16_t *)tl_kv_k(kv, id) + off, q, hd);
+            scores[j] = d * c->scale;
+            if (scores[j] > maxv) maxv = scores[j];
+        }
+        double sum = 0.0;
+        for (int j = 0; j <= pos; j++) {
+            scores[j] = expf(scores[j] - maxv);
+            sum += scores[j];
+        }
+        float inv = (float)(1.0 / sum);
+        memset(out, 0, (size_t)hd * sizeof(float));
+        for (int j = 0; j <= pos; j++) {
+            int id = seq->bt.ids[(j / bs) * depth + c->vl];
+            size_t off = (size_t)(j % bs) * kv_dim + (size_t)kh * hd;
+            float a = scores[j] * inv;
+            if (kv->kv_type == TL_KV_F32) tl_axpy_f32(out, a, (const float *)tl_kv_v(kv, id) + off, hd);
+            else tl_axpy_f16(out, a, (const uint16_t *)tl_kv_v(kv, id) + off, hd);
+        }
+    }
+}
+
+static void store_kv(tl_model *m, tl_seq **seqs, int vl, int T) {
+    tl_scratch *s = m->scratch;
+    tl_kv_pool *kv = &m->kv;
+    int kv_dim = kv->kv_dim, bs = kv->block_size;
+    for (int t = 0; t < T; t++) {
+        const tl_seq *seq = seqs[s->tok_seq[t]];
+        int pos = s->tok_pos[t];
+        int id = seq->bt.ids[(pos / bs) * seq->bt.depth + vl];
+        size_t off = (size_t)(pos % bs) * kv_dim;
+        const float *k = s->k + (size_t)t * kv_dim, *v = s->v + (size_t)t * kv_dim;
+        if (kv->kv_type == TL_KV_F32) {
+            memcpy((float *)tl_kv_k(kv, id) + off, k, (size_t)kv_dim * sizeof(float));
+            memcpy((float *)tl_kv_v(kv, id) + off, v, (size_t)kv_dim * sizeof(float));
+        } else {
+            tl_f32_to_f16_row(k, (uint16_t *)tl_kv_k(kv, id) + off, kv_dim);
+            tl_f32_to_f16_row(v, (uint16_t *)tl_kv_v(kv, id) + off, kv_dim);
+        }
+    }
+}
+
+/* ---- one layer ------------------------------------------------------------------ */
+
+static void layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
+    const tl_hparams *hp = &m->hp;
+    const tl_layer *ly = &m->layers[L];
+    tl_scratch *s = m->scratch;
+    int D = hp->n_embd, hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+
+    for (int t = 0; t < T; t++) rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, ly->attn_norm, D, hp->norm_eps);
+    matmul(m, s->q, &ly->wq, s->xb, T);
+    matmul(m, s->k, &ly->wk, s->xb, T);
+    matmul(m, s->v, &ly->wv, s->xb, T);
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < hp->n_head; h++) {
+            float *q = s->q + (size_t)t * q_dim + (size_t)h * hd;
+            if (ly->q_norm) rmsnorm(q, q, ly->q_norm, hd, hp->norm_eps);
+            rope(q, s->tok_pos[t], hp->n_rot, hp->rope_base, m->arch->rope_type);
+        }
+        for (int h = 0; h < hp->n_head_kv; h++) {
+            float *k = s->k + (size_t)t * kv_dim + (size_t)h * hd;
+            if (ly->k_norm) rmsnorm(k, k, ly->k_norm, hd, hp->norm_eps);
+            rope(k, s->tok_pos[t], hp->n_rot, hp->rope_base, m->arch->rope_type);
+        }
+    }
+    store_kv(m, seqs, vl, T);
+    att_ctx ac = {.m = m, .seqs = seqs, .vl = vl, .T = T, .scale = 1.0f / sqrtf((float)hd)};
+    tl_threadpool_run(m->tp, att_task, &ac, T * hp->n_head);
+    matmul(m, s->o, &ly->wo, s->att, T);
+    for (int t = 0; t < T; t++) {
+        float *o = s->o + (size_t)t * D, *x = s->x + (size_t)t * D;
+        if (ly->post_attn_norm) rmsnorm(o, o, ly->post_attn_norm, D, hp->norm_eps);
+        for (int i = 0; i < D; i++) x[i] += o[i];
+        rmsnorm(s->xb + (size_t)t * D, x, ly->ffn_norm, D, hp->norm_eps);
+    }
+    matmul(m, s->hb, &ly->w_gate, s->xb, T);
+    matmul(m, s->hb2, &ly->w_up, s->xb, T);
+    size_t nf = (size_t)T * hp->n_ff;
+    if (m->arch->ffn_act == TL_ACT_GELU_TANH)
+        for (size_t i = 0; i < nf; i++) s->hb[i] = gelu_tanh(s->hb[i]) * s->hb2[i];
+    else
+        for (size_t i = 0; i < nf; i++) s->hb[i] = s->hb[i] / (1.0f + expf(-s->hb[i])) * s->hb2[i];
+    matmul(m, s->o, &ly->w_down, s->hb, T);
+    for (int t = 0; t < T; t++) {
+        float *o = s->o + (size_t)t * D, *x = s->x + (size_t)t * D;
+        if (ly->post_ffn_norm) rmsnorm(o, o, ly->post_ffn_norm, D, hp->norm_eps);
+        for (int i = 0; i < D; i++) x[i] += o[i];
+    }
+}
+
+/* ---- the batch ---------------------------------------------------------------------- */
+
+static int check_batch(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
+                       int *T_out) {
+    if (!m || !seqs || !tokens || !n_tokens || n_seq < 1)
+        return tl_set_error(TL_ERR_INVALID_ARG, "tl_batch_forward: NULL argument or n_seq %d < 1", n_seq);
+    int64_t T = 0;
+    int nv = m->hp.n_vocab;
+    for (int i = 0; i < n_seq; i++) {
+        if (!seqs[i] || seqs[i]->model != m)
+            return tl_set_error(TL_ERR_INVALID_ARG, "sequence %d does not belong to this model", i);
+        if (n_tokens[i] < 1 || !tokens[i])
+            return tl_set_error(TL_ERR_INVALID_ARG, "sequence %d has n_tokens %d (must be >= 1)", i, n_tokens[i]);
+        if ((int64_t)seqs[i]->n_pos + n_tokens[i] > m->max_seq_len)
+            return tl_set_error(TL_ERR_TOO_LONG, "sequence %d: length %d + %d new tokens exceeds max_seq_len %d", i,
+                                seqs[i]->n_pos, n_tokens[i], m->max_seq_len);
+        if (seqs[i]->loops != seqs[0]->loops)
+            return tl_set_error(TL_ERR_INVALID_ARG, "sequences in one batch must share loops (%d vs %d)",
+                                seqs[0]->loops, seqs[i]->loops);
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == seqs[i]) return tl_set_error(TL_ERR_INVALID_ARG, "sequence %d appears twice in the batch", i);
+        for (int j = 0; j < n_tokens[i]; j++)
+            if (tokens[i][j] < 0 || tokens[i][j] >= nv)
+                return tl_set_error(TL_ERR_INVALID_ARG, "token id %d (sequence %d, index %d) is outside the vocab [0, %d)",
+                                    tokens[i][j], i, j, nv);
+        T += n_tokens[i];
+    }
+    if (T > (1 << 20)) return tl_set_error(TL_ERR_INVALID_ARG, "batch of %lld tokens is too large", (long long)T);
+    *T_out = (int)T;
+    return TL_OK;
+}
+
+/* Gives every sequence the blocks its new positions need (copying shared
+ * partial blocks first); all or nothing. */
+static int reserve_blocks(tl_model *m, tl_seq **seqs, const int *n_tokens, int n_seq) {
+    tl_kv_pool *kv = &m->kv;
+    int i;
+    for (i = 0; i < n_seq; i++) {
+        tl_seq *s = seqs[i];
+        int r = tl_block_table_make_writable(&s->bt, kv, s->n_pos / kv->block_size);
+        if (r == 0) r = tl_block_table_reserve(&s->bt, kv, s->n_pos + n_tokens[i]);
+        if (r != 0) {
+            int rc = r == -2 ? tl_set_error(TL_ERR_NOMEM, "out of memory for a block table")
+                             : tl_set_error(TL_ERR_KV_FULL,
+                                            "KV cache full: sequence %d needs blocks for %d more tokens at depth %d, "
+                                            "%d of %d blocks free",
+                                            i, n_tokens[i], s->bt.depth, kv->n_free, kv->n_blocks);
+            for (int j = 0; j <= i; j++) tl_block_table_truncate(&seqs[j]->bt, kv, seqs[j]->n_pos);
+            return rc;
+        }
+    }
+    return TL_OK;
+}
+
+int tl_batch_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
+                     float *logits) {
+    int T = 0, rc;
+    if ((rc = check_batch(m, seqs, tokens, n_tokens, n_seq, &T))) return rc;
+    if ((rc = scratch_reserve(m, T, n_seq))) return rc;
+    if ((rc = reserve_blocks(m, seqs, n_tokens, n_seq))) return rc;
+
+    const tl_hparams *hp = &m->hp;
+    tl_scratch *s = m->scratch;
+    int D = hp->n_embd;
+    size_t emb_row = tl_row_size(m->tok_embd.type, D);
+    float emb_scale = m->arch->embd_scale ? sqrtf((float)D) : 1.0f;
+    int t = 0;
+    for (int i = 0; i < n_seq; i++) {
+        for (int j = 0; j < n_tokens[i]; j++, t++) {
+            s->tok_seq[t] = i;
+            s->tok_pos[t] = seqs[i]->n_pos + j;
+            float *x = s->x + (size_t)t * D;
+            tl_dequantize_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (size_t)tokens[i][j] * emb_row, x, D);
+            if (emb_scale != 1.0f)
+                for (int d = 0; d < D; d++) x[d] *= emb_scale;
+        }
+    }
+    int loops0 = seqs[0]->loops;
+    int depth = seqs[0]->bt.depth;
+    for (int vl = 0; vl < depth; vl++) layer_forward(m, seqs, vl, tl_model_phys_layer(m, loops0, vl), T);
+
+    if (logits) {
+        t = 0;
+        for (int i = 0; i < n_seq; i++) {
+            t += n_tokens[i];
+            rmsnorm(s->logits_x + (size_t)i * D, s->x + (size_t)(t - 1) * D, m->output_norm, D, hp->norm_eps);
+        }
+        matmul(m, logits, &m->output, s->logits_x, n_seq);
+    }
+    for (int i = 0; i < n_seq; i++) seqs[i]->n_pos += n_tokens[i];
+    return TL_OK;
+}

@@ -1,0 +1,74 @@
+/* kv_blocks.h - the paged KV cache: one arena of fixed-size blocks with
+ * per-block reference counts, and per-sequence block tables.
+ *
+ * A physical block holds K and V of `block_size` positions for ONE virtual
+ * layer, so a sequence run at depth D uses D blocks per logical block and
+ * KV memory per token is proportional to the depth actually in use.
+ *
+ *   arena:  [ blk 0: K(bs x kv_dim) V(bs x kv_dim) ][ blk 1 ] ... [ blk N-1 ]
+ *   refcnt: [ 1 ][ 2 ][ 0 ] ...        0 = on the free list
+ *
+ *   seq (depth D = 3, len 37, block_size 16):
+ *     logical block:   0          1          2 (partial: 5 of 16 used)
+ *     vlayer 0:      [ 12 ]     [  4 ]     [ 30 ]
+ *     vlayer 1:      [  7 ]     [ 19 ]     [ 31 ]
+ *     vlayer 2:      [  9 ]     [ 22 ]     [  2 ]
+ *
+ * A block with refcount > 1 is shared and read-only; a writer owning it
+ * alone may append to it. Sharing (radix tree) takes extra references. */
+#ifndef TL_KV_BLOCKS_H
+#define TL_KV_BLOCKS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct tl_kv_pool {
+    int block_size;     /* positions per block */
+    int n_blocks;
+    int kv_dim;         /* n_head_kv * head_dim */
+    int kv_type;        /* TL_KV_F16 / TL_KV_F32 */
+    size_t elem_size;   /* 2 or 4 */
+    size_t block_bytes; /* K and V */
+    uint8_t *arena;
+    int32_t *refcnt;    /* (n_blocks) */
+    int32_t *free_list; /* stack of free ids */
+    int n_free;
+} tl_kv_pool;
+
+int tl_kv_pool_init(tl_kv_pool *p, int n_blocks, int block_size, int kv_dim, int kv_type);
+void tl_kv_pool_destroy(tl_kv_pool *p);
+/* Returns a block id with refcount 1, or -1 when none is free. */
+int tl_kv_alloc(tl_kv_pool *p);
+void tl_kv_ref(tl_kv_pool *p, int id);
+void tl_kv_unref(tl_kv_pool *p, int id);
+/* Base of K / V rows for a block: row i at + i * kv_dim elements. */
+static inline void *tl_kv_k(const tl_kv_pool *p, int id) {
+    return p->arena + (size_t)id * p->block_bytes;
+}
+static inline void *tl_kv_v(const tl_kv_pool *p, int id) {
+    return p->arena + (size_t)id * p->block_bytes + p->block_bytes / 2;
+}
+/* Copies a block's contents (copy-on-write). */
+void tl_kv_copy(tl_kv_pool *p, int dst, int src);
+
+/* A sequence's block table: table[lb * depth + vl] is the block of logical
+ * block lb at virtual layer vl. */
+typedef struct tl_block_table {
+    int depth;
+    int n_logical;   /* logical blocks in use */
+    int cap_logical;
+    int32_t *ids;
+} tl_block_table;
+
+/* Grows the table so it covers n_pos positions, allocating blocks. On
+ * failure (-1: no free blocks, -2: no memory) allocates nothing. */
+int tl_block_table_reserve(tl_block_table *bt, tl_kv_pool *p, int n_pos);
+/* Shrinks to cover n_pos positions, releasing blocks no longer needed. */
+void tl_block_table_truncate(tl_block_table *bt, tl_kv_pool *p, int n_pos);
+/* Copy-on-write: gives logical block lb private copies of any shared
+ * blocks, so the caller may write into it. -1 when blocks run out (then
+ * nothing changed). */
+int tl_block_table_make_writable(tl_block_table *bt, tl_kv_pool *p, int lb);
+void tl_block_table_release(tl_block_table *bt, tl_kv_pool *p);
+
+#endif

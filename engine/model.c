@@ -1,0 +1,396 @@
+/* model.c - opening a GGUF model: architecture lookup, hyperparameters,
+ * weight binding with shape checks, loop block, KV pool and thread pool. */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quants.h"
+#include "util.h"
+
+static const tl_arch archs[] = {
+    {.name = "llama", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
+};
+
+static const tl_arch *find_arch(const char *name, size_t len) {
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (strlen(archs[i].name) == len && memcmp(archs[i].name, name, len) == 0) return &archs[i];
+    return NULL;
+}
+
+tl_model_params tl_model_default_params(void) {
+    tl_model_params p;
+    memset(&p, 0, sizeof p);
+    p.kv_type = TL_KV_F16;
+    p.loop_start = -1;
+    p.loop_end = -1;
+    return p;
+}
+
+/* ---- hyperparameters ---------------------------------------------------- */
+
+/* Reads "<arch>.<suffix>" as u32; required keys fail when absent. */
+static int arch_u32(const tl_model *m, const char *suffix, int required, uint32_t def, int *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->arch->name, suffix);
+    uint32_t v = def;
+    int r = gguf_get_u32(m->file, key, &v);
+    if (r < 0) return TL_ERR_FORMAT;
+    if (r == 0 && required) return tl_set_error(TL_ERR_FORMAT, "missing required key '%s'", key);
+    if (v > (1u << 30)) return tl_set_error(TL_ERR_FORMAT, "key '%s' = %u is out of range", key, v);
+    *out = (int)v;
+    return TL_OK;
+}
+
+static int arch_f32(const tl_model *m, const char *suffix, float def, float *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->arch->name, suffix);
+    float v = def;
+    if (gguf_get_f32(m->file, key, &v) < 0) return TL_ERR_FORMAT;
+    if (!isfinite(v)) return tl_set_error(TL_ERR_FORMAT, "key '%s' is not finite", key);
+    *out = v;
+    return TL_OK;
+}
+
+static int load_hparams(tl_model *m) {
+    tl_hparams *hp = &m->hp;
+    int rc;
+    if ((rc = arch_u32(m, "embedding_length", 1, 0, &hp->n_embd)) ||
+        (rc = arch_u32(m, "block_count", 1, 0, &hp->n_layer)) ||
+        (rc = arch_u32(m, "feed_forward_length", 1, 0, &hp->n_ff)) ||
+        (rc = arch_u32(m, "attention.head_count", 1, 0, &hp->n_head)) ||
+        (rc = arch_u32(m, "context_length", 0, 2048, &hp->n_ctx_train)) ||
+        (rc = arch_f32(m, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->norm_eps)) ||
+        (rc = arch_f32(m, "rope.freq_base", 10000.0f, &hp->rope_base)))
+        return rc;
+    if (hp->n_embd < 1 || hp->n_layer < 1 || hp->n_head < 1 || hp->n_ff < 1)
+        return tl_set_error(TL_ERR_FORMAT, "hyperparameters must be >= 1 (n_embd %d, n_layer %d, n_head %d, n_ff %d)",
+                            hp->n_embd, hp->n_layer, hp->n_head, hp->n_ff);
+    if ((rc = arch_u32(m, "attention.head_count_kv", 0, (uint32_t)hp->n_head, &hp->n_head_kv))) return rc;
+    if (hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv)
+        return tl_set_error(TL_ERR_FORMAT, "head_count %d is not a multiple of head_count_kv %d", hp->n_head,
+                            hp->n_head_kv);
+    int def_hd = hp->n_embd / hp->n_head;
+    if ((rc = arch_u32(m, "attention.key_length", 0, (uint32_t)def_hd, &hp->head_dim))) return rc;
+    if ((rc = arch_u32(m, "rope.dimension_count", 0, (uint32_t)hp->head_dim, &hp->n_rot))) return rc;
+    if (hp->head_dim < 2 || hp->head_dim % 2 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
+        return tl_set_error(TL_ERR_FORMAT, "head_dim %d / rope dimension %d unusable", hp->head_dim, hp->n_rot);
+    if (hp->norm_eps <= 0) return tl_set_error(TL_ERR_FORMAT, "rms epsilon %g must be > 0", hp->norm_eps);
+    if (hp->rope_base <= 0) return tl_set_error(TL_ERR_FORMAT, "rope.freq_base %g must be > 0", hp->rope_base);
+    return TL_OK;
+}
+
+/* ---- weights ------------------------------------------------------------ */
+
+static int bind_weight(tl_model *m, tl_weight *w, const char *name, int64_t n_in, int64_t n_out, int optional) {
+    const gguf_tensor *t = gguf_find_tensor(m->file, name);
+    if (!t) {
+        if (optional) return 1;
+        return tl_set_error(TL_ERR_FORMAT, "missing tensor '%s'", name);
+    }
+    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != 1 || t->ne[3] != 1)
+        return tl_set_error(TL_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+                            name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                            (long long)t->ne[3], (long long)n_in, (long long)n_out);
+    if (!tl_type_info(t->type)->supported)
+        return tl_set_error(TL_ERR_UNSUPPORTED, "tensor '%s' has type %s, which tinyloop cannot compute with", name,
+                            tl_type_info(t->type)->name ? tl_type_info(t->type)->name : "unknown");
+    w->data = t->data;
+    w->type = t->type;
+    w->n_in = n_in;
+    w->n_out = n_out;
+    m->weight_bytes += t->size;
+    return TL_OK;
+}
+
+/* Norm vectors are tiny: convert whatever type they have to owned f32. */
+static int bind_norm(tl_model *m, float **out, const char *name, int64_t n, int optional) {
+    const gguf_tensor *t = gguf_find_tensor(m->file, name);
+    if (!t) {
+        if (optional) return 1;
+        return tl_set_error(TL_ERR_FORMAT, "missing tensor '%s'", name);
+    }
+    if (t->n_elements != n || t->ne[0] != n)
+        return tl_set_error(TL_ERR_FORMAT, "tensor '%s' has %lld elements, expected %lld", name,
+                            (long long)t->n_elements, (long long)n);
+    if (!tl_type_info(t->type)->supported)
+        return tl_set_error(TL_ERR_UNSUPPORTED, "tensor '%s' has unsupported type %d", name, t->type);
+    float *v = tl_alloc_aligned((size_t)n * sizeof(float));
+    if (!v) return tl_set_error(TL_ERR_NOMEM, "out of memory for tensor '%s'", name);
+    tl_dequantize_row(t->type, t->data, v, n);
+    if (m->arch->norm_plus_one)
+        for (int64_t i = 0; i < n; i++) v[i] += 1.0f;
+    m->owned_norms[m->n_owned_norms++] = v;
+    m->weight_bytes += t->size;
+    *out = v;
+    return TL_OK;
+}
+
+static int load_weights(tl_model *m) {
+    const tl_hparams *hp = &m->hp;
+    int q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
+    m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
+    m->owned_norms = calloc((size_t)hp->n_layer * 6 + 1, sizeof(float *));
+    if (!m->layers || !m->owned_norms) return tl_set_error(TL_ERR_NOMEM, "out of memory for %d layers", hp->n_layer);
+
+    const gguf_tensor *te = gguf_find_tensor(m->file, "token_embd.weight");
+    if (!te) return tl_set_error(TL_ERR_FORMAT, "missing tensor 'token_embd.weight'");
+    if (te->ne[1] < 1 || te->ne[1] > (1 << 24))
+        return tl_set_error(TL_ERR_FORMAT, "token_embd.weight has %lld rows", (long long)te->ne[1]);
+    m->hp.n_vocab = (int)te->ne[1];
+    int rc;
+    if ((rc = bind_weight(m, &m->tok_embd, "token_embd.weight", hp->n_embd, hp->n_vocab, 0))) return rc;
+    if ((rc = bind_norm(m, &m->output_norm, "output_norm.weight", hp->n_embd, 0))) return rc;
+    rc = bind_weight(m, &m->output, "output.weight", hp->n_embd, hp->n_vocab, 1);
+    if (rc < 0) return rc;
+    if (rc == 1) m->output = m->tok_embd; /* tied embeddings */
+
+    for (int l = 0; l < hp->n_layer; l++) {
+        tl_layer *L = &m->layers[l];
+        char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d.%s.weight", l, s), n)
+        if ((rc = bind_norm(m, &L->attn_norm, NAME("attn_norm"), hp->n_embd, 0)) ||
+            (rc = bind_weight(m, &L->wq, NAME("attn_q"), hp->n_embd, q_dim, 0)) ||
+            (rc = bind_weight(m, &L->wk, NAME("attn_k"), hp->n_embd, kv_dim, 0)) ||
+            (rc = bind_weight(m, &L->wv, NAME("attn_v"), hp->n_embd, kv_dim, 0)) ||
+            (rc = bind_weight(m, &L->wo, NAME("attn_output"), q_dim, hp->n_embd, 0)) ||
+            (rc = bind_norm(m, &L->ffn_norm, NAME("ffn_norm"), hp->n_embd, 0)) ||
+            (rc = bind_weight(m, &L->w_gate, NAME("ffn_gate"), hp->n_embd, hp->n_ff, 0)) ||
+            (rc = bind_weight(m, &L->w_up, NAME("ffn_up"), hp->n_embd, hp->n_ff, 0)) ||
+            (rc = bind_weight(m, &L->w_down, NAME("ffn_down"), hp->n_ff, hp->n_embd, 0)))
+            return rc;
+        if (m->arch->qk_norm &&
+            ((rc = bind_norm(m, &L->q_norm, NAME("attn_q_norm"), hp->head_dim, 0)) ||
+             (rc = bind_norm(m, &L->k_norm, NAME("attn_k_norm"), hp->head_dim, 0))))
+            return rc;
+        if (m->arch->post_norms &&
+            ((rc = bind_norm(m, &L->post_attn_norm, NAME("post_attention_norm"), hp->n_embd, 0)) ||
+             (rc = bind_norm(m, &L->post_ffn_norm, NAME("post_ffw_norm"), hp->n_embd, 0))))
+            return rc;
+#undef NAME
+    }
+    return TL_OK;
+}
+
+/* ---- loop block ----------------------------------------------------------- */
+
+static int load_loops(tl_model *m) {
+    uint32_t s = 0, e = 0, d = 1;
+    int hs = gguf_get_u32(m->file, "tinyloop.loop_start", &s);
+    int he = gguf_get_u32(m->file, "tinyloop.loop_end", &e);
+    int hd = gguf_get_u32(m->file, "tinyloop.loop_default", &d);
+    if (hs < 0 || he < 0 || hd < 0) return TL_ERR_FORMAT;
+    if (hs != he) return tl_set_error(TL_ERR_FORMAT, "tinyloop.loop_start and tinyloop.loop_end must both be present");
+    if (m->params.loop_start >= 0 || m->params.loop_end >= 0) {
+        if (m->params.loop_start < 0 || m->params.loop_end < 0)
+            return tl_set_error(TL_ERR_INVALID_ARG, "loop_start %d and loop_end %d must be set together",
+                                m->params.loop_start, m->params.loop_end);
+        s = (uint32_t)m->params.loop_start;
+        e = (uint32_t)m->params.loop_end;
+    }
+    if (s > e || e > (uint32_t)m->hp.n_layer)
+        return tl_set_error(TL_ERR_INVALID_ARG, "loop block [%u, %u) is not within the model's %d layers", s, e,
+                            m->hp.n_layer);
+    if (m->params.loop_default > 0) d = (uint32_t)m->params.loop_default;
+    if (d < 1 || d > 1024) return tl_set_error(TL_ERR_INVALID_ARG, "loop_default %u must be in [1, 1024]", d);
+    m->loop_start = (int)s;
+    m->loop_end = (int)e;
+    m->loop_default = s == e ? 1 : (int)d;
+    return TL_OK;
+}
+
+int tl_model_effective_loops(const tl_model *m, int loops) {
+    if (m->loop_start == m->loop_end) return 1;
+    return loops > 0 ? loops : m->loop_default;
+}
+
+int tl_model_depth(const tl_model *m, int loops) {
+    int core = m->loop_end - m->loop_start;
+    return m->hp.n_layer - core + core * tl_model_effective_loops(m, loops);
+}
+
+int tl_model_phys_layer(const tl_model *m, int loops, int vl) {
+    int core = m->loop_end - m->loop_start;
+    if (vl < m->loop_start || core == 0) return vl;
+    int looped = core * tl_model_effective_loops(m, loops);
+    if (vl < m->loop_start + looped) return m->loop_start + (vl - m->loop_start) % core;
+    return vl - looped + core;
+}
+
+/* ---- open / close ----------------------------------------------------------- */
+
+static int init_runtime(tl_model *m) {
+    const tl_model_params *p = &m->params;
+    int bs = p->kv_block_size > 0 ? p->kv_block_size : 16;
+    if (bs > 4096) return tl_set_error(TL_ERR_INVALID_ARG, "kv_block_size %d is larger than 4096", bs);
+    if (p->kv_type != TL_KV_F16 && p->kv_type != TL_KV_F32)
+        return tl_set_error(TL_ERR_INVALID_ARG, "kv_type %d is not TL_KV_F16 (0) or TL_KV_F32 (1)", p->kv_type);
+    int kv_dim = m->hp.n_head_kv * m->hp.head_dim;
+    size_t block_bytes = 2 * (size_t)bs * (size_t)kv_dim * (p->kv_type == TL_KV_F32 ? 4 : 2);
+    size_t seq_blocks = (size_t)((m->max_seq_len + bs - 1) / bs) * (size_t)tl_model_depth(m, 0);
+    size_t n_blocks;
+    if (p->kv_mem) {
+        n_blocks = p->kv_mem / block_bytes;
+        if (n_blocks < 1)
+            return tl_set_error(TL_ERR_INVALID_ARG, "kv_mem %zu bytes is smaller than one KV block (%zu bytes)",
+                                p->kv_mem, block_bytes);
+    } else {
+        n_blocks = 4 * seq_blocks;
+        size_t cap = ((size_t)512 << 20) / block_bytes;
+        if (n_blocks > cap) n_blocks = cap > seq_blocks ? cap : seq_blocks;
+    }
+    if (n_blocks > (size_t)INT32_MAX / 2)
+        return tl_set_error(TL_ERR_INVALID_ARG, "%zu KV blocks is too many", n_blocks);
+    int rc = tl_kv_pool_init(&m->kv, (int)n_blocks, bs, kv_dim, p->kv_type);
+    if (rc) return rc;
+    m->tp = tl_threadpool_new(p->n_threads > 0 ? p->n_threads : tl_cpu_count());
+    if (!m->tp) return tl_set_error(TL_ERR_NOMEM, "cannot start %d worker threads", p->n_threads);
+    return tl_forward_init(m);
+}
+
+int tl_model_open(const char *path, tl_model_params params, tl_model **out) {
+    if (!out) return tl_set_error(TL_ERR_INVALID_ARG, "out must not be NULL");
+    *out = NULL;
+    if (!path) return tl_set_error(TL_ERR_INVALID_ARG, "path must not be NULL");
+    tl_kernels_init();
+    tl_model *m = calloc(1, sizeof *m);
+    if (!m) return tl_set_error(TL_ERR_NOMEM, "out of memory");
+    m->params = params;
+    int rc = TL_OK;
+    m->file = gguf_open(path);
+    if (!m->file) { rc = TL_ERR_FORMAT; goto fail; }
+    m->tok = tl_tokenizer_load(m->file);
+    if (!m->tok) { rc = TL_ERR_FORMAT; goto fail; }
+    if (params.vocab_only) { *out = m; return TL_OK; }
+
+    gguf_str arch;
+    if (gguf_get_str(m->file, "general.architecture", &arch) != 1) {
+        rc = tl_set_error(TL_ERR_FORMAT, "missing key 'general.architecture'");
+        goto fail;
+    }
+    m->arch = find_arch(arch.ptr, arch.len);
+    if (!m->arch) {
+        rc = tl_set_error(TL_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: llama)",
+                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+        goto fail;
+    }
+    if ((rc = load_hparams(m)) || (rc = load_weights(m)) || (rc = load_loops(m))) goto fail;
+    if (m->hp.n_vocab != tl_tokenizer_n_vocab(m->tok)) {
+        rc = tl_set_error(TL_ERR_FORMAT, "tokenizer has %d tokens but token_embd.weight has %d rows",
+                          tl_tokenizer_n_vocab(m->tok), m->hp.n_vocab);
+        goto fail;
+    }
+    m->max_seq_len = params.max_seq_len > 0 ? params.max_seq_len : m->hp.n_ctx_train;
+    if (m->max_seq_len < 1 || m->max_seq_len > (1 << 22)) {
+        rc = tl_set_error(TL_ERR_INVALID_ARG, "max_seq_len %d must be in [1, %d]", m->max_seq_len, 1 << 22);
+        goto fail;
+    }
+    if ((rc = init_runtime(m))) goto fail;
+    *out = m;
+    return TL_OK;
+fail:;
+    /* Keep the message: closing must not clobber it. */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", tl_last_error());
+    tl_model_close(m);
+    tl_set_error(rc, "%s: %s", path, msg);
+    return rc;
+}
+
+void tl_model_close(tl_model *m) {
+    if (!m) return;
+    tl_forward_free(m);
+    tl_threadpool_free(m->tp);
+    tl_kv_pool_destroy(&m->kv);
+    for (int i = 0; i < m->n_owned_norms; i++) tl_free_aligned(m->owned_norms[i]);
+    free(m->owned_norms);
+    free(m->layers);
+    tl_tokenizer_free(m->tok);
+    gguf_close(m->file);
+    free(m);
+}
+
+int tl_model_n_vocab(const tl_model *m) { return m ? tl_tokenizer_n_vocab(m->tok) : 0; }
+
+int tl_model_get_info(const tl_model *m, tl_model_info *o) {
+    if (!m || !o) return tl_set_error(TL_ERR_INVALID_ARG, "model and out must not be NULL");
+    memset(o, 0, sizeof *o);
+    snprintf(o->arch, sizeof o->arch, "%s", m->arch ? m->arch->name : "(vocab only)");
+    o->n_vocab = tl_tokenizer_n_vocab(m->tok);
+    o->n_embd = m->hp.n_embd;
+    o->n_layer = m->hp.n_layer;
+    o->n_head = m->hp.n_head;
+    o->n_head_kv = m->hp.n_head_kv;
+    o->head_dim = m->hp.head_dim;
+    o->n_ff = m->hp.n_ff;
+    o->n_ctx_train = m->hp.n_ctx_train;
+    o->max_seq_len = m->max_seq_len;
+    o->loop_start = m->loop_start;
+    o->loop_end = m->loop_end;
+    o->loop_default = m->loop_default;
+    o->rope_freq_base = m->hp.rope_base;
+    o->norm_eps = m->hp.norm_eps;
+    o->bos = tl_tokenizer_bos(m->tok);
+    o->eos = tl_tokenizer_eos(m->tok);
+    o->n_threads = tl_threadpool_size(m->tp);
+    o->kv_block_size = m->kv.block_size;
+    o->kv_type = m->kv.kv_type;
+    o->kv_blocks_total = m->kv.n_blocks;
+    o->kv_blocks_free = m->kv.n_free;
+    o->weight_bytes = m->weight_bytes;
+    o->kv_bytes = (size_t)m->kv.n_blocks * m->kv.block_bytes;
+    o->isa = tl_isa_name(tl_kernels_isa());
+    return TL_OK;
+}
+
+/* ---- tokenizer wrappers ------------------------------------------------------- */
+
+int tl_tokenize(const tl_model *m, const char *text, int len, int add_special, int parse_special, int32_t *out,
+                int cap) {
+    if (!m || (!text && len > 0) || len < 0 || cap < 0)
+        return tl_set_error(TL_ERR_INVALID_ARG, "tl_tokenize: bad argument (len %d, cap %d)", len, cap);
+    return tl_tokenizer_encode(m->tok, text ? text : "", (size_t)len, add_special, parse_special, out, cap);
+}
+
+int tl_detokenize(const tl_model *m, const int32_t *ids, int n, char *out, int cap) {
+    if (!m || (!ids && n > 0) || n < 0 || cap < 0)
+        return tl_set_error(TL_ERR_INVALID_ARG, "tl_detokenize: bad argument (n %d, cap %d)", n, cap);
+    int nv = tl_tokenizer_n_vocab(m->tok);
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= nv)
+            return tl_set_error(TL_ERR_INVALID_ARG, "token id %d at index %d is outside the vocab [0, %d)", ids[i],
+                                i, nv);
+    return tl_tokenizer_decode(m->tok, ids, n, out, cap);
+}
+
+int tl_token_to_piece(const tl_model *m, int32_t id, char *out, int cap) {
+    if (!m || id < 0 || id >= tl_tokenizer_n_vocab(m->tok) || cap < 0)
+        return tl_set_error(TL_ERR_INVALID_ARG, "token id %d is outside the vocab", id);
+    return tl_tokenizer_piece(m->tok, id, 0, out, cap);
+}
+
+/* ---- sequences ------------------------------------------------------------------ */
+
+int tl_seq_new(tl_model *m, int loops, tl_seq **out) {
+    if (!m || !out) return tl_set_error(TL_ERR_INVALID_ARG, "model and out must not be NULL");
+    *out = NULL;
+    if (!m->arch) return tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot run");
+    if (loops < 0) return tl_set_error(TL_ERR_INVALID_ARG, "loops %d must be >= 0", loops);
+    tl_seq *s = calloc(1, sizeof *s);
+    if (!s) return tl_set_error(TL_ERR_NOMEM, "out of memory");
+    s->model = m;
+    s->loops = tl_model_effective_loops(m, loops);
+    s->bt.depth = tl_model_depth(m, s->loops);
+    *out = s;
+    return TL_OK;
+}
+
+void tl_seq_free(tl_seq *s) {
+    if (!s) return;
+    tl_block_table_release(&s->bt, &s->model->kv);
+    free(s);
+}
+
+int tl_seq_len(const tl_seq *s) { return s ? s->n_pos : 0; }

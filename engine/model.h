@@ -1,0 +1,92 @@
+/* model.h - architectures as data, hyperparameters, weights and the model
+ * object. Adding an architecture = one tl_arch entry (tensor names, keys,
+ * block recipe flags) plus any new ops in forward.c. */
+#ifndef TL_MODEL_H
+#define TL_MODEL_H
+
+#include <stdint.h>
+
+#include "gguf.h"
+#include "kv_blocks.h"
+#include "threadpool.h"
+#include "tinyloop.h"
+#include "tokenizer.h"
+
+enum tl_rope_type { TL_ROPE_NORM = 0 /* adjacent pairs (llama) */, TL_ROPE_NEOX = 2 /* halves */ };
+enum tl_ffn_act { TL_ACT_SILU = 0, TL_ACT_GELU_TANH = 1 };
+
+/* Block recipe and naming of one architecture. */
+typedef struct tl_arch {
+    const char *name;      /* general.architecture */
+    int rope_type;
+    int ffn_act;
+    int qk_norm;           /* per-head RMSNorm of Q and K (attn_q_norm / attn_k_norm) */
+    int post_norms;        /* RMSNorm after attention and after the FFN (gemma) */
+    int embd_scale;        /* multiply embeddings by sqrt(n_embd) */
+    int norm_plus_one;     /* norm weight stored as w, applied as (1 + w) (not in GGUF: 0) */
+} tl_arch;
+
+typedef struct tl_weight {
+    const void *data;      /* packed, in the mapping */
+    int type;              /* TL_TYPE_* */
+    int64_t n_in, n_out;   /* ne[0] (row length), ne[1] (rows) */
+} tl_weight;
+
+typedef struct tl_layer {
+    float *attn_norm;      /* (n_embd) */
+    tl_weight wq;          /* (n_head*head_dim, n_embd) */
+    tl_weight wk, wv;      /* (n_head_kv*head_dim, n_embd) */
+    tl_weight wo;          /* (n_embd, n_head*head_dim) */
+    float *q_norm, *k_norm;           /* (head_dim), qk_norm archs */
+    float *post_attn_norm, *post_ffn_norm; /* (n_embd), post_norms archs */
+    float *ffn_norm;       /* (n_embd) */
+    tl_weight w_gate, w_up; /* (n_ff, n_embd) */
+    tl_weight w_down;      /* (n_embd, n_ff) */
+} tl_layer;
+
+typedef struct tl_hparams {
+    int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot;
+    int n_ctx_train;
+    float norm_eps, rope_base;
+} tl_hparams;
+
+struct tl_model {
+    const tl_arch *arch;
+    tl_hparams hp;
+    gguf_file *file;
+    tl_tokenizer *tok;
+    tl_model_params params;
+    int max_seq_len;
+    int loop_start, loop_end, loop_default; /* start == end: no loop block */
+
+    tl_weight tok_embd;    /* (n_embd, n_vocab) */
+    tl_weight output;      /* (n_embd, n_vocab); tok_embd when tied */
+    float *output_norm;    /* (n_embd) */
+    tl_layer *layers;      /* (n_layer) */
+    float **owned_norms;   /* norm vectors we converted to f32 */
+    int n_owned_norms;
+    size_t weight_bytes;
+
+    tl_threadpool *tp;
+    tl_kv_pool kv;
+    struct tl_scratch *scratch; /* forward.c */
+};
+
+/* Virtual depth for `loops` and the physical layer of virtual layer vl. */
+int tl_model_depth(const tl_model *m, int loops);
+int tl_model_phys_layer(const tl_model *m, int loops, int vl);
+/* Effective loops: 1 without a loop block; the default when loops <= 0. */
+int tl_model_effective_loops(const tl_model *m, int loops);
+
+struct tl_seq {
+    tl_model *model;
+    int loops;
+    int n_pos;             /* positions with KV written */
+    tl_block_table bt;
+};
+
+/* forward.c */
+int tl_forward_init(tl_model *m);
+void tl_forward_free(tl_model *m);
+
+#endif

@@ -1,0 +1,35 @@
+#define _POSIX_C_SOURCE 200809L
+#include "util.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+static _Thread_local char last_error[512];
+
+int tl_set_error(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+const char *tl_last_error(void) { return last_error; }
+
+void *tl_alloc_aligned(size_t size) {
+    void *p = NULL;
+    if (size == 0) size = 64;
+    size = (size + 63) & ~(size_t)63;
+    if (posix_memalign(&p, 64, size) != 0) return NULL;
+    return p;
+}
+
+void tl_free_aligned(void *p) { free(p); }
+
+double tl_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}

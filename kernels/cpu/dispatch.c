@@ -1,0 +1,119 @@
+/* dispatch.c - picks the kernel table once per process from CPUID (capped
+ * by TINYLOOP_ISA) and routes the public entry points through it.
+ *
+ * One table per level is built at init: scalar, then AVX2 on top of it,
+ * then AVX-512 on top of that, so a level only overrides what it has. The
+ * active table is an atomic pointer; tl_kernels_set_isa swaps it (tests). */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "quants_impl.h"
+
+static tl_kernel_table tables[3];
+static int cpu_level; /* best level the CPU (and OS) supports */
+static int env_cap = TL_ISA_AVX512;
+static _Atomic(const tl_kernel_table *) active;
+static atomic_int active_level;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static int detect_cpu(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) return TL_ISA_SCALAR;
+    /* F16C has no __builtin_cpu_supports name in older compilers; every
+     * AVX2 CPU shipped has it. */
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        return TL_ISA_AVX512;
+    return TL_ISA_AVX2;
+#else
+    return TL_ISA_SCALAR;
+#endif
+}
+
+static int has_vnni(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    return __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}
+
+static void init_once(void) {
+    cpu_level = detect_cpu();
+    const char *env = getenv("TINYLOOP_ISA");
+    if (env) {
+        if (!strcasecmp(env, "scalar")) env_cap = TL_ISA_SCALAR;
+        else if (!strcasecmp(env, "avx2")) env_cap = TL_ISA_AVX2;
+        else if (!strcasecmp(env, "avx512")) env_cap = TL_ISA_AVX512;
+    }
+    tl_kernels_fill_ref(&tables[TL_ISA_SCALAR]);
+    tables[TL_ISA_AVX2] = tables[TL_ISA_SCALAR];
+    if (cpu_level >= TL_ISA_AVX2) tl_kernels_fill_avx2(&tables[TL_ISA_AVX2]);
+    tables[TL_ISA_AVX512] = tables[TL_ISA_AVX2];
+    if (cpu_level >= TL_ISA_AVX512) tl_kernels_fill_avx512(&tables[TL_ISA_AVX512], has_vnni());
+    const int level = cpu_level < env_cap ? cpu_level : env_cap;
+    atomic_store(&active_level, level);
+    atomic_store(&active, &tables[level]);
+}
+
+void tl_kernels_init(void) { pthread_once(&once, init_once); }
+
+static inline const tl_kernel_table *kt(void) {
+    const tl_kernel_table *t = atomic_load_explicit(&active, memory_order_acquire);
+    if (__builtin_expect(t != NULL, 1)) return t;
+    tl_kernels_init();
+    return atomic_load(&active);
+}
+
+int tl_kernels_set_isa(int level) {
+    tl_kernels_init();
+    if (level < TL_ISA_SCALAR) level = TL_ISA_SCALAR;
+    if (level > cpu_level) level = cpu_level;
+    atomic_store(&active_level, level);
+    atomic_store(&active, &tables[level]);
+    return level;
+}
+
+int tl_kernels_isa(void) {
+    tl_kernels_init();
+    return atomic_load(&active_level);
+}
+
+const char *tl_isa_name(int level) {
+    switch (level) {
+    case TL_ISA_SCALAR: return "scalar";
+    case TL_ISA_AVX2: return "avx2";
+    case TL_ISA_AVX512: return "avx512";
+    default: return "unknown";
+    }
+}
+
+tl_vec_dot_fn tl_vec_dot(int type) {
+    if (type < 0 || type >= TL_TYPE_COUNT) return NULL;
+    return kt()->vec_dot[type];
+}
+
+tl_vec_dot_fn tl_vec_dot_ref(int type) {
+    if (type < 0 || type >= TL_TYPE_COUNT) return NULL;
+    tl_kernels_init();
+    return tables[TL_ISA_SCALAR].vec_dot[type];
+}
+
+void tl_quantize_row(int type, const float *src, void *dst, int64_t n) {
+    if (type == TL_TYPE_Q8_0) kt()->quantize_q8_0(src, dst, n);
+    else if (type == TL_TYPE_Q8_K) kt()->quantize_q8_K(src, dst, n);
+    else if (type == TL_TYPE_F16) kt()->f32_to_f16_row(src, dst, n);
+    else tl_quantize_row_ref(type, src, dst, n);
+}
+
+void tl_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n) { kt()->f16_to_f32_row(src, dst, n); }
+void tl_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) { kt()->f32_to_f16_row(src, dst, n); }
+
+float tl_dot_f32(const float *a, const float *b, int64_t n) { return kt()->dot_f32(a, b, n); }
+float tl_dot_f16_f32(const uint16_t *a, const float *b, int64_t n) { return kt()->dot_f16_f32(a, b, n); }
+void tl_axpy_f32(float *y, float a, const float *x, int64_t n) { kt()->axpy_f32(y, a, x, n); }
+void tl_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) { kt()->axpy_f16(y, a, x, n); }

@@ -1,0 +1,80 @@
+/* quants.h - weight types (ggml block layouts as GGUF stores them), their
+ * reference dequantize/quantize, and dot-product kernels that work on the
+ * packed data. SIMD variants (AVX2, AVX-512) are compiled per function with
+ * target attributes and chosen once at start-up from CPUID; the scalar
+ * reference path is always built.
+ *
+ * Dot products take the weight row in its own type and the activation row
+ * already converted to the type's `vec_dot_type` (F32 for float weights,
+ * Q8_0 for Q4_0/Q4_1/Q5_0/Q8_0, Q8_K for the K-quants).
+ */
+#ifndef TL_QUANTS_H
+#define TL_QUANTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ggml type ids as stored in GGUF tensor infos. */
+enum tl_type {
+    TL_TYPE_F32 = 0, TL_TYPE_F16 = 1, TL_TYPE_Q4_0 = 2, TL_TYPE_Q4_1 = 3,
+    TL_TYPE_Q5_0 = 6, TL_TYPE_Q5_1 = 7, TL_TYPE_Q8_0 = 8, TL_TYPE_Q8_1 = 9,
+    TL_TYPE_Q2_K = 10, TL_TYPE_Q3_K = 11, TL_TYPE_Q4_K = 12, TL_TYPE_Q5_K = 13,
+    TL_TYPE_Q6_K = 14, TL_TYPE_Q8_K = 15, TL_TYPE_BF16 = 30,
+    TL_TYPE_COUNT = 40
+};
+
+typedef struct tl_type_traits {
+    const char *name;   /* "q4_K" etc.; NULL for ids we do not know */
+    int block_size;     /* elements per block */
+    size_t type_size;   /* bytes per block */
+    int vec_dot_type;   /* activation type the dot product wants */
+    int supported;      /* 1 when dequantize + vec_dot exist (weights may use it) */
+} tl_type_traits;
+
+/* Traits for a type id; a zeroed struct (name NULL) for unknown ids. */
+const tl_type_traits *tl_type_info(int type);
+
+/* Bytes for a row of n elements (n must be a multiple of block_size);
+ * returns 0 when n is not a multiple or the type is unknown. */
+size_t tl_row_size(int type, int64_t n);
+
+/* Reference conversions. n is a multiple of the block size. */
+void tl_dequantize_row(int type, const void *src, float *dst, int64_t n);
+/* Quantizes f32 into `type` (any supported weight type and the two
+ * activation types Q8_0/Q8_K). Used for activations and by the test
+ * model generator; accuracy comparable to ggml's reference quantizers. */
+void tl_quantize_row(int type, const float *src, void *dst, int64_t n);
+
+/* out = dot(w_row (type), x_row (vec_dot_type of type)), n elements. */
+typedef void (*tl_vec_dot_fn)(int64_t n, float *out, const void *w_row, const void *x_row);
+
+/* The kernel selected for this CPU (after tl_kernels_init). */
+tl_vec_dot_fn tl_vec_dot(int type);
+/* Scalar reference kernel, for tests. */
+tl_vec_dot_fn tl_vec_dot_ref(int type);
+
+/* Half/bfloat conversions. */
+float tl_f16_to_f32(uint16_t h);
+uint16_t tl_f32_to_f16(float f);
+float tl_bf16_to_f32(uint16_t h);
+uint16_t tl_f32_to_bf16(float f);
+void tl_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n);
+void tl_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n);
+
+/* f32 dot product and axpy (y += a*x) for attention; SIMD-dispatched. */
+float tl_dot_f32(const float *a, const float *b, int64_t n);
+float tl_dot_f16_f32(const uint16_t *a, const float *b, int64_t n);
+void tl_axpy_f32(float *y, float a, const float *x, int64_t n);
+void tl_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
+
+/* CPU feature level: 0 scalar, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW, VL). */
+enum { TL_ISA_SCALAR = 0, TL_ISA_AVX2 = 1, TL_ISA_AVX512 = 2 };
+/* Detects the CPU and selects kernels; idempotent and thread-safe.
+ * TINYLOOP_ISA=scalar|avx2|avx512 caps the level (for testing). */
+void tl_kernels_init(void);
+/* Forces a level (capped to what the CPU supports); returns the level in use. */
+int tl_kernels_set_isa(int level);
+int tl_kernels_isa(void);
+const char *tl_isa_name(int level);
+
+#endif

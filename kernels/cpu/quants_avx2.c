@@ -1,0 +1,439 @@
+/* quants_avx2.c - AVX2+FMA+F16C kernels. Each function carries its own
+ * target attribute so the file builds without -march flags; dispatch.c
+ * only installs them after CPUID says the CPU has AVX2/FMA.
+ *
+ * Quant dot products follow ggml's x86 scheme: unpack nibbles to bytes,
+ * _mm256_maddubs_epi16 (unsigned x signed bytes -> int16 pairs), then
+ * _mm256_madd_epi16 against ones or the sub-block scales -> int32, and one
+ * float FMA per block. */
+#include "quants_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define T2 __attribute__((target("avx2,fma,f16c")))
+
+static inline T2 float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline T2 float hsum128(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline T2 float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+/* 32 nibbles -> 32 bytes: low nibbles in the low lane, high in the high. */
+static inline T2 __m256i nibbles32(const uint8_t *qs) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0xF));
+}
+
+/* Byte k = 0xFF where bit k of the 32-bit word is set. */
+static inline T2 __m256i bits32(const uint8_t *p) {
+    uint32_t x;
+    memcpy(&x, p, 4);
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
+}
+
+/* Sum of signed x*y byte products, as 8 float lanes. */
+static inline T2 __m256 mul_sum_i8(__m256i x, __m256i y) {
+    const __m256i ax = _mm256_sign_epi8(x, x), sy = _mm256_sign_epi8(y, x);
+    const __m256i p = _mm256_maddubs_epi16(ax, sy);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* ---------------------------------------------------------- float rows */
+
+static T2 float dot_f32_avx2(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static T2 float dot_f16_f32_avx2(const uint16_t *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+#define LDH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(LDH(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(LDH(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(LDH(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(LDH(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(LDH(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; i++) s += _cvtsh_ss(a[i]) * b[i];
+    return s;
+}
+
+static inline T2 __m256 ld_bf16(const uint16_t *p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+static T2 float dot_bf16_f32_avx2(const uint16_t *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(ld_bf16(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(ld_bf16(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(ld_bf16(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(ld_bf16(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(ld_bf16(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; i++) s += tl_bf16_to_f32_inl(a[i]) * b[i];
+    return s;
+}
+
+static T2 void vd_f32(int64_t n, float *out, const void *w, const void *x) { *out = dot_f32_avx2(w, x, n); }
+static T2 void vd_f16(int64_t n, float *out, const void *w, const void *x) { *out = dot_f16_f32_avx2(w, x, n); }
+static T2 void vd_bf16(int64_t n, float *out, const void *w, const void *x) { *out = dot_bf16_f32_avx2(w, x, n); }
+
+static T2 void axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+static T2 void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, LDH(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * _cvtsh_ss(x[i]);
+}
+
+static T2 void f16_to_f32_avx2(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, LDH(src + i));
+    for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
+}
+#undef LDH
+
+static T2 void f32_to_f16_avx2(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = tl_f32_to_f16_inl(src[i]);
+}
+
+/* ------------------------------------------------- 32-element blocks */
+
+static T2 void vd_q8_0(int64_t n, float *out, const void *w, const void *x) {
+    const block_q8_0 *a = w, *b = x;
+    const int64_t nb = n / 32;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const __m256 q0 = mul_sum_i8(_mm256_loadu_si256((const __m256i *)a[i].qs),
+                                     _mm256_loadu_si256((const __m256i *)b[i].qs));
+        const __m256 q1 = mul_sum_i8(_mm256_loadu_si256((const __m256i *)a[i + 1].qs),
+                                     _mm256_loadu_si256((const __m256i *)b[i + 1].qs));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * f16(b[i].d)), q0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i + 1].d) * f16(b[i + 1].d)), q1, acc1);
+    }
+    for (; i < nb; i++) {
+        const __m256 q = mul_sum_i8(_mm256_loadu_si256((const __m256i *)a[i].qs),
+                                    _mm256_loadu_si256((const __m256i *)b[i].qs));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * f16(b[i].d)), q, acc0);
+    }
+    *out = hsum256(_mm256_add_ps(acc0, acc1));
+}
+
+/* dot(q - 8, y) = maddubs(q, y) - maddubs(8, y): q stays unsigned, so no
+ * sign trick; neither int16 pair sum can saturate (15*127*2, 8*127*2). */
+static inline T2 __m256 q4_0_block(const block_q4_0 *a, const block_q8_0 *b) {
+    const __m256i q = nibbles32(a->qs), y = _mm256_loadu_si256((const __m256i *)b->qs);
+    const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(_mm256_set1_epi8(8), y));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+static T2 void vd_q4_0(int64_t n, float *out, const void *w, const void *x) {
+    const block_q4_0 *a = w;
+    const block_q8_0 *b = x;
+    const int64_t nb = n / 32;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * f16(b[i].d)), q4_0_block(a + i, b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i + 1].d) * f16(b[i + 1].d)), q4_0_block(a + i + 1, b + i + 1),
+                               acc1);
+    }
+    for (; i < nb; i++)
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * f16(b[i].d)), q4_0_block(a + i, b + i), acc0);
+    *out = hsum256(_mm256_add_ps(acc0, acc1));
+}
+
+static T2 void vd_q4_1(int64_t n, float *out, const void *w, const void *x) {
+    const block_q4_1 *a = w;
+    const block_q8_0 *b = x;
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps(), accm = acc;
+    for (int64_t i = 0; i < n / 32; i++) {
+        const float dy = f16(b[i].d);
+        const __m256i q = nibbles32(a[i].qs), y = _mm256_loadu_si256((const __m256i *)b[i].qs);
+        const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones16));
+        const __m256 sy = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * dy), s, acc);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].m) * dy), sy, accm);
+    }
+    *out = hsum256(_mm256_add_ps(acc, accm));
+}
+
+static T2 void vd_q5_0(int64_t n, float *out, const void *w, const void *x) {
+    const block_q5_0 *a = w;
+    const block_q8_0 *b = x;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / 32; i++) {
+        /* (q | h<<4) - 16 as int8: OR 0xF0 into the nibble where h is 0. */
+        const __m256i hi = _mm256_andnot_si256(bits32(a[i].qh), _mm256_set1_epi8((char)0xF0));
+        const __m256i q = _mm256_or_si256(nibbles32(a[i].qs), hi);
+        const __m256 s = mul_sum_i8(q, _mm256_loadu_si256((const __m256i *)b[i].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * f16(b[i].d)), s, acc);
+    }
+    *out = hsum256(acc);
+}
+
+/* ------------------------------------------------------------ K-quants */
+
+/* 12 packed bytes -> bytes 0..7 scales, 8..15 mins (ggml's utmp shuffle). */
+static inline void unpack_k4_scales(const uint8_t *s, uint32_t u[4]) {
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    memcpy(u, s, 12);
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    const uint32_t aux = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = aux;
+    u[0] &= k1;
+}
+
+/* Shuffle that broadcasts int16 #i of a 128-bit lane to the whole lane. */
+static inline T2 __m256i scale_shuffle16(int i) {
+    return _mm256_set1_epi16((short)((2 * i) | ((2 * i + 1) << 8)));
+}
+
+static T2 void vd_q45_K(int64_t n, float *out, const void *w, const void *x, int five) {
+    const block_q8_K *b = x;
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const uint8_t *scales, *q, *qh = NULL;
+        uint16_t dh, dminh;
+        if (five) {
+            const block_q5_K *a = (const block_q5_K *)w + i;
+            scales = a->scales; q = a->qs; qh = a->qh; dh = a->d; dminh = a->dmin;
+        } else {
+            const block_q4_K *a = (const block_q4_K *)w + i;
+            scales = a->scales; q = a->qs; dh = a->d; dminh = a->dmin;
+        }
+        const float d = b[i].d * f16(dh), dmin = -b[i].d * f16(dminh);
+        uint32_t u[4];
+        unpack_k4_scales(scales, u);
+        const __m256i mins_scales = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
+        const __m128i bs0 = _mm_loadu_si128((const __m128i *)b[i].bsums);
+        const __m128i bs1 = _mm_loadu_si128((const __m128i *)b[i].bsums + 1);
+        const __m128i ysum = _mm_hadd_epi16(bs0, bs1); /* per 32-element sub-block */
+        const __m128i pm = _mm_madd_epi16(_mm256_extracti128_si256(mins_scales, 1), ysum);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), accm);
+
+        const __m128i sc128 = _mm256_castsi256_si128(mins_scales);
+        const __m256i sc = _mm256_inserti128_si256(_mm256_castsi128_si256(sc128), sc128, 1);
+        const __m256i hbits = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+        const int8_t *y = b[i].qs;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++, q += 32, y += 64) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)q);
+            __m256i ql = _mm256_and_si256(bits, m4);
+            __m256i qhh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            if (qh) {
+                const __m256i m0 = _mm256_set1_epi8((char)(1 << (2 * j))), m1 = _mm256_set1_epi8((char)(2 << (2 * j)));
+                const __m256i x10 = _mm256_set1_epi8(0x10);
+                ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m0), m0), x10));
+                qhh = _mm256_or_si256(qhh, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m1), m1), x10));
+            }
+            const __m256i s0 = _mm256_shuffle_epi8(sc, scale_shuffle16(2 * j));
+            const __m256i s1 = _mm256_shuffle_epi8(sc, scale_shuffle16(2 * j + 1));
+            const __m256i p0 = _mm256_maddubs_epi16(ql, _mm256_loadu_si256((const __m256i *)y));
+            const __m256i p1 = _mm256_maddubs_epi16(qhh, _mm256_loadu_si256((const __m256i *)(y + 32)));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(s0, p0), _mm256_madd_epi16(s1, p1)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *out = hsum256(acc) + hsum128(accm);
+}
+
+static T2 void vd_q4_K(int64_t n, float *out, const void *w, const void *x) { vd_q45_K(n, out, w, x, 0); }
+static T2 void vd_q5_K(int64_t n, float *out, const void *w, const void *x) { vd_q45_K(n, out, w, x, 1); }
+
+/* q6_K: the -32 offset is taken out per block with the activation bsums:
+ * sum sc*(q-32)*y = sum sc*q*y - 32 * sum_j sc_j * bsum_j. */
+static T2 void vd_q6_K(int64_t n, float *out, const void *w, const void *x) {
+    const block_q6_K *a = w;
+    const block_q8_K *b = x;
+    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps(), accm = acc;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = b[i].d * f16(a[i].d);
+        const __m128i sc8 = _mm_loadu_si128((const __m128i *)a[i].scales);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+        const __m256i pm = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)b[i].bsums));
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(-32.f * d), _mm256_cvtepi32_ps(pm), accm);
+        const uint8_t *ql = a[i].ql, *qh = a[i].qh;
+        const int8_t *y = b[i].qs;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 2; j++, ql += 64, qh += 32, y += 128) {
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+            for (int k = 0; k < 4; k++) {
+                /* scales 8j+2k (low lane) and 8j+2k+1 (high lane) */
+                const int s = 8 * j + 2 * k;
+                const __m256i scv = _mm256_setr_m128i(_mm_set1_epi16(a[i].scales[s]), _mm_set1_epi16(a[i].scales[s + 1]));
+                const __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(y + 32 * k)));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scv, p));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *out = hsum256(_mm256_add_ps(acc, accm));
+}
+
+/* ---------------------------------------------- activation quantizers */
+
+/* roundf (half away from zero) exactly: trunc, then step by the sign when
+ * the exact remainder is >= 0.5. */
+static inline T2 __m256i round_away(__m256 v) {
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 sgn = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));
+    const __m256 frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(v, t));
+    const __m256 step = _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ),
+                                      _mm256_or_ps(sgn, _mm256_set1_ps(1.0f)));
+    return _mm256_cvttps_epi32(_mm256_add_ps(t, step));
+}
+
+/* 4 x 8 int32 -> 32 int8 in order (saturating). */
+static inline T2 __m256i pack32(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i ab = _mm256_packs_epi32(a, b), cd = _mm256_packs_epi32(c, d);
+    return _mm256_permutevar8x32_epi32(_mm256_packs_epi16(ab, cd), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static T2 void quantize_q8_0_avx2(const float *x, void *dst, int64_t n) {
+    block_q8_0 *y = dst;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 8 * k);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
+                                 _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+        y[i].d = tl_f32_to_f16_inl(d);
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) q[k] = round_away(_mm256_mul_ps(v[k], vid));
+        _mm256_storeu_si256((__m256i *)y[i].qs, pack32(q[0], q[1], q[2], q[3]));
+    }
+}
+
+static T2 void quantize_q8_K_avx2(const float *x, void *dst, int64_t n) {
+    block_q8_K *y = dst;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        __m256 m = _mm256_setzero_ps();
+        for (int k = 0; k < QK_K; k += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + k), absmask));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4);
+        if (!amax) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        /* The signed value of the first element of largest magnitude. */
+        float max = 0;
+        const __m256 vam = _mm256_set1_ps(amax);
+        for (int k = 0; k < QK_K; k += 8) {
+            const int mk = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_and_ps(_mm256_loadu_ps(x + k), absmask), vam, _CMP_EQ_OQ));
+            if (mk) { max = x[k + __builtin_ctz((unsigned)mk)]; break; }
+        }
+        const float iscale = -127.f / max;
+        const __m256 vis = _mm256_set1_ps(iscale);
+        for (int k = 0; k < QK_K; k += 64) {
+            __m256i q[8];
+            for (int t = 0; t < 8; t++) q[t] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8 * t), vis));
+            /* q <= 127 already except when |iscale*x| rounds to 128, which
+             * packs saturate exactly like ggml's MIN(127, v). */
+            _mm256_storeu_si256((__m256i *)(y[i].qs + k), pack32(q[0], q[1], q[2], q[3]));
+            _mm256_storeu_si256((__m256i *)(y[i].qs + k + 32), pack32(q[4], q[5], q[6], q[7]));
+        }
+        for (int k = 0; k < QK_K; k += 64) {
+            __m256i s[4];
+            for (int t = 0; t < 4; t++) {
+                const __m128i b = _mm_loadu_si128((const __m128i *)(y[i].qs + k + 16 * t));
+                s[t] = _mm256_add_epi32(_mm256_cvtepi8_epi32(b), _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+            }
+            const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+            const __m128i r = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+            _mm_storel_epi64((__m128i *)(y[i].bsums + k / 16), _mm_packs_epi32(r, r));
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+void tl_kernels_fill_avx2(tl_kernel_table *t) {
+    t->vec_dot[TL_TYPE_F32] = vd_f32;
+    t->vec_dot[TL_TYPE_F16] = vd_f16;
+    t->vec_dot[TL_TYPE_BF16] = vd_bf16;
+    t->vec_dot[TL_TYPE_Q4_0] = vd_q4_0;
+    t->vec_dot[TL_TYPE_Q4_1] = vd_q4_1;
+    t->vec_dot[TL_TYPE_Q5_0] = vd_q5_0;
+    t->vec_dot[TL_TYPE_Q8_0] = vd_q8_0;
+    t->vec_dot[TL_TYPE_Q4_K] = vd_q4_K;
+    t->vec_dot[TL_TYPE_Q5_K] = vd_q5_K;
+    t->vec_dot[TL_TYPE_Q6_K] = vd_q6_K;
+    t->quantize_q8_0 = quantize_q8_0_avx2;
+    t->quantize_q8_K = quantize_q8_K_avx2;
+    t->dot_f32 = dot_f32_avx2;
+    t->dot_f16_f32 = dot_f16_f32_avx2;
+    t->axpy_f32 = axpy_f32_avx2;
+    t->axpy_f16 = axpy_f16_avx2;
+    t->f16_to_f32_row = f16_to_f32_avx2;
+    t->f32_to_f16_row = f32_to_f16_avx2;
+}
+
+#else
+void tl_kernels_fill_avx2(tl_kernel_table *t) { (void)t; }
+#endif

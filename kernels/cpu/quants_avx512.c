@@ -1,0 +1,392 @@
+/* quants_avx512.c - AVX-512 (F, BW, VL, DQ) kernels, 64 bytes per op.
+ * Float rows use 16-wide FMA; K-quants handle two 32-element sub-blocks
+ * per zmm with maddubs/madd (BW only); q8_0/q4_0 pair two blocks per zmm
+ * and need AVX512-VNNI (vpdpbusd), so without VNNI those keep AVX2. */
+#include "quants_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define T5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define T5N __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+
+static inline T5 float f16(uint16_t h) { return _cvtsh_ss(h); }
+
+static inline T5 float hsum128(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline T5 float hsum256(__m256 v) {
+    return hsum128(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+}
+
+/* ---------------------------------------------------------- float rows */
+
+#define LDH16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define LDB16(p) \
+    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
+
+/* The tail (n % 16) goes through a masked load, so there is no scalar loop. */
+static inline T5 __mmask16 tail_mask(int64_t r) { return (__mmask16)((1u << r) - 1); }
+
+static T5 float dot_f32_512(const float *a, const float *b, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+static T5 float dot_f16_f32_512(const uint16_t *a, const float *b, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        s0 = _mm512_fmadd_ps(LDH16(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(LDH16(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+        s2 = _mm512_fmadd_ps(LDH16(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+        s3 = _mm512_fmadd_ps(LDH16(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(LDH16(a + i), _mm512_loadu_ps(b + i), s0);
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 va = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, a + i));
+        s1 = _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, b + i), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+static T5 float dot_bf16_f32_512(const uint16_t *a, const float *b, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        s0 = _mm512_fmadd_ps(LDB16(a + i), _mm512_loadu_ps(b + i), s0);
+        s1 = _mm512_fmadd_ps(LDB16(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+        s2 = _mm512_fmadd_ps(LDB16(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
+        s3 = _mm512_fmadd_ps(LDB16(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
+    }
+    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(LDB16(a + i), _mm512_loadu_ps(b + i), s0);
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a + i));
+        s1 = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(w, 16)), _mm512_maskz_loadu_ps(m, b + i), s1);
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+
+static T5 void vd_f32(int64_t n, float *out, const void *w, const void *x) { *out = dot_f32_512(w, x, n); }
+static T5 void vd_f16(int64_t n, float *out, const void *w, const void *x) { *out = dot_f16_f32_512(w, x, n); }
+static T5 void vd_bf16(int64_t n, float *out, const void *w, const void *x) { *out = dot_bf16_f32_512(w, x, n); }
+
+static T5 void axpy_f32_512(float *y, float a, const float *x, int64_t n) {
+    const __m512 va = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static T5 void axpy_f16_512(float *y, float a, const uint16_t *x, int64_t n) {
+    const __m512 va = _mm512_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, LDH16(x + i), _mm512_loadu_ps(y + i)));
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 vx = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x + i));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, vx, _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+static T5 void f16_to_f32_512(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, LDH16(src + i));
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + i)));
+    }
+}
+
+static T5 void f32_to_f16_512(const float *src, uint16_t *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m256i h = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(m, src + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_mask_storeu_epi16(dst + i, m, h);
+    }
+}
+
+/* ------------------------------------------- q8_0 / q4_0 (VNNI, 2 blocks) */
+
+/* Two 32-byte rows at p and p+stride as one zmm. */
+static inline T5 __m512i load2x32(const void *p0, const void *p1) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
+                              _mm256_loadu_si256((const __m256i *)p1), 1);
+}
+
+static inline T5 __m512 scale2(float d0, float d1) {
+    return _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
+}
+
+static T5N void vd_q8_0(int64_t n, float *out, const void *w, const void *x) {
+    const block_q8_0 *a = w, *b = x;
+    const int64_t nb = n / 32;
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const __m512i qa = load2x32(a[i].qs, a[i + 1].qs), qb = load2x32(b[i].qs, b[i + 1].qs);
+        /* |a| * (b with a's sign): unsigned x signed, as vpdpbusd wants. */
+        const __m512i sb = _mm512_mask_sub_epi8(qb, _mm512_movepi8_mask(qa), _mm512_setzero_si512(), qb);
+        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(qa), sb);
+        acc = _mm512_fmadd_ps(scale2(f16(a[i].d) * f16(b[i].d), f16(a[i + 1].d) * f16(b[i + 1].d)),
+                              _mm512_cvtepi32_ps(s), acc);
+    }
+    float r = _mm512_reduce_add_ps(acc);
+    if (i < nb) {
+        const __m256i qa = _mm256_loadu_si256((const __m256i *)a[i].qs);
+        const __m256i qb = _mm256_loadu_si256((const __m256i *)b[i].qs);
+        const __m256i sb = _mm256_mask_sub_epi8(qb, _mm256_movepi8_mask(qa), _mm256_setzero_si256(), qb);
+        const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(qa), sb);
+        const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+        const int sumi = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+        r += sumi * (f16(a[i].d) * f16(b[i].d));
+    }
+    *out = r;
+}
+
+/* Two q4_0 blocks' nibbles as 64 bytes: [lo0 | hi0 | lo1 | hi1]. */
+static inline T5 __m512i nibbles2(const uint8_t *q0, const uint8_t *q1) {
+    const __m256i t = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q0)),
+                                              _mm_loadu_si128((const __m128i *)q1), 1);
+    const __m512i z = _mm512_shuffle_i64x2(_mm512_castsi256_si512(t), _mm512_castsi256_si512(t), 0x50);
+    const __m512i sh = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+    return _mm512_and_si512(_mm512_srlv_epi64(z, sh), _mm512_set1_epi8(0xF));
+}
+
+/* dot(q-8, y) = dpbusd(q, y) - dpbusd(8, y): q stays unsigned. */
+static T5N void vd_q4_0(int64_t n, float *out, const void *w, const void *x) {
+    const block_q4_0 *a = w;
+    const block_q8_0 *b = x;
+    const int64_t nb = n / 32;
+    const __m512i eight = _mm512_set1_epi8(8);
+    __m512 acc = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        const __m512i q = nibbles2(a[i].qs, a[i + 1].qs), y = load2x32(b[i].qs, b[i + 1].qs);
+        const __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, y),
+                                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, y));
+        acc = _mm512_fmadd_ps(scale2(f16(a[i].d) * f16(b[i].d), f16(a[i + 1].d) * f16(b[i + 1].d)),
+                              _mm512_cvtepi32_ps(s), acc);
+    }
+    float r = _mm512_reduce_add_ps(acc);
+    if (i < nb) {
+        int sumi = 0;
+        for (int j = 0; j < 16; j++)
+            sumi += ((a[i].qs[j] & 0xF) - 8) * b[i].qs[j] + ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + 16];
+        r += sumi * (f16(a[i].d) * f16(b[i].d));
+    }
+    *out = r;
+}
+
+/* ------------------------------------------------------------ K-quants */
+
+static inline void unpack_k4_scales(const uint8_t *s, uint32_t u[4]) {
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    memcpy(u, s, 12);
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    const uint32_t aux = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = aux;
+    u[0] &= k1;
+}
+
+/* Index vector: int16 lanes 0..15 = a, 16..31 = b (for permutexvar). */
+static inline T5 __m512i idx2(int a, int b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)a)), _mm256_set1_epi16((short)b), 1);
+}
+
+static T5 void vd_q45_K(int64_t n, float *out, const void *w, const void *x, int five) {
+    const block_q8_K *b = x;
+    const __m512i m4 = _mm512_set1_epi8(0xF), x10 = _mm512_set1_epi8(0x10);
+    /* broadcast 32 q bytes to both halves, shift the high half by 4 */
+    const __m512i nsh = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    __m512 acc = _mm512_setzero_ps();
+    __m128 accm = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const uint8_t *scales, *q, *qh = NULL;
+        uint16_t dh, dminh;
+        if (five) {
+            const block_q5_K *a = (const block_q5_K *)w + i;
+            scales = a->scales; q = a->qs; qh = a->qh; dh = a->d; dminh = a->dmin;
+        } else {
+            const block_q4_K *a = (const block_q4_K *)w + i;
+            scales = a->scales; q = a->qs; dh = a->d; dminh = a->dmin;
+        }
+        const float d = b[i].d * f16(dh), dmin = -b[i].d * f16(dminh);
+        uint32_t u[4];
+        unpack_k4_scales(scales, u);
+        const __m256i ms = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
+        const __m128i ysum = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)b[i].bsums),
+                                            _mm_loadu_si128((const __m128i *)b[i].bsums + 1));
+        const __m128i pm = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), ysum);
+        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), accm);
+        const __m512i sc = _mm512_castsi256_si512(ms); /* int16 lanes 0..7 = scales */
+        const __m512i hb = qh ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)) : _mm512_setzero_si512();
+        __m512i sumi = _mm512_setzero_si512();
+        for (int j = 0; j < 4; j++) {
+            const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q + 32 * j)));
+            __m512i v = _mm512_and_si512(_mm512_srlv_epi64(bits, nsh), m4);
+            if (qh) {
+                const __mmask64 hm = _mm512_test_epi8_mask(
+                    hb, _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * j))), _mm256_set1_epi8((char)(2 << (2 * j))), 1));
+                v = _mm512_mask_add_epi8(v, hm, v, x10);
+            }
+            const __m512i p = _mm512_maddubs_epi16(v, _mm512_loadu_si512(b[i].qs + 64 * j));
+            const __m512i s = _mm512_permutexvar_epi16(idx2(2 * j, 2 * j + 1), sc);
+            sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(s, p));
+        }
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    *out = _mm512_reduce_add_ps(acc) + hsum128(accm);
+}
+
+static T5 void vd_q4_K(int64_t n, float *out, const void *w, const void *x) { vd_q45_K(n, out, w, x, 0); }
+static T5 void vd_q5_K(int64_t n, float *out, const void *w, const void *x) { vd_q45_K(n, out, w, x, 1); }
+
+/* q6_K: 64 elements per zmm; -32 offset folded out through bsums. */
+static T5 void vd_q6_K(int64_t n, float *out, const void *w, const void *x) {
+    const block_q6_K *a = w;
+    const block_q8_K *b = x;
+    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4), shr = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
+    /* int16 scale lane pattern: 8 lanes per 16-element group */
+    const __m512i sidx = _mm512_set_epi64(0x0003000300030003, 0x0003000300030003, 0x0002000200020002,
+                                          0x0002000200020002, 0x0001000100010001, 0x0001000100010001, 0, 0);
+    __m512 acc = _mm512_setzero_ps();
+    __m256 accm = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = b[i].d * f16(a[i].d);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales));
+        const __m256i pm = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)b[i].bsums));
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(-32.f * d), _mm256_cvtepi32_ps(pm), accm);
+        const __m512i sc = _mm512_castsi256_si512(sc16);
+        __m512i sumi = _mm512_setzero_si512();
+        for (int j = 0; j < 2; j++) {
+            const __m512i l = _mm512_loadu_si512(a[i].ql + 64 * j);
+            const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * j)));
+            /* elements 0..63: ql low nibbles, qh bits 0-1 (0..31) / 2-3 (32..63) */
+            const __m512i q0 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi64(hb, shl), m30));
+            /* elements 64..127: ql high nibbles, qh bits 4-5 / 6-7 */
+            const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi64(l, 4), m4),
+                                               _mm512_and_si512(_mm512_srlv_epi64(hb, shr), m30));
+            const __m512i p0 = _mm512_maddubs_epi16(q0, _mm512_loadu_si512(b[i].qs + 128 * j));
+            const __m512i p1 = _mm512_maddubs_epi16(q1, _mm512_loadu_si512(b[i].qs + 128 * j + 64));
+            const __m512i base = _mm512_set1_epi16((short)(8 * j));
+            const __m512i s0 = _mm512_permutexvar_epi16(_mm512_add_epi16(sidx, base), sc);
+            const __m512i s1 = _mm512_permutexvar_epi16(_mm512_add_epi16(sidx, _mm512_add_epi16(base, _mm512_set1_epi16(4))), sc);
+            sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(_mm512_madd_epi16(s0, p0), _mm512_madd_epi16(s1, p1)));
+        }
+        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+    }
+    *out = _mm512_reduce_add_ps(acc) + hsum256(accm);
+}
+
+/* ---------------------------------------------- activation quantizers */
+
+/* roundf (half away from zero), exact; see quants_avx2.c. */
+static inline T5 __m512i round_away(__m512 v) {
+    const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __mmask16 ge = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m512 step = _mm512_or_ps(_mm512_and_ps(v, _mm512_set1_ps(-0.0f)), _mm512_set1_ps(1.0f));
+    return _mm512_cvttps_epi32(_mm512_mask_add_ps(t, ge, t, step));
+}
+
+static T5 void quantize_q8_0_512(const float *x, void *dst, int64_t n) {
+    block_q8_0 *y = dst;
+    for (int64_t i = 0; i < n / 32; i++, x += 32) {
+        const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+        const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
+        y[i].d = tl_f32_to_f16_inl(d);
+        const __m512 vid = _mm512_set1_ps(id);
+        _mm_storeu_si128((__m128i *)y[i].qs, _mm512_cvtsepi32_epi8(round_away(_mm512_mul_ps(v0, vid))));
+        _mm_storeu_si128((__m128i *)(y[i].qs + 16), _mm512_cvtsepi32_epi8(round_away(_mm512_mul_ps(v1, vid))));
+    }
+}
+
+static T5 void quantize_q8_K_512(const float *x, void *dst, int64_t n) {
+    block_q8_K *y = dst;
+    for (int64_t i = 0; i < n / QK_K; i++, x += QK_K) {
+        __m512 m = _mm512_setzero_ps();
+        for (int k = 0; k < QK_K; k += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + k)));
+        const float amax = _mm512_reduce_max_ps(m);
+        if (!amax) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        float max = 0;
+        const __m512 vam = _mm512_set1_ps(amax);
+        for (int k = 0; k < QK_K; k += 16) {
+            const __mmask16 mk = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + k)), vam, _CMP_EQ_OQ);
+            if (mk) { max = x[k + __builtin_ctz((unsigned)mk)]; break; }
+        }
+        const float iscale = -127.f / max;
+        const __m512 vis = _mm512_set1_ps(iscale);
+        for (int k = 0; k < QK_K; k += 16) {
+            const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + k), vis));
+            _mm_storeu_si128((__m128i *)(y[i].qs + k), _mm512_cvtsepi32_epi8(q));
+        }
+        for (int k = 0; k < QK_K; k += 64) {
+            /* 4 groups of 16: maddubs(1, q) then madd(1) gives 4-sums; fold. */
+            const __m512i q = _mm512_loadu_si512(y[i].qs + k);
+            const __m512i s4 = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_set1_epi8(1), q), _mm512_set1_epi16(1));
+            /* s4: 16 int32, each the sum of 4 bytes; groups are lanes 4g..4g+3 */
+            const __m512i s8 = _mm512_add_epi32(s4, _mm512_shuffle_epi32(s4, _MM_PERM_CDAB));
+            const __m512i s16 = _mm512_add_epi32(s8, _mm512_shuffle_epi32(s8, _MM_PERM_BADC));
+            /* lane 4g now holds group g's sum */
+            const __m256i g = _mm512_cvtepi32_epi16(_mm512_maskz_compress_epi32(0x1111, s16));
+            _mm_storel_epi64((__m128i *)(y[i].bsums + k / 16), _mm256_castsi256_si128(g));
+        }
+        y[i].d = 1 / iscale;
+    }
+}
+
+void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni) {
+    t->vec_dot[TL_TYPE_F32] = vd_f32;
+    t->vec_dot[TL_TYPE_F16] = vd_f16;
+    t->vec_dot[TL_TYPE_BF16] = vd_bf16;
+    t->vec_dot[TL_TYPE_Q4_K] = vd_q4_K;
+    t->vec_dot[TL_TYPE_Q5_K] = vd_q5_K;
+    t->vec_dot[TL_TYPE_Q6_K] = vd_q6_K;
+    if (vnni) {
+        t->vec_dot[TL_TYPE_Q8_0] = vd_q8_0;
+        t->vec_dot[TL_TYPE_Q4_0] = vd_q4_0;
+    }
+    t->quantize_q8_0 = quantize_q8_0_512;
+    t->quantize_q8_K = quantize_q8_K_512;
+    t->dot_f32 = dot_f32_512;
+    t->dot_f16_f32 = dot_f16_f32_512;
+    t->axpy_f32 = axpy_f32_512;
+    t->axpy_f16 = axpy_f16_512;
+    t->f16_to_f32_row = f16_to_f32_512;
+    t->f32_to_f16_row = f32_to_f16_512;
+}
+
+#else
+void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni) { (void)t; (void)vnni; }
+#endif

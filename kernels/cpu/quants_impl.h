@@ -1,0 +1,141 @@
+/* quants_impl.h - private to kernels/cpu: ggml block layouts, the scalar
+ * helpers every kernel file shares, and the kernel table that dispatch.c
+ * fills per ISA level.
+ *
+ * Block layouts (little-endian, byte-exact with ggml-common.h; a row is an
+ * array of blocks, element i of block b is row element b*block_size + i):
+ *
+ *   q4_0  | d:f16 | qs[16]: byte j = elem j (low nibble), elem j+16 (high) |
+ *   q4_1  | d:f16 | m:f16 | qs[16] as q4_0                                 |
+ *   q5_0  | d:f16 | qh[4]: bit j = 5th bit of elem j | qs[16] as q4_0      |
+ *   q8_0  | d:f16 | qs[32]: int8                                          |
+ *   q4_K  | d | dmin | scales[12]: 8 x (6-bit scale, 6-bit min) | qs[128] |
+ *           qs chunk c (32 bytes) holds sub-block 2c (low) and 2c+1 (high)
+ *   q5_K  | d | dmin | scales[12] | qh[32]: bit 2c/2c+1 of byte l = 5th bit
+ *           of elem l of sub-block 2c/2c+1 | qs[128] as q4_K              |
+ *   q6_K  | ql[128] | qh[64] | scales[16]: int8 per 16 elems | d:f16 |
+ *   q8_K  | d:f32 | qs[256]: int8 | bsums[16]: int16 sums of 16 qs |
+ */
+#ifndef TL_QUANTS_IMPL_H
+#define TL_QUANTS_IMPL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "quants.h"
+
+#define QK4_0 32
+#define QK8_0 32
+#define QK_K 256
+
+typedef struct { uint16_t d; uint8_t qs[16]; } block_q4_0;
+typedef struct { uint16_t d, m; uint8_t qs[16]; } block_q4_1;
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } block_q5_0;
+typedef struct { uint16_t d; int8_t qs[32]; } block_q8_0;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } block_q4_K;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } block_q5_K;
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } block_q6_K;
+typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } block_q8_K;
+
+_Static_assert(sizeof(block_q4_0) == 18, "q4_0 layout");
+_Static_assert(sizeof(block_q4_1) == 20, "q4_1 layout");
+_Static_assert(sizeof(block_q5_0) == 22, "q5_0 layout");
+_Static_assert(sizeof(block_q8_0) == 34, "q8_0 layout");
+_Static_assert(sizeof(block_q4_K) == 144, "q4_K layout");
+_Static_assert(sizeof(block_q5_K) == 176, "q5_K layout");
+_Static_assert(sizeof(block_q6_K) == 210, "q6_K layout");
+_Static_assert(sizeof(block_q8_K) == 292, "q8_K layout");
+
+/* Exact IEEE half -> float (subnormals, inf, nan with payload). */
+static inline float tl_f16_to_f32_inl(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
+    if (e == 0x1f) {
+        bits = sign | 0x7f800000u | (m << 13);
+    } else if (e != 0) {
+        bits = sign | ((e + 112) << 23) | (m << 13);
+    } else if (m == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise the mantissa */
+        e = 113;
+        while (!(m & 0x400)) { m <<= 1; e--; }
+        bits = sign | (e << 23) | ((m & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* float -> half, round to nearest even; NaN stays NaN (quietened like F16C). */
+static inline uint16_t tl_f32_to_f16_inl(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) return (uint16_t)(sign | 0x7e00 | ((x >> 13) & 0x3ff));
+    if (x >= 0x47800000u) return (uint16_t)(sign | 0x7c00); /* >= 65536 or inf */
+    if (x < 0x38800000u) {                                  /* half subnormal */
+        if (x < 0x33000000u) return sign;                   /* <= 2^-25 -> 0 */
+        uint32_t e = x >> 23, m = (x & 0x7fffff) | 0x800000, sh = 126 - e;
+        uint32_t r = m >> sh, rem = m & ((1u << sh) - 1), half = 1u << (sh - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t h = (((x >> 23) - 112) << 10) | ((x >> 13) & 0x3ff);
+    uint32_t rem = x & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++; /* may carry into inf */
+    return (uint16_t)(sign | h);
+}
+
+static inline float tl_bf16_to_f32_inl(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Round to nearest even like ggml's GGML_FP32_TO_BF16; NaN is quietened. */
+static inline uint16_t tl_f32_to_bf16_inl(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64);
+    return (uint16_t)((u + (0x7fffu + ((u >> 16) & 1))) >> 16);
+}
+
+#define TL_F16(h) tl_f16_to_f32_inl(h)
+
+/* Unpacks the j-th (0..7) 6-bit scale and min of a q4_K/q5_K block. */
+static inline void tl_get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
+    }
+}
+
+/* Kernel table: one per ISA level, filled by dispatch.c from the per-ISA
+ * fill functions (each only overrides what it implements). */
+typedef void (*tl_quantize_fn)(const float *src, void *dst, int64_t n);
+typedef struct tl_kernel_table {
+    tl_vec_dot_fn vec_dot[TL_TYPE_COUNT];
+    tl_quantize_fn quantize_q8_0, quantize_q8_K;
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    float (*dot_f16_f32)(const uint16_t *a, const float *b, int64_t n);
+    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
+    void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
+    void (*f16_to_f32_row)(const uint16_t *src, float *dst, int64_t n);
+    void (*f32_to_f16_row)(const float *src, uint16_t *dst, int64_t n);
+} tl_kernel_table;
+
+void tl_kernels_fill_ref(tl_kernel_table *t);
+void tl_kernels_fill_avx2(tl_kernel_table *t);
+/* vnni: the CPU has AVX512-VNNI; quant kernels need it (else they keep AVX2). */
+void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni);
+
+/* Scalar reference quantizer for any type tl_quantize_row accepts (the
+ * dispatched tl_quantize_row uses SIMD for Q8_0/Q8_K); for tests. */
+void tl_quantize_row_ref(int type, const float *src, void *dst, int64_t n);
+
+#endif

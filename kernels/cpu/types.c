@@ -1,0 +1,37 @@
+/* types.c - the table of ggml weight types: block sizes and byte sizes as
+ * GGUF files store them. Kernels for each type live in quants*.c. */
+#include "quants.h"
+
+#define QK_K 256
+
+/* block_size, type_size, vec_dot_type, supported */
+static const tl_type_traits traits[TL_TYPE_COUNT] = {
+    [TL_TYPE_F32]  = {"f32", 1, 4, TL_TYPE_F32, 1},
+    [TL_TYPE_F16]  = {"f16", 1, 2, TL_TYPE_F32, 1},
+    [TL_TYPE_BF16] = {"bf16", 1, 2, TL_TYPE_F32, 1},
+    [TL_TYPE_Q4_0] = {"q4_0", 32, 2 + 16, TL_TYPE_Q8_0, 1},
+    [TL_TYPE_Q4_1] = {"q4_1", 32, 2 + 2 + 16, TL_TYPE_Q8_0, 1},
+    [TL_TYPE_Q5_0] = {"q5_0", 32, 2 + 4 + 16, TL_TYPE_Q8_0, 1},
+    [TL_TYPE_Q5_1] = {"q5_1", 32, 2 + 2 + 4 + 16, TL_TYPE_Q8_0, 0},
+    [TL_TYPE_Q8_0] = {"q8_0", 32, 2 + 32, TL_TYPE_Q8_0, 1},
+    [TL_TYPE_Q8_1] = {"q8_1", 32, 4 + 32, TL_TYPE_Q8_1, 0},
+    [TL_TYPE_Q2_K] = {"q2_K", QK_K, QK_K / 16 + QK_K / 4 + 2 + 2, TL_TYPE_Q8_K, 0},
+    [TL_TYPE_Q3_K] = {"q3_K", QK_K, QK_K / 8 + QK_K / 4 + 12 + 2, TL_TYPE_Q8_K, 0},
+    [TL_TYPE_Q4_K] = {"q4_K", QK_K, 2 + 2 + 12 + QK_K / 2, TL_TYPE_Q8_K, 1},
+    [TL_TYPE_Q5_K] = {"q5_K", QK_K, 2 + 2 + 12 + QK_K / 8 + QK_K / 2, TL_TYPE_Q8_K, 1},
+    [TL_TYPE_Q6_K] = {"q6_K", QK_K, QK_K / 2 + QK_K / 4 + QK_K / 16 + 2, TL_TYPE_Q8_K, 1},
+    /* Q8_K: f32 d, int8 qs[256], int16 bsums[16]; activations only. */
+    [TL_TYPE_Q8_K] = {"q8_K", QK_K, 4 + QK_K + 2 * (QK_K / 16), TL_TYPE_Q8_K, 0},
+};
+
+const tl_type_traits *tl_type_info(int type) {
+    static const tl_type_traits unknown = {0};
+    if (type < 0 || type >= TL_TYPE_COUNT || traits[type].name == NULL) return &unknown;
+    return &traits[type];
+}
+
+size_t tl_row_size(int type, int64_t n) {
+    const tl_type_traits *t = tl_type_info(type);
+    if (!t->name || n < 0 || n % t->block_size) return 0;
+    return (size_t)(n / t->block_size) * t->type_size;
+}

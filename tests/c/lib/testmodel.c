@@ -1,0 +1,178 @@
+#include "testmodel.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf.h"
+#include "gguf_writer.h"
+#include "quants.h"
+
+tm_spec tm_default_spec(void) {
+    tm_spec s;
+    memset(&s, 0, sizeof s);
+    s.n_vocab = 320;
+    s.n_embd = 64;
+    s.n_layer = 2;
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.n_ff = 128;
+    s.n_ctx = 256;
+    s.type = TL_TYPE_F32;
+    s.seed = 1;
+    return s;
+}
+
+static uint64_t mix(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* Deterministic uniform values in [-scale, scale) for one tensor. */
+static void fill(float *v, int64_t n, uint64_t seed, float scale, float offset) {
+    uint64_t s = mix(seed);
+    for (int64_t i = 0; i < n; i++) {
+        s = mix(s);
+        v[i] = offset + scale * ((float)(s >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
+    }
+}
+
+/* Adds one tensor of `n_out` rows of `n_in`, in the spec's weight type. */
+static int add_matrix(gguf_writer *gw, const tm_spec *s, const char *name, int64_t n_in, int64_t n_out,
+                      uint64_t seed, int type) {
+    int64_t n = n_in * n_out;
+    float *v = malloc((size_t)n * sizeof *v);
+    if (!v) return -1;
+    fill(v, n, seed, 1.0f / sqrtf((float)n_in) * 1.7f, 0.0f);
+    size_t row = tl_row_size(type, n_in);
+    if (!row) {
+        fprintf(stderr, "testmodel: %s: row of %lld is not a multiple of the %s block\n", name, (long long)n_in,
+                tl_type_info(type)->name);
+        free(v);
+        return -1;
+    }
+    uint8_t *q = malloc(row * (size_t)n_out);
+    if (!q) { free(v); return -1; }
+    for (int64_t r = 0; r < n_out; r++) tl_quantize_row(type, v + r * n_in, q + r * row, n_in);
+    int64_t ne[2] = {n_in, n_out};
+    int rc;
+    if (s->twin_f32 && type != TL_TYPE_F32) {
+        for (int64_t r = 0; r < n_out; r++) tl_dequantize_row(type, q + r * row, v + r * n_in, n_in);
+        rc = gw_add_tensor(gw, name, TL_TYPE_F32, 2, ne, v, (size_t)n * sizeof(float));
+    } else {
+        rc = gw_add_tensor(gw, name, type, 2, ne, q, row * (size_t)n_out);
+    }
+    free(q);
+    free(v);
+    return rc < 0 ? -1 : 0;
+}
+
+static int add_norm(gguf_writer *gw, const char *name, int64_t n, uint64_t seed) {
+    float *v = malloc((size_t)n * sizeof *v);
+    if (!v) return -1;
+    fill(v, n, seed, 0.2f, 1.0f);
+    int64_t ne[1] = {n};
+    int rc = gw_add_tensor(gw, name, TL_TYPE_F32, 1, ne, v, (size_t)n * sizeof(float));
+    free(v);
+    return rc < 0 ? -1 : 0;
+}
+
+/* A SentencePiece vocab: <unk> <s> </s>, 256 byte tokens, then pieces. */
+static void add_vocab(gguf_writer *gw, int n_vocab) {
+    char **toks = calloc((size_t)n_vocab, sizeof *toks);
+    float *scores = calloc((size_t)n_vocab, sizeof *scores);
+    int32_t *types = calloc((size_t)n_vocab, sizeof *types);
+    static const char *letters = "etaoinshrdlucmfwypvbgkjqxz";
+    for (int i = 0; i < n_vocab; i++) {
+        char buf[32];
+        if (i == 0) snprintf(buf, sizeof buf, "<unk>"), types[i] = 2;
+        else if (i == 1) snprintf(buf, sizeof buf, "<s>"), types[i] = 3;
+        else if (i == 2) snprintf(buf, sizeof buf, "</s>"), types[i] = 3;
+        else if (i < 3 + 256) snprintf(buf, sizeof buf, "<0x%02X>", i - 3), types[i] = 6;
+        else {
+            int k = i - 259;
+            /* "\xe2\x96\x81" is U+2581, SentencePiece's space marker. */
+            if (k < 26) snprintf(buf, sizeof buf, "\xe2\x96\x81%c", letters[k]);
+            else snprintf(buf, sizeof buf, "%c%c", letters[k % 26], letters[(k / 26) % 26]);
+            types[i] = 1;
+            scores[i] = -(float)k;
+        }
+        toks[i] = strdup(buf);
+    }
+    gw_set_str(gw, "tokenizer.ggml.model", "llama");
+    gw_set_arr_str(gw, "tokenizer.ggml.tokens", (const char *const *)toks, (size_t)n_vocab);
+    gw_set_arr_f32(gw, "tokenizer.ggml.scores", scores, (size_t)n_vocab);
+    gw_set_arr_i32(gw, "tokenizer.ggml.token_type", types, (size_t)n_vocab);
+    gw_set_u32(gw, "tokenizer.ggml.bos_token_id", 1);
+    gw_set_u32(gw, "tokenizer.ggml.eos_token_id", 2);
+    gw_set_u32(gw, "tokenizer.ggml.unknown_token_id", 0);
+    for (int i = 0; i < n_vocab; i++) free(toks[i]);
+    free(toks);
+    free(scores);
+    free(types);
+}
+
+int tm_write(const tm_spec *s, const char *path) {
+    if (s->n_vocab < 260) {
+        fprintf(stderr, "testmodel: n_vocab %d < 260 (the byte tokens need room)\n", s->n_vocab);
+        return -1;
+    }
+    gguf_writer *gw = gw_new();
+    int hd = s->n_embd / s->n_head;
+    int looped = s->loop_end > s->loop_start;
+    int core = s->loop_end - s->loop_start;
+    int n_written = s->n_layer + (looped && s->unroll > 0 ? core * (s->unroll - 1) : 0);
+    gw_set_str(gw, "general.architecture", "llama");
+    gw_set_str(gw, "general.name", "tinyloop synthetic");
+    gw_set_u32(gw, "llama.context_length", (uint32_t)s->n_ctx);
+    gw_set_u32(gw, "llama.embedding_length", (uint32_t)s->n_embd);
+    gw_set_u32(gw, "llama.block_count", (uint32_t)n_written);
+    gw_set_u32(gw, "llama.feed_forward_length", (uint32_t)s->n_ff);
+    gw_set_u32(gw, "llama.rope.dimension_count", (uint32_t)hd);
+    gw_set_u32(gw, "llama.attention.head_count", (uint32_t)s->n_head);
+    gw_set_u32(gw, "llama.attention.head_count_kv", (uint32_t)s->n_head_kv);
+    gw_set_f32(gw, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    if (s->rope_base > 0) gw_set_f32(gw, "llama.rope.freq_base", s->rope_base);
+    if (looped && s->unroll <= 0) {
+        gw_set_u32(gw, "tinyloop.loop_start", (uint32_t)s->loop_start);
+        gw_set_u32(gw, "tinyloop.loop_end", (uint32_t)s->loop_end);
+        gw_set_u32(gw, "tinyloop.loop_default", (uint32_t)(s->loop_default > 0 ? s->loop_default : 1));
+    }
+    add_vocab(gw, s->n_vocab);
+
+    int rc = 0, q_dim = hd * s->n_head, kv_dim = hd * s->n_head_kv;
+    uint64_t seed = s->seed * 1000003ull;
+    rc |= add_matrix(gw, s, "token_embd.weight", s->n_embd, s->n_vocab, seed + 1, s->type);
+    rc |= add_norm(gw, "output_norm.weight", s->n_embd, seed + 2);
+    if (!s->tied) rc |= add_matrix(gw, s, "output.weight", s->n_embd, s->n_vocab, seed + 3, s->type);
+    for (int l = 0; l < n_written && rc == 0; l++) {
+        /* physical layer whose weights written layer l carries */
+        int p = l;
+        if (looped && s->unroll > 0 && l >= s->loop_start) {
+            int span = core * s->unroll;
+            p = l < s->loop_start + span ? s->loop_start + (l - s->loop_start) % core : l - span + core;
+        }
+        uint64_t ls = seed + 100 + (uint64_t)p * 16;
+        char n[64];
+#define NAME(x) (snprintf(n, sizeof n, "blk.%d.%s.weight", l, x), n)
+        rc |= add_norm(gw, NAME("attn_norm"), s->n_embd, ls + 0);
+        rc |= add_matrix(gw, s, NAME("attn_q"), s->n_embd, q_dim, ls + 1, s->type);
+        rc |= add_matrix(gw, s, NAME("attn_k"), s->n_embd, kv_dim, ls + 2, s->type);
+        rc |= add_matrix(gw, s, NAME("attn_v"), s->n_embd, kv_dim, ls + 3, s->type);
+        rc |= add_matrix(gw, s, NAME("attn_output"), q_dim, s->n_embd, ls + 4, s->type);
+        rc |= add_norm(gw, NAME("ffn_norm"), s->n_embd, ls + 5);
+        rc |= add_matrix(gw, s, NAME("ffn_gate"), s->n_embd, s->n_ff, ls + 6, s->type);
+        rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, s->n_ff, ls + 7, s->type);
+        rc |= add_matrix(gw, s, NAME("ffn_down"), s->n_ff, s->n_embd, ls + 8, s->type);
+#undef NAME
+    }
+    if (rc == 0 && gw_write_file(gw, path) != 0) {
+        perror(path);
+        rc = -1;
+    }
+    gw_free(gw);
+    return rc ? -1 : 0;
+}

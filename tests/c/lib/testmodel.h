@@ -1,0 +1,30 @@
+/* testmodel.h - writes synthetic llama-architecture GGUF models with
+ * seeded random weights, for tests and benchmarks.
+ *
+ * Weights are drawn per (physical layer, tensor) from the seed, so two specs
+ * that differ only in `unroll`, or in `type` with `twin_f32`, describe the
+ * same network: `unroll = k` writes layers [loop_start, loop_end) k times
+ * into a plain model (no loop keys); `twin_f32` quantizes to `type` and
+ * writes the dequantized values as F32 (the exact twin of the quantized
+ * model). */
+#ifndef TL_TESTMODEL_H
+#define TL_TESTMODEL_H
+
+#include <stdint.h>
+
+typedef struct tm_spec {
+    int n_vocab, n_embd, n_layer, n_head, n_head_kv, n_ff, n_ctx;
+    int type;          /* TL_TYPE_* of the 2-D weights (embeddings included) */
+    int loop_start, loop_end, loop_default; /* loop_end > loop_start: write loop keys */
+    int unroll;        /* > 0: write the loop block unrolled this many times */
+    int twin_f32;      /* 1: dequantized F32 twin of `type` */
+    int tied;          /* 1: no output.weight */
+    uint64_t seed;
+    float rope_base;   /* 0: key absent */
+} tm_spec;
+
+tm_spec tm_default_spec(void); /* small: vocab 320, dim 64, 2 layers, 4 heads (2 kv), ff 128, f32 */
+/* Returns 0 on success, -1 on failure (message on stderr). */
+int tm_write(const tm_spec *spec, const char *path);
+
+#endif

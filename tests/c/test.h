@@ -1,0 +1,46 @@
+/* test.h - a tiny test harness: one sentence per check, a summary line
+ * "N passed, N failed" at the end (the Makefile's runner adds them up). */
+#ifndef TL_TEST_H
+#define TL_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int test_passed, test_failed;
+
+#define CHECK(cond, ...)                                                      \
+    do {                                                                      \
+        if (cond) {                                                           \
+            test_passed++;                                                    \
+        } else {                                                              \
+            test_failed++;                                                    \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                        \
+            printf(__VA_ARGS__);                                              \
+            printf("\n");                                                     \
+        }                                                                     \
+    } while (0)
+
+/* Prints the summary and returns the process exit code. */
+static inline int test_summary(void) {
+    printf("%d passed, %d failed\n", test_passed, test_failed);
+    return test_failed ? 1 : 0;
+}
+
+/* Directory holding the shared test data (../shared relative to the repo
+ * root), or NULL when absent; tests that need it skip with a message. */
+static inline const char *test_shared_dir(void) {
+    static const char *cands[] = {"../shared", "../../shared", NULL};
+    const char *env = getenv("TINYLOOP_SHARED");
+    if (env) return env;
+    for (int i = 0; cands[i]; i++) {
+        char p[512];
+        snprintf(p, sizeof p, "%s/models/stories260K.gguf", cands[i]);
+        FILE *f = fopen(p, "rb");
+        if (f) { fclose(f); return cands[i]; }
+    }
+    return NULL;
+}
+
+#endif

@@ -1,0 +1,434 @@
+/* test_model.c - the engine end to end: llama.cpp's greedy tokens on
+ * stories260K, batch == single, quantized == dequantized twin, looped ==
+ * unrolled, and clear errors for bad input. */
+#include <stdint.h>
+#include <unistd.h>
+
+#include "quants.h"
+#include "test.h"
+#include "testmodel.h"
+#include "tinyloop.h"
+
+/* ---- the reference file: a tiny reader for its fixed shape ------------- */
+
+typedef struct {
+    char prompt[256];
+    int32_t prompt_ids[64];
+    int n_prompt;
+    int32_t gen_ids[64];
+    int n_gen;
+} ref_case;
+
+static int parse_ids(const char *p, int32_t *out, int cap) {
+    int n = 0;
+    p = strchr(p, '[');
+    if (!p) return -1;
+    p++;
+    while (*p && *p != ']' && n < cap) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p) { p++; continue; }
+        out[n++] = (int32_t)v;
+        p = end;
+    }
+    return n;
+}
+
+static int load_ref(const char *path, ref_case *cases, int cap) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    static char buf[1 << 16];
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    int n = 0;
+    for (char *p = buf; n < cap && (p = strstr(p, "\"prompt\": \"")); n++) {
+        p += 11;
+        char *q = strchr(p, '"');
+        snprintf(cases[n].prompt, sizeof cases[n].prompt, "%.*s", (int)(q - p), p);
+        cases[n].n_prompt = parse_ids(strstr(q, "\"prompt_ids\""), cases[n].prompt_ids, 64);
+        cases[n].n_gen = parse_ids(strstr(q, "\"gen_ids\""), cases[n].gen_ids, 64);
+        p = q;
+    }
+    return n;
+}
+
+static int same_ids(const int32_t *a, int na, const int32_t *b, int nb) {
+    return na == nb && memcmp(a, b, (size_t)na * sizeof *a) == 0;
+}
+
+static void test_reference(const char *shared) {
+    char path[512], ref_path[512];
+    snprintf(path, sizeof path, "%s/models/stories260K.gguf", shared);
+    snprintf(ref_path, sizeof ref_path, "%s/ref/stories260K_greedy.json", shared);
+    ref_case cases[8];
+    int n_cases = load_ref(ref_path, cases, 8);
+    CHECK(n_cases == 5, "the reference file holds 5 prompts (got %d)", n_cases);
+    for (int kv = 0; kv < 2; kv++) {
+        tl_model_params mp = tl_model_default_params();
+        mp.kv_type = kv ? TL_KV_F32 : TL_KV_F16;
+        tl_model *m = NULL;
+        int rc = tl_model_open(path, mp, &m);
+        CHECK(rc == TL_OK, "stories260K opens (%s)", tl_last_error());
+        if (rc) return;
+        for (int c = 0; c < n_cases; c++) {
+            int32_t ids[64], gen[64];
+            int n = tl_tokenize(m, cases[c].prompt, (int)strlen(cases[c].prompt), 1, 0, ids, 64);
+            CHECK(same_ids(ids, n, cases[c].prompt_ids, cases[c].n_prompt), "'%s' tokenizes to the reference ids",
+                  cases[c].prompt);
+            tl_generate_params gp = tl_generate_default_params();
+            gp.max_tokens = cases[c].n_gen;
+            int ng = tl_generate(m, cases[c].prompt_ids, cases[c].n_prompt, gp, gen, 64);
+            CHECK(same_ids(gen, ng, cases[c].gen_ids, cases[c].n_gen),
+                  "greedy generation of '%s' with %s KV equals llama.cpp's 48 tokens (got %d tokens, first diff at %d)",
+                  cases[c].prompt, kv ? "f32" : "f16", ng, ({
+                      int d = 0;
+                      while (d < ng && d < cases[c].n_gen && gen[d] == cases[c].gen_ids[d]) d++;
+                      d;
+                  }));
+        }
+        tl_model_close(m);
+    }
+    /* every ISA level gives the same greedy tokens on the first prompt */
+    int best = tl_kernels_isa();
+    for (int isa = TL_ISA_SCALAR; isa <= best; isa++) {
+        if (tl_kernels_set_isa(isa) != isa) continue;
+        tl_model *m = NULL;
+        if (tl_model_open(path, tl_model_default_params(), &m)) continue;
+        int32_t gen[64];
+        tl_generate_params gp = tl_generate_default_params();
+        gp.max_tokens = cases[0].n_gen;
+        int ng = tl_generate(m, cases[0].prompt_ids, cases[0].n_prompt, gp, gen, 64);
+        CHECK(same_ids(gen, ng, cases[0].gen_ids, cases[0].n_gen), "the %s kernels reproduce the reference",
+              tl_isa_name(isa));
+        tl_model_close(m);
+    }
+    tl_kernels_set_isa(best);
+
+    /* max_seq_len 512 although the file says 128 */
+    tl_model_params mp = tl_model_default_params();
+    mp.max_seq_len = 512;
+    tl_model *m = NULL;
+    CHECK(tl_model_open(path, mp, &m) == TL_OK, "stories260K opens with max_seq_len 512");
+    if (m) {
+        static int32_t gen[512];
+        tl_generate_params gp = tl_generate_default_params();
+        gp.max_tokens = 400;
+        gp.ignore_eos = 1;
+        int ng = tl_generate(m, cases[0].prompt_ids, cases[0].n_prompt, gp, gen, 512);
+        CHECK(ng == 400, "it generates 400 tokens past the file's 128 context (got %d: %s)", ng, tl_last_error());
+        gp.max_tokens = 512;
+        int rc = tl_generate(m, cases[0].prompt_ids, cases[0].n_prompt, gp, gen, 512);
+        CHECK(rc == TL_ERR_TOO_LONG && strstr(tl_last_error(), "prompt length 5 + max_tokens 512 exceeds max_seq_len 512"),
+              "prompt + max_tokens past max_seq_len fails with a message naming the values (%s)", tl_last_error());
+        tl_model_close(m);
+    }
+}
+
+/* ---- synthetic models ------------------------------------------------------ */
+
+static const char *tmp_path(const char *name) {
+    static char buf[8][256];
+    static int k;
+    char *p = buf[k++ % 8];
+    snprintf(p, 256, "/tmp/tl_test_%d_%s.gguf", (int)getpid(), name);
+    return p;
+}
+
+/* Logits of the last token after feeding `toks` to a fresh sequence. */
+static int logits_of(tl_model *m, int loops, const int32_t *toks, int n, float *out) {
+    tl_seq *s;
+    if (tl_seq_new(m, loops, &s)) return -1;
+    int rc = tl_batch_forward(m, &s, &toks, &n, 1, out);
+    tl_seq_free(s);
+    return rc;
+}
+
+static double nmse(const float *a, const float *b, int n) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        num += (double)(a[i] - b[i]) * (a[i] - b[i]);
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+static void test_batch_equals_single(void) {
+    tm_spec s = tm_default_spec();
+    const char *path = tmp_path("batch");
+    CHECK(tm_write(&s, path) == 0, "the synthetic model is written");
+    tl_model *m;
+    tl_model_params mp = tl_model_default_params();
+    mp.kv_block_size = 4; /* many block boundaries */
+    if (tl_model_open(path, mp, &m)) { CHECK(0, "synthetic model opens: %s", tl_last_error()); return; }
+    int nv = tl_model_n_vocab(m);
+    int32_t seqtok[3][40];
+    int lens[3] = {37, 5, 1};
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 40; j++) seqtok[i][j] = (int32_t)((i * 97 + j * 31 + 7) % nv);
+    /* alone: prefill lens[i], then 3 decode steps, keep all logits */
+    float *alone = malloc(sizeof(float) * (size_t)nv * 3 * 4), *batch = malloc(sizeof(float) * (size_t)nv * 3);
+    for (int i = 0; i < 3; i++) {
+        tl_seq *sq;
+        tl_seq_new(m, 0, &sq);
+        const int32_t *p = seqtok[i];
+        int n = lens[i];
+        tl_batch_forward(m, &sq, &p, &n, 1, alone + ((size_t)i * 4) * nv);
+        for (int st = 1; st < 4; st++) {
+            p = &seqtok[i][lens[i] + st - 1];
+            n = 1;
+            tl_batch_forward(m, &sq, &p, &n, 1, alone + ((size_t)i * 4 + st) * nv);
+        }
+        tl_seq_free(sq);
+    }
+    /* together: seq 0 and 1 prefill in one batch; seq 2 joins at step 1 with
+     * its prefill while the others decode */
+    tl_seq *sq[3];
+    for (int i = 0; i < 3; i++) tl_seq_new(m, 0, &sq[i]);
+    const int32_t *p[3] = {seqtok[0], seqtok[1], seqtok[2]};
+    int n[3] = {lens[0], lens[1], lens[2]};
+    int rc = tl_batch_forward(m, sq, p, n, 2, batch);
+    double worst = 0;
+    for (int i = 0; i < 2; i++) { double e = nmse(batch + (size_t)i * nv, alone + ((size_t)i * 4) * nv, nv); if (e > worst) worst = e; }
+    int step_of[3] = {1, 1, 0};
+    for (int st = 1; st < 5 && rc == 0; st++) {
+        tl_seq *bs[3];
+        int k = 0, who[3];
+        for (int i = 0; i < 3; i++) {
+            if (i == 2 && st == 1) { bs[k] = sq[2]; p[k] = seqtok[2]; n[k] = lens[2]; who[k++] = 2; continue; }
+            if (step_of[i] >= 4) continue;
+            bs[k] = sq[i];
+            p[k] = &seqtok[i][lens[i] + step_of[i] - 1];
+            n[k] = 1;
+            who[k++] = i;
+        }
+        if (!k) break;
+        rc = tl_batch_forward(m, bs, p, n, k, batch);
+        for (int j = 0; j < k; j++) {
+            int i = who[j];
+            double e = nmse(batch + (size_t)j * nv, alone + ((size_t)i * 4 + step_of[i]) * nv, nv);
+            if (e > worst) worst = e;
+            step_of[i]++;
+        }
+    }
+    CHECK(rc == 0, "mixed prefill/decode batches run (%s)", tl_last_error());
+    CHECK(worst == 0.0, "a batch of sequences gives the same logits as each sequence alone (nmse %g)", worst);
+    for (int i = 0; i < 3; i++) tl_seq_free(sq[i]);
+    tl_model_info info;
+    tl_model_get_info(m, &info);
+    CHECK(info.kv_blocks_free == info.kv_blocks_total, "freeing sequences returns every KV block (%d of %d free)",
+          info.kv_blocks_free, info.kv_blocks_total);
+    free(alone);
+    free(batch);
+    tl_model_close(m);
+    remove(path);
+}
+
+static void test_quant_twins(void) {
+    static const int types[] = {TL_TYPE_F16, TL_TYPE_BF16, TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q4_1,
+                                TL_TYPE_Q5_0, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+    /* Weights are identical in both files; the remaining error comes from
+     * quantizing activations to Q8_0 / Q8_K in the packed dot products. */
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        int type = types[ti];
+        tm_spec s = tm_default_spec();
+        s.n_embd = 256;
+        s.n_ff = 512;
+        s.n_vocab = 512;
+        s.n_head = 4;
+        s.n_head_kv = 2;
+        s.type = type;
+        const char *qp = tmp_path("q"), *fp = tmp_path("f");
+        if (tm_write(&s, qp)) { CHECK(0, "write %s model", tl_type_info(type)->name); continue; }
+        s.twin_f32 = 1;
+        tm_write(&s, fp);
+        tl_model *mq = NULL, *mf = NULL;
+        tl_model_open(qp, tl_model_default_params(), &mq);
+        tl_model_open(fp, tl_model_default_params(), &mf);
+        CHECK(mq && mf, "%s model and its f32 twin open (%s)", tl_type_info(type)->name, tl_last_error());
+        if (mq && mf) {
+            int32_t toks[20];
+            for (int i = 0; i < 20; i++) toks[i] = (int32_t)((i * 53 + 11) % 512);
+            float lq[512], lf[512];
+            logits_of(mq, 0, toks, 20, lq);
+            logits_of(mf, 0, toks, 20, lf);
+            double e = nmse(lq, lf, 512);
+            double tol = tl_type_info(type)->vec_dot_type == TL_TYPE_F32 ? 1e-5 : 4e-3;
+            printf("  %-5s model vs f32 twin: logits nmse %.2e (tolerance %.0e)\n", tl_type_info(type)->name, e, tol);
+            CHECK(e < tol, "%s model matches its dequantized f32 twin (nmse %.3g < %.0g)", tl_type_info(type)->name, e,
+                  tol);
+        }
+        tl_model_close(mq);
+        tl_model_close(mf);
+        remove(qp);
+        remove(fp);
+    }
+}
+
+static void test_loops(void) {
+    tm_spec s = tm_default_spec();
+    s.n_layer = 4;
+    s.loop_start = 1;
+    s.loop_end = 3;
+    s.loop_default = 2;
+    const char *lp = tmp_path("loop"), *up = tmp_path("unroll"), *pp = tmp_path("plain");
+    CHECK(tm_write(&s, lp) == 0, "a looped model is written");
+    tl_model *ml = NULL;
+    tl_model_open(lp, tl_model_default_params(), &ml);
+    CHECK(ml != NULL, "the looped model opens (%s)", tl_last_error());
+    if (!ml) return;
+    tl_model_info info;
+    tl_model_get_info(ml, &info);
+    CHECK(info.loop_start == 1 && info.loop_end == 3 && info.loop_default == 2, "loop keys are read ([%d,%d) x %d)",
+          info.loop_start, info.loop_end, info.loop_default);
+    int32_t toks[21];
+    for (int i = 0; i < 21; i++) toks[i] = (int32_t)((i * 7 + 3) % 320);
+    for (int k = 1; k <= 3; k++) {
+        tm_spec u = s;
+        u.unroll = k;
+        tm_write(&u, up);
+        tl_model *mu = NULL;
+        tl_model_open(up, tl_model_default_params(), &mu);
+        float a[320], b[320];
+        int ra = logits_of(ml, k, toks, 21, a), rb = mu ? logits_of(mu, 0, toks, 21, b) : -1;
+        CHECK(ra == 0 && rb == 0 && nmse(a, b, 320) == 0.0,
+              "loops=%d gives the same logits as the weights unrolled %d times (nmse %g)", k, k, nmse(a, b, 320));
+        tl_model_close(mu);
+    }
+    /* KV memory follows the depth in use: 2 + 2*loops blocks per logical block */
+    for (int k = 1; k <= 3; k += 2) {
+        tl_seq *sq;
+        tl_seq_new(ml, k, &sq);
+        const int32_t *p = toks;
+        int n = 16;
+        tl_model_get_info(ml, &info);
+        int before = info.kv_blocks_free;
+        tl_batch_forward(ml, &sq, &p, &n, 1, NULL);
+        tl_model_get_info(ml, &info);
+        CHECK(before - info.kv_blocks_free == 2 + 2 * k, "16 tokens at loops=%d take %d blocks (took %d)", k, 2 + 2 * k,
+              before - info.kv_blocks_free);
+        tl_seq_free(sq);
+    }
+    tl_model_close(ml);
+    /* a load option sets a loop block on a plain model */
+    tm_spec plain = tm_default_spec();
+    plain.n_layer = 4;
+    tm_write(&plain, pp);
+    tl_model_params mp = tl_model_default_params();
+    mp.loop_start = 1;
+    mp.loop_end = 3;
+    mp.loop_default = 2;
+    tl_model *mo = NULL;
+    CHECK(tl_model_open(pp, mp, &mo) == TL_OK, "loop_start/loop_end load options are accepted");
+    if (mo) {
+        tl_model_get_info(mo, &info);
+        CHECK(info.loop_default == 2 && info.loop_end == 3, "the options set the loop block");
+        tl_model_close(mo);
+    }
+    mp.loop_end = 9;
+    int rc = tl_model_open(pp, mp, &mo);
+    CHECK(rc == TL_ERR_INVALID_ARG && strstr(tl_last_error(), "[1, 9)"), "a loop block past the layers is rejected (%s)",
+          tl_last_error());
+    /* without a loop block, loops is 1 whatever the caller says */
+    tl_model_open(pp, tl_model_default_params(), &mo);
+    if (mo) {
+        float a[320], b[320];
+        logits_of(mo, 1, toks, 9, a);
+        logits_of(mo, 5, toks, 9, b);
+        CHECK(nmse(a, b, 320) == 0.0, "a model without a loop block ignores loops");
+        tl_model_close(mo);
+    }
+    remove(lp);
+    remove(up);
+    remove(pp);
+}
+
+static void test_errors_and_sampling(void) {
+    tm_spec s = tm_default_spec();
+    const char *path = tmp_path("err");
+    tm_write(&s, path);
+    tl_model_params mp = tl_model_default_params();
+    mp.kv_mem = 6 * (2 * 16 * 32 * 2); /* 6 blocks of K+V (16 x kv_dim 32, f16): 3 logical blocks at 2 layers */
+    mp.max_seq_len = 200;
+    tl_model *m = NULL;
+    tl_model_open(path, mp, &m);
+    CHECK(m != NULL, "small-KV model opens (%s)", tl_last_error());
+    if (!m) return;
+    int32_t toks[100], out[100];
+    for (int i = 0; i < 100; i++) toks[i] = (int32_t)(i % 300) + 3;
+    tl_generate_params gp = tl_generate_default_params();
+    gp.max_tokens = 10;
+    int rc = tl_generate(m, toks, 60, gp, out, 100);
+    CHECK(rc == TL_ERR_KV_FULL && strstr(tl_last_error(), "KV cache full"), "exhausted KV memory is a clear error (%s)",
+          tl_last_error());
+    tl_model_info info;
+    tl_model_get_info(m, &info);
+    CHECK(info.kv_blocks_free == info.kv_blocks_total, "a failed request leaks no blocks");
+    rc = tl_generate(m, toks, 20, gp, out, 100);
+    CHECK(rc == 10, "a request that fits still runs afterwards (%d: %s)", rc, tl_last_error());
+    toks[3] = 320;
+    rc = tl_generate(m, toks, 5, gp, out, 100);
+    CHECK(rc == TL_ERR_INVALID_ARG && strstr(tl_last_error(), "token 320 at index 3"),
+          "an out-of-vocab id names the id and index (%s)", tl_last_error());
+    toks[3] = 5;
+    rc = tl_generate(m, toks, 0, gp, out, 100);
+    CHECK(rc == TL_ERR_INVALID_ARG && strstr(tl_last_error(), "empty"), "an empty prompt is rejected (%s)",
+          tl_last_error());
+    gp.max_tokens = 0;
+    rc = tl_generate(m, toks, 3, gp, out, 100);
+    CHECK(rc == TL_ERR_INVALID_ARG && strstr(tl_last_error(), "max_tokens 0"), "max_tokens 0 is rejected (%s)",
+          tl_last_error());
+
+    /* sampling: seeded and reproducible; top_k 1 is greedy */
+    gp = tl_generate_default_params();
+    gp.max_tokens = 20;
+    gp.ignore_eos = 1;
+    int32_t g[20], a[20], b[20], c[20];
+    tl_generate(m, toks, 5, gp, g, 20);
+    gp.sampling.temperature = 1.0f;
+    gp.sampling.top_k = 1;
+    tl_generate(m, toks, 5, gp, a, 20);
+    CHECK(memcmp(a, g, sizeof a) == 0, "top_k 1 at temperature 1 equals greedy");
+    gp.sampling.top_k = 0;
+    gp.sampling.top_p = 0.95f;
+    gp.sampling.min_p = 0.01f;
+    gp.sampling.repeat_penalty = 1.1f;
+    gp.sampling.seed = 42;
+    tl_generate(m, toks, 5, gp, a, 20);
+    tl_generate(m, toks, 5, gp, b, 20);
+    gp.sampling.seed = 43;
+    tl_generate(m, toks, 5, gp, c, 20);
+    CHECK(memcmp(a, b, sizeof a) == 0, "the same seed gives the same tokens");
+    CHECK(memcmp(a, c, sizeof a) != 0, "another seed gives other tokens");
+    gp.sampling.repeat_penalty = -1;
+    rc = tl_generate(m, toks, 5, gp, a, 20);
+    CHECK(rc == TL_ERR_INVALID_ARG && strstr(tl_last_error(), "repeat_penalty"), "a bad sampling parameter is named (%s)",
+          tl_last_error());
+    tl_model_close(m);
+
+    /* vocab_only models tokenize but cannot run */
+    mp = tl_model_default_params();
+    mp.vocab_only = 1;
+    tl_model_open(path, mp, &m);
+    CHECK(m != NULL, "vocab_only open works");
+    if (m) {
+        rc = tl_generate(m, toks, 3, tl_generate_default_params(), out, 10);
+        CHECK(rc == TL_ERR_STATE, "a vocab_only model refuses to generate");
+        tl_model_close(m);
+    }
+    rc = tl_model_open("/nonexistent/model.gguf", tl_model_default_params(), &m);
+    CHECK(rc < 0 && m == NULL && strstr(tl_last_error(), "/nonexistent/model.gguf"), "a missing file names the path (%s)",
+          tl_last_error());
+    remove(path);
+}
+
+int main(void) {
+    const char *shared = test_shared_dir();
+    if (shared) test_reference(shared);
+    else printf("SKIP reference tests: ../shared/models/stories260K.gguf not found\n");
+    test_batch_equals_single();
+    test_quant_twins();
+    test_loops();
+    test_errors_and_sampling();
+    return test_summary();
+}

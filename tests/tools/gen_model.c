@@ -1,0 +1,49 @@
+/* tl-gen-model - writes a synthetic llama GGUF (see tests/c/lib/testmodel.h).
+ *   tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]
+ *                [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]
+ *                [--twin-f32] [--tied] [--seed N] */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quants.h"
+#include "testmodel.h"
+
+static int type_by_name(const char *name) {
+    for (int t = 0; t < TL_TYPE_COUNT; t++) {
+        const tl_type_traits *tr = tl_type_info(t);
+        if (tr->name && tr->supported && !strcmp(tr->name, name)) return t;
+    }
+    return -1;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fprintf(stderr, "usage: tl-gen-model OUT.gguf [options]\n");
+        return 2;
+    }
+    tm_spec s = tm_default_spec();
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        int more = i + 1 < argc;
+#define INT_OPT(flag, field) else if (!strcmp(a, flag) && more) s.field = atoi(argv[++i]);
+        if (!strcmp(a, "--type") && more) {
+            s.type = type_by_name(argv[++i]);
+            if (s.type < 0) { fprintf(stderr, "tl-gen-model: unknown type '%s'\n", argv[i]); return 2; }
+        }
+        INT_OPT("--vocab", n_vocab) INT_OPT("--dim", n_embd) INT_OPT("--layers", n_layer)
+        INT_OPT("--heads", n_head) INT_OPT("--kv-heads", n_head_kv) INT_OPT("--ff", n_ff)
+        INT_OPT("--ctx", n_ctx) INT_OPT("--unroll", unroll)
+        else if (!strcmp(a, "--loop") && i + 3 < argc) {
+            s.loop_start = atoi(argv[++i]);
+            s.loop_end = atoi(argv[++i]);
+            s.loop_default = atoi(argv[++i]);
+        } else if (!strcmp(a, "--twin-f32")) s.twin_f32 = 1;
+        else if (!strcmp(a, "--tied")) s.tied = 1;
+        else if (!strcmp(a, "--seed") && more) s.seed = strtoull(argv[++i], NULL, 10);
+        else { fprintf(stderr, "tl-gen-model: unknown option '%s'\n", a); return 2; }
+#undef INT_OPT
+    }
+    if (s.n_head_kv == 0 || s.n_head_kv > s.n_head) s.n_head_kv = s.n_head;
+    return tm_write(&s, argv[1]) ? 1 : 0;
+}
