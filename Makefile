@@ -57,7 +57,7 @@ build/tests-asan/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop-asan.a tests/c/tes
 
 # make test: every test (C now; Lua specs join as they land), one summary line.
 test: deps all $(TESTS)
-	@sh tests/run.sh build/tests $(TESTS)
+	@sh tests/run.sh build/tests $(TESTS) tests/cli/test_cli.sh
 
 test-asan: deps build/libtinyloop-asan.a $(ASAN_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -72,8 +72,19 @@ build/fuzz/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(LIB_SRC) $(TSUP_SRC)
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iengine -Ikernels/cpu -Itests/c/lib \
 	  -o $@ tests/fuzz/fuzz_gguf.c $(LIB_SRC) $(TSUP_SRC) -lm -pthread -ldl
 
-bench: all
-	./bin/tinyloop bench
+# Synthetic models shaped like stories110M (dim 768, 12 layers, 12 heads,
+# vocab 32000) in the weight types llama.cpp's figures in the README use.
+BENCH_TYPES  := f32 f16 q8_0 q4_0
+BENCH_MODELS := $(BENCH_TYPES:%=build/bench/stories110M-%.gguf)
+build/bench/stories110M-%.gguf: bin/tl-gen-model
+	@mkdir -p build/bench
+	./bin/tl-gen-model $@ --type $* --vocab 32000 --dim 768 --layers 12 --heads 12 --kv-heads 12 --ff 2048 --ctx 1024
+
+bench: all $(BENCH_MODELS)
+	@echo "== all threads"
+	./bin/tinyloop bench -m $(MODEL) $(BENCH_MODELS:%=-m %)
+	@echo "== one thread (llama.cpp on this machine, one thread: stories260K ~10000, f32 ~85, f16 ~128, q8_0 ~200, q4_0 ~285 decode tok/s)"
+	./bin/tinyloop bench -t 1 -m $(MODEL) $(BENCH_MODELS:%=-m %)
 
 run: deps all
 	./bin/tinyloop generate -m $(MODEL) -p "Once upon a time" -n 64

@@ -233,7 +233,7 @@ static inline T2 __m256i scale_shuffle16(int i) {
     return _mm256_set1_epi16((short)((2 * i) | ((2 * i + 1) << 8)));
 }
 
-static T2 void vd_q45_K(int64_t n, float *out, const void *w, const void *x, int five) {
+static inline __attribute__((always_inline)) T2 void vd_q45_K(int64_t n, float *out, const void *w, const void *x, int five) {
     const block_q8_K *b = x;
     const __m256i m4 = _mm256_set1_epi8(0xF);
     __m256 acc = _mm256_setzero_ps();
@@ -316,9 +316,10 @@ static T2 void vd_q6_K(int64_t n, float *out, const void *w, const void *x) {
             q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
             for (int k = 0; k < 4; k++) {
-                /* scales 8j+2k (low lane) and 8j+2k+1 (high lane) */
+                /* int16 scales 8j+2k (low lane) and 8j+2k+1 (high lane) */
                 const int s = 8 * j + 2 * k;
-                const __m256i scv = _mm256_setr_m128i(_mm_set1_epi16(a[i].scales[s]), _mm_set1_epi16(a[i].scales[s + 1]));
+                const __m128i sh = _mm_set_epi64x(0x0101010101010101 * (uint64_t)(s + 1), 0x0101010101010101 * (uint64_t)s);
+                const __m256i scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, sh));
                 const __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(y + 32 * k)));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scv, p));
             }

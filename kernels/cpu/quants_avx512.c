@@ -215,12 +215,12 @@ static inline void unpack_k4_scales(const uint8_t *s, uint32_t u[4]) {
     u[0] &= k1;
 }
 
-/* Index vector: int16 lanes 0..15 = a, 16..31 = b (for permutexvar). */
+/* int16 lanes 0..15 = a, 16..31 = b. */
 static inline T5 __m512i idx2(int a, int b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)a)), _mm256_set1_epi16((short)b), 1);
 }
 
-static T5 void vd_q45_K(int64_t n, float *out, const void *w, const void *x, int five) {
+static inline __attribute__((always_inline)) T5 void vd_q45_K(int64_t n, float *out, const void *w, const void *x, int five) {
     const block_q8_K *b = x;
     const __m512i m4 = _mm512_set1_epi8(0xF), x10 = _mm512_set1_epi8(0x10);
     /* broadcast 32 q bytes to both halves, shift the high half by 4 */
@@ -245,7 +245,8 @@ static T5 void vd_q45_K(int64_t n, float *out, const void *w, const void *x, int
                                             _mm_loadu_si128((const __m128i *)b[i].bsums + 1));
         const __m128i pm = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), ysum);
         accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), accm);
-        const __m512i sc = _mm512_castsi256_si512(ms); /* int16 lanes 0..7 = scales */
+        /* int16 scales 0..7 in every 128-bit lane; vpshufb picks per half */
+        const __m512i sc = _mm512_broadcast_i32x4(_mm256_castsi256_si128(ms));
         const __m512i hb = qh ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)) : _mm512_setzero_si512();
         __m512i sumi = _mm512_setzero_si512();
         for (int j = 0; j < 4; j++) {
@@ -257,7 +258,7 @@ static T5 void vd_q45_K(int64_t n, float *out, const void *w, const void *x, int
                 v = _mm512_mask_add_epi8(v, hm, v, x10);
             }
             const __m512i p = _mm512_maddubs_epi16(v, _mm512_loadu_si512(b[i].qs + 64 * j));
-            const __m512i s = _mm512_permutexvar_epi16(idx2(2 * j, 2 * j + 1), sc);
+            const __m512i s = _mm512_shuffle_epi8(sc, idx2((4 * j) | ((4 * j + 1) << 8), (4 * j + 2) | ((4 * j + 3) << 8)));
             sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(s, p));
         }
         acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);

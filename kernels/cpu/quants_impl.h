@@ -46,12 +46,13 @@ _Static_assert(sizeof(block_q5_K) == 176, "q5_K layout");
 _Static_assert(sizeof(block_q6_K) == 210, "q6_K layout");
 _Static_assert(sizeof(block_q8_K) == 292, "q8_K layout");
 
-/* Exact IEEE half -> float (subnormals, inf, nan with payload). */
+/* Exact IEEE half -> float (subnormals, inf; a NaN keeps its payload and
+ * comes out quiet, as F16C's vcvtph2ps does). */
 static inline float tl_f16_to_f32_inl(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16;
     uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
     if (e == 0x1f) {
-        bits = sign | 0x7f800000u | (m << 13);
+        bits = sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0);
     } else if (e != 0) {
         bits = sign | ((e + 112) << 23) | (m << 13);
     } else if (m == 0) {

@@ -416,6 +416,14 @@ static void test_errors_and_sampling(void) {
         CHECK(rc == TL_ERR_STATE, "a vocab_only model refuses to generate");
         tl_model_close(m);
     }
+    const char *shared = test_shared_dir();
+    if (shared) {
+        char vp[512];
+        snprintf(vp, sizeof vp, "%s/vocab/ggml-vocab-llama-spm.gguf", shared);
+        rc = tl_model_open(vp, tl_model_default_params(), &m);
+        CHECK(rc < 0 && m == NULL && strstr(tl_last_error(), "ggml-vocab-llama-spm.gguf"),
+              "a vocab-only file opened as a model fails with a message naming it (%s)", tl_last_error());
+    }
     rc = tl_model_open("/nonexistent/model.gguf", tl_model_default_params(), &m);
     CHECK(rc < 0 && m == NULL && strstr(tl_last_error(), "/nonexistent/model.gguf"), "a missing file names the path (%s)",
           tl_last_error());

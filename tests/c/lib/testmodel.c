@@ -96,7 +96,8 @@ static void add_vocab(gguf_writer *gw, int n_vocab) {
             int k = i - 259;
             /* "\xe2\x96\x81" is U+2581, SentencePiece's space marker. */
             if (k < 26) snprintf(buf, sizeof buf, "\xe2\x96\x81%c", letters[k]);
-            else snprintf(buf, sizeof buf, "%c%c", letters[k % 26], letters[(k / 26) % 26]);
+            else if (k < 26 + 26 * 26) snprintf(buf, sizeof buf, "%c%c", letters[(k - 26) % 26], letters[(k - 26) / 26]);
+            else snprintf(buf, sizeof buf, "\xe2\x96\x81%c%d", letters[k % 26], k); /* unique: k is */
             types[i] = 1;
             scores[i] = -(float)k;
         }
