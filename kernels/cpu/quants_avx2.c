@@ -235,7 +235,12 @@ static inline T2 __m256i scale_shuffle16(int i) {
 
 static inline __attribute__((always_inline)) T2 void vd_q45_K(int64_t n, float *out, const void *w, const void *x, int five) {
     const block_q8_K *b = x;
-    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i m4 = _mm256_set1_epi8(0xF), x10 = _mm256_set1_epi8(0x10);
+    __m256i pick[8], hm[8]; /* loop-invariant scale pickers, 5th-bit masks */
+    for (int k = 0; k < 8; k++) {
+        pick[k] = scale_shuffle16(k);
+        hm[k] = _mm256_set1_epi8((char)(1 << k));
+    }
     __m256 acc = _mm256_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
@@ -268,13 +273,12 @@ static inline __attribute__((always_inline)) T2 void vd_q45_K(int64_t n, float *
             __m256i ql = _mm256_and_si256(bits, m4);
             __m256i qhh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
             if (qh) {
-                const __m256i m0 = _mm256_set1_epi8((char)(1 << (2 * j))), m1 = _mm256_set1_epi8((char)(2 << (2 * j)));
-                const __m256i x10 = _mm256_set1_epi8(0x10);
+                const __m256i m0 = hm[2 * j], m1 = hm[2 * j + 1];
                 ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m0), m0), x10));
                 qhh = _mm256_or_si256(qhh, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m1), m1), x10));
             }
-            const __m256i s0 = _mm256_shuffle_epi8(sc, scale_shuffle16(2 * j));
-            const __m256i s1 = _mm256_shuffle_epi8(sc, scale_shuffle16(2 * j + 1));
+            const __m256i s0 = _mm256_shuffle_epi8(sc, pick[2 * j]);
+            const __m256i s1 = _mm256_shuffle_epi8(sc, pick[2 * j + 1]);
             const __m256i p0 = _mm256_maddubs_epi16(ql, _mm256_loadu_si256((const __m256i *)y));
             const __m256i p1 = _mm256_maddubs_epi16(qhh, _mm256_loadu_si256((const __m256i *)(y + 32)));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(s0, p0), _mm256_madd_epi16(s1, p1)));
@@ -293,6 +297,10 @@ static T2 void vd_q6_K(int64_t n, float *out, const void *w, const void *x) {
     const block_q6_K *a = w;
     const block_q8_K *b = x;
     const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
+    __m128i pick[8]; /* bytes: scale s x8, scale s+1 x8, for s = 2k */
+    for (int k = 0; k < 8; k++)
+        pick[k] = _mm_set_epi64x((long long)(0x0101010101010101ull * (uint64_t)(2 * k + 1)),
+                                 (long long)(0x0101010101010101ull * (uint64_t)(2 * k)));
     __m256 acc = _mm256_setzero_ps(), accm = acc;
     for (int64_t i = 0; i < n / QK_K; i++) {
         const float d = b[i].d * f16(a[i].d);
@@ -317,9 +325,7 @@ static T2 void vd_q6_K(int64_t n, float *out, const void *w, const void *x) {
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
             for (int k = 0; k < 4; k++) {
                 /* int16 scales 8j+2k (low lane) and 8j+2k+1 (high lane) */
-                const int s = 8 * j + 2 * k;
-                const __m128i sh = _mm_set_epi64x(0x0101010101010101 * (uint64_t)(s + 1), 0x0101010101010101 * (uint64_t)s);
-                const __m256i scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, sh));
+                const __m256i scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick[4 * j + k]));
                 const __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(y + 32 * k)));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scv, p));
             }

@@ -1,7 +1,8 @@
 /* quants_avx512.c - AVX-512 (F, BW, VL, DQ) kernels, 64 bytes per op.
  * Float rows use 16-wide FMA; K-quants handle two 32-element sub-blocks
- * per zmm with maddubs/madd (BW only); q8_0/q4_0 pair two blocks per zmm
- * and need AVX512-VNNI (vpdpbusd), so without VNNI those keep AVX2. */
+ * per zmm with maddubs/madd (BW only); q8_0/q4_0 use AVX512-VNNI
+ * (vpdpbusd on ymm), so without VNNI those keep the AVX2 kernels. q4_1 and
+ * q5_0 always use the AVX2 kernels. */
 #include "quants_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -130,77 +131,56 @@ static T5 void f32_to_f16_512(const float *src, uint16_t *dst, int64_t n) {
     }
 }
 
-/* ------------------------------------------- q8_0 / q4_0 (VNNI, 2 blocks) */
+/* ------------------------------------------------- q8_0 / q4_0 (VNNI) */
 
-/* Two 32-byte rows at p and p+stride as one zmm. */
-static inline T5 __m512i load2x32(const void *p0, const void *p1) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p0)),
-                              _mm256_loadu_si256((const __m256i *)p1), 1);
-}
-
-static inline T5 __m512 scale2(float d0, float d1) {
-    return _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
+/* One block per ymm: on double-pumped AVX-512 cores (Zen 4) pairing blocks
+ * in a zmm costs more in inserts than it saves, while vpdpbusd alone
+ * replaces ggml's maddubs+madd pair. */
+static inline T5N __m256 q8_0_block(const int8_t *pa, const int8_t *pb) {
+    const __m256i qa = _mm256_loadu_si256((const __m256i *)pa), qb = _mm256_loadu_si256((const __m256i *)pb);
+    /* |a| * (b with a's sign): unsigned x signed, as vpdpbusd wants. */
+    const __m256i sb = _mm256_mask_sub_epi8(qb, _mm256_movepi8_mask(qa), _mm256_setzero_si256(), qb);
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(qa), sb));
 }
 
 static T5N void vd_q8_0(int64_t n, float *out, const void *w, const void *x) {
     const block_q8_0 *a = w, *b = x;
     const int64_t nb = n / 32;
-    __m512 acc = _mm512_setzero_ps();
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
-        const __m512i qa = load2x32(a[i].qs, a[i + 1].qs), qb = load2x32(b[i].qs, b[i + 1].qs);
-        /* |a| * (b with a's sign): unsigned x signed, as vpdpbusd wants. */
-        const __m512i sb = _mm512_mask_sub_epi8(qb, _mm512_movepi8_mask(qa), _mm512_setzero_si512(), qb);
-        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(qa), sb);
-        acc = _mm512_fmadd_ps(scale2(f16(a[i].d) * f16(b[i].d), f16(a[i + 1].d) * f16(b[i + 1].d)),
-                              _mm512_cvtepi32_ps(s), acc);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * f16(b[i].d)), q8_0_block(a[i].qs, b[i].qs), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i + 1].d) * f16(b[i + 1].d)), q8_0_block(a[i + 1].qs, b[i + 1].qs),
+                               acc1);
     }
-    float r = _mm512_reduce_add_ps(acc);
-    if (i < nb) {
-        const __m256i qa = _mm256_loadu_si256((const __m256i *)a[i].qs);
-        const __m256i qb = _mm256_loadu_si256((const __m256i *)b[i].qs);
-        const __m256i sb = _mm256_mask_sub_epi8(qb, _mm256_movepi8_mask(qa), _mm256_setzero_si256(), qb);
-        const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(qa), sb);
-        const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-        const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
-        const int sumi = _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
-        r += sumi * (f16(a[i].d) * f16(b[i].d));
-    }
-    *out = r;
-}
-
-/* Two q4_0 blocks' nibbles as 64 bytes: [lo0 | hi0 | lo1 | hi1]. */
-static inline T5 __m512i nibbles2(const uint8_t *q0, const uint8_t *q1) {
-    const __m256i t = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)q0)),
-                                              _mm_loadu_si128((const __m128i *)q1), 1);
-    const __m512i z = _mm512_shuffle_i64x2(_mm512_castsi256_si512(t), _mm512_castsi256_si512(t), 0x50);
-    const __m512i sh = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
-    return _mm512_and_si512(_mm512_srlv_epi64(z, sh), _mm512_set1_epi8(0xF));
+    if (i < nb) acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * f16(b[i].d)), q8_0_block(a[i].qs, b[i].qs), acc0);
+    *out = hsum256(_mm256_add_ps(acc0, acc1));
 }
 
 /* dot(q-8, y) = dpbusd(q, y) - dpbusd(8, y): q stays unsigned. */
+static inline T5N __m256 q4_0_block(const block_q4_0 *a, const block_q8_0 *b) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)a->qs);
+    const __m256i q = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1),
+                                       _mm256_set1_epi8(0xF));
+    const __m256i y = _mm256_loadu_si256((const __m256i *)b->qs);
+    const __m256i s = _mm256_sub_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), q, y),
+                                       _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(8), y));
+    return _mm256_cvtepi32_ps(s);
+}
+
 static T5N void vd_q4_0(int64_t n, float *out, const void *w, const void *x) {
     const block_q4_0 *a = w;
     const block_q8_0 *b = x;
     const int64_t nb = n / 32;
-    const __m512i eight = _mm512_set1_epi8(8);
-    __m512 acc = _mm512_setzero_ps();
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
     int64_t i = 0;
     for (; i + 2 <= nb; i += 2) {
-        const __m512i q = nibbles2(a[i].qs, a[i + 1].qs), y = load2x32(b[i].qs, b[i + 1].qs);
-        const __m512i s = _mm512_sub_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), q, y),
-                                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), eight, y));
-        acc = _mm512_fmadd_ps(scale2(f16(a[i].d) * f16(b[i].d), f16(a[i + 1].d) * f16(b[i + 1].d)),
-                              _mm512_cvtepi32_ps(s), acc);
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * f16(b[i].d)), q4_0_block(a + i, b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i + 1].d) * f16(b[i + 1].d)), q4_0_block(a + i + 1, b + i + 1),
+                               acc1);
     }
-    float r = _mm512_reduce_add_ps(acc);
-    if (i < nb) {
-        int sumi = 0;
-        for (int j = 0; j < 16; j++)
-            sumi += ((a[i].qs[j] & 0xF) - 8) * b[i].qs[j] + ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + 16];
-        r += sumi * (f16(a[i].d) * f16(b[i].d));
-    }
-    *out = r;
+    if (i < nb) acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * f16(b[i].d)), q4_0_block(a + i, b + i), acc0);
+    *out = hsum256(_mm256_add_ps(acc0, acc1));
 }
 
 /* ------------------------------------------------------------ K-quants */
@@ -225,6 +205,12 @@ static inline __attribute__((always_inline)) T5 void vd_q45_K(int64_t n, float *
     const __m512i m4 = _mm512_set1_epi8(0xF), x10 = _mm512_set1_epi8(0x10);
     /* broadcast 32 q bytes to both halves, shift the high half by 4 */
     const __m512i nsh = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
+    /* per chunk j: scale pickers and 5th-bit masks (loop-invariant) */
+    __m512i pick[4], hmask[4];
+    for (int j = 0; j < 4; j++) {
+        pick[j] = idx2((4 * j) | ((4 * j + 1) << 8), (4 * j + 2) | ((4 * j + 3) << 8));
+        hmask[j] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * j))), _mm256_set1_epi8((char)(2 << (2 * j))), 1);
+    }
     __m512 acc = _mm512_setzero_ps();
     __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
@@ -253,12 +239,11 @@ static inline __attribute__((always_inline)) T5 void vd_q45_K(int64_t n, float *
             const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q + 32 * j)));
             __m512i v = _mm512_and_si512(_mm512_srlv_epi64(bits, nsh), m4);
             if (qh) {
-                const __mmask64 hm = _mm512_test_epi8_mask(
-                    hb, _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * j))), _mm256_set1_epi8((char)(2 << (2 * j))), 1));
+                const __mmask64 hm = _mm512_test_epi8_mask(hb, hmask[j]);
                 v = _mm512_mask_add_epi8(v, hm, v, x10);
             }
             const __m512i p = _mm512_maddubs_epi16(v, _mm512_loadu_si512(b[i].qs + 64 * j));
-            const __m512i s = _mm512_shuffle_epi8(sc, idx2((4 * j) | ((4 * j + 1) << 8), (4 * j + 2) | ((4 * j + 3) << 8)));
+            const __m512i s = _mm512_shuffle_epi8(sc, pick[j]);
             sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(s, p));
         }
         acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);

@@ -1,0 +1,123 @@
+/* radix.h - the automatic prefix cache: a radix tree over token ids whose
+ * nodes own references to paged KV blocks.
+ *
+ * One tree per namespace (loops, cache_window, salt): KV computed under
+ * another depth, window or tenant salt is never matched. Children are
+ * found by their first token; a node's edge is a run of tokens.
+ *
+ *   before inserting [1 5 9 2 7]:          after (split at position 3):
+ *
+ *     (root)                                 (root)
+ *       |                                      |
+ *     [1 5 9 4 4 8]  pos 0..6                [1 5 9]  pos 0..3
+ *                                             /     \
+ *                                      [4 4 8]       [2 7]
+ *                                      pos 3..6      pos 3..5
+ *
+ * A node covering positions [s, e) holds one reference on every KV block
+ * that overlaps [s, e) (per virtual layer): logical blocks s/bs .. (e-1)/bs.
+ * A block straddling a node boundary is therefore held by both nodes, and
+ * the deeper node's copy is valid for every position up to its own end.
+ * To serve a match of length L, logical block b comes from the node that
+ * contains position min(L, (b+1)*bs) - 1; full blocks are shared by
+ * reference, and the tail block is copied on first write (copy-on-write in
+ * kv_blocks.c), so a block is only ever written by a sole owner.
+ *
+ * lock counts requests whose matched path runs through a node; pin counts
+ * pool entries ending exactly at a node. Only leaves with lock == 0 and
+ * pin == 0 are evicted (leaf-first), lowest score first (LRU by default).
+ * Match costs O(matched tokens): child lookup is a hash probe.
+ */
+#ifndef TL_RADIX_H
+#define TL_RADIX_H
+
+#include <stdint.h>
+
+#include "kv_blocks.h"
+
+typedef struct tl_radix_node tl_radix_node;
+typedef struct tl_radix tl_radix;
+
+struct tl_radix_node {
+    tl_radix_node *parent;
+    tl_radix_node **kids;   /* open-addressing table keyed by kid->tokens[0] */
+    int n_kids, cap_kids;   /* cap is 0 or a power of two */
+    int32_t *tokens;        /* edge label (n_tokens) */
+    int n_tokens;
+    int start;              /* absolute position of tokens[0] */
+    int lb_first, n_lb;     /* logical blocks held: [lb_first, lb_first + n_lb) */
+    int32_t *blocks;        /* (n_lb, depth) block ids */
+    int lock, pin;
+    uint64_t last_access;   /* tree clock tick */
+    uint32_t hits;
+    int ns;                 /* namespace index */
+    int tenant;             /* for the eviction policy's score */
+};
+
+typedef struct tl_radix_ns {
+    int loops, cache_window;
+    uint64_t salt;
+    int depth;              /* virtual layers: blocks per logical block */
+    tl_radix_node *root;
+} tl_radix_ns;
+
+/* Scores an evictable leaf; the lowest score is evicted first. */
+typedef double (*tl_evict_score_fn)(const tl_radix_node *n, uint64_t now, void *ud);
+
+/* Weights for the built-in score (pushed from Lua as plain data):
+ * score = w_recency * last_access + w_hits * hits + w_tokens * cached tokens
+ *         + w_depth * start. LRU is {1, 0, 0, 0}. */
+typedef struct tl_evict_weights {
+    double w_recency, w_hits, w_tokens, w_depth;
+} tl_evict_weights;
+
+struct tl_radix {
+    tl_kv_pool *kv;
+    tl_radix_ns *ns;
+    int n_ns, cap_ns;
+    uint64_t clock;
+    tl_evict_weights weights;
+    tl_evict_score_fn score;  /* NULL: the weights */
+    void *score_ud;
+    /* statistics */
+    int64_t n_nodes, cached_tokens, evictions, evicted_tokens;
+};
+
+int tl_radix_init(tl_radix *t, tl_kv_pool *kv);
+void tl_radix_destroy(tl_radix *t);
+
+/* Namespace index for a key, created on first use (-1: out of memory). */
+int tl_radix_namespace(tl_radix *t, int loops, int cache_window, uint64_t salt, int depth);
+
+/* Longest match of tokens[0..n) (at most max_len) in namespace ns. Returns
+ * the matched length; *node receives the node containing the last matched
+ * position (NULL when 0). Touches matched nodes (LRU, hits). */
+int tl_radix_match(tl_radix *t, int ns, const int32_t *tokens, int n, int max_len, tl_radix_node **node);
+
+/* Locks (lock = 1) or unlocks (-1) the path from node to the root. */
+void tl_radix_lock(tl_radix_node *node, int delta);
+
+/* Fills bt (depth of the namespace, empty on entry) with the blocks of the
+ * first `len` positions along the path ending at node, taking references.
+ * Returns 0, or -2 when out of memory (bt left empty). */
+int tl_radix_share(tl_radix *t, tl_radix_node *node, int len, tl_block_table *bt);
+
+/* Inserts tokens[0..n) whose KV is in bt (positions 0..n-1). Existing
+ * nodes are reused, split where the new tokens diverge, and a new leaf
+ * takes references on bt's blocks for its positions. Returns the node
+ * ending at position n (for pinning), or NULL when out of memory. */
+tl_radix_node *tl_radix_insert(tl_radix *t, int ns, const int32_t *tokens, int n, const tl_block_table *bt);
+
+/* Evicts unlocked, unpinned leaves, lowest score first, until at least
+ * `blocks_needed` blocks are free in the pool or nothing is evictable.
+ * Returns the number of blocks freed. */
+int tl_radix_evict(tl_radix *t, int blocks_needed);
+
+/* Removes the chain of unlocked, unpinned leaves ending at node (used when
+ * a pool drops an entry: its KV is released unless something else holds it). */
+void tl_radix_prune(tl_radix *t, tl_radix_node *node);
+
+/* Calls fn on every node (depth first), for statistics and tests. */
+void tl_radix_walk(tl_radix *t, void (*fn)(const tl_radix_node *n, const tl_radix_ns *ns, void *ud), void *ud);
+
+#endif
