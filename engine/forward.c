@@ -225,7 +225,8 @@ static void att_task(void *p, int ith, int nth) {
         const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)h * hd;
         float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)h * hd;
         float maxv = -INFINITY;
-        for (int j = 0; j <= pos; j++) {
+        int j0 = seq->window > 0 && pos >= seq->window ? pos - seq->window + 1 : 0;
+        for (int j = j0; j <= pos; j++) {
             int id = seq->bt.ids[(j / bs) * depth + c->vl];
             size_t off = (size_t)(j % bs) * kv_dim + (size_t)kh * hd;
             float d = kv->kv_type == TL_KV_F32 ? tl_dot_f32((const float *)tl_kv_k(kv, id) + off, q, hd)
@@ -234,13 +235,13 @@ static void att_task(void *p, int ith, int nth) {
             if (scores[j] > maxv) maxv = scores[j];
         }
         double sum = 0.0;
-        for (int j = 0; j <= pos; j++) {
+        for (int j = j0; j <= pos; j++) {
             scores[j] = expf(scores[j] - maxv);
             sum += scores[j];
         }
         float inv = (float)(1.0 / sum);
         memset(out, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j <= pos; j++) {
+        for (int j = j0; j <= pos; j++) {
             int id = seq->bt.ids[(j / bs) * depth + c->vl];
             size_t off = (size_t)(j % bs) * kv_dim + (size_t)kh * hd;
             float a = scores[j] * inv;
@@ -351,23 +352,38 @@ static int check_batch(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
     return TL_OK;
 }
 
+/* Blocks a sequence needs for n more positions: new logical blocks plus
+ * private copies of shared blocks in the partial block it writes into. */
+static int blocks_needed(const tl_kv_pool *kv, const tl_seq *s, int n) {
+    const tl_block_table *bt = &s->bt;
+    int need = ((s->n_pos + n + kv->block_size - 1) / kv->block_size - bt->n_logical) * bt->depth;
+    int lb = s->n_pos / kv->block_size;
+    if (need < 0) need = 0;
+    if (lb < bt->n_logical)
+        for (int vl = 0; vl < bt->depth; vl++) need += kv->refcnt[bt->ids[lb * bt->depth + vl]] > 1;
+    return need;
+}
+
 /* Gives every sequence the blocks its new positions need (copying shared
- * partial blocks first); all or nothing. */
+ * partial blocks first), evicting cached prefixes when short; all or
+ * nothing. */
 static int reserve_blocks(tl_model *m, tl_seq **seqs, const int *n_tokens, int n_seq) {
     tl_kv_pool *kv = &m->kv;
-    int i;
-    for (i = 0; i < n_seq; i++) {
+    int need = 0;
+    for (int i = 0; i < n_seq; i++) need += blocks_needed(kv, seqs[i], n_tokens[i]);
+    if (need > kv->n_free) tl_radix_evict(&m->cache, need);
+    if (need > kv->n_free)
+        return tl_set_error(TL_ERR_KV_FULL,
+                            "KV cache full: the batch needs %d more blocks (%d sequences, depth %d), %d of %d blocks "
+                            "free after evicting unused cache",
+                            need, n_seq, seqs[0]->bt.depth, kv->n_free, kv->n_blocks);
+    for (int i = 0; i < n_seq; i++) {
         tl_seq *s = seqs[i];
         int r = tl_block_table_make_writable(&s->bt, kv, s->n_pos / kv->block_size);
         if (r == 0) r = tl_block_table_reserve(&s->bt, kv, s->n_pos + n_tokens[i]);
         if (r != 0) {
-            int rc = r == -2 ? tl_set_error(TL_ERR_NOMEM, "out of memory for a block table")
-                             : tl_set_error(TL_ERR_KV_FULL,
-                                            "KV cache full: sequence %d needs blocks for %d more tokens at depth %d, "
-                                            "%d of %d blocks free",
-                                            i, n_tokens[i], s->bt.depth, kv->n_free, kv->n_blocks);
             for (int j = 0; j <= i; j++) tl_block_table_truncate(&seqs[j]->bt, kv, seqs[j]->n_pos);
-            return rc;
+            return tl_set_error(TL_ERR_NOMEM, "out of memory for a block table");
         }
     }
     return TL_OK;
@@ -375,6 +391,13 @@ static int reserve_blocks(tl_model *m, tl_seq **seqs, const int *n_tokens, int n
 
 int tl_batch_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
                      float *logits) {
+    return tl_forward(m, seqs, tokens, n_tokens, n_seq, logits, NULL);
+}
+
+int tl_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
+               float *logits, const tl_forward_opts *opts) {
+    static const tl_forward_opts no_opts = {.vl_capture = -1};
+    if (!opts) opts = &no_opts;
     int T = 0, rc;
     if ((rc = check_batch(m, seqs, tokens, n_tokens, n_seq, &T))) return rc;
     if ((rc = scratch_reserve(m, T, n_seq))) return rc;
@@ -390,23 +413,30 @@ int tl_batch_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, c
         for (int j = 0; j < n_tokens[i]; j++, t++) {
             s->tok_seq[t] = i;
             s->tok_pos[t] = seqs[i]->n_pos + j;
+            if (opts->vl_begin > 0) continue;
             float *x = s->x + (size_t)t * D;
             tl_dequantize_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (size_t)tokens[i][j] * emb_row, x, D);
             if (emb_scale != 1.0f)
                 for (int d = 0; d < D; d++) x[d] *= emb_scale;
         }
     }
+    if (opts->vl_begin > 0) memcpy(s->x, opts->x_in, (size_t)T * D * sizeof(float));
     int loops0 = seqs[0]->loops;
     int depth = seqs[0]->bt.depth;
-    for (int vl = 0; vl < depth; vl++) layer_forward(m, seqs, vl, tl_model_phys_layer(m, loops0, vl), T);
+    for (int vl = opts->vl_begin; vl < depth; vl++) {
+        if (vl == opts->vl_capture) memcpy(opts->x_capture, s->x, (size_t)T * D * sizeof(float));
+        layer_forward(m, seqs, vl, tl_model_phys_layer(m, loops0, vl), T);
+    }
 
     if (logits) {
+        int rows = 0;
         t = 0;
         for (int i = 0; i < n_seq; i++) {
             t += n_tokens[i];
-            rmsnorm(s->logits_x + (size_t)i * D, s->x + (size_t)(t - 1) * D, m->output_norm, D, hp->norm_eps);
+            if (opts->want_logits && !opts->want_logits[i]) continue;
+            rmsnorm(s->logits_x + (size_t)rows++ * D, s->x + (size_t)(t - 1) * D, m->output_norm, D, hp->norm_eps);
         }
-        matmul(m, logits, &m->output, s->logits_x, n_seq);
+        if (rows) matmul(m, logits, &m->output, s->logits_x, rows);
     }
     for (int i = 0; i < n_seq; i++) seqs[i]->n_pos += n_tokens[i];
     return TL_OK;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "quants.h"
+#include "scheduler.h"
 #include "util.h"
 
 static const tl_arch archs[] = {
@@ -247,7 +248,9 @@ static int init_runtime(tl_model *m) {
     if (rc) return rc;
     m->tp = tl_threadpool_new(p->n_threads > 0 ? p->n_threads : tl_cpu_count());
     if (!m->tp) return tl_set_error(TL_ERR_NOMEM, "cannot start %d worker threads", p->n_threads);
-    return tl_forward_init(m);
+    tl_radix_init(&m->cache, &m->kv);
+    if ((rc = tl_forward_init(m))) return rc;
+    return tl_sched_init(m);
 }
 
 int tl_model_open(const char *path, tl_model_params params, tl_model **out) {
@@ -301,6 +304,8 @@ fail:;
 
 void tl_model_close(tl_model *m) {
     if (!m) return;
+    tl_sched_free(m); /* requests and pools let go of the cache first */
+    tl_radix_destroy(&m->cache);
     tl_forward_free(m);
     tl_threadpool_free(m->tp);
     tl_kv_pool_destroy(&m->kv);

@@ -8,6 +8,7 @@
 
 #include "gguf.h"
 #include "kv_blocks.h"
+#include "radix.h"
 #include "threadpool.h"
 #include "tinyloop.h"
 #include "tokenizer.h"
@@ -69,7 +70,9 @@ struct tl_model {
 
     tl_threadpool *tp;
     tl_kv_pool kv;
+    tl_radix cache;             /* the automatic prefix cache over kv */
     struct tl_scratch *scratch; /* forward.c */
+    struct tl_sched *sched;     /* scheduler.c: requests */
 };
 
 /* Virtual depth for `loops` and the physical layer of virtual layer vl. */
@@ -81,6 +84,7 @@ int tl_model_effective_loops(const tl_model *m, int loops);
 struct tl_seq {
     tl_model *model;
     int loops;
+    int window;            /* cache_window: attend to the last `window` positions; 0 = all */
     int n_pos;             /* positions with KV written */
     tl_block_table bt;
 };
@@ -88,5 +92,18 @@ struct tl_seq {
 /* forward.c */
 int tl_forward_init(tl_model *m);
 void tl_forward_free(tl_model *m);
+
+/* Options of the internal forward entry point. */
+typedef struct tl_forward_opts {
+    const int *want_logits; /* (n_seq) 0/1 per sequence; NULL = all. Rows of
+                               `logits` are compacted: one per wanting sequence. */
+    int vl_begin;           /* first virtual layer to run (> 0: resume after a prelude) */
+    const float *x_in;      /* with vl_begin > 0: (T, n_embd) hidden states entering vl_begin */
+    int vl_capture;         /* >= 0: copy the hidden states entering this virtual layer ... */
+    float *x_capture;       /* ... into this (T, n_embd) buffer */
+} tl_forward_opts;
+
+int tl_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
+               float *logits, const tl_forward_opts *opts);
 
 #endif

@@ -275,6 +275,13 @@ static tl_radix_node *split(tl_radix *t, tl_radix_node *k, int i) {
     return u;
 }
 
+tl_radix_node *tl_radix_cut(tl_radix *t, tl_radix_node *node, int len) {
+    int i = len - node->start;
+    if (i <= 0 || i >= node->n_tokens) return node;
+    tl_radix_node *u = split(t, node, i);
+    return u ? u : node;
+}
+
 tl_radix_node *tl_radix_insert(tl_radix *t, int ns, const int32_t *tokens, int n, const tl_block_table *bt) {
     tl_radix_node *node = t->ns[ns].root;
     int pos = 0;

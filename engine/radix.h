@@ -94,6 +94,12 @@ int tl_radix_namespace(tl_radix *t, int loops, int cache_window, uint64_t salt, 
  * position (NULL when 0). Touches matched nodes (LRU, hits). */
 int tl_radix_match(tl_radix *t, int ns, const int32_t *tokens, int n, int max_len, tl_radix_node **node);
 
+/* Makes a node end exactly at position len on node's path (splitting
+ * node, which contains position len - 1), so a lock can cover exactly the
+ * matched tokens and the rest stays evictable. Returns that node, or node
+ * itself when the split cannot be allocated. */
+tl_radix_node *tl_radix_cut(tl_radix *t, tl_radix_node *node, int len);
+
 /* Locks (lock = 1) or unlocks (-1) the path from node to the root. */
 void tl_radix_lock(tl_radix_node *node, int delta);
 

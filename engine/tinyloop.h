@@ -105,6 +105,9 @@ typedef struct tl_generate_params {
     int max_tokens;       /* tokens to generate; must be >= 1 */
     int loops;            /* loop depth; <= 0: the model's default (1 without a loop block) */
     int ignore_eos;       /* 1: do not stop at EOS */
+    int cache_window;     /* sliding window: attend to the last N positions; 0 = all. Part of the cache key */
+    uint64_t salt;        /* cache isolation: requests only share KV with equal salt (0 = shared) */
+    int no_cache;         /* 1: neither use nor fill the prefix cache */
     tl_sampling_params sampling;
 } tl_generate_params;
 
@@ -133,6 +136,135 @@ int tl_batch_forward(tl_model *model, tl_seq **seqs, const int32_t *const *token
                      const int *n_tokens, int n_seq, float *logits);
 
 int tl_model_n_vocab(const tl_model *model);
+
+/* ---- requests: non-blocking submit, step, pull ---------------------------------
+ *
+ * Every generation is a request. tl_request_submit copies the prompt and
+ * returns at once; tl_model_step advances every active request by one
+ * scheduler step (one batched forward pass: prefill chunks of new requests
+ * and one decode token for each running one); tl_request_take pulls the
+ * tokens produced since the last take. The prompt's longest cached prefix
+ * (radix tree, namespace loops x cache_window x salt) is reused: full KV
+ * blocks are shared, the partial tail block is copied on write. Finished
+ * requests' prompt + output are inserted into the cache. A request stays
+ * until released. All calls on one model from one thread at a time. */
+
+enum tl_request_state {
+    TL_REQ_QUEUED = 0, TL_REQ_RUNNING = 1, TL_REQ_DONE = 2, TL_REQ_CANCELLED = 3, TL_REQ_FAILED = 4
+};
+enum tl_finish_reason { TL_FINISH_NONE = 0, TL_FINISH_EOS = 1, TL_FINISH_LENGTH = 2, TL_FINISH_CANCELLED = 3,
+                        TL_FINISH_ERROR = 4 };
+
+typedef struct tl_pool tl_pool;
+
+/* Submits a request. pool may be NULL; with a pool its statistics count
+ * the lookup. Fails (nothing queued) on invalid arguments or when
+ * n_prompt + max_tokens > max_seq_len. */
+int tl_request_submit(tl_model *model, const int32_t *prompt, int n_prompt, const tl_generate_params *params,
+                      tl_pool *pool, int64_t *id_out);
+/* One scheduler step. Returns the number of requests still queued or
+ * running (0: idle), or < 0 on a failure of the step itself. Requests that
+ * fail (e.g. TL_ERR_KV_FULL) are marked failed; the step goes on. */
+int tl_model_step(tl_model *model);
+/* Copies up to cap tokens produced since the last take into out and
+ * returns how many; *finished (may be NULL) is set to 1 once the request
+ * has ended and every token was taken. A failed request returns its error
+ * code (message in tl_last_error()) once its tokens are taken. */
+int tl_request_take(tl_model *model, int64_t id, int32_t *out, int cap, int *finished);
+/* Stops a request and frees its KV at once (tokens produced stay takeable). */
+int tl_request_cancel(tl_model *model, int64_t id);
+/* Forgets a request (cancelling it if running). */
+int tl_request_release(tl_model *model, int64_t id);
+
+typedef struct tl_request_info {
+    int state;           /* enum tl_request_state */
+    int finish_reason;   /* enum tl_finish_reason */
+    int n_prompt, n_generated, n_taken;
+    int n_cached;        /* prompt tokens served from the prefix cache */
+    int error;           /* TL_ERR_* when failed */
+} tl_request_info;
+
+int tl_request_get_info(const tl_model *model, int64_t id, tl_request_info *out);
+
+/* ---- prefix pool (the explicit cache) -----------------------------------------
+ *
+ * A pool pins registered prefixes in the model's prefix cache. Entries are
+ * keyed by (tokens, loops, cache_window). Semantics follow the seed's
+ * PrefixPool: capacity 0 is coerced to 1; registering an existing key is a
+ * no-op; over capacity the policy's victim (shortest entry by default) is
+ * dropped before the new entry goes in. A pool binds to the first model
+ * that registers into it. Freeing the pool unpins its entries and releases
+ * the KV nothing else references; closing the model first detaches the
+ * pool (it then reports size 0). */
+
+enum tl_pool_policy { TL_POOL_EVICT_SHORTEST = 0, TL_POOL_EVICT_LRU = 1 };
+
+int tl_pool_new(int capacity, tl_pool **out);
+void tl_pool_free(tl_pool *pool);
+int tl_pool_size(const tl_pool *pool);
+int64_t tl_pool_total_cached_tokens(const tl_pool *pool);
+int tl_pool_set_policy(tl_pool *pool, int policy);
+
+/* Prefills tokens once and pins them. Returns n_tokens (the matchable
+ * length) on success, 0 on invalid arguments or failure (message in
+ * tl_last_error()). */
+int tl_pool_register(tl_model *model, tl_pool *pool, const int32_t *tokens, int n_tokens, int loops,
+                     int cache_window);
+
+/* Generates from the longest cached prefix of the prompt (registered or
+ * anything longer in the cache). Writes prompt + generated tokens to out
+ * (cap >= n_prompt + max_tokens) and returns their count. */
+int tl_generate_with_pool(tl_model *model, tl_pool *pool, const int32_t *prompt, int n_prompt,
+                          tl_generate_params params, int32_t *out, int cap);
+
+typedef struct tl_pool_stats {
+    int size, capacity, policy;
+    int64_t total_cached_tokens;
+    int64_t lookups, hits, hit_tokens, registrations, evictions;
+} tl_pool_stats;
+
+int tl_pool_get_stats(const tl_pool *pool, tl_pool_stats *out);
+
+/* ---- single prefix handles ------------------------------------------------------ */
+
+typedef struct tl_prefix tl_prefix;
+
+/* Builds (prefills and pins) one prefix; free with tl_prefix_free. The
+ * handle must not outlive its model. */
+int tl_prefix_build(tl_model *model, const int32_t *tokens, int n_tokens, int loops, int cache_window,
+                    tl_prefix **out);
+void tl_prefix_free(tl_prefix *prefix);
+/* Generates after prefix + suffix (suffix may be empty). Writes the
+ * generated tokens only and returns their count. params.loops and
+ * cache_window are taken from the prefix. */
+int tl_generate_from_prefix(tl_model *model, tl_prefix *prefix, const int32_t *suffix, int n_suffix,
+                            tl_generate_params params, int32_t *out, int cap);
+
+/* Resume handles (looped models): run a prompt once, keep what does not
+ * depend on the loop depth (the prelude layers' KV and the hidden states
+ * entering the loop block), then generate at any depth recomputing only
+ * the loop block and coda. */
+int tl_resume_build(tl_model *model, const int32_t *prompt, int n_prompt, tl_prefix **out);
+int tl_resume_generate(tl_model *model, tl_prefix *handle, tl_generate_params params, int32_t *out, int cap);
+
+/* ---- statistics ---------------------------------------------------------------------- */
+
+typedef struct tl_cache_stats {
+    int64_t lookups, hits, hit_tokens;  /* prefix-cache lookups by requests */
+    int64_t prefill_tokens;             /* prompt tokens computed */
+    int64_t prefill_tokens_saved;       /* prompt tokens served from the cache */
+    int64_t generated_tokens, requests_finished;
+    int64_t evictions, evicted_tokens;
+    int64_t nodes, cached_tokens;       /* radix tree size */
+    int blocks_total, blocks_free, blocks_used, blocks_shared;
+    int requests_active;
+} tl_cache_stats;
+
+int tl_model_get_stats(const tl_model *model, tl_cache_stats *out);
+/* Eviction weights pushed from a policy: score = recency*last_access +
+ * hits*hits + tokens*cached_tokens + depth*start_position; lowest first.
+ * {1, 0, 0, 0} is LRU (the default). */
+int tl_model_set_evict_weights(tl_model *model, double recency, double hits, double tokens, double depth);
 
 #ifdef __cplusplus
 }

@@ -384,11 +384,13 @@ static void test_errors_and_sampling(void) {
     gp.max_tokens = 20;
     gp.ignore_eos = 1;
     int32_t g[20], a[20], b[20], c[20];
-    tl_generate(m, toks, 5, gp, g, 20);
+    int ng = tl_generate(m, toks, 5, gp, g, 20);
+    CHECK(ng == 20, "greedy generation on a small KV arena runs (%d: %s)", ng, tl_last_error());
     gp.sampling.temperature = 1.0f;
     gp.sampling.top_k = 1;
-    tl_generate(m, toks, 5, gp, a, 20);
-    CHECK(memcmp(a, g, sizeof a) == 0, "top_k 1 at temperature 1 equals greedy");
+    ng = tl_generate(m, toks, 5, gp, a, 20);
+    CHECK(ng == 20 && memcmp(a, g, sizeof a) == 0, "top_k 1 at temperature 1 equals greedy (%d: %s)", ng,
+          tl_last_error());
     gp.sampling.top_k = 0;
     gp.sampling.top_p = 0.95f;
     gp.sampling.min_p = 0.01f;

@@ -1,0 +1,204 @@
+/* pool.c - the PrefixPool: registered prefixes pinned in the model's radix
+ * cache, with a capacity and an eviction policy (shortest entry first, as
+ * the seed API defines it, or least recently used). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "scheduler.h"
+#include "util.h"
+
+typedef struct pool_entry {
+    int32_t *tokens;
+    int n, loops, window;
+    tl_radix_node *node;   /* pinned node ending at n */
+    uint64_t last_use;
+} pool_entry;
+
+struct tl_pool {
+    int capacity, policy;
+    tl_model *model;       /* bound on first register */
+    pool_entry *e;
+    int n;
+    uint64_t clock;
+    tl_pool_stats st;
+};
+
+int tl_pool_new(int capacity, tl_pool **out) {
+    if (!out) return tl_set_error(TL_ERR_INVALID_ARG, "out must not be NULL");
+    *out = NULL;
+    if (capacity < 0) return tl_set_error(TL_ERR_INVALID_ARG, "capacity %d must be >= 0", capacity);
+    tl_pool *p = calloc(1, sizeof *p);
+    if (p) p->capacity = capacity > 0 ? capacity : 1; /* 0 is coerced to 1, as the seed API does */
+    if (p) p->e = calloc((size_t)p->capacity, sizeof *p->e);
+    if (!p || !p->e) {
+        free(p);
+        return tl_set_error(TL_ERR_NOMEM, "out of memory for a pool of %d entries", capacity);
+    }
+    *out = p;
+    return TL_OK;
+}
+
+static void drop_entry(tl_pool *p, int i) {
+    pool_entry *e = &p->e[i];
+    if (e->node && p->model) {
+        e->node->pin--;
+        tl_radix_prune(&p->model->cache, e->node);
+    }
+    free(e->tokens);
+    p->e[i] = p->e[--p->n];
+    memset(&p->e[p->n], 0, sizeof p->e[p->n]);
+}
+
+void tl_pool_free(tl_pool *p) {
+    if (!p) return;
+    while (p->n) drop_entry(p, p->n - 1);
+    if (p->model) tl_sched_detach_pool(p->model, p);
+    free(p->e);
+    free(p);
+}
+
+void tl_pool_detach_model(tl_pool *p) {
+    /* The tree is going away with its model: forget the nodes. */
+    for (int i = 0; i < p->n; i++) {
+        free(p->e[i].tokens);
+        memset(&p->e[i], 0, sizeof p->e[i]);
+    }
+    p->n = 0;
+    p->model = NULL;
+}
+
+int tl_pool_size(const tl_pool *p) { return p ? p->n : 0; }
+
+int64_t tl_pool_total_cached_tokens(const tl_pool *p) {
+    int64_t t = 0;
+    for (int i = 0; p && i < p->n; i++) t += p->e[i].n;
+    return t;
+}
+
+int tl_pool_set_policy(tl_pool *p, int policy) {
+    if (!p) return tl_set_error(TL_ERR_INVALID_ARG, "pool must not be NULL");
+    if (policy != TL_POOL_EVICT_SHORTEST && policy != TL_POOL_EVICT_LRU)
+        return tl_set_error(TL_ERR_INVALID_ARG, "pool policy %d is not TL_POOL_EVICT_SHORTEST (0) or _LRU (1)", policy);
+    p->policy = policy;
+    return TL_OK;
+}
+
+int tl_pool_get_stats(const tl_pool *p, tl_pool_stats *o) {
+    if (!p || !o) return tl_set_error(TL_ERR_INVALID_ARG, "pool and out must not be NULL");
+    *o = p->st;
+    o->size = p->n;
+    o->capacity = p->capacity;
+    o->policy = p->policy;
+    o->total_cached_tokens = tl_pool_total_cached_tokens(p);
+    return TL_OK;
+}
+
+void tl_pool_count_lookup(tl_pool *p, int matched) {
+    p->st.lookups++;
+    if (matched > 0) {
+        p->st.hits++;
+        p->st.hit_tokens += matched;
+    }
+}
+
+static int find_entry(const tl_pool *p, const int32_t *tokens, int n, int loops, int window) {
+    for (int i = 0; i < p->n; i++) {
+        const pool_entry *e = &p->e[i];
+        if (e->n == n && e->loops == loops && e->window == window && !memcmp(e->tokens, tokens, (size_t)n * 4))
+            return i;
+    }
+    return -1;
+}
+
+/* The entry the policy drops: the shortest (oldest among equals), or the
+ * least recently used. */
+static int victim(const tl_pool *p) {
+    int v = 0;
+    for (int i = 1; i < p->n; i++) {
+        const pool_entry *a = &p->e[i], *b = &p->e[v];
+        if (p->policy == TL_POOL_EVICT_LRU ? a->last_use < b->last_use
+                                           : (a->n < b->n || (a->n == b->n && a->last_use < b->last_use)))
+            v = i;
+    }
+    return v;
+}
+
+int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int loops, int window) {
+    if (!m || !p) {
+        tl_set_error(TL_ERR_INVALID_ARG, "model and pool must not be NULL");
+        return 0;
+    }
+    if (!m->arch) {
+        tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot build a prefix");
+        return 0;
+    }
+    if (p->model && p->model != m) {
+        tl_set_error(TL_ERR_INVALID_ARG, "pool is bound to another model");
+        return 0;
+    }
+    if (loops < 0 || window < 0) {
+        tl_set_error(TL_ERR_INVALID_ARG, "loops %d and cache_window %d must be >= 0", loops, window);
+        return 0;
+    }
+    if (n > m->max_seq_len) {
+        tl_set_error(TL_ERR_TOO_LONG, "prefix length %d exceeds max_seq_len %d", n, m->max_seq_len);
+        return 0;
+    }
+    if (tl_sched_check_tokens(m, tokens, n)) return 0;
+    int eff = tl_model_effective_loops(m, loops);
+    int hit = find_entry(p, tokens, n, eff, window);
+    if (hit >= 0) {
+        p->e[hit].last_use = ++p->clock;
+        return n;
+    }
+    int ns = tl_sched_namespace(m, eff, window, 0);
+    if (ns < 0) return 0;
+    int32_t *copy = malloc((size_t)n * sizeof *copy);
+    if (!copy) {
+        tl_set_error(TL_ERR_NOMEM, "out of memory copying a prefix of %d tokens", n);
+        return 0;
+    }
+    memcpy(copy, tokens, (size_t)n * sizeof *copy);
+    if (p->n == p->capacity) {
+        p->st.evictions++;
+        drop_entry(p, victim(p));
+    }
+    tl_radix_node *node = tl_sched_cache_prefix(m, ns, eff, window, tokens, n);
+    if (!node) {
+        free(copy);
+        return 0;
+    }
+    if (!p->model) {
+        p->model = m;
+        tl_sched_attach_pool(m, p);
+    }
+    p->e[p->n++] = (pool_entry){.tokens = copy, .n = n, .loops = eff, .window = window, .node = node,
+                                .last_use = ++p->clock};
+    p->st.registrations++;
+    return n;
+}
+
+int tl_generate_with_pool(tl_model *m, tl_pool *p, const int32_t *prompt, int n_prompt, tl_generate_params gp,
+                          int32_t *out, int cap) {
+    if (!m || !p) return tl_set_error(TL_ERR_INVALID_ARG, "model and pool must not be NULL");
+    if (!m->arch) return tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot generate");
+    if (p->model && p->model != m) return tl_set_error(TL_ERR_INVALID_ARG, "pool is bound to another model");
+    int rc = tl_sched_check_prompt(m, prompt, n_prompt, gp.max_tokens);
+    if (rc) return rc;
+    if (!out || cap < n_prompt + gp.max_tokens)
+        return tl_set_error(TL_ERR_BUFFER, "output buffer of %d tokens is smaller than prompt %d + max_tokens %d", cap,
+                            n_prompt, gp.max_tokens);
+    memmove(out, prompt, (size_t)n_prompt * sizeof *out);
+    for (int i = 0; i < p->n; i++) /* touch the entries this prompt starts with (LRU policy) */
+        if (p->e[i].n <= n_prompt && p->e[i].loops == tl_model_effective_loops(m, gp.loops) &&
+            p->e[i].window == gp.cache_window && !memcmp(p->e[i].tokens, out, (size_t)p->e[i].n * 4))
+            p->e[i].last_use = ++p->clock;
+    rc = tl_sched_run(m, out, n_prompt, &gp, p, out + n_prompt, cap - n_prompt, NULL);
+    if (rc < 0 && rc != TL_ERR_INVALID_ARG && rc != TL_ERR_TOO_LONG && !gp.no_cache) {
+        /* Any failure on the cached path falls through to plain generation. */
+        gp.no_cache = 1;
+        rc = tl_sched_run(m, out, n_prompt, &gp, NULL, out + n_prompt, cap - n_prompt, NULL);
+    }
+    return rc < 0 ? rc : n_prompt + rc;
+}

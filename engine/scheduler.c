@@ -1,0 +1,496 @@
+/* scheduler.c - requests and the scheduler step.
+ *
+ * A step admits queued requests (longest cached prefix: share its blocks,
+ * lock its path), then runs one batched forward pass per loop depth:
+ * prefilling requests contribute a chunk of their prompt (a shared budget
+ * per step), running ones their last token. Requests whose prompt is done
+ * sample a token. Finished requests insert prompt + output into the cache
+ * and unlock their path. */
+#include "scheduler.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+#define PREFILL_BUDGET 512
+
+int tl_sched_init(tl_model *m) {
+    tl_sched *s = calloc(1, sizeof *s);
+    if (!s) return tl_set_error(TL_ERR_NOMEM, "out of memory");
+    m->sched = s;
+    s->next_id = 1;
+    s->prefill_budget = PREFILL_BUDGET;
+    tl_sampling_params greedy = {.top_p = 1.0f, .repeat_penalty = 1.0f};
+    return tl_sampler_init(&s->smp, &greedy, m->hp.n_vocab);
+}
+
+static void request_free(tl_model *m, tl_request *r);
+
+void tl_sched_free(tl_model *m) {
+    tl_sched *s = m->sched;
+    if (!s) return;
+    for (int i = 0; i < s->n; i++) request_free(m, s->reqs[i]);
+    for (int i = 0; i < s->n_pools; i++) tl_pool_detach_model(s->pools[i]);
+    free(s->pools);
+    free(s->reqs);
+    free(s->logits);
+    tl_sampler_free(&s->smp);
+    free(s);
+    m->sched = NULL;
+}
+
+void tl_sched_attach_pool(tl_model *m, tl_pool *pool) {
+    tl_sched *s = m->sched;
+    if (s->n_pools == s->cap_pools) {
+        int cap = s->cap_pools ? s->cap_pools * 2 : 4;
+        tl_pool **p = realloc(s->pools, (size_t)cap * sizeof *p);
+        if (!p) return; /* the pool then is not detached on close: the model outlives it in practice */
+        s->pools = p;
+        s->cap_pools = cap;
+    }
+    s->pools[s->n_pools++] = pool;
+}
+
+void tl_sched_detach_pool(tl_model *m, tl_pool *pool) {
+    tl_sched *s = m->sched;
+    for (int i = 0; i < s->n_pools; i++)
+        if (s->pools[i] == pool) s->pools[i--] = s->pools[--s->n_pools];
+}
+
+int tl_sched_namespace(tl_model *m, int loops, int window, uint64_t salt) {
+    int eff = tl_model_effective_loops(m, loops);
+    int ns = tl_radix_namespace(&m->cache, eff, window, salt, tl_model_depth(m, eff));
+    if (ns < 0) tl_set_error(TL_ERR_NOMEM, "out of memory for a cache namespace");
+    return ns;
+}
+
+int tl_sched_check_tokens(const tl_model *m, const int32_t *tokens, int n) {
+    if (!tokens || n < 1) return tl_set_error(TL_ERR_INVALID_ARG, "prompt is empty (n_prompt %d)", n);
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->hp.n_vocab)
+            return tl_set_error(TL_ERR_INVALID_ARG, "prompt token %d at index %d is outside the vocab [0, %d)",
+                                tokens[i], i, m->hp.n_vocab);
+    return TL_OK;
+}
+
+int tl_sched_check_prompt(const tl_model *m, const int32_t *prompt, int n_prompt, int max_tokens) {
+    if (!prompt || n_prompt < 1) return tl_set_error(TL_ERR_INVALID_ARG, "prompt is empty (n_prompt %d)", n_prompt);
+    if (max_tokens < 1) return tl_set_error(TL_ERR_INVALID_ARG, "max_tokens %d must be >= 1", max_tokens);
+    if ((int64_t)n_prompt + max_tokens > m->max_seq_len)
+        return tl_set_error(TL_ERR_TOO_LONG, "prompt length %d + max_tokens %d exceeds max_seq_len %d", n_prompt,
+                            max_tokens, m->max_seq_len);
+    return tl_sched_check_tokens(m, prompt, n_prompt);
+}
+
+/* ---- request lifetime ----------------------------------------------------------- */
+
+static tl_request *find(const tl_model *m, int64_t id) {
+    const tl_sched *s = m->sched;
+    for (int i = 0; i < s->n; i++)
+        if (s->reqs[i]->id == id) return s->reqs[i];
+    return NULL;
+}
+
+/* Drops the request's KV and cache lock; with insert, its tokens go into
+ * the cache first. */
+static void request_stop(tl_model *m, tl_request *r, int insert) {
+    if (r->seq) {
+        if (insert && r->ns >= 0 && r->seq->n_pos > 0)
+            tl_radix_insert(&m->cache, r->ns, r->tokens, r->seq->n_pos, &r->seq->bt);
+        tl_seq_free(r->seq);
+        r->seq = NULL;
+    }
+    if (r->locked) {
+        tl_radix_lock(r->locked, -1);
+        r->locked = NULL;
+    }
+}
+
+static void request_free(tl_model *m, tl_request *r) {
+    request_stop(m, r, 0);
+    free(r->tokens);
+    free(r);
+}
+
+static void finish(tl_model *m, tl_request *r, int reason) {
+    request_stop(m, r, 1);
+    r->state = TL_REQ_DONE;
+    r->finish = reason;
+    m->sched->st.requests_finished++;
+}
+
+static void fail(tl_model *m, tl_request *r, int code, const char *msg) {
+    request_stop(m, r, 0);
+    r->state = TL_REQ_FAILED;
+    r->finish = TL_FINISH_ERROR;
+    r->error = code;
+    snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
+}
+
+int tl_request_submit(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p, tl_pool *pool,
+                      int64_t *id_out) {
+    if (!m || !p || !id_out) return tl_set_error(TL_ERR_INVALID_ARG, "model, params and id_out must not be NULL");
+    if (!m->arch) return tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot generate");
+    int rc = tl_sched_check_prompt(m, prompt, n_prompt, p->max_tokens);
+    if (rc) return rc;
+    if (p->loops < 0) return tl_set_error(TL_ERR_INVALID_ARG, "loops %d must be >= 0", p->loops);
+    if (p->cache_window < 0) return tl_set_error(TL_ERR_INVALID_ARG, "cache_window %d must be >= 0", p->cache_window);
+    tl_sampler probe;
+    if ((rc = tl_sampler_init(&probe, &p->sampling, 1))) return rc; /* validates the sampling fields */
+    tl_sampler_free(&probe);
+    tl_sched *s = m->sched;
+    if (s->n == s->cap) {
+        int cap = s->cap ? s->cap * 2 : 16;
+        tl_request **v = realloc(s->reqs, (size_t)cap * sizeof *v);
+        if (!v) return tl_set_error(TL_ERR_NOMEM, "out of memory for requests");
+        s->reqs = v;
+        s->cap = cap;
+    }
+    tl_request *r = calloc(1, sizeof *r);
+    if (r) r->tokens = malloc(((size_t)n_prompt + (size_t)p->max_tokens) * sizeof *r->tokens);
+    if (!r || !r->tokens) {
+        free(r);
+        return tl_set_error(TL_ERR_NOMEM, "out of memory for a request of %d tokens", n_prompt);
+    }
+    memcpy(r->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
+    r->id = s->next_id++;
+    r->n_prompt = n_prompt;
+    r->p = *p;
+    r->p.loops = tl_model_effective_loops(m, p->loops);
+    r->rng = p->sampling.seed;
+    r->ns = -1;
+    r->pool = pool;
+    r->state = TL_REQ_QUEUED;
+    s->reqs[s->n++] = r;
+    *id_out = r->id;
+    return TL_OK;
+}
+
+/* Longest cached prefix: share its blocks and lock its path. The last
+ * prompt token is always computed, so a full match still yields logits. */
+static int admit(tl_model *m, tl_request *r) {
+    tl_sched *s = m->sched;
+    int rc = tl_seq_new(m, r->p.loops, &r->seq);
+    if (rc) return rc;
+    r->seq->window = r->p.cache_window;
+    r->state = TL_REQ_RUNNING;
+    if (r->p.no_cache) return TL_OK;
+    r->ns = tl_sched_namespace(m, r->p.loops, r->p.cache_window, r->p.salt);
+    if (r->ns < 0) return TL_ERR_NOMEM;
+    tl_radix_node *node = NULL;
+    int L = tl_radix_match(&m->cache, r->ns, r->tokens, r->n_prompt, r->n_prompt - 1, &node);
+    s->st.lookups++;
+    /* Any failure to reuse the cache falls through to computing everything. */
+    if (L > 0 && tl_radix_share(&m->cache, node, L, &r->seq->bt) == 0) {
+        node = tl_radix_cut(&m->cache, node, L);
+        tl_radix_lock(node, 1);
+        r->locked = node;
+        r->seq->n_pos = L;
+        r->n_cached = L;
+        s->st.hits++;
+        s->st.hit_tokens += L;
+        s->st.prefill_tokens_saved += L;
+    }
+    if (r->pool) tl_pool_count_lookup(r->pool, r->n_cached);
+    return TL_OK;
+}
+
+/* ---- the step ------------------------------------------------------------------------------ */
+
+static int ensure_logits(tl_sched *s, int rows, int n_vocab) {
+    if (rows <= s->logits_rows) return 0;
+    float *l = realloc(s->logits, (size_t)rows * (size_t)n_vocab * sizeof *l);
+    if (!l) return -1;
+    s->logits = l;
+    s->logits_rows = rows;
+    return 0;
+}
+
+static void sample_into(tl_model *m, tl_request *r, float *logits) {
+    tl_sched *s = m->sched;
+    s->smp.p = r->p.sampling;
+    s->smp.rng = r->rng;
+    int tok = tl_sampler_sample(&s->smp, logits, r->tokens, r->n_prompt + r->n_gen);
+    r->rng = s->smp.rng;
+    s->st.generated_tokens++;
+    if (tok == tl_tokenizer_eos(m->tok) && !r->p.ignore_eos) {
+        finish(m, r, TL_FINISH_EOS);
+        return;
+    }
+    r->tokens[r->n_prompt + r->n_gen++] = tok;
+    if (r->n_gen == r->p.max_tokens) finish(m, r, TL_FINISH_LENGTH);
+}
+
+/* One forward pass over the running requests of one loop depth. */
+static int run_group(tl_model *m, int loops) {
+    tl_sched *s = m->sched;
+    int cap = s->n, nb = 0, budget = s->prefill_budget, rc;
+    tl_request **rq = malloc((size_t)cap * sizeof *rq);
+    tl_seq **seqs = malloc((size_t)cap * sizeof *seqs);
+    const int32_t **toks = malloc((size_t)cap * sizeof *toks);
+    int *ntok = malloc((size_t)cap * sizeof *ntok), *want = malloc((size_t)cap * sizeof *want);
+    int *prompt_part = malloc((size_t)cap * sizeof *prompt_part);
+    if (!rq || !seqs || !toks || !ntok || !want || !prompt_part) {
+        rc = tl_set_error(TL_ERR_NOMEM, "out of memory for a batch");
+        goto out;
+    }
+    for (int i = 0; i < s->n; i++) {
+        tl_request *r = s->reqs[i];
+        if (r->state != TL_REQ_RUNNING || r->p.loops != loops) continue;
+        int pos = r->seq->n_pos, total = r->n_prompt + r->n_gen, n;
+        if (pos < r->n_prompt) {
+            n = r->n_prompt - pos;
+            if (n > budget) n = budget > 0 ? budget : (nb == 0 ? n : 0);
+            if (n == 0) continue;
+            budget -= n;
+        } else {
+            n = 1;
+        }
+        rq[nb] = r;
+        seqs[nb] = r->seq;
+        toks[nb] = r->tokens + pos;
+        ntok[nb] = n;
+        want[nb] = pos + n == total;
+        prompt_part[nb] = pos < r->n_prompt ? n : 0;
+        nb++;
+    }
+    rc = TL_OK;
+    while (nb > 0) {
+        int rows = 0;
+        for (int i = 0; i < nb; i++) rows += want[i];
+        if (ensure_logits(s, rows, m->hp.n_vocab)) {
+            rc = tl_set_error(TL_ERR_NOMEM, "out of memory for %d rows of logits", rows);
+            goto out;
+        }
+        tl_forward_opts fo = {.want_logits = want, .vl_capture = -1};
+        rc = tl_forward(m, seqs, toks, ntok, nb, rows ? s->logits : NULL, &fo);
+        if (rc == TL_OK) break;
+        /* The batch does not fit. Locked cache paths go first: a running
+         * request holds references on every block it uses, so its lock only
+         * keeps the tree from evicting; dropping it can free memory. Then the
+         * youngest request leaves the batch with the error. */
+        int dropped = 0;
+        for (int i = 0; i < nb; i++)
+            if (rq[i]->locked) {
+                tl_radix_lock(rq[i]->locked, -1);
+                rq[i]->locked = NULL;
+                dropped = 1;
+            }
+        if (dropped) continue;
+        fail(m, rq[nb - 1], rc, tl_last_error());
+        nb--;
+        rc = TL_OK;
+    }
+    int row = 0;
+    for (int i = 0; i < nb; i++) {
+        s->st.prefill_tokens += prompt_part[i];
+        if (want[i]) sample_into(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
+    }
+out:
+    free(rq);
+    free(seqs);
+    free(toks);
+    free(ntok);
+    free(want);
+    free(prompt_part);
+    return rc;
+}
+
+int tl_model_step(tl_model *m) {
+    if (!m || !m->sched) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
+    tl_sched *s = m->sched;
+    for (int i = 0; i < s->n; i++) {
+        tl_request *r = s->reqs[i];
+        if (r->state != TL_REQ_QUEUED) continue;
+        int rc = admit(m, r);
+        if (rc) fail(m, r, rc, tl_last_error());
+    }
+    /* One pass per distinct loop depth among running requests. */
+    for (int i = 0; i < s->n; i++) {
+        tl_request *r = s->reqs[i];
+        if (r->state != TL_REQ_RUNNING) continue;
+        int seen = 0;
+        for (int j = 0; j < i && !seen; j++)
+            seen = s->reqs[j]->p.loops == r->p.loops && s->reqs[j]->state == TL_REQ_RUNNING;
+        if (seen) continue;
+        int rc = run_group(m, r->p.loops);
+        if (rc) return rc;
+    }
+    int active = 0;
+    for (int i = 0; i < s->n; i++) active += s->reqs[i]->state <= TL_REQ_RUNNING;
+    return active;
+}
+
+int tl_request_take(tl_model *m, int64_t id, int32_t *out, int cap, int *finished) {
+    if (finished) *finished = 0;
+    if (!m || (cap > 0 && !out) || cap < 0) return tl_set_error(TL_ERR_INVALID_ARG, "take: bad arguments (cap %d)", cap);
+    tl_request *r = find(m, id);
+    if (!r) return tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
+    int n = r->n_gen - r->n_taken;
+    if (n > cap) n = cap;
+    if (n > 0) memcpy(out, r->tokens + r->n_prompt + r->n_taken, (size_t)n * sizeof *out);
+    r->n_taken += n;
+    int ended = r->state >= TL_REQ_DONE && r->n_taken == r->n_gen;
+    if (finished) *finished = ended;
+    if (ended && r->state == TL_REQ_FAILED && n == 0) return tl_set_error(r->error, "%s", r->errmsg);
+    return n;
+}
+
+int tl_request_cancel(tl_model *m, int64_t id) {
+    tl_request *r = m ? find(m, id) : NULL;
+    if (!r) return tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
+    if (r->state <= TL_REQ_RUNNING) {
+        request_stop(m, r, 0);
+        r->state = TL_REQ_CANCELLED;
+        r->finish = TL_FINISH_CANCELLED;
+    }
+    return TL_OK;
+}
+
+int tl_request_release(tl_model *m, int64_t id) {
+    tl_request *r = m ? find(m, id) : NULL;
+    if (!r) return tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
+    tl_sched *s = m->sched;
+    for (int i = 0; i < s->n; i++)
+        if (s->reqs[i] == r) {
+            memmove(&s->reqs[i], &s->reqs[i + 1], (size_t)(s->n - i - 1) * sizeof *s->reqs);
+            s->n--;
+            break;
+        }
+    request_free(m, r);
+    return TL_OK;
+}
+
+int tl_request_get_info(const tl_model *m, int64_t id, tl_request_info *o) {
+    const tl_request *r = m && o ? find(m, id) : NULL;
+    if (!r) return tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
+    *o = (tl_request_info){.state = r->state, .finish_reason = r->finish, .n_prompt = r->n_prompt,
+                           .n_generated = r->n_gen, .n_taken = r->n_taken, .n_cached = r->n_cached,
+                           .error = r->error};
+    return TL_OK;
+}
+
+/* ---- synchronous helpers ------------------------------------------------------------------- */
+
+int tl_sched_run(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p, tl_pool *pool,
+                 int32_t *out, int cap, int *n_cached) {
+    int64_t id;
+    int rc = tl_request_submit(m, prompt, n_prompt, p, pool, &id);
+    if (rc) return rc;
+    int n = 0, finished = 0;
+    while (!finished) {
+        tl_request *r = find(m, id);
+        if (r->state <= TL_REQ_RUNNING && (rc = tl_model_step(m)) < 0) break;
+        int got = tl_request_take(m, id, out + n, cap - n, &finished);
+        if (got < 0) {
+            rc = got;
+            break;
+        }
+        n += got;
+        if (n == cap && !finished) { /* caller's buffer is full: stop here */
+            tl_request_cancel(m, id);
+            finished = 1;
+        }
+        rc = n;
+    }
+    tl_request_info info;
+    if (n_cached && tl_request_get_info(m, id, &info) == TL_OK) *n_cached = info.n_cached;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", tl_last_error());
+    tl_request_release(m, id);
+    if (rc < 0) tl_set_error(rc, "%s", msg);
+    return rc;
+}
+
+tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window, const int32_t *tokens, int n) {
+    tl_radix_node *node = NULL;
+    int L = tl_radix_match(&m->cache, ns, tokens, n, n, &node);
+    tl_seq *seq = NULL;
+    tl_radix_node *locked = NULL;
+    tl_radix_node *end = NULL;
+    if (tl_seq_new(m, loops, &seq)) return NULL;
+    seq->window = window;
+    if (L > 0 && tl_radix_share(&m->cache, node, L, &seq->bt) == 0) {
+        tl_radix_lock(node, 1);
+        locked = node;
+        seq->n_pos = L;
+    }
+    while (seq->n_pos < n) {
+        int chunk = n - seq->n_pos < PREFILL_BUDGET ? n - seq->n_pos : PREFILL_BUDGET;
+        const int32_t *t = tokens + seq->n_pos;
+        if (tl_forward(m, &seq, &t, &chunk, 1, NULL, NULL)) goto out;
+        m->sched->st.prefill_tokens += chunk;
+    }
+    end = tl_radix_insert(&m->cache, ns, tokens, n, &seq->bt);
+    if (!end) tl_set_error(TL_ERR_NOMEM, "out of memory inserting a prefix into the cache");
+    else end->pin++;
+out:
+    if (locked) tl_radix_lock(locked, -1);
+    tl_seq_free(seq);
+    return end;
+}
+
+/* ---- statistics and checks ------------------------------------------------------------------ */
+
+int tl_model_get_stats(const tl_model *m, tl_cache_stats *o) {
+    if (!m || !o) return tl_set_error(TL_ERR_INVALID_ARG, "model and out must not be NULL");
+    if (!m->sched) {
+        memset(o, 0, sizeof *o);
+        return TL_OK;
+    }
+    *o = m->sched->st;
+    o->evictions = m->cache.evictions;
+    o->evicted_tokens = m->cache.evicted_tokens;
+    o->nodes = m->cache.n_nodes;
+    o->cached_tokens = m->cache.cached_tokens;
+    o->blocks_total = m->kv.n_blocks;
+    o->blocks_free = m->kv.n_free;
+    o->blocks_used = m->kv.n_blocks - m->kv.n_free;
+    o->blocks_shared = 0;
+    for (int i = 0; i < m->kv.n_blocks; i++) o->blocks_shared += m->kv.refcnt[i] > 1;
+    o->requests_active = 0;
+    for (int i = 0; i < m->sched->n; i++) o->requests_active += m->sched->reqs[i]->state <= TL_REQ_RUNNING;
+    return TL_OK;
+}
+
+int tl_model_set_evict_weights(tl_model *m, double recency, double hits, double tokens, double depth) {
+    if (!m) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
+    m->cache.weights = (tl_evict_weights){recency, hits, tokens, depth};
+    return TL_OK;
+}
+
+typedef struct {
+    int32_t *count;
+    int depth_of_ns[64];
+    const tl_radix *t;
+} holder_ctx;
+
+static void count_node(const tl_radix_node *n, const tl_radix_ns *ns, void *ud) {
+    holder_ctx *c = ud;
+    for (int i = 0; i < n->n_lb * ns->depth; i++) c->count[n->blocks[i]]++;
+}
+
+int tl_sched_check_invariants(tl_model *m, const int32_t *extra, int n_extra) {
+    tl_kv_pool *kv = &m->kv;
+    holder_ctx c = {.count = calloc((size_t)kv->n_blocks, sizeof(int32_t)), .t = &m->cache};
+    if (!c.count) return tl_set_error(TL_ERR_NOMEM, "out of memory");
+    tl_radix_walk(&m->cache, count_node, &c);
+    for (int i = 0; i < m->sched->n; i++) {
+        const tl_seq *s = m->sched->reqs[i]->seq;
+        if (!s) continue;
+        for (int j = 0; j < s->bt.n_logical * s->bt.depth; j++) c.count[s->bt.ids[j]]++;
+    }
+    for (int i = 0; i < n_extra; i++) c.count[extra[i]]++;
+    int used = 0, rc = 0;
+    for (int b = 0; b < kv->n_blocks && !rc; b++) {
+        used += kv->refcnt[b] > 0;
+        if (kv->refcnt[b] != c.count[b])
+            rc = tl_set_error(TL_ERR_STATE, "block %d has refcount %d but %d holders", b, kv->refcnt[b], c.count[b]);
+    }
+    if (!rc && used + kv->n_free != kv->n_blocks)
+        rc = tl_set_error(TL_ERR_STATE, "%d used + %d free != %d blocks", used, kv->n_free, kv->n_blocks);
+    free(c.count);
+    return rc;
+}

@@ -1,0 +1,66 @@
+/* scheduler.h - requests and the scheduler (continuous batching over the
+ * paged KV and the radix prefix cache). Internal. */
+#ifndef TL_SCHED_H
+#define TL_SCHED_H
+
+#include "model.h"
+#include "sampler.h"
+
+typedef struct tl_request {
+    int64_t id;
+    int state, finish, error;
+    char errmsg[256];
+    int32_t *tokens;         /* prompt then generated (cap = n_prompt + max_tokens) */
+    int n_prompt, n_gen, n_taken;
+    tl_generate_params p;
+    uint64_t rng;            /* sampler state between steps */
+    tl_seq *seq;
+    int n_cached;            /* prompt tokens served by the cache */
+    int ns;                  /* radix namespace, -1 without cache */
+    tl_radix_node *locked;   /* matched node, locked while running */
+    tl_pool *pool;
+} tl_request;
+
+typedef struct tl_sched {
+    tl_request **reqs;       /* in submission order */
+    int n, cap;
+    int64_t next_id;
+    tl_sampler smp;          /* shared scratch; per-request rng swapped in */
+    float *logits;
+    int logits_rows;
+    int prefill_budget;      /* prompt tokens per step across requests */
+    tl_pool **pools;         /* pools bound to this model, detached on close */
+    int n_pools, cap_pools;
+    tl_cache_stats st;       /* counters (the block fields are filled on read) */
+} tl_sched;
+
+int tl_sched_init(tl_model *m);
+void tl_sched_free(tl_model *m);
+
+/* Namespace for (loops, window, salt) at the model's depth for loops. */
+int tl_sched_namespace(tl_model *m, int loops, int window, uint64_t salt);
+/* Runs one request to completion, stepping the whole scheduler. Returns
+ * generated count or an error; out receives the generated tokens. */
+int tl_sched_run(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p, tl_pool *pool,
+                 int32_t *out, int cap, int *n_cached);
+/* Fills the KV of tokens into the cache (reusing what is there), and
+ * returns the node ending exactly at n with one pin taken, or NULL. */
+tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window, const int32_t *tokens, int n);
+/* Ids in the vocab, at least one. */
+int tl_sched_check_tokens(const tl_model *m, const int32_t *tokens, int n);
+int tl_sched_check_prompt(const tl_model *m, const int32_t *prompt, int n_prompt, int max_tokens);
+
+void tl_sched_attach_pool(tl_model *m, tl_pool *pool);
+void tl_sched_detach_pool(tl_model *m, tl_pool *pool);
+/* pool.c: called by the model on close. */
+void tl_pool_detach_model(tl_pool *pool);
+/* pool.c: counts a lookup against the pool. */
+void tl_pool_count_lookup(tl_pool *pool, int matched);
+
+/* Checks the KV / cache invariants (tests): every block's refcount equals
+ * its holders (tree nodes, running sequences, extra holders in `extra`
+ * given as block ids) and free + used = total. Returns 0 or -1 with a
+ * message in tl_last_error(). */
+int tl_sched_check_invariants(tl_model *m, const int32_t *extra, int n_extra);
+
+#endif
