@@ -2,7 +2,7 @@
 CC      ?= gcc
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -fPIC -pthread -Iengine -Ikernels/cpu
-LDLIBS  += -lm -pthread -ldl
+LDLIBS  += -lpcre2-8 -lm -pthread -ldl
 
 LIB_SRC  := $(wildcard engine/*.c kernels/cpu/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=build/obj/%.o)
@@ -70,7 +70,7 @@ fuzz: build/fuzz/fuzz_gguf
 build/fuzz/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(LIB_SRC) $(TSUP_SRC)
 	@mkdir -p build/fuzz
 	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iengine -Ikernels/cpu -Itests/c/lib \
-	  -o $@ tests/fuzz/fuzz_gguf.c $(LIB_SRC) $(TSUP_SRC) -lm -pthread -ldl
+	  -o $@ tests/fuzz/fuzz_gguf.c $(LIB_SRC) $(TSUP_SRC) -lpcre2-8 -lm -pthread -ldl
 
 # Synthetic models shaped like stories110M (dim 768, 12 layers, 12 heads,
 # vocab 32000) in the weight types llama.cpp's figures in the README use.

@@ -12,7 +12,8 @@ typedef struct pool_entry {
     int32_t *tokens;
     int n, loops, window;
     tl_radix_node *node;   /* pinned node ending at n */
-    uint64_t last_use;
+    uint64_t order;        /* registration order: ties in length drop the oldest */
+    uint64_t last_use;     /* for the LRU policy */
 } pool_entry;
 
 struct tl_pool {
@@ -68,6 +69,14 @@ void tl_pool_detach_model(tl_pool *p) {
     p->model = NULL;
 }
 
+int tl_pool_bind(tl_pool *p, tl_model *m) {
+    if (p->model == m) return TL_OK;
+    if (p->model) return tl_set_error(TL_ERR_INVALID_ARG, "pool is bound to another model");
+    p->model = m;
+    tl_sched_attach_pool(m, p);
+    return TL_OK;
+}
+
 int tl_pool_size(const tl_pool *p) { return p ? p->n : 0; }
 
 int64_t tl_pool_total_cached_tokens(const tl_pool *p) {
@@ -111,14 +120,14 @@ static int find_entry(const tl_pool *p, const int32_t *tokens, int n, int loops,
     return -1;
 }
 
-/* The entry the policy drops: the shortest (oldest among equals), or the
- * least recently used. */
+/* The entry the policy drops: the shortest (the first registered among
+ * equals), or the least recently used. */
 static int victim(const tl_pool *p) {
     int v = 0;
     for (int i = 1; i < p->n; i++) {
         const pool_entry *a = &p->e[i], *b = &p->e[v];
         if (p->policy == TL_POOL_EVICT_LRU ? a->last_use < b->last_use
-                                           : (a->n < b->n || (a->n == b->n && a->last_use < b->last_use)))
+                                           : (a->n < b->n || (a->n == b->n && a->order < b->order)))
             v = i;
     }
     return v;
@@ -133,10 +142,7 @@ int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int 
         tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot build a prefix");
         return 0;
     }
-    if (p->model && p->model != m) {
-        tl_set_error(TL_ERR_INVALID_ARG, "pool is bound to another model");
-        return 0;
-    }
+    if (tl_pool_bind(p, m)) return 0;
     if (loops < 0 || window < 0) {
         tl_set_error(TL_ERR_INVALID_ARG, "loops %d and cache_window %d must be >= 0", loops, window);
         return 0;
@@ -173,8 +179,9 @@ int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int 
         p->model = m;
         tl_sched_attach_pool(m, p);
     }
+    uint64_t now = ++p->clock;
     p->e[p->n++] = (pool_entry){.tokens = copy, .n = n, .loops = eff, .window = window, .node = node,
-                                .last_use = ++p->clock};
+                                .order = now, .last_use = now};
     p->st.registrations++;
     return n;
 }
@@ -183,8 +190,9 @@ int tl_generate_with_pool(tl_model *m, tl_pool *p, const int32_t *prompt, int n_
                           int32_t *out, int cap) {
     if (!m || !p) return tl_set_error(TL_ERR_INVALID_ARG, "model and pool must not be NULL");
     if (!m->arch) return tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot generate");
-    if (p->model && p->model != m) return tl_set_error(TL_ERR_INVALID_ARG, "pool is bound to another model");
-    int rc = tl_sched_check_prompt(m, prompt, n_prompt, gp.max_tokens);
+    int rc = tl_pool_bind(p, m);
+    if (rc) return rc;
+    rc = tl_sched_check_prompt(m, prompt, n_prompt, gp.max_tokens);
     if (rc) return rc;
     if (!out || cap < n_prompt + gp.max_tokens)
         return tl_set_error(TL_ERR_BUFFER, "output buffer of %d tokens is smaller than prompt %d + max_tokens %d", cap,

@@ -57,6 +57,8 @@ void tl_sched_detach_pool(tl_model *m, tl_pool *pool) {
     tl_sched *s = m->sched;
     for (int i = 0; i < s->n_pools; i++)
         if (s->pools[i] == pool) s->pools[i--] = s->pools[--s->n_pools];
+    for (int i = 0; i < s->n; i++) /* requests in flight stop counting against a freed pool */
+        if (s->reqs[i]->pool == pool) s->reqs[i]->pool = NULL;
 }
 
 int tl_sched_namespace(tl_model *m, int loops, int window, uint64_t salt) {
@@ -137,6 +139,7 @@ int tl_request_submit(tl_model *m, const int32_t *prompt, int n_prompt, const tl
     if (rc) return rc;
     if (p->loops < 0) return tl_set_error(TL_ERR_INVALID_ARG, "loops %d must be >= 0", p->loops);
     if (p->cache_window < 0) return tl_set_error(TL_ERR_INVALID_ARG, "cache_window %d must be >= 0", p->cache_window);
+    if (pool && (rc = tl_pool_bind(pool, m))) return rc;
     tl_sampler probe;
     if ((rc = tl_sampler_init(&probe, &p->sampling, 1))) return rc; /* validates the sampling fields */
     tl_sampler_free(&probe);

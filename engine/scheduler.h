@@ -52,6 +52,8 @@ int tl_sched_check_prompt(const tl_model *m, const int32_t *prompt, int n_prompt
 
 void tl_sched_attach_pool(tl_model *m, tl_pool *pool);
 void tl_sched_detach_pool(tl_model *m, tl_pool *pool);
+/* pool.c: binds an unbound pool to m (error if bound to another model). */
+int tl_pool_bind(tl_pool *pool, tl_model *m);
 /* pool.c: called by the model on close. */
 void tl_pool_detach_model(tl_pool *pool);
 /* pool.c: counts a lookup against the pool. */

@@ -1,0 +1,335 @@
+/* test_cache.c - the prefix cache: cached paths produce exactly the tokens
+ * of plain generation; blocks are shared, not copied; the PrefixPool keeps
+ * the seed API's semantics; handles and windows compose. */
+#include <stdint.h>
+#include <unistd.h>
+
+#include "model.h"
+#include "scheduler.h"
+#include "test.h"
+#include "testmodel.h"
+#include "tinyloop.h"
+
+static const char *tmp_path(const char *name) {
+    static char buf[4][256];
+    static int k;
+    char *p = buf[k++ % 4];
+    snprintf(p, 256, "/tmp/tl_cache_%d_%s.gguf", (int)getpid(), name);
+    return p;
+}
+
+static tl_generate_params greedy(int max_tokens, int loops) {
+    tl_generate_params gp = tl_generate_default_params();
+    gp.max_tokens = max_tokens;
+    gp.loops = loops;
+    gp.ignore_eos = 1;
+    return gp;
+}
+
+static int plain(tl_model *m, const int32_t *p, int n, tl_generate_params gp, int32_t *out) {
+    gp.no_cache = 1;
+    return tl_generate(m, p, n, gp, out, gp.max_tokens);
+}
+
+static int64_t hit_tokens(const tl_model *m) {
+    tl_cache_stats st;
+    tl_model_get_stats(m, &st);
+    return st.hit_tokens;
+}
+
+static void check_invariants(tl_model *m, const char *when) {
+    int rc = tl_sched_check_invariants(m, NULL, 0);
+    CHECK(rc == 0, "KV invariants hold %s (%s)", when, tl_last_error());
+}
+
+/* Equivalence: every cached path gives plain generation's tokens. */
+static void equivalence(tl_model *m, const char *name, int loops, int looped) {
+    enum { PREFIX = 40, GEN = 12 };
+    int nv = tl_model_n_vocab(m);
+    int32_t prefix[PREFIX], prompt[PREFIX + 100], a[GEN], b[PREFIX + 100 + GEN];
+    for (int i = 0; i < PREFIX; i++) prefix[i] = 3 + (i * 37 + 11) % (nv - 3);
+    prefix[0] = 1;
+    tl_pool *pool;
+    tl_pool_new(4, &pool);
+    int r = tl_pool_register(m, pool, prefix, PREFIX, loops, 0);
+    CHECK(r == PREFIX, "%s: register_prefix returns the token count (%d: %s)", name, r, tl_last_error());
+    static const int suffixes[] = {0, 1, 15, 16, 17, 100};
+    for (size_t k = 0; k < sizeof suffixes / sizeof *suffixes; k++) {
+        int n = PREFIX + suffixes[k];
+        memcpy(prompt, prefix, sizeof prefix);
+        for (int i = PREFIX; i < n; i++) prompt[i] = 3 + (i * 53 + 7) % (nv - 3);
+        tl_generate_params gp = greedy(GEN, loops);
+        int na = plain(m, prompt, n, gp, a);
+        int64_t h0 = hit_tokens(m);
+        int nb = tl_generate_with_pool(m, pool, prompt, n, gp, b, n + GEN);
+        int64_t hit = hit_tokens(m) - h0;
+        CHECK(na == GEN && nb == n + GEN && !memcmp(b, prompt, (size_t)n * 4) && !memcmp(a, b + n, sizeof a),
+              "%s: generate_with_pool with a suffix of %d equals plain generation", name, suffixes[k]);
+        CHECK(hit >= (suffixes[k] ? PREFIX : PREFIX - 1), "%s: ... and reused %lld cached tokens", name, (long long)hit);
+        /* the radix path: the same prompt again hits prompt + output */
+        int32_t c[GEN];
+        h0 = hit_tokens(m);
+        int nc = tl_generate(m, prompt, n, gp, c, GEN);
+        CHECK(nc == GEN && !memcmp(a, c, sizeof a) && hit_tokens(m) - h0 == n - 1,
+              "%s: a repeated prompt (suffix %d) hits %d tokens of the radix tree and equals plain", name,
+              suffixes[k], n - 1);
+    }
+    /* miss */
+    for (int i = 0; i < 30; i++) prompt[i] = 3 + (i * 29 + 5) % (nv - 3);
+    int na = plain(m, prompt, 30, greedy(GEN, loops), a);
+    int nb = tl_generate_with_pool(m, pool, prompt, 30, greedy(GEN, loops), b, 30 + GEN);
+    CHECK(na == GEN && nb == 30 + GEN && !memcmp(a, b + 30, sizeof a), "%s: a miss falls through to plain", name);
+    /* window mismatch: the prefix registered at window 0 is not used at window 24 */
+    memcpy(prompt, prefix, sizeof prefix);
+    prompt[PREFIX] = 5;
+    tl_generate_params gw = greedy(GEN, loops);
+    gw.cache_window = 24;
+    na = plain(m, prompt, PREFIX + 1, gw, a);
+    int64_t h0 = hit_tokens(m);
+    nb = tl_generate_with_pool(m, pool, prompt, PREFIX + 1, gw, b, PREFIX + 1 + GEN);
+    CHECK(hit_tokens(m) == h0, "%s: another cache_window misses (hit %lld)", name, (long long)(hit_tokens(m) - h0));
+    CHECK(nb == PREFIX + 1 + GEN && !memcmp(a, b + PREFIX + 1, sizeof a), "%s: ... and equals plain windowed generation",
+          name);
+    /* a windowed prefix: register and hit at window 24 */
+    r = tl_pool_register(m, pool, prefix, PREFIX, loops, 24);
+    h0 = hit_tokens(m);
+    nb = tl_generate_with_pool(m, pool, prompt, PREFIX + 1, gw, b, PREFIX + 1 + GEN);
+    CHECK(r == PREFIX && hit_tokens(m) - h0 >= PREFIX && !memcmp(a, b + PREFIX + 1, sizeof a),
+          "%s: a prefix registered at window 24 is hit at window 24 and equals plain", name);
+    if (looped) {
+        int other = loops + 1;
+        na = plain(m, prompt, PREFIX + 1, greedy(GEN, other), a);
+        h0 = hit_tokens(m);
+        nb = tl_generate_with_pool(m, pool, prompt, PREFIX + 1, greedy(GEN, other), b, PREFIX + 1 + GEN);
+        CHECK(hit_tokens(m) == h0 && !memcmp(a, b + PREFIX + 1, sizeof a),
+              "%s: loops %d misses a prefix built at loops %d and equals plain", name, other, loops);
+    }
+    check_invariants(m, name);
+    tl_pool_free(pool);
+    check_invariants(m, "after freeing the pool");
+}
+
+static void test_equivalence(void) {
+    const char *shared = test_shared_dir();
+    if (shared) {
+        char path[512];
+        snprintf(path, sizeof path, "%s/models/stories260K.gguf", shared);
+        tl_model_params mp = tl_model_default_params();
+        mp.max_seq_len = 512;
+        tl_model *m = NULL;
+        tl_model_open(path, mp, &m);
+        CHECK(m != NULL, "stories260K opens (%s)", tl_last_error());
+        if (m) equivalence(m, "stories260K", 0, 0);
+        tl_model_close(m);
+    } else {
+        printf("SKIP stories260K equivalence: ../shared not found\n");
+    }
+    tm_spec s = tm_default_spec();
+    s.n_layer = 4;
+    s.loop_start = 1;
+    s.loop_end = 3;
+    s.loop_default = 2;
+    const char *path = tmp_path("looped");
+    tm_write(&s, path);
+    tl_model *m = NULL;
+    tl_model_open(path, tl_model_default_params(), &m);
+    CHECK(m != NULL, "the synthetic looped model opens (%s)", tl_last_error());
+    if (m) equivalence(m, "looped synthetic", 2, 1);
+    tl_model_close(m);
+    remove(path);
+}
+
+/* ---- sharing ----------------------------------------------------------------------- */
+
+static void test_sharing(void) {
+    tm_spec s = tm_default_spec();
+    s.n_ctx = 2048;
+    const char *path = tmp_path("share");
+    tm_write(&s, path);
+    tl_model_params mp = tl_model_default_params();
+    mp.kv_mem = (size_t)8 << 20;
+    tl_model *m = NULL;
+    tl_model_open(path, mp, &m);
+    CHECK(m != NULL, "the sharing model opens (%s)", tl_last_error());
+    if (!m) return;
+    enum { PREFIX = 1500, N = 100 };
+    static int32_t prompt[PREFIX + 8];
+    for (int i = 0; i < PREFIX; i++) prompt[i] = 3 + (i * 7919) % 300;
+    tl_pool *pool;
+    tl_pool_new(1, &pool);
+    CHECK(tl_pool_register(m, pool, prompt, PREFIX, 0, 0) == PREFIX, "a 1500-token prefix registers");
+    tl_cache_stats st0, st1;
+    tl_model_get_stats(m, &st0);
+    /* snapshot the prefix's blocks */
+    tl_radix_node *node = NULL;
+    int ns = tl_sched_namespace(m, 0, 0, 0);
+    tl_radix_match(&m->cache, ns, prompt, PREFIX, PREFIX, &node);
+    int n_ids = node ? node->n_lb * 2 : 0;
+    size_t bytes = m->kv.block_bytes;
+    uint8_t *snap = malloc((size_t)n_ids * bytes);
+    for (int i = 0; i < n_ids; i++) memcpy(snap + i * bytes, tl_kv_k(&m->kv, node->blocks[i]), bytes);
+
+    int64_t ids[N];
+    for (int r = 0; r < N; r++) {
+        for (int j = 0; j < 8; j++) prompt[PREFIX + j] = 3 + (r * 31 + j * 17) % 300;
+        tl_generate_params gp = greedy(4, 0);
+        tl_request_submit(m, prompt, PREFIX + 8, &gp, NULL, &ids[r]);
+    }
+    tl_model_step(m); /* admits all 100 and prefills their suffixes in one pass */
+    tl_model_get_stats(m, &st1);
+    int prefix_blocks = st0.blocks_used;
+    int per_request = 2 * 2; /* its copy of the tail block + at most one new block, 2 layers */
+    int used = st1.blocks_used - prefix_blocks;
+    printf("  100 requests on a 1500-token prefix: %d blocks for the prefix, %d more for 100 requests "
+           "(%d without sharing)\n", prefix_blocks, used, N * ((PREFIX + 8 + 15) / 16) * 2);
+    CHECK(used <= N * per_request, "100 requests hold the prefix's blocks once (%d extra blocks <= %d)", used,
+          N * per_request);
+    CHECK(st1.blocks_shared >= prefix_blocks - 2, "the prefix's blocks are shared (%d shared)", st1.blocks_shared);
+    int active = 1;
+    while (active > 0) active = tl_model_step(m);
+    int same = 1;
+    for (int i = 0; i < n_ids; i++) same &= !memcmp(snap + i * bytes, tl_kv_k(&m->kv, node->blocks[i]), bytes);
+    CHECK(same, "copy-on-write leaves the shared blocks byte-identical");
+    check_invariants(m, "after 100 shared requests");
+    for (int r = 0; r < N; r++) tl_request_release(m, ids[r]);
+    free(snap);
+    tl_pool_free(pool);
+    tl_model_close(m);
+    remove(path);
+}
+
+/* ---- the seed API's behaviours --------------------------------------------------------------- */
+
+static void test_pool_semantics(void) {
+    tm_spec s = tm_default_spec();
+    s.n_layer = 3;
+    s.loop_start = 1;
+    s.loop_end = 2;
+    s.loop_default = 2;
+    const char *path = tmp_path("pool");
+    tm_write(&s, path);
+    tl_model *m = NULL;
+    tl_model_open(path, tl_model_default_params(), &m);
+    if (!m) { CHECK(0, "pool model opens: %s", tl_last_error()); return; }
+    int32_t t[64];
+    for (int i = 0; i < 64; i++) t[i] = 3 + (i * 13) % 300;
+    tl_pool *p;
+    CHECK(tl_pool_new(0, &p) == TL_OK, "PrefixPool(0) is created");
+    tl_pool_stats ps;
+    tl_pool_get_stats(p, &ps);
+    CHECK(ps.capacity == 1, "capacity 0 is coerced to 1 (%d)", ps.capacity);
+    tl_pool_register(m, p, t, 10, 2, 0);
+    tl_pool_register(m, p, t + 20, 12, 2, 0);
+    CHECK(tl_pool_size(p) == 1 && tl_pool_total_cached_tokens(p) == 12, "a capacity-1 pool keeps the newest entry");
+    tl_pool_free(p);
+
+    tl_pool_new(2, &p);
+    CHECK(tl_pool_size(p) == 0 && tl_pool_total_cached_tokens(p) == 0, "a new pool is empty");
+    CHECK(tl_pool_register(m, p, t, 10, 2, 0) == 10, "register returns the matchable length");
+    CHECK(tl_pool_register(m, p, t, 10, 2, 0) == 10 && tl_pool_size(p) == 1, "registering the same key is a no-op");
+    CHECK(tl_pool_register(m, p, t, 10, 3, 0) == 10 && tl_pool_size(p) == 2, "loops is part of the key");
+    tl_pool_register(m, p, t, 20, 2, 0); /* over capacity: the shortest (10 at loops 2 or 3, oldest first) goes */
+    CHECK(tl_pool_size(p) == 2 && tl_pool_total_cached_tokens(p) == 30, "over capacity the shortest entry is evicted (%lld)",
+          (long long)tl_pool_total_cached_tokens(p));
+    tl_pool_register(m, p, t, 15, 2, 7);
+    CHECK(tl_pool_total_cached_tokens(p) == 35, "cache_window is part of the key, and the new entry always goes in (%lld)",
+          (long long)tl_pool_total_cached_tokens(p));
+    tl_pool_get_stats(p, &ps);
+    CHECK(ps.evictions == 2, "the pool counts its evictions (%lld)", (long long)ps.evictions);
+    /* longest match wins: entries of 15 (window 7) and 20 (window 0) both prefix t */
+    int32_t out[80];
+    tl_pool_get_stats(p, &ps);
+    int64_t before = ps.hit_tokens;
+    tl_generate_with_pool(m, p, t, 30, greedy(4, 2), out, 34);
+    tl_pool_get_stats(p, &ps);
+    CHECK(ps.hit_tokens - before >= 20, "the longest registered prefix wins (%lld tokens reused)",
+          (long long)(ps.hit_tokens - before));
+    /* errors: 0 and a message */
+    CHECK(tl_pool_register(m, p, t, 0, 2, 0) == 0 && strstr(tl_last_error(), "empty"), "an empty prefix returns 0 (%s)",
+          tl_last_error());
+    t[3] = 100000;
+    CHECK(tl_pool_register(m, p, t, 5, 2, 0) == 0 && strstr(tl_last_error(), "100000"),
+          "an out-of-vocab prefix returns 0 naming the id (%s)", tl_last_error());
+    t[3] = 3 + 39 % 300;
+    CHECK(tl_pool_register(m, NULL, t, 5, 2, 0) == 0, "a NULL pool returns 0");
+    int rc = tl_generate_with_pool(m, p, t, 250, greedy(10, 2), out, 80);
+    CHECK(rc == TL_ERR_TOO_LONG && strstr(tl_last_error(), "prompt length 250 + max_tokens 10 exceeds max_seq_len 256"),
+          "prompt + max_tokens past max_seq_len names the numbers (%s)", tl_last_error());
+    /* LRU policy */
+    tl_pool *q;
+    tl_pool_new(2, &q);
+    tl_pool_set_policy(q, TL_POOL_EVICT_LRU);
+    tl_pool_register(m, q, t, 30, 2, 0);
+    tl_pool_register(m, q, t + 1, 5, 2, 0);
+    tl_generate_with_pool(m, q, t + 1, 8, greedy(2, 2), out, 10); /* touches the 5-token entry */
+    tl_pool_register(m, q, t + 2, 6, 2, 0);
+    CHECK(tl_pool_total_cached_tokens(q) == 11, "the LRU policy drops the least recently used entry (%lld)",
+          (long long)tl_pool_total_cached_tokens(q));
+    /* an empty pool falls through */
+    tl_pool *e;
+    tl_pool_new(3, &e);
+    int32_t a[8];
+    int na = plain(m, t, 9, greedy(8, 2), a);
+    int nb = tl_generate_with_pool(m, e, t, 9, greedy(8, 2), out, 17);
+    CHECK(na == 8 && nb == 17 && !memcmp(a, out + 9, sizeof a), "an empty pool falls through to plain generation");
+    check_invariants(m, "after the pool semantics");
+    /* pools outlive or predecease the model */
+    tl_pool_free(e);
+    tl_pool_free(p);
+    tl_model_close(m);
+    CHECK(tl_pool_size(q) == 0, "closing the model detaches its pools");
+    tl_pool_free(q);
+    remove(path);
+}
+
+/* ---- handles ------------------------------------------------------------------------------ */
+
+static void test_handles(void) {
+    tm_spec s = tm_default_spec();
+    s.n_layer = 4;
+    s.loop_start = 1;
+    s.loop_end = 3;
+    s.loop_default = 2;
+    const char *path = tmp_path("handles");
+    tm_write(&s, path);
+    tl_model *m = NULL;
+    tl_model_open(path, tl_model_default_params(), &m);
+    if (!m) { CHECK(0, "handle model opens: %s", tl_last_error()); return; }
+    int32_t t[40], a[10], b[10];
+    for (int i = 0; i < 40; i++) t[i] = 3 + (i * 11) % 300;
+    tl_prefix *h;
+    CHECK(tl_prefix_build(m, t, 30, 3, 0, &h) == TL_OK, "build_prefix_cache works (%s)", tl_last_error());
+    int na = plain(m, t, 30, greedy(10, 3), a);
+    int nb = tl_generate_from_prefix(m, h, NULL, 0, greedy(10, 0), b, 10);
+    CHECK(na == 10 && nb == 10 && !memcmp(a, b, sizeof a), "generate_from_prefix_cache equals plain generation");
+    na = plain(m, t, 37, greedy(10, 3), a);
+    nb = tl_generate_from_prefix(m, h, t + 30, 7, greedy(10, 0), b, 10);
+    CHECK(na == 10 && nb == 10 && !memcmp(a, b, sizeof a), "... also with a suffix");
+    tl_prefix_free(h);
+    tl_prefix *rh;
+    CHECK(tl_resume_build(m, t, 33, &rh) == TL_OK, "build_resume_handle works (%s)", tl_last_error());
+    for (int k = 1; k <= 4; k++) {
+        na = plain(m, t, 33, greedy(10, k), a);
+        nb = tl_resume_generate(m, rh, greedy(10, k), b, 10);
+        CHECK(na == 10 && nb == 10 && !memcmp(a, b, sizeof a), "resume_generate at loops %d equals plain generation (%d)",
+              k, nb);
+    }
+    /* extra holders: the handle's prelude blocks */
+    tl_prefix_free(rh);
+    check_invariants(m, "after the handles");
+    tl_model_info info;
+    tl_model_get_info(m, &info);
+    tl_radix_evict(&m->cache, info.kv_blocks_total);
+    tl_model_get_info(m, &info);
+    CHECK(info.kv_blocks_free == info.kv_blocks_total, "with handles freed and the cache evicted, every block is free");
+    tl_model_close(m);
+    remove(path);
+}
+
+int main(void) {
+    test_equivalence();
+    test_sharing();
+    test_pool_semantics();
+    test_handles();
+    return test_summary();
+}
