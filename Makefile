@@ -1,7 +1,7 @@
 # tinyloop - build, test, run. See README.md.
 CC      ?= gcc
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -fPIC -pthread -Iengine -Ikernels/cpu
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -fPIC -fvisibility=hidden -pthread -Iengine -Ikernels/cpu
 LDLIBS  += -lpcre2-8 -lm -pthread -ldl
 
 LIB_SRC  := $(wildcard engine/*.c kernels/cpu/*.c)

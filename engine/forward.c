@@ -27,7 +27,8 @@ typedef struct tl_scratch {
     void *xq;                /* (cap, quantized row of the widest input) */
     size_t xq_stride;
     int32_t *tok_seq, *tok_pos;
-    float *scores;           /* (n_threads, max_seq_len) */
+    float *scores;           /* per thread: (group, max_seq_len) scores + (block_size, head_dim) K/V rows */
+    size_t scores_stride;
     float *logits_x;         /* (n_seq, n_embd) */
 } tl_scratch;
 
@@ -92,7 +93,9 @@ static int scratch_reserve(tl_model *m, int T, int n_seq) {
 int tl_forward_init(tl_model *m) {
     m->scratch = calloc(1, sizeof *m->scratch);
     if (!m->scratch) return tl_set_error(TL_ERR_NOMEM, "out of memory");
-    size_t n = (size_t)tl_threadpool_size(m->tp) * (size_t)m->max_seq_len;
+    int group = m->hp.n_head / m->hp.n_head_kv;
+    m->scratch->scores_stride = ((size_t)group * m->max_seq_len + (size_t)m->kv.block_size * m->hp.head_dim + 15) & ~(size_t)15;
+    size_t n = (size_t)tl_threadpool_size(m->tp) * m->scratch->scores_stride;
     m->scratch->scores = tl_alloc_aligned(n * sizeof(float));
     if (!m->scratch->scores) return tl_set_error(TL_ERR_NOMEM, "out of memory for attention scores");
     return scratch_reserve(m, 1, 1);
@@ -208,45 +211,81 @@ typedef struct {
     float scale;
 } att_ctx;
 
+/* Head kh's rows of one block as f32: the KV layout inside a block is
+ * [head][position][head_dim], so a head's slice is contiguous and converts
+ * in one call. Returns a pointer to bs * hd floats (buf is used for f16). */
+static const float *kv_head_rows(const tl_kv_pool *kv, const void *base, int kh, int hd, int rows, float *buf) {
+    size_t off = (size_t)kh * kv->block_size * hd;
+    if (kv->kv_type == TL_KV_F32) return (const float *)base + off;
+    tl_f16_to_f32_row((const uint16_t *)base + off, buf, (int64_t)rows * hd);
+    return buf;
+}
+
+static float dot_small(const float *a, const float *b, int n) {
+    if (n >= 32) return tl_dot_f32(a, b, n);
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* One task = one token and one KV head: the query heads of its group share
+ * each converted K/V block. */
 static void att_task(void *p, int ith, int nth) {
     const att_ctx *c = p;
     tl_model *m = c->m;
     const tl_hparams *hp = &m->hp;
     tl_scratch *s = m->scratch;
     const tl_kv_pool *kv = &m->kv;
-    int hd = hp->head_dim, kv_dim = kv->kv_dim, bs = kv->block_size, group = hp->n_head / hp->n_head_kv;
-    float *scores = s->scores + (size_t)ith * m->max_seq_len;
-    int total = c->T * hp->n_head;
+    int hd = hp->head_dim, bs = kv->block_size, group = hp->n_head / hp->n_head_kv;
+    float *scores = s->scores + (size_t)ith * s->scores_stride;
+    float *kbuf = scores + (size_t)group * m->max_seq_len;
+    int total = c->T * hp->n_head_kv;
     int i0 = (int)((int64_t)total * ith / nth), i1 = (int)((int64_t)total * (ith + 1) / nth);
     for (int i = i0; i < i1; i++) {
-        int t = i / hp->n_head, h = i % hp->n_head, kh = h / group;
+        int t = i / hp->n_head_kv, kh = i % hp->n_head_kv;
         const tl_seq *seq = c->seqs[s->tok_seq[t]];
         int pos = s->tok_pos[t], depth = seq->bt.depth;
-        const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)h * hd;
-        float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)h * hd;
-        float maxv = -INFINITY;
         int j0 = seq->window > 0 && pos >= seq->window ? pos - seq->window + 1 : 0;
-        for (int j = j0; j <= pos; j++) {
-            int id = seq->bt.ids[(j / bs) * depth + c->vl];
-            size_t off = (size_t)(j % bs) * kv_dim + (size_t)kh * hd;
-            float d = kv->kv_type == TL_KV_F32 ? tl_dot_f32((const float *)tl_kv_k(kv, id) + off, q, hd)
-                                               : tl_dot_f16_f32((const uint16_t *)tl_kv_k(kv, id) + off, q, hd);
-            scores[j] = d * c->scale;
-            if (scores[j] > maxv) maxv = scores[j];
+        const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
+        float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
+        for (int b = j0 / bs; b <= pos / bs; b++) {
+            int id = seq->bt.ids[b * depth + c->vl];
+            int r0 = b == j0 / bs ? j0 % bs : 0, r1 = b == pos / bs ? pos % bs + 1 : bs;
+            const float *k = kv_head_rows(kv, tl_kv_k(kv, id), kh, hd, r1, kbuf);
+            for (int g = 0; g < group; g++)
+                for (int r = r0; r < r1; r++)
+                    scores[(size_t)g * m->max_seq_len + b * bs + r] = dot_small(q + g * hd, k + (size_t)r * hd, hd) * c->scale;
         }
-        double sum = 0.0;
-        for (int j = j0; j <= pos; j++) {
-            scores[j] = expf(scores[j] - maxv);
-            sum += scores[j];
+        for (int g = 0; g < group; g++) {
+            float *sc = scores + (size_t)g * m->max_seq_len;
+            float maxv = -INFINITY;
+            for (int j = j0; j <= pos; j++)
+                if (sc[j] > maxv) maxv = sc[j];
+            double sum = 0.0;
+            for (int j = j0; j <= pos; j++) {
+                sc[j] = expf(sc[j] - maxv);
+                sum += sc[j];
+            }
+            float inv = (float)(1.0 / sum);
+            for (int j = j0; j <= pos; j++) sc[j] *= inv;
+            memset(out + g * hd, 0, (size_t)hd * sizeof(float));
         }
-        float inv = (float)(1.0 / sum);
-        memset(out, 0, (size_t)hd * sizeof(float));
-        for (int j = j0; j <= pos; j++) {
-            int id = seq->bt.ids[(j / bs) * depth + c->vl];
-            size_t off = (size_t)(j % bs) * kv_dim + (size_t)kh * hd;
-            float a = scores[j] * inv;
-            if (kv->kv_type == TL_KV_F32) tl_axpy_f32(out, a, (const float *)tl_kv_v(kv, id) + off, hd);
-            else tl_axpy_f16(out, a, (const uint16_t *)tl_kv_v(kv, id) + off, hd);
+        for (int b = j0 / bs; b <= pos / bs; b++) {
+            int id = seq->bt.ids[b * depth + c->vl];
+            int r0 = b == j0 / bs ? j0 % bs : 0, r1 = b == pos / bs ? pos % bs + 1 : bs;
+            const float *v = kv_head_rows(kv, tl_kv_v(kv, id), kh, hd, r1, kbuf);
+            for (int g = 0; g < group; g++) {
+                const float *sc = scores + (size_t)g * m->max_seq_len + b * bs;
+                float *o = out + g * hd;
+                for (int r = r0; r < r1; r++) {
+                    const float a = sc[r], *vr = v + (size_t)r * hd;
+                    if (hd >= 32) {
+                        tl_axpy_f32(o, a, vr, hd);
+                    } else {
+                        for (int d = 0; d < hd; d++) o[d] += a * vr[d];
+                    }
+                }
+            }
         }
     }
 }
@@ -254,19 +293,21 @@ static void att_task(void *p, int ith, int nth) {
 static void store_kv(tl_model *m, tl_seq **seqs, int vl, int T) {
     tl_scratch *s = m->scratch;
     tl_kv_pool *kv = &m->kv;
-    int kv_dim = kv->kv_dim, bs = kv->block_size;
+    int hd = m->hp.head_dim, bs = kv->block_size;
     for (int t = 0; t < T; t++) {
         const tl_seq *seq = seqs[s->tok_seq[t]];
         int pos = s->tok_pos[t];
         int id = seq->bt.ids[(pos / bs) * seq->bt.depth + vl];
-        size_t off = (size_t)(pos % bs) * kv_dim;
-        const float *k = s->k + (size_t)t * kv_dim, *v = s->v + (size_t)t * kv_dim;
-        if (kv->kv_type == TL_KV_F32) {
-            memcpy((float *)tl_kv_k(kv, id) + off, k, (size_t)kv_dim * sizeof(float));
-            memcpy((float *)tl_kv_v(kv, id) + off, v, (size_t)kv_dim * sizeof(float));
-        } else {
-            tl_f32_to_f16_row(k, (uint16_t *)tl_kv_k(kv, id) + off, kv_dim);
-            tl_f32_to_f16_row(v, (uint16_t *)tl_kv_v(kv, id) + off, kv_dim);
+        const float *k = s->k + (size_t)t * kv->kv_dim, *v = s->v + (size_t)t * kv->kv_dim;
+        for (int h = 0; h < m->hp.n_head_kv; h++) {
+            size_t off = ((size_t)h * bs + (size_t)(pos % bs)) * hd;
+            if (kv->kv_type == TL_KV_F32) {
+                memcpy((float *)tl_kv_k(kv, id) + off, k + (size_t)h * hd, (size_t)hd * sizeof(float));
+                memcpy((float *)tl_kv_v(kv, id) + off, v + (size_t)h * hd, (size_t)hd * sizeof(float));
+            } else {
+                tl_f32_to_f16_row(k + (size_t)h * hd, (uint16_t *)tl_kv_k(kv, id) + off, hd);
+                tl_f32_to_f16_row(v + (size_t)h * hd, (uint16_t *)tl_kv_v(kv, id) + off, hd);
+            }
         }
     }
 }
@@ -297,7 +338,7 @@ static void layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
     }
     store_kv(m, seqs, vl, T);
     att_ctx ac = {.m = m, .seqs = seqs, .vl = vl, .T = T, .scale = 1.0f / sqrtf((float)hd)};
-    tl_threadpool_run(m->tp, att_task, &ac, T * hp->n_head);
+    tl_threadpool_run(m->tp, att_task, &ac, T * hp->n_head_kv);
     matmul(m, s->o, &ly->wo, s->att, T);
     for (int t = 0; t < T; t++) {
         float *o = s->o + (size_t)t * D, *x = s->x + (size_t)t * D;

@@ -5,7 +5,7 @@
  * layer, so a sequence run at depth D uses D blocks per logical block and
  * KV memory per token is proportional to the depth actually in use.
  *
- *   arena:  [ blk 0: K(bs x kv_dim) V(bs x kv_dim) ][ blk 1 ] ... [ blk N-1 ]
+ *   arena:  [ blk 0: K(n_head_kv, bs, head_dim) V(same) ][ blk 1 ] ... [ blk N-1 ]
  *   refcnt: [ 1 ][ 2 ][ 0 ] ...        0 = on the free list
  *
  *   seq (depth D = 3, len 37, block_size 16):

@@ -1,7 +1,7 @@
 #include "threadpool.h"
 
 #include <pthread.h>
-#include <sched.h>
+#include <sched.h> /* sched_yield */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -36,9 +36,13 @@ static void *worker_main(void *p) {
         while ((gen = atomic_load_explicit(&tp->generation, memory_order_acquire)) == seen &&
                !atomic_load(&tp->stop)) {
             if (++spins < SPIN_ITERS) {
+                if (spins < 2000) {
 #if defined(__x86_64__) || defined(__i386__)
-                __builtin_ia32_pause();
+                    __builtin_ia32_pause();
 #endif
+                } else {
+                    sched_yield();
+                }
                 continue;
             }
             pthread_mutex_lock(&tp->mu);
@@ -117,9 +121,15 @@ void tl_threadpool_run(tl_threadpool *tp, tl_task_fn fn, void *ctx, int n_tasks)
     if (tp->sleepers) pthread_cond_broadcast(&tp->cv);
     pthread_mutex_unlock(&tp->mu);
     fn(ctx, 0, nth);
-    while (atomic_load_explicit(&tp->pending, memory_order_acquire) > 0) {
+    /* Spin briefly, then yield: on a loaded machine a worker may be waiting
+     * for this very core, and pure spinning would hold it a whole slice. */
+    for (int spins = 0; atomic_load_explicit(&tp->pending, memory_order_acquire) > 0; spins++) {
+        if (spins < 2000) {
 #if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
+            __builtin_ia32_pause();
 #endif
+        } else {
+            sched_yield();
+        }
     }
 }

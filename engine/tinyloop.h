@@ -20,6 +20,12 @@
 extern "C" {
 #endif
 
+/* The library is built with -fvisibility=hidden: only what this header
+ * declares is exported from libtinyloop.so. */
+#if defined(__GNUC__)
+#pragma GCC visibility push(default)
+#endif
+
 enum tl_status {
     TL_OK = 0,
     TL_ERR_INVALID_ARG = -1, /* a bad argument; the message names it and its value */
@@ -265,6 +271,10 @@ int tl_model_get_stats(const tl_model *model, tl_cache_stats *out);
  * hits*hits + tokens*cached_tokens + depth*start_position; lowest first.
  * {1, 0, 0, 0} is LRU (the default). */
 int tl_model_set_evict_weights(tl_model *model, double recency, double hits, double tokens, double depth);
+
+#if defined(__GNUC__)
+#pragma GCC visibility pop
+#endif
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "util.h"
 
+#include "tinyloop.h" /* tl_last_error is public */
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -14,6 +14,7 @@ static void usage(void) {
             "  tinyloop tokenize -m MODEL (-p TEXT | -f FILE) [--ids] [--no-special] [--parse-special]\n"
             "  tinyloop info MODEL\n"
             "  tinyloop bench [-m MODEL]... [-n N] [--prompt-len P] [--batch B]\n"
+            "  tinyloop bench cache [-m MODEL]...   (prefix-cache TTFT, chat, memory, radix timings)\n"
             "common options: -t THREADS  --max-seq-len N  --kv f16|f32  --kv-mem MB\n"
             "                --loop-start S --loop-end E --loop-default D\n");
 }
@@ -234,10 +235,15 @@ static int cmd_info(opts *o) {
 }
 
 int tl_cli_bench(int n_models, const char *const *models, tl_model_params mp, int n_gen, int prompt_len, int batch);
+int tl_cli_bench_cache(int n_models, const char *const *models, tl_model_params mp);
 
 int main(int argc, char **argv) {
     if (argc < 2) { usage(); return 2; }
     opts o;
+    if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "cache")) {
+        if (parse_opts(argc - 3, argv + 3, &o)) { usage(); return 2; }
+        return tl_cli_bench_cache(o.n_models, o.models, o.mp);
+    }
     if (parse_opts(argc - 2, argv + 2, &o)) { usage(); return 2; }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "generate")) return cmd_generate(&o);
