@@ -85,6 +85,9 @@ bench: all $(BENCH_MODELS)
 	./bin/tinyloop bench -m $(MODEL) $(BENCH_MODELS:%=-m %)
 	@echo "== one thread (llama.cpp on this machine, one thread: stories260K ~10000, f32 ~85, f16 ~128, q8_0 ~200, q4_0 ~285 decode tok/s)"
 	./bin/tinyloop bench -t 1 -m $(MODEL) $(BENCH_MODELS:%=-m %)
+	@echo "== prefix cache (ratios measured in this run)"
+	./bin/tinyloop bench cache -m $(MODEL) --max-seq-len 512
+	./bin/tinyloop bench cache -m build/bench/stories110M-q8_0.gguf --max-seq-len 2048
 
 run: deps all
 	./bin/tinyloop generate -m $(MODEL) -p "Once upon a time" -n 64

@@ -84,37 +84,49 @@ static double chat(tl_model *m, int no_cache, int sys_len, int turns, int user_l
     return tokens / dt;
 }
 
-static void bench_memory(tl_model *m, int prefix) {
-    enum { N = 100 };
+/* Blocks held by n requests on prefix + 8 distinct tokens, once all have
+ * their prompt in KV (decoding). */
+static int blocks_for(tl_model *m, int32_t *p, int prefix, int n, int no_cache) {
     int nv = tl_model_n_vocab(m);
-    int32_t *p = malloc((size_t)(prefix + 8) * sizeof *p);
-    int used[2];
-    for (int mode = 0; mode < 2; mode++) {
-        fill(p, prefix, nv, 5);
-        tl_generate_params gp = tl_generate_default_params();
-        gp.max_tokens = 1;
-        gp.no_cache = mode == 1;
-        if (mode == 0) ttft(m, p, prefix + 1, 0); /* the prefix is cached once */
-        tl_cache_stats st0, st1;
-        tl_model_get_stats(m, &st0);
-        int64_t ids[N];
-        int n_ok = 0;
-        for (int r = 0; r < N; r++) {
-            fill(p + prefix, 8, nv, (uint32_t)r + 1000);
-            if (tl_request_submit(m, p, prefix + 8, &gp, NULL, &ids[n_ok]) == 0) n_ok++;
-        }
-        /* admit and prefill without sampling the last step: stop once all prefilled */
-        tl_model_step(m);
-        tl_model_get_stats(m, &st1);
-        used[mode] = st1.blocks_used - (mode == 0 ? st0.blocks_used : 0);
-        for (int r = 0; r < n_ok; r++) tl_request_release(m, ids[r]);
+    tl_generate_params gp = tl_generate_default_params();
+    gp.max_tokens = 4;
+    gp.ignore_eos = 1;
+    gp.no_cache = no_cache;
+    tl_radix_evict(&m->cache, m->kv.n_blocks); /* start from an empty cache */
+    if (!no_cache) ttft(m, p, prefix + 1, 0); /* the prefix is cached once */
+    int64_t *ids = malloc((size_t)n * sizeof *ids);
+    int n_ok = 0;
+    for (int r = 0; r < n; r++) {
+        fill(p + prefix, 8, nv, (uint32_t)r + 1000);
+        if (tl_request_submit(m, p, prefix + 8, &gp, NULL, &ids[n_ok]) == 0) n_ok++;
     }
+    for (int all = 0; !all;) {
+        tl_model_step(m);
+        all = 1;
+        for (int r = 0; r < n_ok; r++) {
+            tl_request_info ri;
+            tl_request_get_info(m, ids[r], &ri);
+            all &= ri.n_generated >= 1 || ri.state >= TL_REQ_DONE;
+        }
+    }
+    tl_cache_stats st;
+    tl_model_get_stats(m, &st);
+    for (int r = 0; r < n_ok; r++) tl_request_release(m, ids[r]);
+    free(ids);
+    return st.blocks_used;
+}
+
+static void bench_memory(tl_model *m, int prefix) {
+    int32_t *p = malloc((size_t)(prefix + 8) * sizeof *p);
+    fill(p, prefix, tl_model_n_vocab(m), 5);
+    int shared = blocks_for(m, p, prefix, 100, 0);
+    int one = blocks_for(m, p, prefix, 1, 1);
     tl_model_info info;
     tl_model_get_info(m, &info);
     double kb = (double)info.kv_bytes / info.kv_blocks_total / 1024.0;
-    printf("  KV for 100 concurrent requests on a %d-token prefix: %d blocks (%.1f MiB) shared vs %d blocks "
-           "(%.1f MiB) unshared -> %.1fx less\n",
-           prefix, used[0], used[0] * kb / 1024, used[1], used[1] * kb / 1024, (double)used[1] / used[0]);
+    printf("  KV for 100 concurrent requests on a %d-token prefix: %d blocks (%.1f MiB) with sharing vs 100 x %d = %d "
+           "blocks (%.1f MiB) without -> %.1fx less\n",
+           prefix, shared, shared * kb / 1024, one, 100 * one, 100 * one * kb / 1024, 100.0 * one / shared);
     free(p);
 }
 
@@ -164,6 +176,7 @@ int tl_cli_bench_cache(int n_models, const char *const *models, tl_model_params 
     }
     for (int i = 0; i < n_models; i++) {
         tl_model_params p = mp;
+        if (!p.kv_mem) p.kv_mem = (size_t)256 << 20; /* room for 100 requests on a shared prefix */
         tl_model *m;
         if (tl_model_open(models[i], p, &m)) {
             fprintf(stderr, "bench cache: %s\n", tl_last_error());
@@ -171,18 +184,7 @@ int tl_cli_bench_cache(int n_models, const char *const *models, tl_model_params 
         }
         tl_model_info info;
         tl_model_get_info(m, &info);
-        /* Room for 100 unshared copies of the prefix in the memory test. */
         int prefix = info.max_seq_len >= 2048 ? 1536 : info.max_seq_len - 64;
-        size_t per_block = info.kv_bytes / (size_t)info.kv_blocks_total;
-        size_t need = (size_t)101 * (size_t)((prefix + 8 + 15) / 16 + 1) * (size_t)info.n_layer * per_block;
-        if (!mp.kv_mem && need > info.kv_bytes) {
-            tl_model_close(m);
-            p.kv_mem = need;
-            if (tl_model_open(models[i], p, &m)) {
-                fprintf(stderr, "bench cache: %s\n", tl_last_error());
-                return 1;
-            }
-        }
         const char *name = strrchr(models[i], '/') ? strrchr(models[i], '/') + 1 : models[i];
         printf("%s (max_seq_len %d, %d threads)\n", name, info.max_seq_len, info.n_threads);
         bench_ttft(m, prefix, 32);

@@ -175,7 +175,15 @@ static void test_sharing(void) {
         tl_generate_params gp = greedy(4, 0);
         tl_request_submit(m, prompt, PREFIX + 8, &gp, NULL, &ids[r]);
     }
-    tl_model_step(m); /* admits all 100 and prefills their suffixes in one pass */
+    for (int all = 0; !all;) { /* step until every request has prefilled its suffix */
+        tl_model_step(m);
+        all = 1;
+        for (int r = 0; r < N; r++) {
+            tl_request_info ri;
+            tl_request_get_info(m, ids[r], &ri);
+            all &= ri.n_generated >= 1;
+        }
+    }
     tl_model_get_stats(m, &st1);
     int prefix_blocks = st0.blocks_used;
     int per_request = 2 * 2; /* its copy of the tail block + at most one new block, 2 layers */
