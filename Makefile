@@ -64,8 +64,15 @@ test-asan: deps build/libtinyloop-asan.a $(ASAN_TESTS)
 	  TL_TEST_QUICK=1 sh tests/run.sh build/tests-asan $(ASAN_TESTS)
 
 FUZZ_TIME ?= 60
-fuzz: build/fuzz/fuzz_gguf
+fuzz: build/fuzz/fuzz_gguf build/fuzz/fuzz_tokenizer
 	sh tests/fuzz/run.sh build/fuzz/fuzz_gguf $(FUZZ_TIME)
+	sh tests/fuzz/run_tokenizer.sh build/fuzz/fuzz_tokenizer $(FUZZ_TIME)
+
+build/fuzz/fuzz_tokenizer: tests/fuzz/fuzz_tokenizer.c $(LIB_SRC)
+	@mkdir -p build/fuzz
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iengine -Ikernels/cpu -Itests/c/lib \
+	  -o $@ tests/fuzz/fuzz_tokenizer.c engine/tokenizer.c engine/tokenizer_bpe.c engine/gguf.c engine/util.c \
+	  kernels/cpu/types.c -lpcre2-8 -lm -pthread
 
 build/fuzz/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(LIB_SRC) $(TSUP_SRC)
 	@mkdir -p build/fuzz

@@ -208,6 +208,7 @@ typedef struct {
     tl_model *m;
     tl_seq **seqs;
     int vl, T;
+    int layer_window;  /* sliding window of this layer, 0 = none */
     float scale;
 } att_ctx;
 
@@ -245,7 +246,10 @@ static void att_task(void *p, int ith, int nth) {
         int t = i / hp->n_head_kv, kh = i % hp->n_head_kv;
         const tl_seq *seq = c->seqs[s->tok_seq[t]];
         int pos = s->tok_pos[t], depth = seq->bt.depth;
-        int j0 = seq->window > 0 && pos >= seq->window ? pos - seq->window + 1 : 0;
+        /* The narrower of the request's cache_window and the layer's window. */
+        int w = seq->window;
+        if (c->layer_window > 0 && (w == 0 || c->layer_window < w)) w = c->layer_window;
+        int j0 = w > 0 && pos >= w ? pos - w + 1 : 0;
         const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
         float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
         for (int b = j0 / bs; b <= pos / bs; b++) {
@@ -319,6 +323,8 @@ static void layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
     const tl_layer *ly = &m->layers[L];
     tl_scratch *s = m->scratch;
     int D = hp->n_embd, hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    int window = tl_model_layer_window(m, L);
+    float rope_base = window && m->arch->rope_base_swa > 0 ? m->arch->rope_base_swa : hp->rope_base;
 
     for (int t = 0; t < T; t++) rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, ly->attn_norm, D, hp->norm_eps);
     matmul(m, s->q, &ly->wq, s->xb, T);
@@ -328,16 +334,16 @@ static void layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
         for (int h = 0; h < hp->n_head; h++) {
             float *q = s->q + (size_t)t * q_dim + (size_t)h * hd;
             if (ly->q_norm) rmsnorm(q, q, ly->q_norm, hd, hp->norm_eps);
-            rope(q, s->tok_pos[t], hp->n_rot, hp->rope_base, m->arch->rope_type);
+            rope(q, s->tok_pos[t], hp->n_rot, rope_base, m->arch->rope_type);
         }
         for (int h = 0; h < hp->n_head_kv; h++) {
             float *k = s->k + (size_t)t * kv_dim + (size_t)h * hd;
             if (ly->k_norm) rmsnorm(k, k, ly->k_norm, hd, hp->norm_eps);
-            rope(k, s->tok_pos[t], hp->n_rot, hp->rope_base, m->arch->rope_type);
+            rope(k, s->tok_pos[t], hp->n_rot, rope_base, m->arch->rope_type);
         }
     }
     store_kv(m, seqs, vl, T);
-    att_ctx ac = {.m = m, .seqs = seqs, .vl = vl, .T = T, .scale = 1.0f / sqrtf((float)hd)};
+    att_ctx ac = {.m = m, .seqs = seqs, .vl = vl, .T = T, .layer_window = window, .scale = 1.0f / sqrtf((float)hd)};
     tl_threadpool_run(m->tp, att_task, &ac, T * hp->n_head_kv);
     matmul(m, s->o, &ly->wo, s->att, T);
     for (int t = 0; t < T; t++) {

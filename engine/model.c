@@ -13,7 +13,16 @@
 
 static const tl_arch archs[] = {
     {.name = "llama", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
+    /* Gemma 3: GGUF norm weights already include the +1 (the converter adds it). */
+    {.name = "gemma3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .qk_norm = 1, .post_norms = 1,
+     .embd_scale = 1, .swa_pattern = 6, .rope_base_swa = 10000.0f},
 };
+
+int tl_model_layer_window(const tl_model *m, int L) {
+    int p = m->arch->swa_pattern;
+    if (!m->hp.sliding_window || p <= 0 || L % p == p - 1) return 0;
+    return m->hp.sliding_window;
+}
 
 static const tl_arch *find_arch(const char *name, size_t len) {
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
@@ -76,6 +85,7 @@ static int load_hparams(tl_model *m) {
     int def_hd = hp->n_embd / hp->n_head;
     if ((rc = arch_u32(m, "attention.key_length", 0, (uint32_t)def_hd, &hp->head_dim))) return rc;
     if ((rc = arch_u32(m, "rope.dimension_count", 0, (uint32_t)hp->head_dim, &hp->n_rot))) return rc;
+    if ((rc = arch_u32(m, "attention.sliding_window", 0, 0, &hp->sliding_window))) return rc;
     if (hp->head_dim < 2 || hp->head_dim % 2 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return tl_set_error(TL_ERR_FORMAT, "head_dim %d / rope dimension %d unusable", hp->head_dim, hp->n_rot);
     if (hp->norm_eps <= 0) return tl_set_error(TL_ERR_FORMAT, "rms epsilon %g must be > 0", hp->norm_eps);
@@ -275,7 +285,7 @@ int tl_model_open(const char *path, tl_model_params params, tl_model **out) {
     }
     m->arch = find_arch(arch.ptr, arch.len);
     if (!m->arch) {
-        rc = tl_set_error(TL_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: llama)",
+        rc = tl_set_error(TL_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: llama, gemma3)",
                           (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
         goto fail;
     }

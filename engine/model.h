@@ -25,6 +25,9 @@ typedef struct tl_arch {
     int post_norms;        /* RMSNorm after attention and after the FFN (gemma) */
     int embd_scale;        /* multiply embeddings by sqrt(n_embd) */
     int norm_plus_one;     /* norm weight stored as w, applied as (1 + w) (not in GGUF: 0) */
+    int swa_pattern;       /* > 0: of every swa_pattern layers the last is global, the others
+                              use the sliding window (gemma3: 6) */
+    float rope_base_swa;   /* RoPE base of sliding-window layers (0: the global one) */
 } tl_arch;
 
 typedef struct tl_weight {
@@ -48,6 +51,7 @@ typedef struct tl_layer {
 typedef struct tl_hparams {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot;
     int n_ctx_train;
+    int sliding_window;    /* attention window of local layers; 0 = none */
     float norm_eps, rope_base;
 } tl_hparams;
 
@@ -74,6 +78,9 @@ struct tl_model {
     struct tl_scratch *scratch; /* forward.c */
     struct tl_sched *sched;     /* scheduler.c: requests */
 };
+
+/* Sliding window of physical layer L (0: attends to everything). */
+int tl_model_layer_window(const tl_model *m, int L);
 
 /* Virtual depth for `loops` and the physical layer of virtual layer vl. */
 int tl_model_depth(const tl_model *m, int loops);

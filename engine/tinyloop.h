@@ -94,6 +94,10 @@ int tl_tokenize(const tl_model *model, const char *text, int len, int add_specia
 int tl_detokenize(const tl_model *model, const int32_t *ids, int n, char *out, int cap);
 /* Text of one token as it appears in output. Returns bytes or -(needed). */
 int tl_token_to_piece(const tl_model *model, int32_t id, char *out, int cap);
+/* Streaming helper: how many leading bytes of buf form complete UTF-8
+ * sequences (invalid bytes count as complete, so they are never held
+ * forever). Emit that many, keep the rest for the next piece. */
+int tl_utf8_complete_prefix(const char *buf, int len);
 
 /* ---- sampling and generation -------------------------------------------- */
 

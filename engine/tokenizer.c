@@ -10,14 +10,14 @@
  *     and leftovers fall back to <0xNN> byte tokens.
  *
  * The vocab (texts, scores, types, hash map, specials) is common to every
- * algorithm; `kind` picks the fragment encoder and the piece decoder, so a
- * second algorithm (byte-level BPE) is a new enum value, a fragment encoder
- * and a NORMAL-piece decoder.
+ * algorithm; `kind` picks the fragment encoder and the NORMAL-piece decoder.
+ * Byte-level BPE ("gpt2" vocabs: merges, pre-tokenizer regexes) lives in
+ * tokenizer_bpe.c behind tokenizer_impl.h.
  *
  * A loaded tokenizer is immutable: encode/decode may run concurrently from
  * any number of threads (each call allocates its own scratch).
  */
-#include "tokenizer.h"
+#include "tokenizer_impl.h"
 
 #include <assert.h>
 #include <stdlib.h>
@@ -29,27 +29,6 @@
 #define TOK_MAX_VOCAB (1 << 24)
 #define TOK_MAX_TEXT ((size_t)1 << 28) /* bytes of input per encode call */
 
-enum tok_kind { TOK_SPM = 1 };
-
-struct tl_tokenizer {
-    int kind;      /* enum tok_kind */
-    int n_vocab;
-    char *pool;    /* all token texts, each NUL-terminated (they may hold NULs too) */
-    size_t *off;   /* (n_vocab) offset of each text in pool */
-    uint32_t *len; /* (n_vocab) text length in bytes */
-    float *score;  /* (n_vocab) */
-    uint8_t *type; /* (n_vocab) enum tl_tok_type */
-    uint8_t *byte; /* (n_vocab) value of a BYTE token */
-    uint8_t *rstrip; /* (n_vocab) eat whitespace after this special token when matched */
-    int bos, eos, unk, pad; /* -1 when none */
-    int add_bos, add_eos, add_space_prefix;
-    int byte_tok[256];  /* token for a fallback byte, -1 when none */
-    int32_t *slots;     /* open-addressing map text -> id; -1 empty */
-    uint32_t slot_mask;
-    int32_t *special;   /* control/user-defined/unknown ids, longest text first */
-    int n_special;
-};
-
 /* ------------------------------------------------------------------------ */
 /* hash map: token text -> id                                               */
 /* ------------------------------------------------------------------------ */
@@ -59,8 +38,6 @@ static uint32_t hash_bytes(const char *s, size_t n) {
     for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
     return (uint32_t)(h ^ (h >> 32));
 }
-
-static const char *tok_text(const tl_tokenizer *t, int id) { return t->pool + t->off[id]; }
 
 /* The slot holding the id whose text is s[0..n), or the empty (-1) slot
  * where it would go. The table is at most half full, so probing ends. */
@@ -74,6 +51,7 @@ static int32_t *vocab_slot(const tl_tokenizer *t, const char *s, size_t n) {
 
 /* Returns the id whose text is s[0..n), or -1. */
 static int vocab_find(const tl_tokenizer *t, const char *s, size_t n) { return *vocab_slot(t, s, n); }
+int tok_vocab_find(const tl_tokenizer *t, const char *s, size_t n) { return vocab_find(t, s, n); }
 
 /* ------------------------------------------------------------------------ */
 /* loading                                                                  */
@@ -252,7 +230,10 @@ tl_tokenizer *tl_tokenizer_load(const gguf_file *f) {
         tl_set_error(TL_ERR_FORMAT, "missing tokenizer.ggml.model");
         return NULL;
     }
-    if (!(model.len == 5 && memcmp(model.ptr, "llama", 5) == 0)) {
+    int kind = model.len == 5 && memcmp(model.ptr, "llama", 5) == 0  ? TOK_SPM
+               : model.len == 4 && memcmp(model.ptr, "gpt2", 4) == 0 ? TOK_BPE
+                                                                      : 0;
+    if (!kind) {
         tl_set_error(TL_ERR_UNSUPPORTED, "unsupported tokenizer model '%.*s'", model.len > 64 ? 64 : (int)model.len,
                      model.ptr);
         return NULL;
@@ -262,17 +243,31 @@ tl_tokenizer *tl_tokenizer_load(const gguf_file *f) {
         tl_set_error(TL_ERR_NOMEM, "tokenizer: out of memory");
         return NULL;
     }
-    t->kind = TOK_SPM;
+    t->kind = kind;
     if (load_vocab(t, f) != TL_OK) goto fail;
-    /* SentencePiece defaults (llama.cpp: bos 1, eos 2, unk 0; add BOS, not EOS, dummy prefix). */
-    if (load_id(f, "tokenizer.ggml.bos_token_id", 1, t->n_vocab, &t->bos) ||
-        load_id(f, "tokenizer.ggml.eos_token_id", 2, t->n_vocab, &t->eos) ||
-        load_id(f, "tokenizer.ggml.unknown_token_id", 0, t->n_vocab, &t->unk) ||
-        load_id(f, "tokenizer.ggml.padding_token_id", -1, t->n_vocab, &t->pad) ||
-        load_bool(f, "tokenizer.ggml.add_bos_token", 1, &t->add_bos) ||
-        load_bool(f, "tokenizer.ggml.add_eos_token", 0, &t->add_eos) ||
-        load_bool(f, "tokenizer.ggml.add_space_prefix", 1, &t->add_space_prefix))
+    if (kind == TOK_BPE) {
+        /* llama.cpp's BPE defaults: bos = eos = 11, no unk; add_bos per
+         * pre-tokenizer. No dummy prefix: the space belongs to the text, so
+         * decoding never strips one. */
+        int add_bos = 0;
+        if (tok_bpe_load(t, f, &add_bos) ||
+            load_id(f, "tokenizer.ggml.bos_token_id", 11, t->n_vocab, &t->bos) ||
+            load_id(f, "tokenizer.ggml.eos_token_id", 11, t->n_vocab, &t->eos) ||
+            load_id(f, "tokenizer.ggml.unknown_token_id", -1, t->n_vocab, &t->unk) ||
+            load_id(f, "tokenizer.ggml.padding_token_id", -1, t->n_vocab, &t->pad) ||
+            load_bool(f, "tokenizer.ggml.add_bos_token", add_bos, &t->add_bos) ||
+            load_bool(f, "tokenizer.ggml.add_eos_token", 0, &t->add_eos))
+            goto fail;
+    } else if (/* SentencePiece defaults (llama.cpp: bos 1, eos 2, unk 0; add BOS, not EOS, dummy prefix) */
+               load_id(f, "tokenizer.ggml.bos_token_id", 1, t->n_vocab, &t->bos) ||
+               load_id(f, "tokenizer.ggml.eos_token_id", 2, t->n_vocab, &t->eos) ||
+               load_id(f, "tokenizer.ggml.unknown_token_id", 0, t->n_vocab, &t->unk) ||
+               load_id(f, "tokenizer.ggml.padding_token_id", -1, t->n_vocab, &t->pad) ||
+               load_bool(f, "tokenizer.ggml.add_bos_token", 1, &t->add_bos) ||
+               load_bool(f, "tokenizer.ggml.add_eos_token", 0, &t->add_eos) ||
+               load_bool(f, "tokenizer.ggml.add_space_prefix", 1, &t->add_space_prefix)) {
         goto fail;
+    }
 
     apply_quirks(t, f);
     len_id *sp = malloc((size_t)t->n_vocab * sizeof *sp);
@@ -314,6 +309,7 @@ void tl_tokenizer_free(tl_tokenizer *t) {
     free(t->rstrip);
     free(t->special);
     free(t->slots);
+    tok_bpe_free(t->bpe);
     free(t);
 }
 
@@ -335,11 +331,6 @@ const char *tl_tokenizer_token_text(const tl_tokenizer *t, int id) {
 /* encoding                                                                 */
 /* ------------------------------------------------------------------------ */
 
-typedef struct ids_vec {
-    int32_t *v;
-    size_t n, cap;
-} ids_vec;
-
 static int ids_push(ids_vec *o, int32_t id) {
     if (o->n == o->cap) {
         size_t cap = o->cap ? o->cap * 2 : 64;
@@ -351,6 +342,7 @@ static int ids_push(ids_vec *o, int32_t id) {
     o->v[o->n++] = id;
     return TL_OK;
 }
+int tok_ids_push(ids_vec *o, int32_t id) { return ids_push(o, id); }
 
 /* A piece of the input: raw text [off, off+len) or one special token. */
 typedef struct frag {
@@ -558,6 +550,7 @@ static int encode_all(const tl_tokenizer *t, const char *text, size_t len, int a
     size_t nf_cap = 2 * len + 1; /* specials are >= 1 byte: raw, special, raw, ... */
     frag *fa = malloc(nf_cap * sizeof *fa), *fb = malloc(nf_cap * sizeof *fb);
     spm_work w = {0};
+    tok_bpe_work *bw = NULL;
     if (!fa || !fb) {
         rc = tl_set_error(TL_ERR_NOMEM, "tokenizer: out of memory for %zu bytes of text", len);
         goto out;
@@ -579,6 +572,9 @@ static int encode_all(const tl_tokenizer *t, const char *text, size_t len, int a
         case TOK_SPM:
             rc = spm_encode(t, &w, text + fa[i].off, fa[i].len, t->add_space_prefix && prev_special, o);
             break;
+        case TOK_BPE:
+            rc = tok_bpe_encode(t, &bw, text + fa[i].off, fa[i].len, o);
+            break;
         default:
             assert(0);
         }
@@ -589,6 +585,7 @@ out:
     free(fa);
     free(fb);
     spm_free(&w);
+    tok_bpe_work_free(bw);
     return rc;
 }
 
@@ -657,6 +654,8 @@ static size_t piece(const tl_tokenizer *t, int id, int render_special, int lstri
             w++;
         }
         return w;
+    case TOK_BPE:
+        return tok_bpe_piece(t, id, dst);
     default:
         assert(0);
         return 0;

@@ -1,8 +1,8 @@
 /* tokenizer.h - text <-> token ids from a GGUF vocab.
  *
  * SentencePiece ("llama" vocab model: scores, byte-fallback <0xNN> tokens,
- * dummy-prefix space, control tokens) is implemented here; byte-level BPE
- * ("gpt2") arrives in its own change and plugs in behind the same calls.
+ * dummy-prefix space, control tokens) and byte-level BPE ("gpt2": merges,
+ * a pre-tokenizer per tokenizer.ggml.pre) behind the same calls.
  */
 #ifndef TL_TOKENIZER_H
 #define TL_TOKENIZER_H
@@ -33,7 +33,8 @@ int tl_tokenizer_eos(const tl_tokenizer *t);   /* -1 when none */
 int tl_tokenizer_add_bos(const tl_tokenizer *t); /* vocab's default */
 int tl_tokenizer_add_eos(const tl_tokenizer *t);
 int tl_tokenizer_token_type(const tl_tokenizer *t, int id);
-/* Raw vocab string of a token (SentencePiece form, with U+2581 for space). */
+/* Raw vocab string of a token (SentencePiece form, with U+2581 for space;
+ * for byte-level BPE the byte-level form, e.g. U+0120 'Ġ' for space). */
 const char *tl_tokenizer_token_text(const tl_tokenizer *t, int id);
 
 /* Tokenizes `len` bytes of `text`. add_special: prepend BOS (and append
@@ -56,5 +57,13 @@ int tl_tokenizer_piece(const tl_tokenizer *t, int id, int render_special, char *
  * with remove_special/unparse). Returns the length written (not counting
  * the NUL it always adds when room), or -(needed incl. NUL). */
 int tl_tokenizer_decode(const tl_tokenizer *t, const int32_t *ids, int n, char *out, int cap);
+
+/* Streaming output: how many leading bytes of buf[0..len) form complete
+ * UTF-8 characters and can be emitted now. A valid but unfinished sequence
+ * at the end (1-3 bytes, e.g. the first byte of an emoji whose other bytes
+ * come with the next token) is held back; bytes that can never become valid
+ * UTF-8 count as complete, so nothing is held forever. Returns a value in
+ * [len - 3, len] (0 when len <= 0). */
+int tl_utf8_complete_prefix(const char *buf, int len);
 
 #endif

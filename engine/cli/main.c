@@ -15,6 +15,7 @@ static void usage(void) {
             "  tinyloop info MODEL\n"
             "  tinyloop bench [-m MODEL]... [-n N] [--prompt-len P] [--batch B]\n"
             "  tinyloop bench cache [-m MODEL]...   (prefix-cache TTFT, chat, memory, radix timings)\n"
+            "  tinyloop bench tokenize [-m VOCAB]... [-f TEXTFILE] [-r RUNS]\n"
             "common options: -t THREADS  --max-seq-len N  --kv f16|f32  --kv-mem MB\n"
             "                --loop-start S --loop-end E --loop-default D\n");
 }
@@ -236,10 +237,12 @@ static int cmd_info(opts *o) {
 
 int tl_cli_bench(int n_models, const char *const *models, tl_model_params mp, int n_gen, int prompt_len, int batch);
 int tl_cli_bench_cache(int n_models, const char *const *models, tl_model_params mp);
+int tl_cli_bench_tokenize(int argc, char **argv);
 
 int main(int argc, char **argv) {
     if (argc < 2) { usage(); return 2; }
     opts o;
+    if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "tokenize")) return tl_cli_bench_tokenize(argc - 3, argv + 3);
     if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "cache")) {
         if (parse_opts(argc - 3, argv + 3, &o)) { usage(); return 2; }
         return tl_cli_bench_cache(o.n_models, o.models, o.mp);
