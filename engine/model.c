@@ -276,7 +276,11 @@ int tl_model_open(const char *path, tl_model_params params, tl_model **out) {
     if (!m->file) { rc = TL_ERR_FORMAT; goto fail; }
     m->tok = tl_tokenizer_load(m->file);
     if (!m->tok) { rc = TL_ERR_FORMAT; goto fail; }
-    if (params.vocab_only) { *out = m; return TL_OK; }
+    if (params.vocab_only) {
+        tl_chat_detect(m);
+        *out = m;
+        return TL_OK;
+    }
 
     gguf_str arch;
     if (gguf_get_str(m->file, "general.architecture", &arch) != 1) {
@@ -301,6 +305,7 @@ int tl_model_open(const char *path, tl_model_params params, tl_model **out) {
         goto fail;
     }
     if ((rc = init_runtime(m))) goto fail;
+    tl_chat_detect(m);
     *out = m;
     return TL_OK;
 fail:;

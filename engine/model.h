@@ -72,6 +72,11 @@ struct tl_model {
     int n_owned_norms;
     size_t weight_bytes;
 
+    int chat_kind;              /* chat.c */
+#define TL_MAX_EOG 8
+    int eog[TL_MAX_EOG];        /* end-of-generation ids: EOS and turn-closing tokens */
+    int n_eog;
+
     tl_threadpool *tp;
     tl_kv_pool kv;
     tl_radix cache;             /* the automatic prefix cache over kv */
@@ -95,6 +100,14 @@ struct tl_seq {
     int n_pos;             /* positions with KV written */
     tl_block_table bt;
 };
+
+/* chat.c */
+void tl_chat_detect(tl_model *m);
+int tl_model_is_eog(const tl_model *m, int id);
+
+/* chat.c */
+void tl_chat_detect(tl_model *m);
+int tl_model_is_eog(const tl_model *m, int id);
 
 /* forward.c */
 int tl_forward_init(tl_model *m);

@@ -196,10 +196,10 @@ int tl_resume_generate(tl_model *m, tl_prefix *h, tl_generate_params gp, int32_t
     const int32_t *toks = h->tokens;
     int n = h->n;
     if ((rc = tl_forward(m, &seq, &toks, &n, 1, logits, &fo))) goto done;
-    int n_out = 0, eos = tl_tokenizer_eos(m->tok);
+    int n_out = 0;
     while (n_out < limit) {
         int tok = tl_sampler_sample(&smp, logits, hist, h->n + n_out);
-        if (tok == eos && !gp.ignore_eos) break;
+        if (tl_model_is_eog(m, tok) && !gp.ignore_eos) break;
         out[n_out] = hist[h->n + n_out] = tok;
         if (++n_out == limit) break;
         toks = &out[n_out - 1];

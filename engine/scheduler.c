@@ -218,7 +218,7 @@ static void sample_into(tl_model *m, tl_request *r, float *logits) {
     int tok = tl_sampler_sample(&s->smp, logits, r->tokens, r->n_prompt + r->n_gen);
     r->rng = s->smp.rng;
     s->st.generated_tokens++;
-    if (tok == tl_tokenizer_eos(m->tok) && !r->p.ignore_eos) {
+    if (tl_model_is_eog(m, tok) && !r->p.ignore_eos) {
         finish(m, r, TL_FINISH_EOS);
         return;
     }

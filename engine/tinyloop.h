@@ -99,6 +99,25 @@ int tl_token_to_piece(const tl_model *model, int32_t id, char *out, int cap);
  * forever). Emit that many, keep the rest for the next piece. */
 int tl_utf8_complete_prefix(const char *buf, int len);
 
+/* ---- chat ----------------------------------------------------------------- */
+
+typedef struct tl_chat_message {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content;
+} tl_chat_message;
+
+/* Renders messages with the model's chat template (recognised from
+ * tokenizer.chat_template: Gemma, ChatML, Llama 3, Llama 2; else by
+ * architecture, else "role: content" lines). add_assistant appends the
+ * opening of the assistant's turn. Tokenize the result with
+ * parse_special = 1. Returns bytes written (NUL added) or -(needed). */
+int tl_chat_format(const tl_model *model, const tl_chat_message *msgs, int n_msgs, int add_assistant, char *out,
+                   int cap);
+/* The format in use ("plain", "gemma", "chatml", "llama3", "llama2") and
+ * an override by name (TL_ERR_INVALID_ARG for an unknown name). */
+const char *tl_model_chat_template(const tl_model *model);
+int tl_model_set_chat_template(tl_model *model, const char *name);
+
 /* ---- sampling and generation -------------------------------------------- */
 
 typedef struct tl_sampling_params {
