@@ -126,17 +126,23 @@ int tm_write(const tm_spec *s, const char *path) {
     int looped = s->loop_end > s->loop_start;
     int core = s->loop_end - s->loop_start;
     int n_written = s->n_layer + (looped && s->unroll > 0 ? core * (s->unroll - 1) : 0);
-    gw_set_str(gw, "general.architecture", "llama");
+    const char *arch = s->gemma3 ? "gemma3" : "llama";
+    char key[96];
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
+    gw_set_str(gw, "general.architecture", arch);
     gw_set_str(gw, "general.name", "tinyloop synthetic");
-    gw_set_u32(gw, "llama.context_length", (uint32_t)s->n_ctx);
-    gw_set_u32(gw, "llama.embedding_length", (uint32_t)s->n_embd);
-    gw_set_u32(gw, "llama.block_count", (uint32_t)n_written);
-    gw_set_u32(gw, "llama.feed_forward_length", (uint32_t)s->n_ff);
-    gw_set_u32(gw, "llama.rope.dimension_count", (uint32_t)hd);
-    gw_set_u32(gw, "llama.attention.head_count", (uint32_t)s->n_head);
-    gw_set_u32(gw, "llama.attention.head_count_kv", (uint32_t)s->n_head_kv);
-    gw_set_f32(gw, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    if (s->rope_base > 0) gw_set_f32(gw, "llama.rope.freq_base", s->rope_base);
+    gw_set_u32(gw, KEY("context_length"), (uint32_t)s->n_ctx);
+    gw_set_u32(gw, KEY("embedding_length"), (uint32_t)s->n_embd);
+    gw_set_u32(gw, KEY("block_count"), (uint32_t)n_written);
+    gw_set_u32(gw, KEY("feed_forward_length"), (uint32_t)s->n_ff);
+    gw_set_u32(gw, KEY("rope.dimension_count"), (uint32_t)hd);
+    gw_set_u32(gw, KEY("attention.head_count"), (uint32_t)s->n_head);
+    gw_set_u32(gw, KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
+    gw_set_f32(gw, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+    if (s->rope_base > 0) gw_set_f32(gw, KEY("rope.freq_base"), s->rope_base);
+    if (s->gemma3) gw_set_u32(gw, KEY("attention.key_length"), (uint32_t)hd);
+    if (s->gemma3 && s->sliding_window > 0) gw_set_u32(gw, KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
+#undef KEY
     if (looped && s->unroll <= 0) {
         gw_set_u32(gw, "tinyloop.loop_start", (uint32_t)s->loop_start);
         gw_set_u32(gw, "tinyloop.loop_end", (uint32_t)s->loop_end);
@@ -148,7 +154,7 @@ int tm_write(const tm_spec *s, const char *path) {
     uint64_t seed = s->seed * 1000003ull;
     rc |= add_matrix(gw, s, "token_embd.weight", s->n_embd, s->n_vocab, seed + 1, s->type);
     rc |= add_norm(gw, "output_norm.weight", s->n_embd, seed + 2);
-    if (!s->tied) rc |= add_matrix(gw, s, "output.weight", s->n_embd, s->n_vocab, seed + 3, s->type);
+    if (!s->tied && !s->gemma3) rc |= add_matrix(gw, s, "output.weight", s->n_embd, s->n_vocab, seed + 3, s->type);
     for (int l = 0; l < n_written && rc == 0; l++) {
         /* physical layer whose weights written layer l carries */
         int p = l;
@@ -168,6 +174,12 @@ int tm_write(const tm_spec *s, const char *path) {
         rc |= add_matrix(gw, s, NAME("ffn_gate"), s->n_embd, s->n_ff, ls + 6, s->type);
         rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, s->n_ff, ls + 7, s->type);
         rc |= add_matrix(gw, s, NAME("ffn_down"), s->n_ff, s->n_embd, ls + 8, s->type);
+        if (s->gemma3) {
+            rc |= add_norm(gw, NAME("attn_q_norm"), hd, ls + 9);
+            rc |= add_norm(gw, NAME("attn_k_norm"), hd, ls + 10);
+            rc |= add_norm(gw, NAME("post_attention_norm"), s->n_embd, ls + 11);
+            rc |= add_norm(gw, NAME("post_ffw_norm"), s->n_embd, ls + 12);
+        }
 #undef NAME
     }
     if (rc == 0 && gw_write_file(gw, path) != 0) {

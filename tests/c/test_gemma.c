@@ -1,0 +1,152 @@
+/* test_gemma.c - the gemma3 architecture: sliding-window layers compose
+ * with the prefix cache (synthetic gemma3-shaped model with a small
+ * window), and, when the default model has been fetched, Gemma 3 270M
+ * answers sensibly, has a low perplexity on an English paragraph, and gives
+ * identical greedy tokens cached and uncached. */
+#include <math.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "test.h"
+#include "testmodel.h"
+#include "tinyloop.h"
+
+static tl_generate_params greedy(int n) {
+    tl_generate_params gp = tl_generate_default_params();
+    gp.max_tokens = n;
+    gp.ignore_eos = 1;
+    return gp;
+}
+
+static void test_synthetic_window(void) {
+    char path[2][128];
+    tl_model *m[2] = {0};
+    for (int i = 0; i < 2; i++) {
+        tm_spec s = tm_default_spec();
+        s.gemma3 = 1;
+        s.n_layer = 7; /* layers 0-4 and 6 local, 5 global */
+        s.sliding_window = i == 0 ? 8 : 0;
+        snprintf(path[i], sizeof path[i], "/tmp/tl_gemma_%d_%d.gguf", (int)getpid(), i);
+        CHECK(tm_write(&s, path[i]) == 0, "a synthetic gemma3 model is written");
+        tl_model_params mp = tl_model_default_params();
+        mp.kv_block_size = 4;
+        tl_model_open(path[i], mp, &m[i]);
+        CHECK(m[i] != NULL, "the synthetic gemma3 model opens (%s)", tl_last_error());
+    }
+    if (!m[0] || !m[1]) return;
+    int32_t prompt[60], a[12], b[72], c[12];
+    for (int i = 0; i < 60; i++) prompt[i] = 3 + (i * 41 + 9) % 300;
+    /* the window changes the result once the sequence is longer than it */
+    tl_generate_params gp = greedy(12);
+    gp.no_cache = 1;
+    tl_generate(m[0], prompt, 40, gp, a, 12);
+    tl_generate(m[1], prompt, 40, gp, c, 12);
+    CHECK(memcmp(a, c, sizeof a) != 0, "a sliding window of 8 changes what a 40-token prompt generates");
+    /* a cached prefix much longer than the window: pool and radix paths equal plain */
+    tl_pool *pool;
+    tl_pool_new(2, &pool);
+    CHECK(tl_pool_register(m[0], pool, prompt, 33, 0, 0) == 33, "a 33-token prefix (window 8) registers");
+    static const int lens[] = {33, 34, 40, 48, 60};
+    for (int k = 0; k < 5; k++) {
+        int n = lens[k];
+        tl_generate(m[0], prompt, n, gp, a, 12);
+        int nb = tl_generate_with_pool(m[0], pool, prompt, n, greedy(12), b, n + 12);
+        int nc = tl_generate(m[0], prompt, n, greedy(12), c, 12);
+        CHECK(nb == n + 12 && !memcmp(a, b + n, sizeof a) && nc == 12 && !memcmp(a, c, sizeof a),
+              "with a window of 8, a %d-token prompt over a cached 33-token prefix equals plain generation", n);
+    }
+    tl_cache_stats st;
+    tl_model_get_stats(m[0], &st);
+    CHECK(st.hit_tokens >= 5 * 33, "the cached paths were used (%lld hit tokens)", (long long)st.hit_tokens);
+    tl_pool_free(pool);
+    for (int i = 0; i < 2; i++) {
+        tl_model_close(m[i]);
+        remove(path[i]);
+    }
+}
+
+static const char *default_model(void) {
+    static char path[512];
+    const char *dir = getenv("TINYLOOP_MODELS"), *home = getenv("HOME");
+    if (dir) snprintf(path, sizeof path, "%s/gemma-3-270m-q4_k_m.gguf", dir);
+    else snprintf(path, sizeof path, "%s/.cache/tinyloop/models/gemma-3-270m-q4_k_m.gguf", home ? home : "");
+    return access(path, R_OK) == 0 ? path : NULL;
+}
+
+static int ask(tl_model *m, const char *text, int n, char *answer, int cap, int no_cache) {
+    int32_t ids[512], out[64];
+    int np = tl_tokenize(m, text, (int)strlen(text), 1, 1, ids, 512);
+    tl_generate_params gp = tl_generate_default_params();
+    gp.max_tokens = n;
+    gp.no_cache = no_cache;
+    int ng = tl_generate(m, ids, np, gp, out, 64);
+    if (ng < 0) return ng;
+    return tl_detokenize(m, out, ng, answer, cap);
+}
+
+static void test_gemma_model(const char *path) {
+    tl_model_params mp = tl_model_default_params();
+    mp.max_seq_len = 2048;
+    tl_model *m = NULL;
+    tl_model_open(path, mp, &m);
+    CHECK(m != NULL, "Gemma 3 270M opens (%s)", tl_last_error());
+    if (!m) return;
+    char ans[1024];
+    ask(m, "Question: What is the capital of France?\nAnswer:", 8, ans, sizeof ans, 1);
+    CHECK(strstr(ans, "Paris") != NULL, "asked for the capital of France, Gemma answers Paris ('%s')", ans);
+    /* through the chat helper (a plain transcript for this base model) */
+    tl_chat_message msgs[2] = {{"system", "You answer questions about geography."},
+                               {"user", "What is the capital of France?"}};
+    char prompt[512];
+    tl_chat_format(m, msgs, 2, 1, prompt, sizeof prompt);
+    ask(m, prompt, 8, ans, sizeof ans, 1);
+    CHECK(strstr(ans, "Paris") != NULL, "through the chat helper it answers Paris too ('%s')", ans);
+    /* cached and uncached paths agree */
+    char a1[1024], a2[1024];
+    const char *q = "Question: Which river flows through Paris?\nAnswer:";
+    ask(m, q, 24, a1, sizeof a1, 1);
+    ask(m, q, 24, a2, sizeof a2, 0); /* fills the cache */
+    int same1 = !strcmp(a1, a2);
+    ask(m, q, 24, a2, sizeof a2, 0); /* hits it */
+    CHECK(same1 && !strcmp(a1, a2), "cached and uncached greedy answers are identical");
+
+    /* perplexity of a short English paragraph, token by token */
+    FILE *f = fopen("tests/data/paragraph.txt", "rb");
+    if (!f) f = fopen("../tests/data/paragraph.txt", "rb");
+    static char text[4096];
+    size_t len = f ? fread(text, 1, sizeof text - 1, f) : 0;
+    if (f) fclose(f);
+    text[len] = 0;
+    static int32_t ids[1024];
+    int n = tl_tokenize(m, text, (int)len, 1, 0, ids, 1024);
+    int nv = tl_model_n_vocab(m);
+    float *logits = malloc((size_t)nv * sizeof *logits);
+    tl_seq *s;
+    tl_seq_new(m, 0, &s);
+    double nll = 0;
+    for (int i = 0; i + 1 < n; i++) {
+        const int32_t *t = &ids[i];
+        int one = 1;
+        tl_batch_forward(m, &s, &t, &one, 1, logits);
+        float mx = logits[0];
+        for (int j = 1; j < nv; j++) mx = logits[j] > mx ? logits[j] : mx;
+        double z = 0;
+        for (int j = 0; j < nv; j++) z += exp((double)logits[j] - mx);
+        nll += -((double)logits[ids[i + 1]] - mx - log(z));
+    }
+    tl_seq_free(s);
+    free(logits);
+    double ppl = exp(nll / (n - 1));
+    printf("  Gemma 3 270M perplexity on tests/data/paragraph.txt (%d tokens): %.2f\n", n, ppl);
+    /* measured 16.72 with this file (f16 KV, AVX-512 and scalar alike); the bound sits just above */
+    CHECK(n > 50 && ppl < 18.0, "perplexity on an English paragraph is low (%.2f < 18)", ppl);
+    tl_model_close(m);
+}
+
+int main(void) {
+    test_synthetic_window();
+    const char *path = default_model();
+    if (path) test_gemma_model(path);
+    else printf("SKIP Gemma 3 270M tests: the default model is not fetched (make model)\n");
+    return test_summary();
+}
