@@ -53,8 +53,13 @@ static void drop_entry(tl_pool *p, int i) {
 
 void tl_pool_free(tl_pool *p) {
     if (!p) return;
+    tl_model *m = p->model;
+    if (m) tl_sched_compute_lock(m);
     while (p->n) drop_entry(p, p->n - 1);
-    if (p->model) tl_sched_detach_pool(p->model, p);
+    if (m) {
+        tl_sched_detach_pool(m, p);
+        tl_sched_compute_unlock(m);
+    }
     free(p->e);
     free(p);
 }
@@ -158,7 +163,9 @@ int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int 
         p->e[hit].last_use = ++p->clock;
         return n;
     }
+    tl_sched_compute_lock(m);
     int ns = tl_sched_namespace(m, eff, window, 0);
+    tl_sched_compute_unlock(m);
     if (ns < 0) return 0;
     int32_t *copy = malloc((size_t)n * sizeof *copy);
     if (!copy) {
@@ -166,11 +173,13 @@ int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int 
         return 0;
     }
     memcpy(copy, tokens, (size_t)n * sizeof *copy);
+    tl_sched_compute_lock(m);
     if (p->n == p->capacity) {
         p->st.evictions++;
         drop_entry(p, victim(p));
     }
     tl_radix_node *node = tl_sched_cache_prefix(m, ns, eff, window, tokens, n);
+    tl_sched_compute_unlock(m);
     if (!node) {
         free(copy);
         return 0;

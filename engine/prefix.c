@@ -39,11 +39,13 @@ static tl_prefix *handle_new(tl_model *m, int kind, const int32_t *tokens, int n
 void tl_prefix_free(tl_prefix *h) {
     if (!h) return;
     tl_model *m = h->model;
+    tl_sched_compute_lock(m);
     if (h->node) {
         h->node->pin--;
         tl_radix_prune(&m->cache, h->node);
     }
     for (int i = 0; h->blocks && i < h->n_lb * h->prelude; i++) tl_kv_unref(&m->kv, h->blocks[i]);
+    tl_sched_compute_unlock(m);
     free(h->blocks);
     tl_free_aligned(h->x);
     free(h->tokens);
@@ -68,8 +70,10 @@ int tl_prefix_build(tl_model *m, const int32_t *tokens, int n, int loops, int wi
     if (!h) return TL_ERR_NOMEM;
     h->loops = tl_model_effective_loops(m, loops);
     h->window = window;
+    tl_sched_compute_lock(m);
     int ns = tl_sched_namespace(m, h->loops, window, 0);
     h->node = ns < 0 ? NULL : tl_sched_cache_prefix(m, ns, h->loops, window, tokens, n);
+    tl_sched_compute_unlock(m);
     if (!h->node) {
         rc = tl_last_error()[0] ? TL_ERR_KV_FULL : TL_ERR_NOMEM;
         tl_prefix_free(h);
@@ -123,14 +127,18 @@ int tl_resume_build(tl_model *m, const int32_t *prompt, int n, tl_prefix **out) 
     }
     if ((rc = tl_seq_new(m, h->loops, &seq))) goto fail;
     tl_forward_opts fo = {.vl_capture = h->prelude, .x_capture = h->x};
-    if ((rc = tl_forward(m, &seq, &prompt, &n, 1, NULL, &fo))) goto fail;
-    for (int lb = 0; lb < h->n_lb; lb++)
+    tl_sched_compute_lock(m);
+    rc = tl_forward(m, &seq, &prompt, &n, 1, NULL, &fo);
+    for (int lb = 0; rc == TL_OK && lb < h->n_lb; lb++)
         for (int vl = 0; vl < h->prelude; vl++) {
             int id = seq->bt.ids[lb * seq->bt.depth + vl];
             tl_kv_ref(&m->kv, id);
             h->blocks[lb * h->prelude + vl] = id;
         }
     tl_seq_free(seq);
+    seq = NULL;
+    tl_sched_compute_unlock(m);
+    if (rc) goto fail;
     *out = h;
     return TL_OK;
 fail:
@@ -169,6 +177,8 @@ static int resume_seq(tl_model *m, const tl_prefix *h, int loops, tl_seq **out) 
     return TL_OK;
 }
 
+static int resume_run(tl_model *m, tl_prefix *h, tl_generate_params gp, int32_t *out, int cap);
+
 int tl_resume_generate(tl_model *m, tl_prefix *h, tl_generate_params gp, int32_t *out, int cap) {
     int rc = check_model(m, out);
     if (rc) return rc;
@@ -179,6 +189,14 @@ int tl_resume_generate(tl_model *m, tl_prefix *h, tl_generate_params gp, int32_t
         gp.no_cache = 1;
         return tl_sched_run(m, h->tokens, h->n, &gp, NULL, out, cap, NULL);
     }
+    tl_sched_compute_lock(m);
+    rc = resume_run(m, h, gp, out, cap);
+    tl_sched_compute_unlock(m);
+    return rc;
+}
+
+static int resume_run(tl_model *m, tl_prefix *h, tl_generate_params gp, int32_t *out, int cap) {
+    int rc;
     int loops = tl_model_effective_loops(m, gp.loops), n_vocab = m->hp.n_vocab;
     int limit = gp.max_tokens < cap ? gp.max_tokens : cap;
     tl_sampler smp;

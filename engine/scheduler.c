@@ -22,6 +22,12 @@ int tl_sched_init(tl_model *m) {
     m->sched = s;
     s->next_id = 1;
     s->prefill_budget = PREFILL_BUDGET;
+    s->max_queue = 1024;
+    s->notify_rd = s->notify_wr = -1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->compute_mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    pthread_cond_init(&s->done_cv, NULL);
     tl_sampling_params greedy = {.top_p = 1.0f, .repeat_penalty = 1.0f};
     return tl_sampler_init(&s->smp, &greedy, m->hp.n_vocab);
 }
@@ -31,7 +37,14 @@ static void request_free(tl_model *m, tl_request *r);
 void tl_sched_free(tl_model *m) {
     tl_sched *s = m->sched;
     if (!s) return;
+    tl_engine_stop(m);
     for (int i = 0; i < s->n; i++) request_free(m, s->reqs[i]);
+    for (int i = 0; i < s->n_in; i++) request_free(m, s->incoming[i]);
+    free(s->incoming);
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->compute_mu);
+    pthread_cond_destroy(&s->cv);
+    pthread_cond_destroy(&s->done_cv);
     for (int i = 0; i < s->n_pools; i++) tl_pool_detach_model(s->pools[i]);
     free(s->pools);
     free(s->reqs);
@@ -57,8 +70,12 @@ void tl_sched_detach_pool(tl_model *m, tl_pool *pool) {
     tl_sched *s = m->sched;
     for (int i = 0; i < s->n_pools; i++)
         if (s->pools[i] == pool) s->pools[i--] = s->pools[--s->n_pools];
+    pthread_mutex_lock(&s->mu);
     for (int i = 0; i < s->n; i++) /* requests in flight stop counting against a freed pool */
         if (s->reqs[i]->pool == pool) s->reqs[i]->pool = NULL;
+    for (int i = 0; i < s->n_in; i++)
+        if (s->incoming[i]->pool == pool) s->incoming[i]->pool = NULL;
+    pthread_mutex_unlock(&s->mu);
 }
 
 int tl_sched_namespace(tl_model *m, int loops, int window, uint64_t salt) {
@@ -88,10 +105,13 @@ int tl_sched_check_prompt(const tl_model *m, const int32_t *prompt, int n_prompt
 
 /* ---- request lifetime ----------------------------------------------------------- */
 
+/* Caller holds mu. */
 static tl_request *find(const tl_model *m, int64_t id) {
     const tl_sched *s = m->sched;
     for (int i = 0; i < s->n; i++)
         if (s->reqs[i]->id == id) return s->reqs[i];
+    for (int i = 0; i < s->n_in; i++)
+        if (s->incoming[i]->id == id) return s->incoming[i];
     return NULL;
 }
 
@@ -118,17 +138,34 @@ static void request_free(tl_model *m, tl_request *r) {
 
 static void finish(tl_model *m, tl_request *r, int reason) {
     request_stop(m, r, 1);
+    pthread_mutex_lock(&m->sched->mu);
     r->state = TL_REQ_DONE;
     r->finish = reason;
+    r->news = 1;
+    pthread_mutex_unlock(&m->sched->mu);
     m->sched->st.requests_finished++;
 }
 
 static void fail(tl_model *m, tl_request *r, int code, const char *msg) {
     request_stop(m, r, 0);
+    pthread_mutex_lock(&m->sched->mu);
+    if (r->state == TL_REQ_QUEUED) m->sched->n_queued--;
     r->state = TL_REQ_FAILED;
     r->finish = TL_FINISH_ERROR;
     r->error = code;
+    r->news = 1;
     snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
+    pthread_mutex_unlock(&m->sched->mu);
+}
+
+/* Back to the queue (KV short): its KV is dropped and recomputed later. */
+static void requeue(tl_model *m, tl_request *r) {
+    request_stop(m, r, 0);
+    r->n_cached = 0;
+    pthread_mutex_lock(&m->sched->mu);
+    r->state = TL_REQ_QUEUED;
+    m->sched->n_queued++;
+    pthread_mutex_unlock(&m->sched->mu);
 }
 
 int tl_request_submit(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p, tl_pool *pool,
@@ -144,13 +181,6 @@ int tl_request_submit(tl_model *m, const int32_t *prompt, int n_prompt, const tl
     if ((rc = tl_sampler_init(&probe, &p->sampling, 1))) return rc; /* validates the sampling fields */
     tl_sampler_free(&probe);
     tl_sched *s = m->sched;
-    if (s->n == s->cap) {
-        int cap = s->cap ? s->cap * 2 : 16;
-        tl_request **v = realloc(s->reqs, (size_t)cap * sizeof *v);
-        if (!v) return tl_set_error(TL_ERR_NOMEM, "out of memory for requests");
-        s->reqs = v;
-        s->cap = cap;
-    }
     tl_request *r = calloc(1, sizeof *r);
     if (r) r->tokens = malloc(((size_t)n_prompt + (size_t)p->max_tokens) * sizeof *r->tokens);
     if (!r || !r->tokens) {
@@ -158,7 +188,6 @@ int tl_request_submit(tl_model *m, const int32_t *prompt, int n_prompt, const tl
         return tl_set_error(TL_ERR_NOMEM, "out of memory for a request of %d tokens", n_prompt);
     }
     memcpy(r->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
-    r->id = s->next_id++;
     r->n_prompt = n_prompt;
     r->p = *p;
     r->p.loops = tl_model_effective_loops(m, p->loops);
@@ -166,8 +195,32 @@ int tl_request_submit(tl_model *m, const int32_t *prompt, int n_prompt, const tl
     r->ns = -1;
     r->pool = pool;
     r->state = TL_REQ_QUEUED;
-    s->reqs[s->n++] = r;
+    pthread_mutex_lock(&s->mu);
+    if (s->n_queued >= s->max_queue) {
+        pthread_mutex_unlock(&s->mu);
+        free(r->tokens);
+        free(r);
+        return tl_set_error(TL_ERR_BUSY, "queue full: %d requests waiting (max_queue %d)", s->max_queue,
+                            s->max_queue);
+    }
+    if (s->n_in == s->cap_in) {
+        int cap = s->cap_in ? s->cap_in * 2 : 16;
+        tl_request **v = realloc(s->incoming, (size_t)cap * sizeof *v);
+        if (!v) {
+            pthread_mutex_unlock(&s->mu);
+            free(r->tokens);
+            free(r);
+            return tl_set_error(TL_ERR_NOMEM, "out of memory for requests");
+        }
+        s->incoming = v;
+        s->cap_in = cap;
+    }
+    r->id = s->next_id++;
+    s->incoming[s->n_in++] = r;
+    s->n_queued++;
     *id_out = r->id;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
     return TL_OK;
 }
 
@@ -178,7 +231,6 @@ static int admit(tl_model *m, tl_request *r) {
     int rc = tl_seq_new(m, r->p.loops, &r->seq);
     if (rc) return rc;
     r->seq->window = r->p.cache_window;
-    r->state = TL_REQ_RUNNING;
     if (r->p.no_cache) return TL_OK;
     r->ns = tl_sched_namespace(m, r->p.loops, r->p.cache_window, r->p.salt);
     if (r->ns < 0) return TL_ERR_NOMEM;
@@ -222,7 +274,10 @@ static void sample_into(tl_model *m, tl_request *r, float *logits) {
         finish(m, r, TL_FINISH_EOS);
         return;
     }
+    pthread_mutex_lock(&s->mu);
     r->tokens[r->n_prompt + r->n_gen++] = tok;
+    r->news = 1;
+    pthread_mutex_unlock(&s->mu);
     if (r->n_gen == r->p.max_tokens) finish(m, r, TL_FINISH_LENGTH);
 }
 
@@ -282,7 +337,12 @@ static int run_group(tl_model *m, int loops) {
                 dropped = 1;
             }
         if (dropped) continue;
-        fail(m, rq[nb - 1], rc, tl_last_error());
+        /* A request still in its prompt goes back to the queue while others
+         * run (admission retries it when blocks free up); one that has
+         * produced tokens, or that is alone, fails with the error. */
+        tl_request *victim = rq[nb - 1];
+        if (victim->n_gen == 0 && nb > 1) requeue(m, victim);
+        else fail(m, victim, rc, tl_last_error());
         nb--;
         rc = TL_OK;
     }
@@ -301,15 +361,109 @@ out:
     return rc;
 }
 
-int tl_model_step(tl_model *m) {
-    if (!m || !m->sched) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
+/* Moves new submissions into the step's list and acts on cancel/release
+ * flags set by other threads. */
+static void merge_and_reap(tl_model *m) {
     tl_sched *s = m->sched;
+    pthread_mutex_lock(&s->mu);
+    if (s->n + s->n_in > s->cap) {
+        int cap = s->cap ? s->cap : 16;
+        while (cap < s->n + s->n_in) cap *= 2;
+        tl_request **v = realloc(s->reqs, (size_t)cap * sizeof *v);
+        if (v) {
+            s->reqs = v;
+            s->cap = cap;
+        }
+    }
+    if (s->n + s->n_in <= s->cap) {
+        memcpy(s->reqs + s->n, s->incoming, (size_t)s->n_in * sizeof *s->reqs);
+        s->n += s->n_in;
+        s->n_in = 0;
+    }
+    if (s->weights_pending) {
+        m->cache.weights = s->weights;
+        s->weights_pending = 0;
+    }
+    int pending = s->flags_pending;
+    s->flags_pending = 0;
+    pthread_mutex_unlock(&s->mu);
+    if (!pending) return;
     for (int i = 0; i < s->n; i++) {
         tl_request *r = s->reqs[i];
-        if (r->state != TL_REQ_QUEUED) continue;
-        int rc = admit(m, r);
-        if (rc) fail(m, r, rc, tl_last_error());
+        if ((r->cancel_req || r->release_req) && r->state <= TL_REQ_RUNNING) {
+            request_stop(m, r, 0);
+            pthread_mutex_lock(&s->mu);
+            if (r->state == TL_REQ_QUEUED) s->n_queued--;
+            r->state = TL_REQ_CANCELLED;
+            r->finish = TL_FINISH_CANCELLED;
+            r->news = 1;
+            pthread_mutex_unlock(&s->mu);
+        }
+        if (r->release_req) {
+            pthread_mutex_lock(&s->mu);
+            memmove(&s->reqs[i], &s->reqs[i + 1], (size_t)(s->n - i - 1) * sizeof *s->reqs);
+            s->n--;
+            pthread_mutex_unlock(&s->mu);
+            request_free(m, r);
+            i--;
+        }
     }
+}
+
+/* Blocks a request still needs for its prompt, after its cached prefix. */
+static int prompt_blocks(const tl_model *m, const tl_request *r) {
+    const tl_block_table *bt = &r->seq->bt;
+    int bs = m->kv.block_size;
+    int need = ((r->n_prompt + bs - 1) / bs - bt->n_logical) * bt->depth;
+    return need + (r->seq->n_pos % bs ? bt->depth : 0); /* the copied tail block */
+}
+
+/* Admits queued requests by priority, then submission order, while their
+ * prompts fit in KV memory (evicting unused cache); the rest wait. A
+ * request that cannot fit even with nothing else running fails. */
+static void admit_queued(tl_model *m) {
+    tl_sched *s = m->sched;
+    int running = 0;
+    for (int i = 0; i < s->n; i++) running += s->reqs[i]->state == TL_REQ_RUNNING;
+    for (;;) {
+        tl_request *best = NULL;
+        for (int i = 0; i < s->n; i++) {
+            tl_request *r = s->reqs[i];
+            if (r->state == TL_REQ_QUEUED && (!best || r->p.priority > best->p.priority)) best = r;
+        }
+        if (!best) return;
+        int rc = admit(m, best);
+        if (rc) {
+            fail(m, best, rc, tl_last_error());
+            continue;
+        }
+        int need = prompt_blocks(m, best);
+        if (need > m->kv.n_free) tl_radix_evict(&m->cache, need);
+        if (need > m->kv.n_free) {
+            if (running == 0) {
+                char msg[256];
+                snprintf(msg, sizeof msg,
+                         "KV cache full: a prompt of %d tokens needs %d blocks, %d of %d free with nothing else running",
+                         best->n_prompt, need, m->kv.n_free, m->kv.n_blocks);
+                fail(m, best, TL_ERR_KV_FULL, msg); /* still QUEUED: fail() counts it out */
+                continue;
+            }
+            request_stop(m, best, 0); /* wait for running requests to free blocks */
+            best->n_cached = 0;
+            return;
+        }
+        pthread_mutex_lock(&s->mu);
+        best->state = TL_REQ_RUNNING;
+        s->n_queued--;
+        pthread_mutex_unlock(&s->mu);
+        running++;
+    }
+}
+
+int tl_sched_step(tl_model *m) {
+    tl_sched *s = m->sched;
+    merge_and_reap(m);
+    admit_queued(m);
     /* One pass per distinct loop depth among running requests. */
     for (int i = 0; i < s->n; i++) {
         tl_request *r = s->reqs[i];
@@ -323,56 +477,100 @@ int tl_model_step(tl_model *m) {
     }
     int active = 0;
     for (int i = 0; i < s->n; i++) active += s->reqs[i]->state <= TL_REQ_RUNNING;
+    pthread_mutex_lock(&s->mu);
+    active += s->n_in;
+    pthread_mutex_unlock(&s->mu);
     return active;
+}
+
+int tl_model_step(tl_model *m) {
+    if (!m || !m->sched) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
+    if (m->sched->engine_running)
+        return tl_set_error(TL_ERR_STATE, "the engine thread steps this model; tl_model_step is for synchronous use");
+    return tl_sched_step(m);
 }
 
 int tl_request_take(tl_model *m, int64_t id, int32_t *out, int cap, int *finished) {
     if (finished) *finished = 0;
     if (!m || (cap > 0 && !out) || cap < 0) return tl_set_error(TL_ERR_INVALID_ARG, "take: bad arguments (cap %d)", cap);
+    tl_sched *s = m->sched;
+    pthread_mutex_lock(&s->mu);
     tl_request *r = find(m, id);
-    if (!r) return tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
+    if (!r) {
+        pthread_mutex_unlock(&s->mu);
+        return tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
+    }
     int n = r->n_gen - r->n_taken;
     if (n > cap) n = cap;
     if (n > 0) memcpy(out, r->tokens + r->n_prompt + r->n_taken, (size_t)n * sizeof *out);
     r->n_taken += n;
     int ended = r->state >= TL_REQ_DONE && r->n_taken == r->n_gen;
+    int failed = ended && r->state == TL_REQ_FAILED && n == 0, err = r->error;
+    char msg[256];
+    if (failed) snprintf(msg, sizeof msg, "%s", r->errmsg);
+    pthread_mutex_unlock(&s->mu);
     if (finished) *finished = ended;
-    if (ended && r->state == TL_REQ_FAILED && n == 0) return tl_set_error(r->error, "%s", r->errmsg);
+    if (failed) return tl_set_error(err, "%s", msg);
     return n;
 }
 
-int tl_request_cancel(tl_model *m, int64_t id) {
-    tl_request *r = m ? find(m, id) : NULL;
-    if (!r) return tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
-    if (r->state <= TL_REQ_RUNNING) {
-        request_stop(m, r, 0);
-        r->state = TL_REQ_CANCELLED;
-        r->finish = TL_FINISH_CANCELLED;
+/* Sets a flag for the stepping thread, or acts at once without an engine. */
+static int request_flag(tl_model *m, int64_t id, int release) {
+    tl_sched *s = m ? m->sched : NULL;
+    if (!s) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
+    pthread_mutex_lock(&s->mu);
+    tl_request *r = find(m, id);
+    if (!r) {
+        pthread_mutex_unlock(&s->mu);
+        return tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
     }
+    if (release) r->release_req = 1;
+    else r->cancel_req = 1;
+    s->flags_pending = 1;
+    int engine = s->engine_running;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (!engine) merge_and_reap(m); /* synchronous use: free its KV now */
     return TL_OK;
 }
 
-int tl_request_release(tl_model *m, int64_t id) {
-    tl_request *r = m ? find(m, id) : NULL;
-    if (!r) return tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
-    tl_sched *s = m->sched;
-    for (int i = 0; i < s->n; i++)
-        if (s->reqs[i] == r) {
-            memmove(&s->reqs[i], &s->reqs[i + 1], (size_t)(s->n - i - 1) * sizeof *s->reqs);
-            s->n--;
-            break;
-        }
-    request_free(m, r);
-    return TL_OK;
-}
+int tl_request_cancel(tl_model *m, int64_t id) { return request_flag(m, id, 0); }
+
+int tl_request_release(tl_model *m, int64_t id) { return request_flag(m, id, 1); }
 
 int tl_request_get_info(const tl_model *m, int64_t id, tl_request_info *o) {
-    const tl_request *r = m && o ? find(m, id) : NULL;
+    if (!m || !o) return tl_set_error(TL_ERR_INVALID_ARG, "model and out must not be NULL");
+    tl_sched *s = m->sched;
+    pthread_mutex_lock(&s->mu);
+    const tl_request *r = find(m, id);
+    if (r)
+        *o = (tl_request_info){.state = r->state, .finish_reason = r->finish, .n_prompt = r->n_prompt,
+                               .n_generated = r->n_gen, .n_taken = r->n_taken, .n_cached = r->n_cached,
+                               .error = r->error};
+    pthread_mutex_unlock(&s->mu);
     if (!r) return tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
-    *o = (tl_request_info){.state = r->state, .finish_reason = r->finish, .n_prompt = r->n_prompt,
-                           .n_generated = r->n_gen, .n_taken = r->n_taken, .n_cached = r->n_cached,
-                           .error = r->error};
     return TL_OK;
+}
+
+int tl_sched_wait_news(tl_model *m, int64_t id) {
+    tl_sched *s = m->sched;
+    int rc = TL_OK;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        tl_request *r = find(m, id);
+        if (!r) {
+            rc = tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
+            break;
+        }
+        if (r->n_gen > r->n_taken || r->state >= TL_REQ_DONE) break;
+        if (!s->engine_running) {
+            rc = tl_set_error(TL_ERR_STATE, "the engine stopped while request %lld was running", (long long)id);
+            break;
+        }
+        pthread_cond_wait(&s->done_cv, &s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
 }
 
 /* ---- synchronous helpers ------------------------------------------------------------------- */
@@ -382,10 +580,23 @@ int tl_sched_run(tl_model *m, const int32_t *prompt, int n_prompt, const tl_gene
     int64_t id;
     int rc = tl_request_submit(m, prompt, n_prompt, p, pool, &id);
     if (rc) return rc;
+    if (m->sched->engine_running) {
+        rc = tl_engine_wait_run(m, id, out, cap);
+        if (n_cached) {
+            tl_request_info info;
+            if (tl_request_get_info(m, id, &info) == TL_OK) *n_cached = info.n_cached;
+        }
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", tl_last_error());
+        tl_request_release(m, id);
+        if (rc < 0) tl_set_error(rc, "%s", msg);
+        return rc;
+    }
     int n = 0, finished = 0;
     while (!finished) {
-        tl_request *r = find(m, id);
-        if (r->state <= TL_REQ_RUNNING && (rc = tl_model_step(m)) < 0) break;
+        tl_request_info info;
+        tl_request_get_info(m, id, &info);
+        if (info.state <= TL_REQ_RUNNING && (rc = tl_sched_step(m)) < 0) break;
         int got = tl_request_take(m, id, out + n, cap - n, &finished);
         if (got < 0) {
             rc = got;
@@ -437,12 +648,7 @@ out:
 
 /* ---- statistics and checks ------------------------------------------------------------------ */
 
-int tl_model_get_stats(const tl_model *m, tl_cache_stats *o) {
-    if (!m || !o) return tl_set_error(TL_ERR_INVALID_ARG, "model and out must not be NULL");
-    if (!m->sched) {
-        memset(o, 0, sizeof *o);
-        return TL_OK;
-    }
+void tl_sched_stats_now(const tl_model *m, tl_cache_stats *o) {
     *o = m->sched->st;
     o->evictions = m->cache.evictions;
     o->evicted_tokens = m->cache.evicted_tokens;
@@ -453,14 +659,39 @@ int tl_model_get_stats(const tl_model *m, tl_cache_stats *o) {
     o->blocks_used = m->kv.n_blocks - m->kv.n_free;
     o->blocks_shared = 0;
     for (int i = 0; i < m->kv.n_blocks; i++) o->blocks_shared += m->kv.refcnt[i] > 1;
-    o->requests_active = 0;
-    for (int i = 0; i < m->sched->n; i++) o->requests_active += m->sched->reqs[i]->state <= TL_REQ_RUNNING;
+    tl_sched *s = m->sched;
+    pthread_mutex_lock(&s->mu);
+    o->requests_active = s->n_in;
+    for (int i = 0; i < s->n; i++) o->requests_active += s->reqs[i]->state <= TL_REQ_RUNNING;
+    o->requests_queued = s->n_queued;
+    pthread_mutex_unlock(&s->mu);
+}
+
+int tl_model_get_stats(const tl_model *m, tl_cache_stats *o) {
+    if (!m || !o) return tl_set_error(TL_ERR_INVALID_ARG, "model and out must not be NULL");
+    tl_sched *s = m->sched;
+    if (!s) {
+        memset(o, 0, sizeof *o);
+        return TL_OK;
+    }
+    /* With an engine thread, read the snapshot it publishes after each
+     * step: never wait for a forward pass. */
+    pthread_mutex_lock(&s->mu);
+    int engine = s->engine_running;
+    if (engine) *o = s->snap;
+    pthread_mutex_unlock(&s->mu);
+    if (!engine) tl_sched_stats_now(m, o);
     return TL_OK;
 }
 
 int tl_model_set_evict_weights(tl_model *m, double recency, double hits, double tokens, double depth) {
-    if (!m) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
-    m->cache.weights = (tl_evict_weights){recency, hits, tokens, depth};
+    if (!m || !m->sched) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
+    pthread_mutex_lock(&m->sched->mu);
+    m->sched->weights = (tl_evict_weights){recency, hits, tokens, depth};
+    m->sched->weights_pending = 1;
+    int engine = m->sched->engine_running;
+    pthread_mutex_unlock(&m->sched->mu);
+    if (!engine) merge_and_reap(m);
     return TL_OK;
 }
 

@@ -3,6 +3,8 @@
 #ifndef TL_SCHED_H
 #define TL_SCHED_H
 
+#include <pthread.h>
+
 #include "model.h"
 #include "sampler.h"
 
@@ -19,11 +21,30 @@ typedef struct tl_request {
     int ns;                  /* radix namespace, -1 without cache */
     tl_radix_node *locked;   /* matched node, locked while running */
     tl_pool *pool;
+    int cancel_req, release_req; /* set by any thread; acted on by the stepping thread */
+    int news;                /* tokens or a state change since the last notification */
 } tl_request;
 
+/* Locking (see engine.c): `mu` guards the request lists, the fields
+ * take/get_info read, and the flags; `compute_mu` is held by whoever steps
+ * or otherwise touches the KV pool and the radix tree. Without the engine
+ * thread both are uncontended. */
 typedef struct tl_sched {
-    tl_request **reqs;       /* in submission order */
+    tl_request **reqs;       /* in submission order; owned by the stepping thread */
     int n, cap;
+    tl_request **incoming;   /* submitted, not yet seen by a step (guarded by mu) */
+    int n_in, cap_in;
+    int n_queued, max_queue;
+    int flags_pending;       /* cancel/release requests waiting for a step */
+    pthread_mutex_t mu, compute_mu;
+    pthread_cond_t cv;       /* wakes the engine thread */
+    pthread_cond_t done_cv;  /* wakes synchronous callers waiting on the engine */
+    pthread_t thread;
+    int engine_running, stop;
+    int notify_rd, notify_wr;
+    tl_cache_stats snap;     /* statistics published after each engine step */
+    int weights_pending;
+    tl_evict_weights weights;
     int64_t next_id;
     tl_sampler smp;          /* shared scratch; per-request rng swapped in */
     float *logits;
@@ -36,6 +57,20 @@ typedef struct tl_sched {
 
 int tl_sched_init(tl_model *m);
 void tl_sched_free(tl_model *m);
+/* One scheduler step (the caller holds compute_mu). Returns requests
+ * still queued or running, or < 0. */
+int tl_sched_step(tl_model *m);
+/* Statistics computed now (the caller holds compute_mu). */
+void tl_sched_stats_now(const tl_model *m, tl_cache_stats *o);
+
+/* engine.c: compute lock for calls that touch the KV pool or tree while an
+ * engine thread may be stepping; waits for a step boundary. */
+void tl_sched_compute_lock(tl_model *m);
+void tl_sched_compute_unlock(tl_model *m);
+/* Blocks until request id has untaken tokens or has ended (engine mode). */
+int tl_sched_wait_news(tl_model *m, int64_t id);
+/* engine.c: runs one request to completion while the engine thread steps. */
+int tl_engine_wait_run(tl_model *m, int64_t id, int32_t *out, int cap);
 
 /* Namespace for (loops, window, salt) at the model's depth for loops. */
 int tl_sched_namespace(tl_model *m, int loops, int window, uint64_t salt);

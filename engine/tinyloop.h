@@ -36,7 +36,8 @@ enum tl_status {
     TL_ERR_KV_FULL = -6,     /* no free KV blocks even after eviction */
     TL_ERR_TOO_LONG = -7,    /* prompt + max_tokens exceeds max_seq_len */
     TL_ERR_BUFFER = -8,      /* output buffer too small */
-    TL_ERR_STATE = -9        /* object in the wrong state for the call */
+    TL_ERR_STATE = -9,       /* object in the wrong state for the call */
+    TL_ERR_BUSY = -10        /* the request queue is full; retry later */
 };
 
 /* Message for the last failure on this thread ("" if none). Owned by the
@@ -137,6 +138,7 @@ typedef struct tl_generate_params {
     int cache_window;     /* sliding window: attend to the last N positions; 0 = all. Part of the cache key */
     uint64_t salt;        /* cache isolation: requests only share KV with equal salt (0 = shared) */
     int no_cache;         /* 1: neither use nor fill the prefix cache */
+    int priority;         /* admission order: higher first, then submission order */
     tl_sampling_params sampling;
 } tl_generate_params;
 
@@ -215,6 +217,30 @@ typedef struct tl_request_info {
 
 int tl_request_get_info(const tl_model *model, int64_t id, tl_request_info *out);
 
+/* ---- the engine thread (serving) -------------------------------------------------
+ *
+ * tl_engine_start runs the scheduler on a background thread: it steps
+ * whenever requests are queued or running and sleeps otherwise. From then
+ * on every call on the model may come from any thread: submit, take,
+ * cancel, release and get_info never wait for a forward pass (they take a
+ * short lock); tl_model_get_stats reads a snapshot published after each
+ * step; the synchronous calls (generate, generate_with_pool, register,
+ * prefix handles) wait for the engine. tl_model_step is refused.
+ *
+ * After each step the engine writes the 8-byte id (int64, host order) of
+ * every request with news (new tokens or an end) to the notification
+ * descriptor; the reader then pulls with tl_request_take. If the reader
+ * falls behind and the pipe is full, ids are dropped: poll what you wait
+ * for now and then. Admission queues requests while KV blocks are short;
+ * more than max_queue waiting requests make submit fail with TL_ERR_BUSY. */
+
+int tl_engine_start(tl_model *model, int max_queue);   /* max_queue <= 0: 1024 */
+/* Stops the thread after its current step; requests stay and can be
+ * stepped synchronously again. */
+void tl_engine_stop(tl_model *model);
+/* Read end of the notification pipe (non-blocking), -1 without an engine. */
+int tl_engine_notify_fd(const tl_model *model);
+
 /* ---- prefix pool (the explicit cache) -----------------------------------------
  *
  * A pool pins registered prefixes in the model's prefix cache. Entries are
@@ -286,7 +312,7 @@ typedef struct tl_cache_stats {
     int64_t evictions, evicted_tokens;
     int64_t nodes, cached_tokens;       /* radix tree size */
     int blocks_total, blocks_free, blocks_used, blocks_shared;
-    int requests_active;
+    int requests_active, requests_queued;
 } tl_cache_stats;
 
 int tl_model_get_stats(const tl_model *model, tl_cache_stats *out);

@@ -1,0 +1,173 @@
+/* test_engine.c - the background engine thread: requests submitted from
+ * several threads complete with the tokens synchronous generation gives,
+ * news arrives on the notification pipe, cancellation frees KV, a full
+ * queue is refused, KV pressure queues instead of failing, and synchronous
+ * calls keep working while the engine runs. */
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "test.h"
+#include "testmodel.h"
+#include "tinyloop.h"
+
+enum { N_REQ = 32, GEN = 8 };
+
+static tl_model *model;
+static int32_t prompts[N_REQ][24];
+static int32_t expect[N_REQ][GEN];
+
+static tl_generate_params greedy(void) {
+    tl_generate_params gp = tl_generate_default_params();
+    gp.max_tokens = GEN;
+    gp.ignore_eos = 1;
+    return gp;
+}
+
+/* Waits on the pipe until request id ends, collecting its tokens. */
+static int collect(int64_t id, int32_t *out) {
+    int n = 0, fd = tl_engine_notify_fd(model);
+    for (int spins = 0; spins < 100000; spins++) {
+        int fin = 0;
+        int got = tl_request_take(model, id, out + n, GEN - n, &fin);
+        if (got < 0) return got;
+        n += got;
+        if (fin) return n;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 50) > 0) {
+            int64_t ids[64];
+            while (read(fd, ids, sizeof ids) > 0) {
+            }
+        }
+    }
+    return -1;
+}
+
+typedef struct {
+    int first, count, bad;
+} worker;
+
+static void *client(void *p) {
+    worker *w = p;
+    for (int i = w->first; i < w->first + w->count; i++) {
+        int64_t id;
+        tl_generate_params gp = greedy();
+        if (tl_request_submit(model, prompts[i], 24, &gp, NULL, &id)) {
+            w->bad++;
+            continue;
+        }
+        int32_t out[GEN];
+        int n = collect(id, out);
+        if (n != GEN || memcmp(out, expect[i], sizeof out)) w->bad++;
+        tl_request_release(model, id);
+    }
+    return NULL;
+}
+
+int main(void) {
+    tm_spec s = tm_default_spec();
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/tl_engine_%d.gguf", (int)getpid());
+    tm_write(&s, path);
+    tl_model_params mp = tl_model_default_params();
+    mp.kv_mem = 48 * (2 * 16 * 32 * 2); /* 48 blocks: 32 requests of 32 positions x 2 layers do not fit at once */
+    tl_model_open(path, mp, &model);
+    CHECK(model != NULL, "the engine model opens (%s)", tl_last_error());
+    if (!model) return test_summary();
+    for (int i = 0; i < N_REQ; i++)
+        for (int j = 0; j < 24; j++) prompts[i][j] = 3 + (i * 7 + j * 13 + (j < 10 ? 0 : i)) % 300;
+    for (int i = 0; i < N_REQ; i++) {
+        tl_generate_params gp = greedy();
+        gp.no_cache = 1;
+        tl_generate(model, prompts[i], 24, gp, expect[i], GEN);
+    }
+    CHECK(tl_engine_notify_fd(model) == -1, "without an engine there is no notification descriptor");
+    CHECK(tl_engine_start(model, 0) == TL_OK, "the engine thread starts (%s)", tl_last_error());
+    CHECK(tl_engine_notify_fd(model) >= 0, "the engine has a notification descriptor");
+    CHECK(tl_model_step(model) == TL_ERR_STATE, "tl_model_step is refused while the engine runs");
+
+    /* 4 client threads x 8 requests, under KV pressure */
+    pthread_t th[4];
+    worker w[4];
+    for (int t = 0; t < 4; t++) {
+        w[t] = (worker){.first = t * 8, .count = 8};
+        pthread_create(&th[t], NULL, client, &w[t]);
+    }
+    int bad = 0;
+    for (int t = 0; t < 4; t++) {
+        pthread_join(th[t], NULL);
+        bad += w[t].bad;
+    }
+    CHECK(bad == 0, "32 requests from 4 threads all complete with the synchronous tokens (%d bad)", bad);
+
+    /* all 32 at once from one thread: more than KV holds, so admission queues */
+    int64_t ids[N_REQ];
+    for (int i = 0; i < N_REQ; i++) {
+        tl_generate_params gp = greedy();
+        gp.no_cache = 1;
+        tl_request_submit(model, prompts[i], 24, &gp, NULL, &ids[i]);
+    }
+    bad = 0;
+    for (int i = 0; i < N_REQ; i++) {
+        int32_t out[GEN];
+        int n = collect(ids[i], out);
+        if (n != GEN || memcmp(out, expect[i], sizeof out)) bad++;
+        tl_request_release(model, ids[i]);
+    }
+    CHECK(bad == 0, "32 concurrent requests that exceed KV memory queue and all complete (%d bad)", bad);
+
+    /* synchronous calls while the engine runs */
+    int32_t out[GEN];
+    int n = tl_generate(model, prompts[3], 24, greedy(), out, GEN);
+    CHECK(n == GEN && !memcmp(out, expect[3], sizeof out), "tl_generate works while the engine runs (%d)", n);
+    tl_pool *pool;
+    tl_pool_new(2, &pool);
+    CHECK(tl_pool_register(model, pool, prompts[5], 16, 0, 0) == 16, "register_prefix works while the engine runs");
+    int32_t full[24 + GEN];
+    n = tl_generate_with_pool(model, pool, prompts[5], 24, greedy(), full, 24 + GEN);
+    CHECK(n == 24 + GEN && !memcmp(full + 24, expect[5], sizeof out), "generate_with_pool works while the engine runs");
+    tl_pool_free(pool);
+
+    /* cancel: KV comes back */
+    tl_generate_params long_gp = greedy();
+    long_gp.max_tokens = 200;
+    int64_t id;
+    tl_request_submit(model, prompts[0], 24, &long_gp, NULL, &id);
+    usleep(2000);
+    tl_request_cancel(model, id);
+    for (int i = 0; i < 200; i++) {
+        tl_request_info info;
+        tl_request_get_info(model, id, &info);
+        if (info.state == TL_REQ_CANCELLED) break;
+        usleep(1000);
+    }
+    tl_request_info info;
+    tl_request_get_info(model, id, &info);
+    CHECK(info.state == TL_REQ_CANCELLED && info.finish_reason == TL_FINISH_CANCELLED, "a cancelled request ends as cancelled");
+    tl_request_release(model, id);
+    tl_engine_stop(model);
+    tl_cache_stats st;
+    tl_model_get_stats(model, &st);
+    CHECK(st.requests_active == 0, "no request is left active (%d)", st.requests_active);
+
+    /* a full queue: max_queue 2 with the engine stopped, so nothing drains */
+    tl_engine_start(model, 2);
+    tl_engine_stop(model);
+    int64_t q[3];
+    int r0 = tl_request_submit(model, prompts[0], 24, &long_gp, NULL, &q[0]);
+    int r1 = tl_request_submit(model, prompts[1], 24, &long_gp, NULL, &q[1]);
+    int r2 = tl_request_submit(model, prompts[2], 24, &long_gp, NULL, &q[2]);
+    CHECK(r0 == 0 && r1 == 0 && r2 == TL_ERR_BUSY && strstr(tl_last_error(), "queue full"),
+          "a full queue refuses with TL_ERR_BUSY (%s)", tl_last_error());
+    tl_request_release(model, q[0]);
+    tl_request_release(model, q[1]);
+    /* synchronous stepping resumes after stop */
+    n = tl_generate(model, prompts[3], 24, greedy(), out, GEN);
+    CHECK(n == GEN && !memcmp(out, expect[3], sizeof out), "after stopping the engine, synchronous generation works");
+    tl_model_get_stats(model, &st);
+    CHECK(st.requests_finished >= 2 * N_REQ, "statistics count the finished requests (%lld)", (long long)st.requests_finished);
+    tl_model_close(model);
+    remove(path);
+    return test_summary();
+}
