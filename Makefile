@@ -17,8 +17,12 @@ ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-s
 
 MODEL   ?= ../shared/models/stories260K.gguf
 
-.PHONY: all test test-c test-asan fuzz bench run clean deps
-all: build/libtinyloop.so build/libtinyloop.a bin/tinyloop $(TOOLS)
+.PHONY: all test test-c test-asan fuzz bench run repl model clean deps
+all: build/libtinyloop.so build/libtinyloop.a bin/tinyloop $(TOOLS) lua/tinyloop/cdef.lua
+
+# The FFI declarations are generated from the public header (macro free).
+lua/tinyloop/cdef.lua: engine/tinyloop.h bindings/gen_cdef.lua
+	luajit bindings/gen_cdef.lua engine/tinyloop.h $@
 
 build/obj/%.o: %.c $(wildcard engine/*.h kernels/cpu/*.h)
 	@mkdir -p $(dir $@)
@@ -57,7 +61,7 @@ build/tests-asan/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop-asan.a tests/c/tes
 
 # make test: every test (C now; Lua specs join as they land), one summary line.
 test: deps all $(TESTS)
-	@sh tests/run.sh build/tests $(TESTS) tests/cli/test_cli.sh
+	@sh tests/run.sh build/tests $(TESTS) tests/cli/test_cli.sh tests/spec/run.sh
 
 test-asan: deps build/libtinyloop-asan.a $(ASAN_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -99,8 +103,11 @@ bench: all $(BENCH_MODELS)
 run: deps all
 	./bin/tinyloop generate -m $(MODEL) -p "Once upon a time" -n 64
 
+repl: deps all
+	./bin/tinyloop repl $(MODEL)
+
 deps:
 	@sh tests/deps.sh
 
 clean:
-	rm -rf build bin
+	rm -rf build bin lua/tinyloop/cdef.lua

@@ -108,7 +108,13 @@ int tl_pool_get_stats(const tl_pool *p, tl_pool_stats *o) {
     return TL_OK;
 }
 
-void tl_pool_count_lookup(tl_pool *p, int matched) {
+void tl_pool_count_lookup(tl_pool *p, const int32_t *prompt, int n, int loops, int window, int matched) {
+    /* Entries the prompt starts with were used now (the LRU policy). */
+    for (int i = 0; i < p->n; i++) {
+        const pool_entry *e = &p->e[i];
+        if (e->n <= n && e->loops == loops && e->window == window && !memcmp(e->tokens, prompt, (size_t)e->n * 4))
+            p->e[i].last_use = ++p->clock;
+    }
     p->st.lookups++;
     if (matched > 0) {
         p->st.hits++;
@@ -207,10 +213,6 @@ int tl_generate_with_pool(tl_model *m, tl_pool *p, const int32_t *prompt, int n_
         return tl_set_error(TL_ERR_BUFFER, "output buffer of %d tokens is smaller than prompt %d + max_tokens %d", cap,
                             n_prompt, gp.max_tokens);
     memmove(out, prompt, (size_t)n_prompt * sizeof *out);
-    for (int i = 0; i < p->n; i++) /* touch the entries this prompt starts with (LRU policy) */
-        if (p->e[i].n <= n_prompt && p->e[i].loops == tl_model_effective_loops(m, gp.loops) &&
-            p->e[i].window == gp.cache_window && !memcmp(p->e[i].tokens, out, (size_t)p->e[i].n * 4))
-            p->e[i].last_use = ++p->clock;
     rc = tl_sched_run(m, out, n_prompt, &gp, p, out + n_prompt, cap - n_prompt, NULL);
     if (rc < 0 && rc != TL_ERR_INVALID_ARG && rc != TL_ERR_TOO_LONG && !gp.no_cache) {
         /* Any failure on the cached path falls through to plain generation. */

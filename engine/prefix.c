@@ -75,7 +75,7 @@ int tl_prefix_build(tl_model *m, const int32_t *tokens, int n, int loops, int wi
     h->node = ns < 0 ? NULL : tl_sched_cache_prefix(m, ns, h->loops, window, tokens, n);
     tl_sched_compute_unlock(m);
     if (!h->node) {
-        rc = tl_last_error()[0] ? TL_ERR_KV_FULL : TL_ERR_NOMEM;
+        rc = tl_last_error_code() < 0 ? tl_last_error_code() : TL_ERR_NOMEM;
         tl_prefix_free(h);
         return rc;
     }

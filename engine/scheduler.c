@@ -248,7 +248,7 @@ static int admit(tl_model *m, tl_request *r) {
         s->st.hit_tokens += L;
         s->st.prefill_tokens_saved += L;
     }
-    if (r->pool) tl_pool_count_lookup(r->pool, r->n_cached);
+    if (r->pool) tl_pool_count_lookup(r->pool, r->tokens, r->n_prompt, r->p.loops, r->p.cache_window, r->n_cached);
     return TL_OK;
 }
 

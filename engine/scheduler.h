@@ -91,8 +91,9 @@ void tl_sched_detach_pool(tl_model *m, tl_pool *pool);
 int tl_pool_bind(tl_pool *pool, tl_model *m);
 /* pool.c: called by the model on close. */
 void tl_pool_detach_model(tl_pool *pool);
-/* pool.c: counts a lookup against the pool. */
-void tl_pool_count_lookup(tl_pool *pool, int matched);
+/* pool.c: counts a lookup against the pool and touches the entries the
+ * prompt starts with (LRU). Runs in the stepping thread. */
+void tl_pool_count_lookup(tl_pool *pool, const int32_t *prompt, int n, int loops, int window, int matched);
 
 /* Checks the KV / cache invariants (tests): every block's refcount equals
  * its holders (tree nodes, running sequences, extra holders in `extra`

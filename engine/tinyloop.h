@@ -43,6 +43,9 @@ enum tl_status {
 /* Message for the last failure on this thread ("" if none). Owned by the
  * library; valid until the next failing call on this thread. */
 const char *tl_last_error(void);
+/* The TL_ERR_* code that went with that message (for calls that return
+ * 0 on failure, like tl_pool_register). */
+int tl_last_error_code(void);
 
 typedef struct tl_model tl_model;
 typedef struct tl_seq tl_seq;

@@ -9,9 +9,11 @@
 #include <time.h>
 
 static _Thread_local char last_error[512];
+static _Thread_local int last_code;
 
 int tl_set_error(int code, const char *fmt, ...) {
     va_list ap;
+    last_code = code;
     va_start(ap, fmt);
     vsnprintf(last_error, sizeof last_error, fmt, ap);
     va_end(ap);
@@ -19,6 +21,8 @@ int tl_set_error(int code, const char *fmt, ...) {
 }
 
 const char *tl_last_error(void) { return last_error; }
+
+int tl_last_error_code(void) { return last_code; }
 
 void *tl_alloc_aligned(size_t size) {
     void *p = NULL;

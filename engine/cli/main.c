@@ -13,6 +13,7 @@ static void usage(void) {
             "                    [--repeat-penalty R] [--seed S] [--loops L] [--ids] [common options]\n"
             "  tinyloop tokenize -m MODEL (-p TEXT | -f FILE) [--ids] [--no-special] [--parse-special]\n"
             "  tinyloop info MODEL\n"
+            "  tinyloop repl [MODEL]               (LuaJIT with the tinyloop library loaded)\n"
             "  tinyloop bench [-m MODEL]... [-n N] [--prompt-len P] [--batch B]\n"
             "  tinyloop bench cache [-m MODEL]...   (prefix-cache TTFT, chat, memory, radix timings)\n"
             "  tinyloop bench tokenize [-m VOCAB]... [-f TEXTFILE] [-r RUNS]\n"
@@ -238,10 +239,12 @@ static int cmd_info(opts *o) {
 int tl_cli_bench(int n_models, const char *const *models, tl_model_params mp, int n_gen, int prompt_len, int batch);
 int tl_cli_bench_cache(int n_models, const char *const *models, tl_model_params mp);
 int tl_cli_bench_tokenize(int argc, char **argv);
+int tl_cli_repl(int argc, char **argv);
 
 int main(int argc, char **argv) {
     if (argc < 2) { usage(); return 2; }
     opts o;
+    if (!strcmp(argv[1], "repl")) return tl_cli_repl(argc - 2, argv + 2);
     if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "tokenize")) return tl_cli_bench_tokenize(argc - 3, argv + 3);
     if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "cache")) {
         if (parse_opts(argc - 3, argv + 3, &o)) { usage(); return 2; }

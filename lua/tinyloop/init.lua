@@ -1,0 +1,1043 @@
+-- tinyloop - the Lua API over libtinyloop (see lua/README.md).
+--
+--   local tl = require "tinyloop"
+--   local model = tl.Model("model.gguf", { max_seq_len = 2048 })
+--   local pool = tl.PrefixPool(16)
+--   model:register_prefix(pool, system_tokens)
+--   local out = model:generate_with_pool(pool, prompt, { max_tokens = 128, temperature = 0 })
+--   for tok in model:stream(prompt, { pool = pool }) do io.write(model:piece(tok)) end
+--   model:close()
+--
+-- It mirrors ../shared/seeds/prefix-pool.md (written for Python) call for
+-- call: same names, defaults and messages. Misuse raises error(msg, 2)
+-- naming the argument and its value; the seed's RuntimeErrors are Lua
+-- errors with the same messages.
+local ffi = require "ffi"
+local lib = require "tinyloop.lib"
+local new_tab = require "table.new"
+
+local C = lib.load()
+local ffi_new, ffi_string, ffi_gc, ffi_copy = ffi.new, ffi.string, ffi.gc, ffi.copy
+local ffi_cast, ffi_typeof, ffi_sizeof = ffi.cast, ffi.typeof, ffi.sizeof
+local type, tonumber, tostring, error, setmetatable, getmetatable, rawget, next =
+    type, tonumber, tostring, error, setmetatable, getmetatable, rawget, next
+local floor, format = math.floor, string.format
+
+local _M = { _VERSION = "0.1.0", status = lib.status, lib = lib }
+local serial = 0 -- of models opened, for stream guards
+local open_states = {} -- model state by serial, while the model is open
+
+local INT_MAX = 2147483647
+local S = lib.status
+
+local int32_vla = ffi_typeof("int32_t[?]")
+local char_vla = ffi_typeof("char[?]")
+local int32_ptr = ffi_typeof("int32_t *")
+local prefix_ptr = ffi_typeof("tl_prefix *")
+local model_ptr = ffi_typeof("tl_model *")
+
+-- Scratch cdata, allocated once. Nothing in this module yields between
+-- filling one and reading it, so one set serves every model and coroutine.
+local model_out = ffi_new("tl_model *[1]")
+local pool_out = ffi_new("tl_pool *[1]")
+local prefix_out = ffi_new("tl_prefix *[1]")
+local id_out = ffi_new("int64_t[1]")
+local one_tok = ffi_new("int32_t[1]")
+local finished = ffi_new("int[1]")
+local info_buf = ffi_new("tl_model_info[1]")
+local stats_buf = ffi_new("tl_cache_stats[1]")
+local pstats_buf = ffi_new("tl_pool_stats[1]")
+local mparams = ffi_new("tl_model_params")
+local gp = ffi_new("tl_generate_params")
+local gp_sampling = gp.sampling -- a reference into gp, kept so filling it allocates nothing
+local default_gp = C.tl_generate_default_params()
+local GP_SIZE = ffi_sizeof("tl_generate_params")
+
+
+-- ---- messages -------------------------------------------------------------------------
+
+local function show(v)
+    if type(v) == "string" then
+        return format("%q", v)
+    end
+    return tostring(v)
+end
+
+
+local function bad(fname, arg, what, level)
+    error(format("bad argument '%s' to %s (%s)", arg, fname, what), (level or 2) + 1)
+end
+
+
+-- The seed's RuntimeError "out of memory" covers both host allocation
+-- failures and a KV arena that is full even after eviction.
+local function raise_rc(rc, fname, level)
+    local msg = lib.last_error()
+    if rc == S.ERR_NOMEM or rc == S.ERR_KV_FULL then
+        error("out of memory: " .. msg, level + 1)
+    elseif rc == S.ERR_INVALID_ARG or rc == S.ERR_TOO_LONG then
+        error(fname .. ": " .. msg, level + 1)
+    end
+    error(format("%s: %s (%s)", fname, msg, lib.status_name[rc] or tostring(rc)), level + 1)
+end
+
+
+-- ---- argument checks -------------------------------------------------------------------
+
+local function opt_table(fname, opts, level)
+    if opts ~= nil and type(opts) ~= "table" then
+        bad(fname, "opts", "expected a table, got " .. type(opts), level + 1)
+    end
+    return opts or {}
+end
+
+
+local function opt_int(fname, name, v, default, lo, level)
+    if v == nil then
+        return default
+    end
+    if type(v) ~= "number" or v ~= floor(v) or v < lo or v > INT_MAX then
+        bad(fname, name, format("expected an integer >= %d, got %s", lo, show(v)), level + 1)
+    end
+    return v
+end
+
+
+local function opt_num(fname, name, v, default, level)
+    if v == nil then
+        return default
+    end
+    if type(v) ~= "number" or v ~= v then
+        bad(fname, name, "expected a number, got " .. show(v), level + 1)
+    end
+    return v
+end
+
+
+local function opt_bool(fname, name, v, level)
+    if v == nil then
+        return false
+    end
+    if type(v) ~= "boolean" then
+        bad(fname, name, "expected a boolean, got " .. show(v), level + 1)
+    end
+    return v
+end
+
+
+local function check_keys(fname, opts, allowed, level)
+    for k in next, opts do
+        if not allowed[k] then
+            bad(fname, "opts", "unknown option " .. show(k), level + 1)
+        end
+    end
+end
+
+
+local function keyset(list)
+    local t = {}
+    for _, k in ipairs(list) do
+        t[k] = true
+    end
+    return t
+end
+
+
+-- int32_t cdata kinds by ctype id: 0 = not a token array, -1 = a pointer
+-- (length must be given), n > 0 = a fixed array of n; VLAs report their
+-- length through ffi.sizeof. Filled lazily, once per ctype.
+local ctype_kind = {}
+
+local function cdata_len(x)
+    local id = tonumber(ffi_typeof(x))
+    local kind = ctype_kind[id]
+    if not kind then
+        local name = tostring(ffi_typeof(x)):gsub("^ctype<const ", "ctype<")
+        if name == "ctype<int *>" then
+            kind = -1
+        elseif name:match("^ctype<int %[[%d?]+%]>$") then
+            kind = 1
+        else
+            kind = 0
+        end
+        ctype_kind[id] = kind
+    end
+    if kind == 1 then
+        return ffi_sizeof(x) / 4
+    end
+    return kind
+end
+
+
+-- Token ids as (const int32_t *, n). Lua tables are copied into the model's
+-- scratch buffer (grown when a table is longer than it); cdata is used in
+-- place. n_given is the explicit length for cdata (required for pointers).
+-- Every id is checked against the vocab here, so messages name the Lua
+-- argument and index (1-based for tables, 0-based for cdata).
+local function to_tokens(self, fname, arg, toks, n_given, level)
+    local n_vocab = self.n_vocab
+    local tt = type(toks)
+    if tt == "table" then
+        local n = #toks
+        if n > self._in_cap then
+            self._in_cap = n
+            self._in = ffi_new(int32_vla, n)
+        end
+        local buf = self._in
+        for i = 1, n do
+            local v = toks[i]
+            if type(v) ~= "number" or v ~= floor(v) then
+                bad(fname, arg, format("token %s at index %d is not an integer", show(v), i), level + 1)
+            end
+            if v < 0 or v >= n_vocab then
+                bad(fname, arg, format("token %d at index %d is outside the vocab [0, %d)", v, i, n_vocab),
+                    level + 1)
+            end
+            buf[i - 1] = v
+        end
+        return buf, n
+    elseif tt == "cdata" then
+        local len = cdata_len(toks)
+        if len == 0 then
+            bad(fname, arg, "expected int32_t cdata, got " .. tostring(ffi_typeof(toks)), level + 1)
+        end
+        local n = n_given
+        if n == nil then
+            if len < 0 then
+                bad(fname, arg, "an int32_t pointer needs its length in opts.n", level + 1)
+            end
+            n = len
+        elseif type(n) ~= "number" or n ~= floor(n) or n < 0 or (len >= 0 and n > len) then
+            bad(fname, "n", format("expected an integer in [0, %s], got %s", len >= 0 and len or "?", show(n)),
+                level + 1)
+        end
+        for i = 0, n - 1 do
+            local v = toks[i]
+            if v < 0 or v >= n_vocab then
+                bad(fname, arg, format("token %d at index %d is outside the vocab [0, %d)", v, i, n_vocab),
+                    level + 1)
+            end
+        end
+        return ffi_cast(int32_ptr, toks), n
+    end
+    bad(fname, arg, "expected a table or int32_t cdata of token ids, got " .. tt, level + 1)
+end
+
+
+-- Results: a Lua table, or with as_cdata an int32_t[n] copy and n.
+local function result(buf, n, as_cdata)
+    if as_cdata then
+        local c = ffi_new(int32_vla, n)
+        ffi_copy(c, buf, n * 4)
+        return c, n
+    end
+    local t = new_tab(n, 0)
+    for i = 0, n - 1 do
+        t[i + 1] = buf[i]
+    end
+    return t
+end
+
+
+-- ---- generation parameters ----------------------------------------------------------------
+--
+-- Defaults are the seed's: max_tokens 128, loops 0 (the model's default
+-- depth; the seed's 8 is its own model's), temperature 1.0, top_k 50,
+-- cache_window 0. Everything else as tl_generate_default_params().
+
+local GEN_KEYS = keyset {
+    "max_tokens", "loops", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+    "repeat_last_n", "seed", "ignore_eos", "cache_window", "salt", "no_cache", "as_cdata", "n",
+    "pool", "suffix", "n_suffix",
+}
+
+local function fill_params(fname, o, level)
+    level = level + 1
+    check_keys(fname, o, GEN_KEYS, level)
+    ffi_copy(gp, default_gp, GP_SIZE)
+    gp.max_tokens = opt_int(fname, "max_tokens", o.max_tokens, 128, 1, level)
+    gp.loops = opt_int(fname, "loops", o.loops, 0, 0, level)
+    gp.cache_window = opt_int(fname, "cache_window", o.cache_window, 0, 0, level)
+    gp.ignore_eos = opt_bool(fname, "ignore_eos", o.ignore_eos, level) and 1 or 0
+    gp.no_cache = opt_bool(fname, "no_cache", o.no_cache, level) and 1 or 0
+    gp.salt = opt_int(fname, "salt", o.salt, 0, 0, level)
+    local s = gp_sampling
+    s.temperature = opt_num(fname, "temperature", o.temperature, 1.0, level)
+    s.top_k = opt_int(fname, "top_k", o.top_k, 50, 0, level)
+    s.top_p = opt_num(fname, "top_p", o.top_p, 1.0, level)
+    s.min_p = opt_num(fname, "min_p", o.min_p, 0.0, level)
+    s.repeat_penalty = opt_num(fname, "repeat_penalty", o.repeat_penalty, 1.0, level)
+    s.repeat_last_n = opt_int(fname, "repeat_last_n", o.repeat_last_n, 64, -1, level)
+    s.seed = opt_int(fname, "seed", o.seed, 0, 0, level)
+    return gp
+end
+
+
+local function check_len(self, fname, n_prompt, level)
+    local mt = gp.max_tokens
+    if n_prompt + mt > self.max_seq_len then
+        bad(fname, "max_tokens", format("prompt length %d + max_tokens %d exceeds max_seq_len %d",
+            n_prompt, mt, self.max_seq_len), level + 1)
+    end
+end
+
+
+-- ---- PrefixPool ----------------------------------------------------------------------------
+
+local Pool = {}
+local pool_mt = { __index = Pool }
+_M.PrefixPool_mt = pool_mt
+
+
+local function pool_handle(pool, fname, level)
+    local h = pool.h
+    if not h then
+        error("tinyloop.PrefixPool is freed; cannot call " .. fname, level + 1)
+    end
+    return h
+end
+
+
+-- PrefixPool(capacity = 16): an empty pool; 0 is coerced to 1. Allocates
+-- no KV: memory comes with register_prefix.
+function _M.PrefixPool(capacity)
+    capacity = opt_int("PrefixPool", "capacity", capacity, 16, 0, 2)
+    local rc = C.tl_pool_new(capacity, pool_out)
+    if rc ~= 0 then
+        raise_rc(rc, "PrefixPool", 2)
+    end
+    local h = ffi_gc(pool_out[0], C.tl_pool_free)
+    return setmetatable({ h = h }, pool_mt)
+end
+
+
+function Pool:size()
+    return C.tl_pool_size(pool_handle(self, "size", 2))
+end
+
+
+function Pool:total_cached_tokens()
+    return tonumber(C.tl_pool_total_cached_tokens(pool_handle(self, "total_cached_tokens", 2)))
+end
+
+
+function Pool:capacity()
+    C.tl_pool_get_stats(pool_handle(self, "capacity", 2), pstats_buf)
+    return pstats_buf[0].capacity
+end
+
+
+local POOL_POLICY = { shortest = 0, lru = 1 }
+
+-- set_policy("shortest" | "lru"): which entry a full pool drops.
+function Pool:set_policy(policy)
+    local h = pool_handle(self, "set_policy", 2)
+    local p = POOL_POLICY[policy]
+    if not p then
+        bad("set_policy", "policy", "expected \"shortest\" or \"lru\", got " .. show(policy))
+    end
+    C.tl_pool_set_policy(h, p)
+end
+
+
+function Pool:stats()
+    C.tl_pool_get_stats(pool_handle(self, "stats", 2), pstats_buf)
+    local s = pstats_buf[0]
+    return {
+        size = s.size, capacity = s.capacity, policy = s.policy == 1 and "lru" or "shortest",
+        total_cached_tokens = tonumber(s.total_cached_tokens), lookups = tonumber(s.lookups),
+        hits = tonumber(s.hits), hit_tokens = tonumber(s.hit_tokens),
+        registrations = tonumber(s.registrations), evictions = tonumber(s.evictions),
+    }
+end
+
+
+-- free(): unpins every entry now (the GC would do it later). Idempotent.
+function Pool:free()
+    local h = self.h
+    if h then
+        self.h = nil
+        ffi_gc(h, nil)
+        C.tl_pool_free(h)
+    end
+end
+
+
+function Pool:is_freed()
+    return self.h == nil
+end
+
+
+pool_mt.__tostring = function(self)
+    if not self.h then
+        return "tinyloop.PrefixPool (freed)"
+    end
+    return format("tinyloop.PrefixPool (%d entries, %d tokens)", self:size(), self:total_cached_tokens())
+end
+
+
+local function is_pool(x)
+    return type(x) == "table" and getmetatable(x) == pool_mt
+end
+_M.is_pool = is_pool
+
+
+-- ---- prefix and resume handles ------------------------------------------------------------
+
+local Handle = {}
+local handle_mt = { __index = Handle }
+
+
+local function handle_ptr(hd, fname, level)
+    local h = hd.h
+    if not h then
+        error(format("tinyloop.%s is freed; cannot call %s", hd.kind, fname), level + 1)
+    end
+    return h
+end
+
+
+-- Wraps a new tl_prefix. The model's state st tracks live handles by
+-- address (a plain number: it keeps nothing alive), so that whichever of
+-- model and handle is finalized first frees the handle, and only once.
+local function new_handle(model, kind, h, n, loops, window)
+    local st = model._st
+    local addr = tonumber(ffi_cast("uintptr_t", h))
+    st.ptrs[addr] = true
+    ffi_gc(h, function(p)
+        if st.ptrs[addr] then
+            st.ptrs[addr] = nil
+            C.tl_prefix_free(p)
+        end
+    end)
+    local hd = setmetatable({ h = h, addr = addr, kind = kind, model = model, n = n, loops = loops,
+        cache_window = window }, handle_mt)
+    st.objs[hd] = true
+    return hd
+end
+
+
+-- free(): releases the handle's KV now. Idempotent.
+function Handle:free()
+    local h = self.h
+    if h then
+        self.h = nil
+        local st = self.model._st
+        st.objs[self] = nil
+        ffi_gc(h, nil)
+        if st.ptrs[self.addr] then
+            st.ptrs[self.addr] = nil
+            C.tl_prefix_free(h)
+        end
+    end
+end
+
+
+function Handle:len()
+    return self.n
+end
+
+
+function Handle:is_freed()
+    return self.h == nil
+end
+
+
+handle_mt.__tostring = function(self)
+    return format("tinyloop.%s (%d tokens%s)", self.kind, self.n, self.h and "" or ", freed")
+end
+
+
+-- ---- Model ---------------------------------------------------------------------------------
+
+local Model = {}
+local model_mt = { __index = Model }
+_M.Model_mt = model_mt
+
+local MODEL_KEYS = keyset {
+    "max_seq_len", "n_threads", "kv_mem", "kv_block_size", "kv_type", "loop_start", "loop_end",
+    "loop_default", "vocab_only",
+}
+local KV_TYPES = { f16 = 0, f32 = 1 }
+
+
+local function closed(name, level)
+    error("tinyloop.Model is closed; cannot call " .. name, level + 1)
+end
+
+
+-- Frees what must not outlive the model in C (prefix and resume
+-- handles), forgets stream requests, and closes the model handle.
+local function close_state(st, mh)
+    for addr in next, st.ptrs do
+        st.ptrs[addr] = nil
+        C.tl_prefix_free(ffi_cast(prefix_ptr, addr))
+    end
+    for hd in next, st.objs do
+        hd.h = nil
+    end
+    st.h = nil
+    open_states[st.serial] = nil
+    C.tl_model_close(mh)
+end
+
+
+-- Model(path, opts): opens a GGUF file. opts: max_seq_len, n_threads,
+-- kv_mem (bytes), kv_block_size, kv_type ("f16" | "f32"), loop_start,
+-- loop_end, loop_default, vocab_only. Unset: the C defaults.
+function _M.Model(path, opts)
+    if type(path) ~= "string" then
+        bad("Model", "path", "expected a string, got " .. type(path))
+    end
+    local o = opt_table("Model", opts, 2)
+    check_keys("Model", o, MODEL_KEYS, 2)
+    local p = C.tl_model_default_params()
+    p.max_seq_len = opt_int("Model", "max_seq_len", o.max_seq_len, p.max_seq_len, 0, 2)
+    p.n_threads = opt_int("Model", "n_threads", o.n_threads, p.n_threads, 0, 2)
+    if o.kv_mem ~= nil then
+        local v = o.kv_mem
+        if type(v) ~= "number" or v ~= floor(v) or v < 0 then
+            bad("Model", "kv_mem", "expected a byte count >= 0, got " .. show(v))
+        end
+        p.kv_mem = v
+    end
+    p.kv_block_size = opt_int("Model", "kv_block_size", o.kv_block_size, p.kv_block_size, 0, 2)
+    if o.kv_type ~= nil then
+        local t = KV_TYPES[o.kv_type]
+        if not t then
+            bad("Model", "kv_type", "expected \"f16\" or \"f32\", got " .. show(o.kv_type))
+        end
+        p.kv_type = t
+    end
+    p.loop_start = opt_int("Model", "loop_start", o.loop_start, p.loop_start, 0, 2)
+    p.loop_end = opt_int("Model", "loop_end", o.loop_end, p.loop_end, 0, 2)
+    p.loop_default = opt_int("Model", "loop_default", o.loop_default, p.loop_default, 0, 2)
+    p.vocab_only = opt_bool("Model", "vocab_only", o.vocab_only, 2) and 1 or 0
+    ffi_copy(mparams, p, ffi_sizeof(mparams))
+
+    local rc = C.tl_model_open(path, mparams, model_out)
+    if rc ~= 0 then
+        raise_rc(rc, "Model", 2)
+    end
+    local h = model_out[0]
+    -- st.h is a second pointer cdata to the model: the finalizer closure
+    -- holds st, and st must not hold the finalized cdata itself (a value
+    -- of the FFI's weak-keyed finalizer table referring to its key would
+    -- keep the model alive forever).
+    local st = { h = ffi_cast(model_ptr, ffi_cast("uintptr_t", h)), ptrs = {}, reqs = {},
+        objs = setmetatable({}, { __mode = "k" }) }
+    serial = serial + 1
+    st.serial = serial
+    open_states[serial] = st
+    ffi_gc(h, function(mh)
+        close_state(st, mh)
+    end)
+    C.tl_model_get_info(h, info_buf)
+    local info = info_buf[0]
+    local max_seq_len = info.max_seq_len
+    local cap = max_seq_len > 256 and max_seq_len or 256
+    return setmetatable({
+        h = h, _st = st, path = path,
+        n_vocab = info.n_vocab, max_seq_len = max_seq_len, bos = info.bos, eos = info.eos,
+        loop_default = info.loop_default, vocab_only = o.vocab_only == true,
+        _in = ffi_new(int32_vla, cap), _in_cap = cap,
+        _out = ffi_new(int32_vla, cap), _out_cap = cap,
+        _chars = ffi_new(char_vla, 1024), _chars_cap = 1024,
+    }, model_mt)
+end
+_M.open = _M.Model
+
+
+-- close(): frees the model's live prefix/resume handles, then the model.
+-- Pools stay valid (they report size 0). Later calls of any other method
+-- raise "tinyloop.Model is closed; cannot call <name>"; close() itself is
+-- idempotent.
+function Model:close()
+    local h = self.h
+    if not h then
+        return
+    end
+    self.h = nil
+    ffi_gc(h, nil)
+    close_state(self._st, h)
+    setmetatable(self, _M.ClosedModel_mt)
+end
+
+
+function Model:is_closed()
+    return self.h == nil
+end
+
+
+function Model:info()
+    local h = self.h or closed("info", 2)
+    C.tl_model_get_info(h, info_buf)
+    local i = info_buf[0]
+    return {
+        arch = ffi_string(i.arch), n_vocab = i.n_vocab, n_embd = i.n_embd, n_layer = i.n_layer,
+        n_head = i.n_head, n_head_kv = i.n_head_kv, head_dim = i.head_dim, n_ff = i.n_ff,
+        n_ctx_train = i.n_ctx_train, max_seq_len = i.max_seq_len, loop_start = i.loop_start,
+        loop_end = i.loop_end, loop_default = i.loop_default, rope_freq_base = i.rope_freq_base,
+        norm_eps = i.norm_eps, bos = i.bos, eos = i.eos, n_threads = i.n_threads,
+        kv_block_size = i.kv_block_size, kv_type = i.kv_type == 1 and "f32" or "f16",
+        kv_blocks_total = i.kv_blocks_total, kv_blocks_free = i.kv_blocks_free,
+        weight_bytes = tonumber(i.weight_bytes), kv_bytes = tonumber(i.kv_bytes),
+        isa = i.isa ~= nil and ffi_string(i.isa) or nil,
+    }
+end
+
+
+local TOK_KEYS = keyset { "add_special", "parse_special", "as_cdata" }
+
+-- tokenize(text, { add_special = true, parse_special = false, as_cdata })
+function Model:tokenize(text, opts)
+    local h = self.h or closed("tokenize", 2)
+    if type(text) ~= "string" then
+        bad("tokenize", "text", "expected a string, got " .. type(text))
+    end
+    local o = opt_table("tokenize", opts, 2)
+    check_keys("tokenize", o, TOK_KEYS, 2)
+    local add = o.add_special
+    if add == nil then
+        add = true
+    end
+    add = opt_bool("tokenize", "add_special", add, 2) and 1 or 0
+    local parse = opt_bool("tokenize", "parse_special", o.parse_special, 2) and 1 or 0
+    local len = #text
+    local n = C.tl_tokenize(h, text, len, add, parse, self._out, self._out_cap)
+    if n < 0 then
+        -- -(needed) when the buffer is short; a status code (-1..-9) can
+        -- not be a need, since the buffer holds at least 256 ids.
+        if -n <= self._out_cap then
+            raise_rc(n, "tokenize", 2)
+        end
+        self._out_cap = -n
+        self._out = ffi_new(int32_vla, -n)
+        n = C.tl_tokenize(h, text, len, add, parse, self._out, self._out_cap)
+        if n < 0 then
+            raise_rc(n, "tokenize", 2)
+        end
+    end
+    return result(self._out, n, o.as_cdata)
+end
+
+
+-- detokenize(ids [, n]) -> string; control tokens are skipped. n is the
+-- length of a cdata array (required for a pointer).
+function Model:detokenize(ids, n)
+    local h = self.h or closed("detokenize", 2)
+    local ptr, len = to_tokens(self, "detokenize", "ids", ids, n, 2)
+    local got = C.tl_detokenize(h, ptr, len, self._chars, self._chars_cap)
+    if got < 0 then
+        if -got <= self._chars_cap then
+            raise_rc(got, "detokenize", 2)
+        end
+        self._chars_cap = -got
+        self._chars = ffi_new(char_vla, -got)
+        got = C.tl_detokenize(h, ptr, len, self._chars, self._chars_cap)
+        if got < 0 then
+            raise_rc(got, "detokenize", 2)
+        end
+    end
+    return ffi_string(self._chars, got)
+end
+
+
+-- piece(id) -> the text of one token as it appears in output.
+function Model:piece(id)
+    local h = self.h or closed("piece", 2)
+    if type(id) ~= "number" or id ~= floor(id) or id < 0 or id >= self.n_vocab then
+        bad("piece", "id", format("expected a token id in [0, %d), got %s", self.n_vocab, show(id)))
+    end
+    local got = C.tl_token_to_piece(h, id, self._chars, self._chars_cap)
+    if got < 0 then
+        self._chars_cap = -got
+        self._chars = ffi_new(char_vla, -got)
+        got = C.tl_token_to_piece(h, id, self._chars, self._chars_cap)
+    end
+    return ffi_string(self._chars, got)
+end
+
+
+-- generate(prompt, opts) -> the generated tokens (prompt not included;
+-- generation stops at EOS, which is not returned). Runs as tl_generate
+-- does (submit, step until done, take) but through the request calls,
+-- which take their parameters by pointer: LuaJIT cannot compile a call
+-- passing a struct by value, so tl_generate itself would abort the trace.
+function Model:generate(prompt, opts)
+    local h = self.h or closed("generate", 2)
+    local o = opt_table("generate", opts, 2)
+    local p = fill_params("generate", o, 2)
+    local ptr, n = to_tokens(self, "generate", "prompt", prompt, o.n, 2)
+    if n == 0 then
+        bad("generate", "prompt", "prompt is empty")
+    end
+    check_len(self, "generate", n, 2)
+    local rc = C.tl_request_submit(h, ptr, n, p, nil, id_out)
+    if rc ~= 0 then
+        raise_rc(rc, "generate", 2)
+    end
+    local id = tonumber(id_out[0])
+    local out, cap, total = self._out, self._out_cap, 0
+    while true do
+        local got = C.tl_request_take(h, id, out + total, cap - total, finished)
+        if got < 0 then
+            rc = got
+            break
+        end
+        total = total + got
+        if finished[0] ~= 0 then
+            break
+        end
+        rc = C.tl_model_step(h)
+        if rc < 0 then
+            break
+        end
+    end
+    if rc < 0 then
+        local msg = lib.last_error()
+        C.tl_request_release(h, id)
+        if rc == S.ERR_NOMEM or rc == S.ERR_KV_FULL then
+            error("out of memory: " .. msg, 2)
+        end
+        error("generate: " .. msg, 2)
+    end
+    C.tl_request_release(h, id)
+    return result(out, total, o.as_cdata)
+end
+
+
+-- register_prefix(pool, tokens, { loops = 0, cache_window = 0 }) -> n.
+-- Prefills tokens once and pins them in pool under (tokens, loops,
+-- cache_window). Returns #tokens, also when the key is already there (a
+-- no-op); returns 0 plus a reason on invalid arguments (nil pool, no
+-- tokens, more than max_seq_len) or a failed build, as the seed does.
+-- Raises on a closed model, on out of memory, on misuse (a pool argument
+-- that is not a PrefixPool, a freed pool, ids that are not valid tokens,
+-- negative loops/cache_window).
+local REG_KEYS = keyset { "loops", "cache_window", "n" }
+
+function Model:register_prefix(pool, tokens, opts)
+    local h = self.h or closed("register_prefix", 2)
+    local o = opt_table("register_prefix", opts, 2)
+    check_keys("register_prefix", o, REG_KEYS, 2)
+    local loops = opt_int("register_prefix", "loops", o.loops, 0, 0, 2)
+    local window = opt_int("register_prefix", "cache_window", o.cache_window, 0, 0, 2)
+    if pool == nil then
+        return 0, "pool is nil"
+    end
+    if not is_pool(pool) then
+        bad("register_prefix", "pool", "expected a tinyloop.PrefixPool, got " .. type(pool))
+    end
+    local ph = pool_handle(pool, "register_prefix", 2)
+    local ptr, n = to_tokens(self, "register_prefix", "tokens", tokens, o.n, 2)
+    if n == 0 then
+        return 0, "tokens is empty (seq_len 0)"
+    end
+    if n > self.max_seq_len and not self.vocab_only then
+        return 0, format("prefix length %d exceeds max_seq_len %d", n, self.max_seq_len)
+    end
+    local got = C.tl_pool_register(h, ph, ptr, n, loops, window)
+    if got > 0 then
+        return got
+    end
+    local msg = lib.last_error()
+    if msg:find("out of memory", 1, true) or msg:find("KV cache full", 1, true) then
+        error("out of memory: " .. msg, 2)
+    end
+    return 0, msg
+end
+
+
+-- generate_with_pool(pool, prompt, opts) -> prompt + generated tokens.
+-- The longest cached prefix of the prompt (a pool entry at the same loops
+-- and cache_window, or anything longer the cache holds) is reused; a miss
+-- or an internal failure falls through to plain generation.
+function Model:generate_with_pool(pool, prompt, opts)
+    local h = self.h or closed("generate_with_pool", 2)
+    if not is_pool(pool) then
+        bad("generate_with_pool", "pool", "expected a tinyloop.PrefixPool, got " .. type(pool))
+    end
+    local ph = pool_handle(pool, "generate_with_pool", 2)
+    local o = opt_table("generate_with_pool", opts, 2)
+    local p = fill_params("generate_with_pool", o, 2)
+    local ptr, n = to_tokens(self, "generate_with_pool", "prompt", prompt, o.n, 2)
+    if n == 0 then
+        bad("generate_with_pool", "prompt", "prompt is empty")
+    end
+    check_len(self, "generate_with_pool", n, 2)
+    local got = C.tl_generate_with_pool(h, ph, ptr, n, p, self._out, self._out_cap)
+    if got < 0 then
+        raise_rc(got, "generate_with_pool", 2)
+    end
+    return result(self._out, got, o.as_cdata)
+end
+
+
+-- build_prefix_cache(tokens, { loops = 0, cache_window = 0 }) -> handle.
+-- One prefix prefilled and pinned; free with handle:free() (or the GC;
+-- closing the model frees it too).
+function Model:build_prefix_cache(tokens, opts)
+    local h = self.h or closed("build_prefix_cache", 2)
+    local o = opt_table("build_prefix_cache", opts, 2)
+    check_keys("build_prefix_cache", o, REG_KEYS, 2)
+    local loops = opt_int("build_prefix_cache", "loops", o.loops, 0, 0, 2)
+    local window = opt_int("build_prefix_cache", "cache_window", o.cache_window, 0, 0, 2)
+    local ptr, n = to_tokens(self, "build_prefix_cache", "tokens", tokens, o.n, 2)
+    if n == 0 then
+        bad("build_prefix_cache", "tokens", "tokens is empty")
+    end
+    if n > self.max_seq_len then
+        bad("build_prefix_cache", "tokens", format("prefix length %d exceeds max_seq_len %d", n,
+            self.max_seq_len))
+    end
+    local rc = C.tl_prefix_build(h, ptr, n, loops, window, prefix_out)
+    if rc ~= 0 then
+        raise_rc(rc, "build_prefix_cache", 2)
+    end
+    return new_handle(self, "Prefix", prefix_out[0], n, loops, window)
+end
+
+
+local function own_handle(self, fname, hd, kind)
+    if type(hd) ~= "table" or getmetatable(hd) ~= handle_mt or hd.kind ~= kind then
+        bad(fname, "handle", format("expected a tinyloop.%s, got %s", kind, type(hd)), 2)
+    end
+    if hd.model ~= self then
+        bad(fname, "handle", format("the tinyloop.%s belongs to another model", kind), 2)
+    end
+    return handle_ptr(hd, fname, 2)
+end
+
+
+-- generate_from_prefix_cache(prefix, { suffix = tokens, ... }) -> generated
+-- tokens. loops and cache_window come from the prefix.
+function Model:generate_from_prefix_cache(prefix, opts)
+    local h = self.h or closed("generate_from_prefix_cache", 2)
+    local ph = own_handle(self, "generate_from_prefix_cache", prefix, "Prefix")
+    local o = opt_table("generate_from_prefix_cache", opts, 2)
+    local p = fill_params("generate_from_prefix_cache", o, 2)
+    local ptr, n = nil, 0
+    if o.suffix ~= nil then
+        ptr, n = to_tokens(self, "generate_from_prefix_cache", "suffix", o.suffix, o.n_suffix, 2)
+    end
+    check_len(self, "generate_from_prefix_cache", prefix.n + n, 2)
+    local got = C.tl_generate_from_prefix(h, ph, ptr, n, p, self._out, self._out_cap)
+    if got < 0 then
+        raise_rc(got, "generate_from_prefix_cache", 2)
+    end
+    return result(self._out, got, o.as_cdata)
+end
+
+
+-- build_resume_handle(prompt) -> handle. For looped models: keeps the
+-- depth-independent part of the prompt's forward pass so resume_generate
+-- can run it at any loops recomputing only the loop block and coda.
+function Model:build_resume_handle(prompt, opts)
+    local h = self.h or closed("build_resume_handle", 2)
+    local o = opt_table("build_resume_handle", opts, 2)
+    local ptr, n = to_tokens(self, "build_resume_handle", "prompt", prompt, o.n, 2)
+    if n == 0 then
+        bad("build_resume_handle", "prompt", "prompt is empty")
+    end
+    if n >= self.max_seq_len then
+        bad("build_resume_handle", "prompt", format("prompt length %d leaves no room under max_seq_len %d",
+            n, self.max_seq_len))
+    end
+    local rc = C.tl_resume_build(h, ptr, n, prefix_out)
+    if rc ~= 0 then
+        raise_rc(rc, "build_resume_handle", 2)
+    end
+    return new_handle(self, "Resume", prefix_out[0], n, nil, 0)
+end
+
+
+-- resume_generate(handle, opts) -> generated tokens, at opts.loops.
+function Model:resume_generate(handle, opts)
+    local h = self.h or closed("resume_generate", 2)
+    local ph = own_handle(self, "resume_generate", handle, "Resume")
+    local o = opt_table("resume_generate", opts, 2)
+    local p = fill_params("resume_generate", o, 2)
+    check_len(self, "resume_generate", handle.n, 2)
+    local got = C.tl_resume_generate(h, ph, p, self._out, self._out_cap)
+    if got < 0 then
+        raise_rc(got, "resume_generate", 2)
+    end
+    return result(self._out, got, o.as_cdata)
+end
+
+
+-- Streams: each is a table { st, id, done, guard, pool }; stream_next is
+-- one module-level function (creating closures per stream would abort
+-- the caller's trace: FNEW is not compiled). A stream dropped before its
+-- end is released by its guard's finalizer, which finds the model's state
+-- by serial number (request ids restart at 1 per model, addresses are
+-- reused) and does nothing once the model is closed.
+local stream_guard_t = ffi_typeof("struct { int64_t id; int64_t serial; }")
+
+local function stream_gc(g)
+    local st = open_states[tonumber(g.serial)]
+    local id = tonumber(g.id)
+    if st and st.reqs[id] then
+        st.reqs[id] = nil
+        C.tl_request_release(st.h, id)
+    end
+end
+
+
+local function stream_finish(s)
+    s.done = true
+    ffi_gc(s.guard, nil)
+    local st, id = s.st, s.id
+    if st.h and st.reqs[id] then
+        st.reqs[id] = nil
+        C.tl_request_release(st.h, id)
+    end
+end
+
+
+local function stream_next(s)
+    if s.done then
+        return nil
+    end
+    local mh = s.st.h
+    if not mh then
+        s.done = true
+        closed("stream", 2)
+    end
+    local id = s.id
+    while true do
+        local got = C.tl_request_take(mh, id, one_tok, 1, finished)
+        if got > 0 then
+            return one_tok[0]
+        end
+        if got < 0 then
+            stream_finish(s)
+            raise_rc(got, "stream", 2)
+        end
+        if finished[0] ~= 0 then
+            stream_finish(s)
+            return nil
+        end
+        local r = C.tl_model_step(mh)
+        if r < 0 then
+            stream_finish(s)
+            raise_rc(r, "stream", 2)
+        end
+    end
+end
+_M.stream_next = stream_next
+
+
+-- stream(prompt, opts) -> iterator, state: generated token ids as they
+-- are produced, one scheduler step at a time (tl_request_submit /
+-- tl_model_step / tl_request_take):
+--   for tok in model:stream(prompt, opts) do ... end
+-- opts as generate, plus pool = a PrefixPool whose statistics count the
+-- lookup. Several streams on one model interleave: each step advances
+-- all of them. A stream dropped early is released by the GC or close().
+function Model:stream(prompt, opts)
+    local h = self.h or closed("stream", 2)
+    local o = opt_table("stream", opts, 2)
+    local p = fill_params("stream", o, 2)
+    local pool, ph = o.pool, nil
+    if pool ~= nil then
+        if not is_pool(pool) then
+            bad("stream", "pool", "expected a tinyloop.PrefixPool, got " .. type(pool))
+        end
+        ph = pool_handle(pool, "stream", 2)
+    end
+    local ptr, n = to_tokens(self, "stream", "prompt", prompt, o.n, 2)
+    if n == 0 then
+        bad("stream", "prompt", "prompt is empty")
+    end
+    check_len(self, "stream", n, 2)
+    local rc = C.tl_request_submit(h, ptr, n, p, ph, id_out)
+    if rc ~= 0 then
+        raise_rc(rc, "stream", 2)
+    end
+    local id = tonumber(id_out[0])
+    local st = self._st
+    st.reqs[id] = true
+    local guard = ffi_new(stream_guard_t)
+    guard.id = id
+    guard.serial = st.serial
+    ffi_gc(guard, stream_gc)
+    return stream_next, { st = st, id = id, done = false, guard = guard, pool = pool }
+end
+
+
+-- stats() -> the model's cache statistics (tl_cache_stats) as a table.
+function Model:stats()
+    local h = self.h or closed("stats", 2)
+    C.tl_model_get_stats(h, stats_buf)
+    local s = stats_buf[0]
+    return {
+        lookups = tonumber(s.lookups), hits = tonumber(s.hits), hit_tokens = tonumber(s.hit_tokens),
+        prefill_tokens = tonumber(s.prefill_tokens),
+        prefill_tokens_saved = tonumber(s.prefill_tokens_saved),
+        generated_tokens = tonumber(s.generated_tokens),
+        requests_finished = tonumber(s.requests_finished), evictions = tonumber(s.evictions),
+        evicted_tokens = tonumber(s.evicted_tokens), nodes = tonumber(s.nodes),
+        cached_tokens = tonumber(s.cached_tokens), blocks_total = s.blocks_total,
+        blocks_free = s.blocks_free, blocks_used = s.blocks_used, blocks_shared = s.blocks_shared,
+        requests_active = s.requests_active,
+    }
+end
+
+
+-- set_evict_weights{ recency = 1, hits = 0, tokens = 0, depth = 0 }: the
+-- cache's eviction score (lowest first), pushed from an eviction policy.
+local EVICT_KEYS = keyset { "recency", "hits", "tokens", "depth" }
+
+function Model:set_evict_weights(w)
+    local h = self.h or closed("set_evict_weights", 2)
+    if type(w) ~= "table" then
+        bad("set_evict_weights", "weights", "expected a table, got " .. type(w))
+    end
+    check_keys("set_evict_weights", w, EVICT_KEYS, 2)
+    local rc = C.tl_model_set_evict_weights(h,
+        opt_num("set_evict_weights", "recency", w.recency, 0, 2),
+        opt_num("set_evict_weights", "hits", w.hits, 0, 2),
+        opt_num("set_evict_weights", "tokens", w.tokens, 0, 2),
+        opt_num("set_evict_weights", "depth", w.depth, 0, 2))
+    if rc ~= 0 then
+        raise_rc(rc, "set_evict_weights", 2)
+    end
+end
+
+
+model_mt.__tostring = function(self)
+    return format("tinyloop.Model (%s)", self.path)
+end
+
+
+-- A closed model: every method raises, close() does nothing.
+local closed_stubs = {}
+for name, fn in next, Model do
+    if type(fn) == "function" then
+        closed_stubs[name] = function()
+            error("tinyloop.Model is closed; cannot call " .. name, 2)
+        end
+    end
+end
+closed_stubs.close = function() end
+closed_stubs.is_closed = function() return true end
+_M.ClosedModel_mt = {
+    __index = closed_stubs,
+    __tostring = function(self)
+        return format("tinyloop.Model (%s, closed)", rawget(self, "path"))
+    end,
+}
+
+
+function _M.is_model(x)
+    if type(x) ~= "table" then
+        return false
+    end
+    local mt = getmetatable(x)
+    return mt == model_mt or mt == _M.ClosedModel_mt
+end
+
+
+return _M
