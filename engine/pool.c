@@ -14,10 +14,13 @@ typedef struct pool_entry {
     tl_radix_node *node;   /* pinned node ending at n */
     uint64_t order;        /* registration order: ties in length drop the oldest */
     uint64_t last_use;     /* for the LRU policy */
+    int64_t hits;          /* prompts that started with it (the COST policy) */
 } pool_entry;
 
 struct tl_pool {
     int capacity, policy;
+    uint64_t salt;         /* namespace of the entries */
+    int shareable, tenant;
     tl_model *model;       /* bound on first register */
     pool_entry *e;
     int n;
@@ -44,6 +47,7 @@ static void drop_entry(tl_pool *p, int i) {
     pool_entry *e = &p->e[i];
     if (e->node && p->model) {
         e->node->pin--;
+        e->node->shareable -= p->shareable;
         tl_radix_prune(&p->model->cache, e->node);
     }
     free(e->tokens);
@@ -92,10 +96,36 @@ int64_t tl_pool_total_cached_tokens(const tl_pool *p) {
 
 int tl_pool_set_policy(tl_pool *p, int policy) {
     if (!p) return tl_set_error(TL_ERR_INVALID_ARG, "pool must not be NULL");
-    if (policy != TL_POOL_EVICT_SHORTEST && policy != TL_POOL_EVICT_LRU)
-        return tl_set_error(TL_ERR_INVALID_ARG, "pool policy %d is not TL_POOL_EVICT_SHORTEST (0) or _LRU (1)", policy);
+    if (policy != TL_POOL_EVICT_SHORTEST && policy != TL_POOL_EVICT_LRU && policy != TL_POOL_EVICT_COST)
+        return tl_set_error(TL_ERR_INVALID_ARG,
+                            "pool policy %d is not TL_POOL_EVICT_SHORTEST (0), _LRU (1) or _COST (2)", policy);
     p->policy = policy;
     return TL_OK;
+}
+
+static int before_first_register(const tl_pool *p, const char *what) {
+    if (!p) return tl_set_error(TL_ERR_INVALID_ARG, "pool must not be NULL");
+    if (p->n) return tl_set_error(TL_ERR_STATE, "set the pool's %s before registering entries (it has %d)", what, p->n);
+    return TL_OK;
+}
+
+int tl_pool_set_salt(tl_pool *p, uint64_t salt) {
+    int rc = before_first_register(p, "salt");
+    if (!rc) p->salt = salt;
+    return rc;
+}
+
+int tl_pool_set_shareable(tl_pool *p, int shareable) {
+    int rc = before_first_register(p, "shareable flag");
+    if (!rc) p->shareable = shareable ? 1 : 0;
+    return rc;
+}
+
+int tl_pool_set_tenant(tl_pool *p, int tenant) {
+    if (tenant < 0) return tl_set_error(TL_ERR_INVALID_ARG, "tenant %d must be >= 0", tenant);
+    int rc = before_first_register(p, "tenant");
+    if (!rc) p->tenant = tenant;
+    return rc;
 }
 
 int tl_pool_get_stats(const tl_pool *p, tl_pool_stats *o) {
@@ -112,8 +142,10 @@ void tl_pool_count_lookup(tl_pool *p, const int32_t *prompt, int n, int loops, i
     /* Entries the prompt starts with were used now (the LRU policy). */
     for (int i = 0; i < p->n; i++) {
         const pool_entry *e = &p->e[i];
-        if (e->n <= n && e->loops == loops && e->window == window && !memcmp(e->tokens, prompt, (size_t)e->n * 4))
+        if (e->n <= n && e->loops == loops && e->window == window && !memcmp(e->tokens, prompt, (size_t)e->n * 4)) {
             p->e[i].last_use = ++p->clock;
+            p->e[i].hits++;
+        }
     }
     p->st.lookups++;
     if (matched > 0) {
@@ -137,9 +169,12 @@ static int victim(const tl_pool *p) {
     int v = 0;
     for (int i = 1; i < p->n; i++) {
         const pool_entry *a = &p->e[i], *b = &p->e[v];
-        if (p->policy == TL_POOL_EVICT_LRU ? a->last_use < b->last_use
-                                           : (a->n < b->n || (a->n == b->n && a->order < b->order)))
-            v = i;
+        int worse;
+        if (p->policy == TL_POOL_EVICT_LRU) worse = a->last_use < b->last_use;
+        else if (p->policy == TL_POOL_EVICT_COST)
+            worse = (double)a->n * (1.0 + (double)a->hits) < (double)b->n * (1.0 + (double)b->hits);
+        else worse = a->n < b->n || (a->n == b->n && a->order < b->order);
+        if (worse) v = i;
     }
     return v;
 }
@@ -170,7 +205,7 @@ int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int 
         return n;
     }
     tl_sched_compute_lock(m);
-    int ns = tl_sched_namespace(m, eff, window, 0);
+    int ns = tl_sched_namespace(m, eff, window, p->shareable ? 0 : p->salt);
     tl_sched_compute_unlock(m);
     if (ns < 0) return 0;
     int32_t *copy = malloc((size_t)n * sizeof *copy);
@@ -184,7 +219,8 @@ int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int 
         p->st.evictions++;
         drop_entry(p, victim(p));
     }
-    tl_radix_node *node = tl_sched_cache_prefix(m, ns, eff, window, tokens, n);
+    tl_radix_node *node = tl_sched_cache_prefix(m, ns, eff, window, tokens, n, p->tenant);
+    if (node) node->shareable += p->shareable;
     tl_sched_compute_unlock(m);
     if (!node) {
         free(copy);
@@ -213,6 +249,9 @@ int tl_generate_with_pool(tl_model *m, tl_pool *p, const int32_t *prompt, int n_
         return tl_set_error(TL_ERR_BUFFER, "output buffer of %d tokens is smaller than prompt %d + max_tokens %d", cap,
                             n_prompt, gp.max_tokens);
     memmove(out, prompt, (size_t)n_prompt * sizeof *out);
+    /* A salted pool looks in its own namespace; its tenant is charged. */
+    if (!gp.salt && !p->shareable) gp.salt = p->salt;
+    if (!gp.tenant) gp.tenant = p->tenant;
     rc = tl_sched_run(m, out, n_prompt, &gp, p, out + n_prompt, cap - n_prompt, NULL);
     if (rc < 0 && rc != TL_ERR_INVALID_ARG && rc != TL_ERR_TOO_LONG && !gp.no_cache) {
         /* Any failure on the cached path falls through to plain generation. */

@@ -71,8 +71,30 @@ static void kid_remove(tl_radix_node *n, tl_radix_node *k) {
 
 static int ns_depth(const tl_radix *t, int ns) { return t->ns[ns].depth; }
 
+/* Grows the per-tenant tables to cover tenant; -1 on no memory. */
+static int tenant_slot(tl_radix *t, int tenant) {
+    if (tenant < 0) return -1;
+    if (tenant < t->n_tenants) return 0;
+    int n = t->n_tenants ? t->n_tenants : 8;
+    while (n <= tenant) n *= 2;
+    int32_t *u = realloc(t->usage, (size_t)n * sizeof *u);
+    if (!u) return -1;
+    t->usage = u;
+    int32_t *b = realloc(t->budget, (size_t)n * sizeof *b);
+    if (!b) return -1;
+    t->budget = b;
+    for (int i = t->n_tenants; i < n; i++) t->usage[i] = t->budget[i] = 0;
+    t->n_tenants = n;
+    return 0;
+}
+
+static void charge(tl_radix *t, const tl_radix_node *n, int blocks) {
+    if (n->tenant >= 0 && n->tenant < t->n_tenants) t->usage[n->tenant] += blocks;
+}
+
 static void node_release_blocks(tl_radix *t, tl_radix_node *n) {
     int depth = ns_depth(t, n->ns);
+    charge(t, n, -n->n_lb * depth);
     for (int i = 0; i < n->n_lb * depth; i++) tl_kv_unref(t->kv, n->blocks[i]);
     free(n->blocks);
     n->blocks = NULL;
@@ -106,6 +128,8 @@ int tl_radix_init(tl_radix *t, tl_kv_pool *kv) {
 void tl_radix_destroy(tl_radix *t) {
     for (int i = 0; i < t->n_ns; i++) free_subtree(t, t->ns[i].root);
     free(t->ns);
+    free(t->usage);
+    free(t->budget);
     memset(t, 0, sizeof *t);
 }
 
@@ -199,7 +223,7 @@ int tl_radix_share(tl_radix *t, tl_radix_node *node, int len, tl_block_table *bt
 /* A new node for tokens[0..n) at absolute position start, holding the
  * blocks of `bt` (or of `from`, a node covering a superset) that overlap it. */
 static tl_radix_node *node_new(tl_radix *t, int ns, const int32_t *tokens, int n, int start,
-                               const int32_t *src_ids, int src_lb_first) {
+                               const int32_t *src_ids, int src_lb_first, int tenant) {
     int bs = t->kv->block_size, depth = ns_depth(t, ns);
     tl_radix_node *k = calloc(1, sizeof *k);
     if (!k) return NULL;
@@ -223,6 +247,9 @@ static tl_radix_node *node_new(tl_radix *t, int ns, const int32_t *tokens, int n
         k->blocks[i] = id;
     }
     k->last_access = ++t->clock;
+    k->id = ++t->next_id;
+    k->tenant = tenant_slot(t, tenant) == 0 ? tenant : 0;
+    charge(t, k, k->n_lb * depth);
     t->n_nodes++;
     t->cached_tokens += n;
     return k;
@@ -230,7 +257,7 @@ static tl_radix_node *node_new(tl_radix *t, int ns, const int32_t *tokens, int n
 
 /* Splits k after its first i tokens; returns the new upper node. */
 static tl_radix_node *split(tl_radix *t, tl_radix_node *k, int i) {
-    tl_radix_node *u = node_new(t, k->ns, k->tokens, i, k->start, k->blocks, k->lb_first);
+    tl_radix_node *u = node_new(t, k->ns, k->tokens, i, k->start, k->blocks, k->lb_first, k->tenant);
     if (!u) return NULL;
     int bs = t->kv->block_size, depth = ns_depth(t, k->ns);
     /* k keeps only the blocks overlapping its new range. */
@@ -244,6 +271,7 @@ static tl_radix_node *split(tl_radix *t, tl_radix_node *k, int i) {
         return NULL;
     }
     for (int j = 0; j < drop * depth; j++) tl_kv_unref(t->kv, k->blocks[j]);
+    charge(t, k, -drop * depth);
     memcpy(blocks, k->blocks + drop * depth, (size_t)(k->n_lb - drop) * (size_t)depth * sizeof *blocks);
     memcpy(tokens, k->tokens + i, (size_t)(k->n_tokens - i) * sizeof *tokens);
     free(k->blocks);
@@ -259,7 +287,6 @@ static tl_radix_node *split(tl_radix *t, tl_radix_node *k, int i) {
     u->lock = k->lock;
     u->hits = k->hits;
     u->last_access = k->last_access;
-    u->tenant = k->tenant;
     u->parent = k->parent;
     kid_replace(k->parent, k, u);
     k->parent = u;
@@ -282,14 +309,15 @@ tl_radix_node *tl_radix_cut(tl_radix *t, tl_radix_node *node, int len) {
     return u ? u : node;
 }
 
-tl_radix_node *tl_radix_insert(tl_radix *t, int ns, const int32_t *tokens, int n, const tl_block_table *bt) {
+tl_radix_node *tl_radix_insert(tl_radix *t, int ns, const int32_t *tokens, int n, const tl_block_table *bt,
+                               int tenant) {
     tl_radix_node *node = t->ns[ns].root;
     int pos = 0;
     assert(bt->depth == ns_depth(t, ns));
     while (pos < n) {
         tl_radix_node *k = kid_find(node, tokens[pos]);
         if (!k) {
-            tl_radix_node *leaf = node_new(t, ns, tokens + pos, n - pos, pos, bt->ids, 0);
+            tl_radix_node *leaf = node_new(t, ns, tokens + pos, n - pos, pos, bt->ids, 0, tenant);
             if (!leaf) return NULL;
             leaf->parent = node;
             if (kid_add(node, leaf)) {
@@ -319,11 +347,21 @@ static void remove_leaf(tl_radix *t, tl_radix_node *n) {
     node_free(t, n);
 }
 
+static int over_budget(const tl_radix *t, int tenant) {
+    return tenant >= 0 && tenant < t->n_tenants && t->budget[tenant] > 0 && t->usage[tenant] > t->budget[tenant];
+}
+
 static double score_of(const tl_radix *t, const tl_radix_node *n) {
-    if (t->score) return t->score(n, t->clock, t->score_ud);
-    const tl_evict_weights *w = &t->weights;
-    return w->w_recency * (double)n->last_access + w->w_hits * n->hits + w->w_tokens * n->n_tokens +
-           w->w_depth * n->start;
+    double s;
+    if (t->score) {
+        s = t->score(n, t->clock, t->score_ud);
+    } else {
+        const tl_evict_weights *w = &t->weights;
+        s = w->w_recency * (double)n->last_access + w->w_hits * n->hits + w->w_tokens * n->n_tokens +
+            w->w_depth * n->start;
+    }
+    /* A tenant over its KV budget pays first. */
+    return over_budget(t, n->tenant) ? s - 1e30 : s;
 }
 
 typedef struct {
@@ -380,6 +418,38 @@ int tl_radix_evict(tl_radix *t, int need) {
         free(c.s);
     }
     return t->kv->n_free - freed0;
+}
+
+int tl_radix_set_budget(tl_radix *t, int tenant, int max_blocks) {
+    if (tenant_slot(t, tenant)) return -1;
+    t->budget[tenant] = max_blocks > 0 ? max_blocks : 0;
+    return 0;
+}
+
+int tl_radix_tenant_usage(const tl_radix *t, int tenant) {
+    return tenant >= 0 && tenant < t->n_tenants ? t->usage[tenant] : 0;
+}
+
+static void collect_tenant(tl_radix_node *n, int tenant, tl_radix_node **best) {
+    if (n->n_kids == 0) {
+        if (n->parent && n->lock == 0 && n->pin == 0 && n->tenant == tenant &&
+            (!*best || n->last_access < (*best)->last_access))
+            *best = n;
+        return;
+    }
+    for (int i = 0; i < n->cap_kids; i++)
+        if (n->kids[i]) collect_tenant(n->kids[i], tenant, best);
+}
+
+void tl_radix_enforce_budget(tl_radix *t, int tenant) {
+    while (over_budget(t, tenant)) {
+        tl_radix_node *victim = NULL;
+        for (int i = 0; i < t->n_ns; i++) collect_tenant(t->ns[i].root, tenant, &victim);
+        if (!victim) return;
+        t->evictions++;
+        t->evicted_tokens += victim->n_tokens;
+        remove_leaf(t, victim);
+    }
 }
 
 void tl_radix_prune(tl_radix *t, tl_radix_node *n) {

@@ -48,10 +48,12 @@ struct tl_radix_node {
     int lb_first, n_lb;     /* logical blocks held: [lb_first, lb_first + n_lb) */
     int32_t *blocks;        /* (n_lb, depth) block ids */
     int lock, pin;
+    int shareable;          /* pins by shareable pool entries: reusable across salts */
     uint64_t last_access;   /* tree clock tick */
     uint32_t hits;
     int ns;                 /* namespace index */
-    int tenant;             /* for the eviction policy's score */
+    int tenant;             /* owner for budgets and the eviction score */
+    int64_t id;             /* stable identifier (statistics, policies) */
 };
 
 typedef struct tl_radix_ns {
@@ -81,6 +83,10 @@ struct tl_radix {
     void *score_ud;
     /* statistics */
     int64_t n_nodes, cached_tokens, evictions, evicted_tokens;
+    int64_t next_id;
+    /* per-tenant block references held by nodes, and budgets (0 = none) */
+    int32_t *usage, *budget;
+    int n_tenants;
 };
 
 int tl_radix_init(tl_radix *t, tl_kv_pool *kv);
@@ -112,7 +118,15 @@ int tl_radix_share(tl_radix *t, tl_radix_node *node, int len, tl_block_table *bt
  * nodes are reused, split where the new tokens diverge, and a new leaf
  * takes references on bt's blocks for its positions. Returns the node
  * ending at position n (for pinning), or NULL when out of memory. */
-tl_radix_node *tl_radix_insert(tl_radix *t, int ns, const int32_t *tokens, int n, const tl_block_table *bt);
+tl_radix_node *tl_radix_insert(tl_radix *t, int ns, const int32_t *tokens, int n, const tl_block_table *bt,
+                               int tenant);
+
+/* Sets a tenant's budget in block references (0 = none); -1 on no memory. */
+int tl_radix_set_budget(tl_radix *t, int tenant, int max_blocks);
+int tl_radix_tenant_usage(const tl_radix *t, int tenant);
+/* Evicts the tenant's own unlocked, unpinned leaves (LRU) while it is over
+ * its budget. */
+void tl_radix_enforce_budget(tl_radix *t, int tenant);
 
 /* Evicts unlocked, unpinned leaves, lowest score first, until at least
  * `blocks_needed` blocks are free in the pool or nothing is evictable.

@@ -119,8 +119,10 @@ static tl_request *find(const tl_model *m, int64_t id) {
  * the cache first. */
 static void request_stop(tl_model *m, tl_request *r, int insert) {
     if (r->seq) {
-        if (insert && r->ns >= 0 && r->seq->n_pos > 0)
-            tl_radix_insert(&m->cache, r->ns, r->tokens, r->seq->n_pos, &r->seq->bt);
+        if (insert && r->ns >= 0 && r->seq->n_pos > 0) {
+            tl_radix_insert(&m->cache, r->ns, r->tokens, r->seq->n_pos, &r->seq->bt, r->p.tenant);
+            tl_radix_enforce_budget(&m->cache, r->p.tenant);
+        }
         tl_seq_free(r->seq);
         r->seq = NULL;
     }
@@ -236,6 +238,18 @@ static int admit(tl_model *m, tl_request *r) {
     if (r->ns < 0) return TL_ERR_NOMEM;
     tl_radix_node *node = NULL;
     int L = tl_radix_match(&m->cache, r->ns, r->tokens, r->n_prompt, r->n_prompt - 1, &node);
+    if (r->p.salt != 0) { /* a salted request may also reuse shareable (operator) prefixes */
+        int ns0 = tl_sched_namespace(m, r->p.loops, r->p.cache_window, 0);
+        tl_radix_node *n0 = NULL;
+        int L0 = ns0 >= 0 ? tl_radix_match(&m->cache, ns0, r->tokens, r->n_prompt, r->n_prompt - 1, &n0) : 0;
+        /* the deepest shareable node whose tokens all matched */
+        for (; n0 && n0->parent; n0 = n0->parent)
+            if (n0->shareable > 0 && n0->start + n0->n_tokens <= L0) break;
+        if (n0 && n0->parent && n0->start + n0->n_tokens > L) {
+            L = n0->start + n0->n_tokens;
+            node = n0;
+        }
+    }
     s->st.lookups++;
     /* Any failure to reuse the cache falls through to computing everything. */
     if (L > 0 && tl_radix_share(&m->cache, node, L, &r->seq->bt) == 0) {
@@ -618,7 +632,8 @@ int tl_sched_run(tl_model *m, const int32_t *prompt, int n_prompt, const tl_gene
     return rc;
 }
 
-tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window, const int32_t *tokens, int n) {
+tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window, const int32_t *tokens, int n,
+                                     int tenant) {
     tl_radix_node *node = NULL;
     int L = tl_radix_match(&m->cache, ns, tokens, n, n, &node);
     tl_seq *seq = NULL;
@@ -637,7 +652,7 @@ tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window,
         if (tl_forward(m, &seq, &t, &chunk, 1, NULL, NULL)) goto out;
         m->sched->st.prefill_tokens += chunk;
     }
-    end = tl_radix_insert(&m->cache, ns, tokens, n, &seq->bt);
+    end = tl_radix_insert(&m->cache, ns, tokens, n, &seq->bt, tenant);
     if (!end) tl_set_error(TL_ERR_NOMEM, "out of memory inserting a prefix into the cache");
     else end->pin++;
 out:
@@ -682,6 +697,52 @@ int tl_model_get_stats(const tl_model *m, tl_cache_stats *o) {
     pthread_mutex_unlock(&s->mu);
     if (!engine) tl_sched_stats_now(m, o);
     return TL_OK;
+}
+
+int tl_model_set_tenant_budget(tl_model *m, int tenant, int max_blocks) {
+    if (!m || !m->sched) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
+    if (tenant < 0 || tenant > 1 << 20)
+        return tl_set_error(TL_ERR_INVALID_ARG, "tenant %d must be in [0, %d]", tenant, 1 << 20);
+    if (max_blocks < 0) return tl_set_error(TL_ERR_INVALID_ARG, "max_blocks %d must be >= 0", max_blocks);
+    tl_sched_compute_lock(m);
+    int rc = tl_radix_set_budget(&m->cache, tenant, max_blocks);
+    if (rc == 0) tl_radix_enforce_budget(&m->cache, tenant);
+    tl_sched_compute_unlock(m);
+    return rc ? tl_set_error(TL_ERR_NOMEM, "out of memory for tenant budgets") : TL_OK;
+}
+
+int tl_model_tenant_blocks(tl_model *m, int tenant) {
+    if (!m) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
+    tl_sched_compute_lock(m);
+    int n = tl_radix_tenant_usage(&m->cache, tenant);
+    tl_sched_compute_unlock(m);
+    return n;
+}
+
+typedef struct {
+    tl_cache_node *out;
+    int cap, n;
+} nodes_ctx;
+
+static void add_node(const tl_radix_node *n, const tl_radix_ns *ns, void *ud) {
+    nodes_ctx *c = ud;
+    if (c->n < c->cap)
+        c->out[c->n] = (tl_cache_node){.id = n->id, .parent = n->parent && n->parent->parent ? n->parent->id : 0,
+                                       .start = n->start, .n_tokens = n->n_tokens, .n_blocks = n->n_lb * ns->depth,
+                                       .hits = n->hits, .last_access = n->last_access, .tenant = n->tenant,
+                                       .pinned = n->pin > 0, .locked = n->lock > 0, .leaf = n->n_kids == 0,
+                                       .shareable = n->shareable > 0, .loops = ns->loops,
+                                       .cache_window = ns->cache_window, .salt = ns->salt};
+    c->n++;
+}
+
+int tl_model_cache_nodes(tl_model *m, tl_cache_node *out, int cap) {
+    if (!m || cap < 0 || (cap > 0 && !out)) return tl_set_error(TL_ERR_INVALID_ARG, "cache_nodes: bad arguments");
+    nodes_ctx c = {out, cap, 0};
+    tl_sched_compute_lock(m);
+    tl_radix_walk(&m->cache, add_node, &c);
+    tl_sched_compute_unlock(m);
+    return c.n;
 }
 
 int tl_model_set_evict_weights(tl_model *m, double recency, double hits, double tokens, double depth) {

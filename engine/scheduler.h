@@ -80,7 +80,8 @@ int tl_sched_run(tl_model *m, const int32_t *prompt, int n_prompt, const tl_gene
                  int32_t *out, int cap, int *n_cached);
 /* Fills the KV of tokens into the cache (reusing what is there), and
  * returns the node ending exactly at n with one pin taken, or NULL. */
-tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window, const int32_t *tokens, int n);
+tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window, const int32_t *tokens, int n,
+                                     int tenant);
 /* Ids in the vocab, at least one. */
 int tl_sched_check_tokens(const tl_model *m, const int32_t *tokens, int n);
 int tl_sched_check_prompt(const tl_model *m, const int32_t *prompt, int n_prompt, int max_tokens);

@@ -142,6 +142,7 @@ typedef struct tl_generate_params {
     uint64_t salt;        /* cache isolation: requests only share KV with equal salt (0 = shared) */
     int no_cache;         /* 1: neither use nor fill the prefix cache */
     int priority;         /* admission order: higher first, then submission order */
+    int tenant;           /* tenant id (>= 0) for per-tenant KV budgets and eviction; 0 = default */
     tl_sampling_params sampling;
 } tl_generate_params;
 
@@ -255,13 +256,27 @@ int tl_engine_notify_fd(const tl_model *model);
  * the KV nothing else references; closing the model first detaches the
  * pool (it then reports size 0). */
 
-enum tl_pool_policy { TL_POOL_EVICT_SHORTEST = 0, TL_POOL_EVICT_LRU = 1 };
+/* SHORTEST: the seed's rule. LRU: least recently used. COST: the lowest
+ * estimated value of keeping it, tokens x (1 + hits) (recompute cost times
+ * use), so long, popular prefixes stay. */
+enum tl_pool_policy { TL_POOL_EVICT_SHORTEST = 0, TL_POOL_EVICT_LRU = 1, TL_POOL_EVICT_COST = 2 };
 
 int tl_pool_new(int capacity, tl_pool **out);
 void tl_pool_free(tl_pool *pool);
 int tl_pool_size(const tl_pool *pool);
 int64_t tl_pool_total_cached_tokens(const tl_pool *pool);
 int tl_pool_set_policy(tl_pool *pool, int policy);
+/* Cache isolation for the pool's entries: they are built in the salt's
+ * namespace and only requests with the same salt match them (0 = the
+ * common namespace). Set before the first register. */
+int tl_pool_set_salt(tl_pool *pool, uint64_t salt);
+/* Marks the pool's entries shareable across salts: a request with any salt
+ * may reuse the KV of a shareable entry (an operator's system prompt) while
+ * everything after it stays in the request's own namespace. Only prefixes
+ * registered this way cross tenants. Set before the first register. */
+int tl_pool_set_shareable(tl_pool *pool, int shareable);
+/* Tenant id charged for the pool's entries (per-tenant budgets). */
+int tl_pool_set_tenant(tl_pool *pool, int tenant);
 
 /* Prefills tokens once and pins them. Returns n_tokens (the matchable
  * length) on success, 0 on invalid arguments or failure (message in
@@ -323,6 +338,29 @@ int tl_model_get_stats(const tl_model *model, tl_cache_stats *out);
  * hits*hits + tokens*cached_tokens + depth*start_position; lowest first.
  * {1, 0, 0, 0} is LRU (the default). */
 int tl_model_set_evict_weights(tl_model *model, double recency, double hits, double tokens, double depth);
+/* Per-tenant KV budget in blocks (0 = none). A tenant over its budget has
+ * its own unpinned cache entries evicted first, so one tenant's burst does
+ * not flush another tenant's cache; pinned entries are never evicted. */
+int tl_model_set_tenant_budget(tl_model *model, int tenant, int max_blocks);
+
+/* One radix-tree node, for policies, shadow eviction and the REPL. */
+typedef struct tl_cache_node {
+    int64_t id;            /* stable while the node lives */
+    int64_t parent;        /* 0 for a top-level node */
+    int start, n_tokens;   /* positions [start, start + n_tokens) */
+    int n_blocks;          /* block references it holds */
+    uint32_t hits;
+    uint64_t last_access;  /* cache clock */
+    int tenant, pinned, locked, leaf, shareable;
+    int loops, cache_window;
+    uint64_t salt;
+} tl_cache_node;
+
+/* Copies up to cap nodes (depth first) and returns how many there are in
+ * all (call with cap 0 to size the buffer). Takes the compute lock. */
+int tl_model_cache_nodes(tl_model *model, tl_cache_node *out, int cap);
+/* Blocks held by tenant's cache entries (shared blocks counted once per holder). */
+int tl_model_tenant_blocks(tl_model *model, int tenant);
 
 #if defined(__GNUC__)
 #pragma GCC visibility pop

@@ -147,14 +147,14 @@ static void bench_radix(void) {
         memcpy(e, prompt, (size_t)share * sizeof *e);
         fill(e + share, ELEN - share, 30000, (uint32_t)i + 11);
         tl_block_table_reserve(&bt, &kv, ELEN);
-        tl_radix_insert(&t, ns, e, ELEN, &bt);
+        tl_radix_insert(&t, ns, e, ELEN, &bt, 0);
         tl_block_table_release(&bt, &kv);
         bt.depth = 1;
     }
     double ins = (tl_now() - t0) / ENTRIES;
     /* one long entry: the prompt's first 3000 tokens */
     tl_block_table_reserve(&bt, &kv, 3000);
-    tl_radix_insert(&t, ns, prompt, 3000, &bt);
+    tl_radix_insert(&t, ns, prompt, 3000, &bt, 0);
     tl_block_table_release(&bt, &kv);
     int reps = 2000, L = 0;
     t0 = tl_now();

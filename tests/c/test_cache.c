@@ -334,7 +334,89 @@ static void test_handles(void) {
     remove(path);
 }
 
+/* ---- tenants: salts with a shared operator prompt, budgets, the cost policy ---- */
+
+static void test_tenants(void) {
+    tm_spec s = tm_default_spec();
+    const char *path = tmp_path("tenants");
+    tm_write(&s, path);
+    tl_model_params mp = tl_model_default_params();
+    mp.kv_block_size = 4;
+    tl_model *m = NULL;
+    tl_model_open(path, mp, &m);
+    if (!m) { CHECK(0, "tenant model opens: %s", tl_last_error()); return; }
+    int32_t op[20], prompt[60], out[8];
+    for (int i = 0; i < 20; i++) op[i] = 3 + (i * 17) % 300;
+    memcpy(prompt, op, sizeof op);
+    for (int i = 20; i < 50; i++) prompt[i] = 3 + (i * 29 + 1) % 300;
+    tl_pool *shared;
+    tl_pool_new(2, &shared);
+    tl_pool_set_shareable(shared, 1);
+    CHECK(tl_pool_register(m, shared, op, 20, 0, 0) == 20, "the operator prompt registers in a shareable pool");
+    tl_generate_params a = greedy(4, 0), b = greedy(4, 0);
+    a.salt = 11, a.tenant = 1;
+    b.salt = 22, b.tenant = 2;
+    int64_t h0 = hit_tokens(m);
+    tl_generate(m, prompt, 50, a, out, 4);
+    int64_t ha1 = hit_tokens(m) - h0;
+    h0 = hit_tokens(m);
+    tl_generate(m, prompt, 50, a, out, 4);
+    int64_t ha2 = hit_tokens(m) - h0;
+    h0 = hit_tokens(m);
+    tl_generate(m, prompt, 50, b, out, 4);
+    int64_t hb = hit_tokens(m) - h0;
+    CHECK(ha1 == 20, "tenant A's first request reuses the shared operator prompt (%lld tokens)", (long long)ha1);
+    CHECK(ha2 == 49, "tenant A's repeat reuses its own private continuation (%lld tokens)", (long long)ha2);
+    CHECK(hb == 20, "tenant B with the same tokens only reuses the operator prompt, never A's blocks (%lld)",
+          (long long)hb);
+    int n = tl_model_cache_nodes(m, NULL, 0);
+    tl_cache_node *nodes = calloc((size_t)n, sizeof *nodes);
+    tl_model_cache_nodes(m, nodes, n);
+    int salted = 0, shareable = 0;
+    for (int i = 0; i < n; i++) {
+        salted += nodes[i].salt == 11 && nodes[i].tenant == 1;
+        shareable += nodes[i].shareable && nodes[i].pinned;
+    }
+    CHECK(n > 0 && salted > 0 && shareable == 1, "cache_nodes lists tenant A's nodes and the shared pinned prompt");
+    free(nodes);
+    CHECK(tl_model_tenant_blocks(m, 1) > 0, "tenant A is charged for its blocks (%d)", tl_model_tenant_blocks(m, 1));
+
+    /* budgets: tenant 3 bursting stays within 12 blocks and leaves tenant 1's cache alone */
+    tl_model_set_tenant_budget(m, 3, 12);
+    tl_generate_params c = greedy(4, 0);
+    c.tenant = 3;
+    for (int k = 0; k < 10; k++) {
+        int32_t p3[30];
+        for (int i = 0; i < 30; i++) p3[i] = 3 + (k * 31 + i * 7) % 300;
+        tl_generate(m, p3, 30, c, out, 4);
+    }
+    CHECK(tl_model_tenant_blocks(m, 3) <= 12, "a tenant over its KV budget evicts its own entries (%d <= 12 blocks)",
+          tl_model_tenant_blocks(m, 3));
+    h0 = hit_tokens(m);
+    tl_generate(m, prompt, 50, a, out, 4);
+    CHECK(hit_tokens(m) - h0 == 49, "another tenant's cached conversation survives the burst");
+    check_invariants(m, "after the tenant tests");
+
+    /* the cost-aware pool policy keeps a short, popular entry over a long, unused one */
+    tl_pool *p;
+    tl_pool_new(2, &p);
+    tl_pool_set_policy(p, TL_POOL_EVICT_COST);
+    int32_t t[64], full[64];
+    for (int i = 0; i < 64; i++) t[i] = 3 + (i * 5 + 2) % 300;
+    tl_pool_register(m, p, t, 10, 0, 0);
+    tl_pool_register(m, p, t + 30, 20, 0, 0);
+    for (int k = 0; k < 5; k++) tl_generate_with_pool(m, p, t, 12, greedy(2, 0), full, 14);
+    tl_pool_register(m, p, t + 1, 8, 0, 0);
+    CHECK(tl_pool_total_cached_tokens(p) == 18, "the cost policy drops the long unused entry, not the popular one (%lld)",
+          (long long)tl_pool_total_cached_tokens(p));
+    tl_pool_free(p);
+    tl_pool_free(shared);
+    tl_model_close(m);
+    remove(path);
+}
+
 int main(void) {
+    test_tenants();
     test_equivalence();
     test_sharing();
     test_pool_semantics();
