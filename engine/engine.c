@@ -39,6 +39,25 @@ static void notify(tl_model *m, const tl_cache_stats *st) {
     /* A full pipe drops ids (EAGAIN): readers poll what they wait for. */
     if (n && write(s->notify_wr, ids, (size_t)n * sizeof *ids) < 0 && errno != EAGAIN) {
     }
+    int ext = __atomic_load_n(&s->notify_ext, __ATOMIC_ACQUIRE);
+    if (n && ext >= 0 && write(ext, ids, (size_t)n * sizeof *ids) < 0 && errno != EAGAIN) {
+    }
+}
+
+int tl_engine_notify_attach(tl_model *m, int fd) {
+    if (!m || !m->sched) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
+    tl_sched *s = m->sched;
+    if (!s->engine_running) return tl_set_error(TL_ERR_STATE, "no engine thread is running");
+    int dup_fd = -1;
+    if (fd >= 0 && (dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
+        return tl_set_error(TL_ERR_IO, "cannot duplicate descriptor %d: %s", fd, strerror(errno));
+    /* Swap under the compute lock: the engine writes between steps only. */
+    pthread_mutex_lock(&s->compute_mu);
+    int old = s->notify_ext;
+    __atomic_store_n(&s->notify_ext, dup_fd, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&s->compute_mu);
+    if (old >= 0) close(old);
+    return TL_OK;
 }
 
 static void *engine_main(void *p) {
@@ -103,7 +122,8 @@ void tl_engine_stop(tl_model *m) {
     s->engine_running = 0;
     close(s->notify_rd);
     close(s->notify_wr);
-    s->notify_rd = s->notify_wr = -1;
+    if (s->notify_ext >= 0) close(s->notify_ext);
+    s->notify_rd = s->notify_wr = s->notify_ext = -1;
     pthread_cond_broadcast(&s->done_cv); /* synchronous waiters see the engine gone */
     pthread_mutex_unlock(&s->mu);
 }

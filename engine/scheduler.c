@@ -23,7 +23,7 @@ int tl_sched_init(tl_model *m) {
     s->next_id = 1;
     s->prefill_budget = PREFILL_BUDGET;
     s->max_queue = 1024;
-    s->notify_rd = s->notify_wr = -1;
+    s->notify_rd = s->notify_wr = s->notify_ext = -1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->compute_mu, NULL);
     pthread_cond_init(&s->cv, NULL);

@@ -42,6 +42,7 @@ typedef struct tl_sched {
     pthread_t thread;
     int engine_running, stop;
     int notify_rd, notify_wr;
+    int notify_ext;          /* attached descriptor (dup owned by the engine), -1 = none */
     tl_cache_stats snap;     /* statistics published after each engine step */
     int weights_pending;
     tl_evict_weights weights;

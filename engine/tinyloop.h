@@ -244,6 +244,11 @@ int tl_engine_start(tl_model *model, int max_queue);   /* max_queue <= 0: 1024 *
 void tl_engine_stop(tl_model *model);
 /* Read end of the notification pipe (non-blocking), -1 without an engine. */
 int tl_engine_notify_fd(const tl_model *model);
+/* Also writes the ids to fd (e.g. a connected AF_UNIX socket an nginx
+ * cosocket reads; the caller sets O_NONBLOCK). The engine keeps its own
+ * dup of fd and closes it in tl_engine_stop; fd < 0 detaches. Returns
+ * TL_ERR_STATE without a running engine. */
+int tl_engine_notify_attach(tl_model *model, int fd);
 
 /* ---- prefix pool (the explicit cache) -----------------------------------------
  *

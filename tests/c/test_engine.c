@@ -4,6 +4,7 @@
  * queue is refused, KV pressure queues instead of failing, and synchronous
  * calls keep working while the engine runs. */
 #include <poll.h>
+#include <sys/socket.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <unistd.h>
@@ -116,6 +117,25 @@ int main(void) {
         tl_request_release(model, ids[i]);
     }
     CHECK(bad == 0, "32 concurrent requests that exceed KV memory queue and all complete (%d bad)", bad);
+
+    /* an attached socket receives the same ids */
+    int sv[2];
+    socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+    CHECK(tl_engine_notify_attach(model, sv[0]) == TL_OK, "a socket attaches to the engine's notifications");
+    close(sv[0]);
+    int64_t aid;
+    tl_generate_params agp = greedy();
+    tl_request_submit(model, prompts[1], 24, &agp, NULL, &aid);
+    int64_t got_id = -1;
+    struct pollfd pfd = {.fd = sv[1], .events = POLLIN};
+    if (poll(&pfd, 1, 5000) > 0 && read(sv[1], &got_id, sizeof got_id) != sizeof got_id) got_id = -1;
+    CHECK(got_id == aid, "the attached socket receives the request id with news (%lld vs %lld)", (long long)got_id,
+          (long long)aid);
+    int32_t aout[GEN];
+    CHECK(collect(aid, aout) == GEN && !memcmp(aout, expect[1], sizeof aout), "... and the request completes");
+    tl_request_release(model, aid);
+    tl_engine_notify_attach(model, -1);
+    close(sv[1]);
 
     /* synchronous calls while the engine runs */
     int32_t out[GEN];
