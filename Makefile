@@ -15,7 +15,10 @@ TOOLS    := bin/tl-gen-model
 
 ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-MODEL   ?= ../shared/models/stories260K.gguf
+# The default model for `make run` (fetched on first use); `make run MODEL=x.gguf` for any other.
+DEFAULT_MODEL := $(or $(TINYLOOP_MODELS),$(HOME)/.cache/tinyloop/models)/gemma-3-270m-q4_k_m.gguf
+MODEL   ?= $(DEFAULT_MODEL)
+SMALL_MODEL := ../shared/models/stories260K.gguf
 
 .PHONY: all test test-c test-asan fuzz bench run repl model clean deps
 all: build/libtinyloop.so build/libtinyloop.a bin/tinyloop $(TOOLS) lua/tinyloop/cdef.lua
@@ -93,18 +96,23 @@ build/bench/stories110M-%.gguf: bin/tl-gen-model
 
 bench: all $(BENCH_MODELS)
 	@echo "== all threads"
-	./bin/tinyloop bench -m $(MODEL) $(BENCH_MODELS:%=-m %)
+	./bin/tinyloop bench -m $(SMALL_MODEL) $(BENCH_MODELS:%=-m %)
 	@echo "== one thread (llama.cpp on this machine, one thread: stories260K ~10000, f32 ~85, f16 ~128, q8_0 ~200, q4_0 ~285 decode tok/s)"
-	./bin/tinyloop bench -t 1 -m $(MODEL) $(BENCH_MODELS:%=-m %)
+	./bin/tinyloop bench -t 1 -m $(SMALL_MODEL) $(BENCH_MODELS:%=-m %)
 	@echo "== prefix cache (ratios measured in this run)"
-	./bin/tinyloop bench cache -m $(MODEL) --max-seq-len 512
+	./bin/tinyloop bench cache -m $(SMALL_MODEL) --max-seq-len 512
 	./bin/tinyloop bench cache -m build/bench/stories110M-q8_0.gguf --max-seq-len 2048
 
+# The main job: three tenants with system prompts in a PrefixPool (examples/serve_tenants.lua).
 run: deps all
-	./bin/tinyloop generate -m $(MODEL) -p "Once upon a time" -n 64
+	@if [ "$(MODEL)" = "$(DEFAULT_MODEL)" ]; then sh tests/tools/fetch_model.sh >/dev/null; fi
+	luajit examples/serve_tenants.lua $(MODEL)
+
+model:
+	sh tests/tools/fetch_model.sh
 
 repl: deps all
-	./bin/tinyloop repl $(MODEL)
+	./bin/tinyloop repl $(SMALL_MODEL)
 
 deps:
 	@sh tests/deps.sh

@@ -248,7 +248,7 @@ end
 local GEN_KEYS = keyset {
     "max_tokens", "loops", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
     "repeat_last_n", "seed", "ignore_eos", "cache_window", "salt", "no_cache", "as_cdata", "n",
-    "pool", "suffix", "n_suffix",
+    "pool", "suffix", "n_suffix", "tenant", "priority",
 }
 
 local function fill_params(fname, o, level)
@@ -261,6 +261,8 @@ local function fill_params(fname, o, level)
     gp.ignore_eos = opt_bool(fname, "ignore_eos", o.ignore_eos, level) and 1 or 0
     gp.no_cache = opt_bool(fname, "no_cache", o.no_cache, level) and 1 or 0
     gp.salt = opt_int(fname, "salt", o.salt, 0, 0, level)
+    gp.tenant = opt_int(fname, "tenant", o.tenant, 0, 0, level)
+    gp.priority = opt_int(fname, "priority", o.priority, 0, -INT_MAX, level)
     local s = gp_sampling
     s.temperature = opt_num(fname, "temperature", o.temperature, 1.0, level)
     s.top_k = opt_int(fname, "top_k", o.top_k, 50, 0, level)
@@ -327,16 +329,47 @@ function Pool:capacity()
 end
 
 
-local POOL_POLICY = { shortest = 0, lru = 1 }
+local POOL_POLICY = { shortest = 0, lru = 1, cost = 2 }
+local POOL_POLICY_NAME = { [0] = "shortest", [1] = "lru", [2] = "cost" }
 
--- set_policy("shortest" | "lru"): which entry a full pool drops.
+-- set_policy("shortest" | "lru" | "cost"): which entry a full pool drops.
 function Pool:set_policy(policy)
     local h = pool_handle(self, "set_policy", 2)
     local p = POOL_POLICY[policy]
     if not p then
-        bad("set_policy", "policy", "expected \"shortest\" or \"lru\", got " .. show(policy))
+        bad("set_policy", "policy", "expected \"shortest\", \"lru\" or \"cost\", got " .. show(policy))
     end
     C.tl_pool_set_policy(h, p)
+end
+
+
+-- set_salt(salt), set_shareable(bool), set_tenant(id): the namespace, the
+-- cross-salt sharing and the tenant charged for the pool's entries (set
+-- before the first register).
+function Pool:set_salt(salt)
+    local h = pool_handle(self, "set_salt", 2)
+    local rc = C.tl_pool_set_salt(h, opt_int("set_salt", "salt", salt, 0, 0, 2))
+    if rc ~= 0 then
+        raise_rc(rc, "set_salt", 2)
+    end
+end
+
+
+function Pool:set_shareable(on)
+    local h = pool_handle(self, "set_shareable", 2)
+    local rc = C.tl_pool_set_shareable(h, on and 1 or 0)
+    if rc ~= 0 then
+        raise_rc(rc, "set_shareable", 2)
+    end
+end
+
+
+function Pool:set_tenant(tenant)
+    local h = pool_handle(self, "set_tenant", 2)
+    local rc = C.tl_pool_set_tenant(h, opt_int("set_tenant", "tenant", tenant, 0, 0, 2))
+    if rc ~= 0 then
+        raise_rc(rc, "set_tenant", 2)
+    end
 end
 
 
@@ -344,7 +377,7 @@ function Pool:stats()
     C.tl_pool_get_stats(pool_handle(self, "stats", 2), pstats_buf)
     local s = pstats_buf[0]
     return {
-        size = s.size, capacity = s.capacity, policy = s.policy == 1 and "lru" or "shortest",
+        size = s.size, capacity = s.capacity, policy = POOL_POLICY_NAME[s.policy] or "shortest",
         total_cached_tokens = tonumber(s.total_cached_tokens), lookups = tonumber(s.lookups),
         hits = tonumber(s.hits), hit_tokens = tonumber(s.hit_tokens),
         registrations = tonumber(s.registrations), evictions = tonumber(s.evictions),
@@ -967,6 +1000,53 @@ function Model:stream(prompt, opts)
 end
 
 
+-- set_tenant_budget(tenant, max_blocks): per-tenant KV budget (0 = none);
+-- tenant_blocks(tenant) -> blocks its cache entries hold.
+function Model:set_tenant_budget(tenant, blocks)
+    local h = self.h or closed("set_tenant_budget", 2)
+    local rc = C.tl_model_set_tenant_budget(h, opt_int("set_tenant_budget", "tenant", tenant, 0, 0, 2),
+        opt_int("set_tenant_budget", "blocks", blocks, 0, 0, 2))
+    if rc ~= 0 then
+        raise_rc(rc, "set_tenant_budget", 2)
+    end
+end
+
+
+function Model:tenant_blocks(tenant)
+    local h = self.h or closed("tenant_blocks", 2)
+    local n = C.tl_model_tenant_blocks(h, opt_int("tenant_blocks", "tenant", tenant, 0, 0, 2))
+    if n < 0 then
+        raise_rc(n, "tenant_blocks", 2)
+    end
+    return n
+end
+
+
+-- cache_nodes() -> the radix tree's nodes (depth first) as an array of
+-- tables with the fields of tl_cache_node (ids as numbers, flags as booleans).
+function Model:cache_nodes()
+    local h = self.h or closed("cache_nodes", 2)
+    local n = C.tl_model_cache_nodes(h, nil, 0)
+    if n < 0 then
+        raise_rc(n, "cache_nodes", 2)
+    end
+    local buf = ffi_new("tl_cache_node[?]", n + 1)
+    n = math.min(n, C.tl_model_cache_nodes(h, buf, n + 1))
+    local out = {}
+    for i = 0, n - 1 do
+        local c = buf[i]
+        out[i + 1] = {
+            id = tonumber(c.id), parent = tonumber(c.parent), start = c.start, n_tokens = c.n_tokens,
+            n_blocks = c.n_blocks, hits = tonumber(c.hits), last_access = tonumber(c.last_access),
+            tenant = c.tenant, pinned = c.pinned ~= 0, locked = c.locked ~= 0, leaf = c.leaf ~= 0,
+            shareable = c.shareable ~= 0, loops = c.loops, cache_window = c.cache_window,
+            salt = tonumber(c.salt),
+        }
+    end
+    return out
+end
+
+
 -- stats() -> the model's cache statistics (tl_cache_stats) as a table.
 function Model:stats()
     local h = self.h or closed("stats", 2)
@@ -1004,6 +1084,113 @@ function Model:set_evict_weights(w)
     if rc ~= 0 then
         raise_rc(rc, "set_evict_weights", 2)
     end
+end
+
+
+-- chat_format(messages [, { add_assistant = true }]) -> text rendered with
+-- the model's chat template (see chat_template()); messages are
+-- { role = "system" | "user" | "assistant", content = "..." }. Tokenize the
+-- result with { parse_special = true }.
+function Model:chat_format(messages, opts)
+    local h = self.h or closed("chat_format", 2)
+    if type(messages) ~= "table" or #messages == 0 then
+        bad("chat_format", "messages", "expected a non-empty array of { role =, content = }")
+    end
+    local o = opt_table("chat_format", opts, 2)
+    local add = o.add_assistant
+    if add == nil then
+        add = true
+    end
+    local n = #messages
+    local msgs = ffi_new("tl_chat_message[?]", n)
+    local keep = {}
+    for i = 1, n do
+        local m = messages[i]
+        if type(m) ~= "table" or type(m.role) ~= "string" or type(m.content) ~= "string" then
+            bad("chat_format", "messages[" .. i .. "]", "expected { role = string, content = string }")
+        end
+        keep[#keep + 1] = m.role
+        keep[#keep + 1] = m.content
+        msgs[i - 1].role = m.role
+        msgs[i - 1].content = m.content
+    end
+    local need = C.tl_chat_format(h, msgs, n, add and 1 or 0, nil, 0)
+    if need >= 0 then
+        need = -(need + 1)
+    end
+    if -need <= 10 and need > -1 then
+        raise_rc(need, "chat_format", 2)
+    end
+    local buf = ffi_new(char_vla, -need)
+    local len = C.tl_chat_format(h, msgs, n, add and 1 or 0, buf, -need)
+    if len < 0 then
+        raise_rc(len, "chat_format", 2)
+    end
+    local text = ffi_string(buf, len)
+    keep = nil -- luacheck: ignore
+    return text
+end
+
+
+-- chat_template() -> "plain" | "gemma" | "chatml" | "llama3" | "llama2";
+-- set_chat_template(name) overrides what the model's metadata implies.
+function Model:chat_template()
+    local h = self.h or closed("chat_template", 2)
+    return ffi_string(C.tl_model_chat_template(h))
+end
+
+
+function Model:set_chat_template(name)
+    local h = self.h or closed("set_chat_template", 2)
+    if type(name) ~= "string" then
+        bad("set_chat_template", "name", "expected a string, got " .. type(name))
+    end
+    local rc = C.tl_model_set_chat_template(h, name)
+    if rc ~= 0 then
+        raise_rc(rc, "set_chat_template", 2)
+    end
+end
+
+
+-- chat(messages, opts) -> answer text, token ids: renders the messages,
+-- generates the assistant's turn (through opts.pool when given) and stops
+-- at an end-of-turn token or at any of opts.stop (strings; for the plain
+-- transcript format "\nuser:" is added). Other opts as stream().
+function Model:chat(messages, opts)
+    local _ = self.h or closed("chat", 2)
+    local o = opt_table("chat", opts, 2)
+    local prompt = self:tokenize(self:chat_format(messages), { parse_special = true })
+    local stops = {}
+    for i, s in ipairs(o.stop or {}) do
+        stops[i] = s
+    end
+    if self:chat_template() == "plain" then
+        stops[#stops + 1] = "\nuser:"
+        stops[#stops + 1] = "\nsystem:"
+    end
+    local gen = {}
+    for k, v in next, o do
+        if k ~= "stop" then
+            gen[k] = v
+        end
+    end
+    local ids, text = {}, ""
+    for tok in self:stream(prompt, gen) do
+        ids[#ids + 1] = tok
+        text = self:detokenize(ids)
+        local cut
+        for _, s in ipairs(stops) do
+            local at = text:find(s, 1, true)
+            if at and (not cut or at < cut) then
+                cut = at
+            end
+        end
+        if cut then
+            text = text:sub(1, cut - 1)
+            break
+        end
+    end
+    return (text:gsub("^%s+", ""):gsub("%s+$", "")), ids
 end
 
 

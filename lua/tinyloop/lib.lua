@@ -40,6 +40,7 @@ _M.status = {
     ERR_TOO_LONG = -7,
     ERR_BUFFER = -8,
     ERR_STATE = -9,
+    ERR_BUSY = -10,
 }
 _M.status_name = {}
 for name, code in pairs(_M.status) do
