@@ -1102,15 +1102,13 @@ function Model:chat_format(messages, opts)
         add = true
     end
     local n = #messages
+    -- The strings stay alive through `messages` for the duration of the call.
     local msgs = ffi_new("tl_chat_message[?]", n)
-    local keep = {}
     for i = 1, n do
         local m = messages[i]
         if type(m) ~= "table" or type(m.role) ~= "string" or type(m.content) ~= "string" then
             bad("chat_format", "messages[" .. i .. "]", "expected { role = string, content = string }")
         end
-        keep[#keep + 1] = m.role
-        keep[#keep + 1] = m.content
         msgs[i - 1].role = m.role
         msgs[i - 1].content = m.content
     end
@@ -1126,9 +1124,7 @@ function Model:chat_format(messages, opts)
     if len < 0 then
         raise_rc(len, "chat_format", 2)
     end
-    local text = ffi_string(buf, len)
-    keep = nil -- luacheck: ignore
-    return text
+    return ffi_string(buf, len)
 end
 
 

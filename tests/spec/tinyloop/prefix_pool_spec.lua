@@ -477,7 +477,7 @@ describe("tinyloop.PrefixPool", function()
             assert.are.equal(10, pool:total_cached_tokens()) -- A (least recently used) went, not B
             assert.are.equal("lru", pool:stats().policy)
             assert.has_error(function() pool:set_policy("fifo") end,
-                "bad argument 'policy' to set_policy (expected \"shortest\" or \"lru\", got \"fifo\")")
+                "bad argument 'policy' to set_policy (expected \"shortest\", \"lru\" or \"cost\", got \"fifo\")")
         end)
     end)
 end)
