@@ -118,12 +118,14 @@ static void rmsnorm(float *out, const float *x, const float *w, int n, float eps
     for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
 }
 
-/* Rotates one head in place. NORM pairs (2i, 2i+1); NEOX pairs (i, i + n_rot/2). */
-static void rope(float *x, int pos, int n_rot, float base, int type) {
+/* Rotates one head in place. NORM pairs (2i, 2i+1); NEOX pairs (i, i + n_rot/2).
+ * freq_factors (Llama 3.1's rope_freqs) divide each pair's angle. */
+static void rope(float *x, int pos, int n_rot, float base, int type, const float *freq_factors) {
     float theta_scale = powf(base, -2.0f / (float)n_rot);
     float theta = (float)pos;
     for (int i = 0; i < n_rot / 2; i++) {
-        float c = cosf(theta), s = sinf(theta);
+        float th = freq_factors ? theta / freq_factors[i] : theta;
+        float c = cosf(th), s = sinf(th);
         int a = type == TL_ROPE_NEOX ? i : 2 * i, b = type == TL_ROPE_NEOX ? i + n_rot / 2 : 2 * i + 1;
         float x0 = x[a], x1 = x[b];
         x[a] = x0 * c - x1 * s;
@@ -334,12 +336,12 @@ static void layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
         for (int h = 0; h < hp->n_head; h++) {
             float *q = s->q + (size_t)t * q_dim + (size_t)h * hd;
             if (ly->q_norm) rmsnorm(q, q, ly->q_norm, hd, hp->norm_eps);
-            rope(q, s->tok_pos[t], hp->n_rot, rope_base, m->arch->rope_type);
+            rope(q, s->tok_pos[t], hp->n_rot, rope_base, m->arch->rope_type, m->rope_freqs);
         }
         for (int h = 0; h < hp->n_head_kv; h++) {
             float *k = s->k + (size_t)t * kv_dim + (size_t)h * hd;
             if (ly->k_norm) rmsnorm(k, k, ly->k_norm, hd, hp->norm_eps);
-            rope(k, s->tok_pos[t], hp->n_rot, rope_base, m->arch->rope_type);
+            rope(k, s->tok_pos[t], hp->n_rot, rope_base, m->arch->rope_type, m->rope_freqs);
         }
     }
     store_kv(m, seqs, vl, T);

@@ -143,7 +143,7 @@ static int load_weights(tl_model *m) {
     const tl_hparams *hp = &m->hp;
     int q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
-    m->owned_norms = calloc((size_t)hp->n_layer * 6 + 1, sizeof(float *));
+    m->owned_norms = calloc((size_t)hp->n_layer * 6 + 2, sizeof(float *));
     if (!m->layers || !m->owned_norms) return tl_set_error(TL_ERR_NOMEM, "out of memory for %d layers", hp->n_layer);
 
     const gguf_tensor *te = gguf_find_tensor(m->file, "token_embd.weight");
@@ -154,6 +154,7 @@ static int load_weights(tl_model *m) {
     int rc;
     if ((rc = bind_weight(m, &m->tok_embd, "token_embd.weight", hp->n_embd, hp->n_vocab, 0))) return rc;
     if ((rc = bind_norm(m, &m->output_norm, "output_norm.weight", hp->n_embd, 0))) return rc;
+    if ((rc = bind_norm(m, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 1)) < 0) return rc;
     rc = bind_weight(m, &m->output, "output.weight", hp->n_embd, hp->n_vocab, 1);
     if (rc < 0) return rc;
     if (rc == 1) m->output = m->tok_embd; /* tied embeddings */

@@ -67,6 +67,7 @@ struct tl_model {
     tl_weight tok_embd;    /* (n_embd, n_vocab) */
     tl_weight output;      /* (n_embd, n_vocab); tok_embd when tied */
     float *output_norm;    /* (n_embd) */
+    float *rope_freqs;     /* (n_rot/2) RoPE frequency divisors (Llama 3.1 long context), or NULL */
     tl_layer *layers;      /* (n_layer) */
     float **owned_norms;   /* norm vectors we converted to f32 */
     int n_owned_norms;
