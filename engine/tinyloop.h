@@ -47,6 +47,10 @@ const char *tl_last_error(void);
  * 0 on failure, like tl_pool_register). */
 int tl_last_error_code(void);
 
+/* Monotonic clock in seconds (for timings from Lua without declaring
+ * clock_gettime in every module). */
+double tl_clock(void);
+
 typedef struct tl_model tl_model;
 typedef struct tl_seq tl_seq;
 

@@ -9,17 +9,7 @@
 local dir = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/.."
 package.path = dir .. "/lua/?.lua;" .. dir .. "/lua/?/init.lua;" .. package.path
 local tl = require "tinyloop"
-local ffi = require "ffi"
-
-ffi.cdef [[
-typedef struct { long tv_sec; long tv_nsec; } tl_example_timespec;
-int clock_gettime(int clk, tl_example_timespec *ts);
-]]
-local ts = ffi.new("tl_example_timespec")
-local function now()
-    ffi.C.clock_gettime(1, ts)
-    return tonumber(ts.tv_sec) + tonumber(ts.tv_nsec) * 1e-9
-end
+local now = tl.now
 
 local home = os.getenv("HOME") or ""
 local path = arg[1] or os.getenv("MODEL") or

@@ -1047,6 +1047,35 @@ function Model:cache_nodes()
 end
 
 
+-- stream_text(prompt, opts) -> iterator over text pieces as tokens are
+-- produced. A multi-byte character split across tokens is held back until
+-- it completes, so every piece is whole UTF-8 (invalid bytes pass through
+-- rather than being held forever). Pieces are raw token texts: the leading
+-- space SentencePiece adds is kept. Options as stream().
+function Model:stream_text(prompt, opts)
+    local _ = self.h or closed("stream_text", 2)
+    local next_tok, s = self:stream(prompt, opts)
+    local pending = ""
+    local model = self
+    return function()
+        while true do
+            local tok = next_tok(s)
+            if tok == nil then
+                local rest = pending
+                pending = ""
+                return rest ~= "" and rest or nil
+            end
+            local buf = pending .. model:piece(tok)
+            local n = C.tl_utf8_complete_prefix(buf, #buf)
+            pending = buf:sub(n + 1)
+            if n > 0 then
+                return buf:sub(1, n)
+            end
+        end
+    end
+end
+
+
 -- stats() -> the model's cache statistics (tl_cache_stats) as a table.
 function Model:stats()
     local h = self.h or closed("stats", 2)
@@ -1212,6 +1241,12 @@ _M.ClosedModel_mt = {
         return format("tinyloop.Model (%s, closed)", rawget(self, "path"))
     end,
 }
+
+
+-- now() -> seconds on a monotonic clock.
+function _M.now()
+    return C.tl_clock()
+end
 
 
 function _M.is_model(x)

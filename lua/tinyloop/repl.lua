@@ -259,17 +259,11 @@ function _M.make_env(session, opts)
 
     function env.time(fn, ...)
         local t0 = os.clock()
-        local ok_ffi, ffi = pcall(require, "ffi")
-        local wall0
-        if ok_ffi then
-            pcall(ffi.cdef, "struct tl_repl_ts { long s, ns; }; int clock_gettime(int, struct tl_repl_ts *);")
-            local ts = ffi.new("struct tl_repl_ts")
-            ffi.C.clock_gettime(1, ts)
-            wall0 = tonumber(ts.s) + tonumber(ts.ns) * 1e-9
+        local ok_tl, tlm = pcall(require, "tinyloop")
+        if ok_tl and tlm.now then
+            local wall0 = tlm.now()
             local res = pack(fn(...))
-            ffi.C.clock_gettime(1, ts)
-            local wall = tonumber(ts.s) + tonumber(ts.ns) * 1e-9 - wall0
-            out(format("%.3f s wall, %.3f s cpu", wall, os.clock() - t0))
+            out(format("%.3f s wall, %.3f s cpu", tlm.now() - wall0, os.clock() - t0))
             return unpack(res, 1, res.n)
         end
         local res = pack(fn(...))

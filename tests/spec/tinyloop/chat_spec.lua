@@ -1,0 +1,75 @@
+-- Chat formatting and UTF-8-safe text streaming.
+local helpers = require "helpers"
+local tl = require "tinyloop"
+
+describe("tinyloop.Model", function()
+    if not helpers.has_model() then
+        pending("stories260K not found at " .. helpers.model_path)
+        return
+    end
+    local model
+
+    before_each(function()
+        model = tl.Model(helpers.model_path, { max_seq_len = 256 })
+    end)
+
+    after_each(function()
+        model:close()
+    end)
+
+    describe(":chat_format()", function()
+        it("renders a plain transcript for a model without a chat template", function()
+            assert.same("plain", model:chat_template())
+            local text = model:chat_format({ { role = "system", content = "Be brief." },
+                { role = "user", content = "Hi" } })
+            assert.same("system: Be brief.\nuser: Hi\nassistant:", text)
+        end)
+
+        it("renders Gemma turns when told to, folding the system prompt into the first user turn", function()
+            model:set_chat_template("gemma")
+            local text = model:chat_format({ { role = "system", content = "Be brief." },
+                { role = "user", content = "Hi" } })
+            assert.same("<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n", text)
+        end)
+
+        it("renders ChatML without the assistant opening when add_assistant is false", function()
+            model:set_chat_template("chatml")
+            local text = model:chat_format({ { role = "user", content = "Hi" } }, { add_assistant = false })
+            assert.same("<|im_start|>user\nHi<|im_end|>\n", text)
+        end)
+
+        it("rejects an unknown role naming the message", function()
+            assert.has_error(function()
+                model:chat_format({ { role = "robot", content = "x" } })
+            end)
+        end)
+
+        it("rejects an unknown template name", function()
+            assert.has_error(function() model:set_chat_template("jinja") end)
+        end)
+    end)
+
+    describe(":chat()", function()
+        it("answers and stops at the next turn of the transcript", function()
+            local text, ids = model:chat({ { role = "user", content = "Once upon a time" } },
+                { max_tokens = 24, temperature = 0 })
+            assert.is_string(text)
+            assert.is_true(#ids > 0)
+            assert.is_nil(text:find("\nuser:", 1, true))
+        end)
+    end)
+
+    describe(":stream_text()", function()
+        it("yields text whose concatenation equals the streamed tokens' pieces", function()
+            local prompt = model:tokenize("Once upon a time")
+            local pieces, ids = {}, {}
+            for piece in model:stream_text(prompt, { max_tokens = 30, temperature = 0 }) do
+                pieces[#pieces + 1] = piece
+            end
+            for tok in model:stream(prompt, { max_tokens = 30, temperature = 0 }) do
+                ids[#ids + 1] = model:piece(tok)
+            end
+            assert.same(table.concat(ids), table.concat(pieces))
+        end)
+    end)
+end)
