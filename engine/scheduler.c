@@ -389,7 +389,7 @@ static void merge_and_reap(tl_model *m) {
             s->cap = cap;
         }
     }
-    if (s->n + s->n_in <= s->cap) {
+    if (s->n_in > 0 && s->n + s->n_in <= s->cap) {
         memcpy(s->reqs + s->n, s->incoming, (size_t)s->n_in * sizeof *s->reqs);
         s->n += s->n_in;
         s->n_in = 0;
