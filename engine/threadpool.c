@@ -24,6 +24,18 @@ struct tl_threadpool {
 
 typedef struct { tl_threadpool *tp; int ith; } worker_arg;
 
+/* One round of waiting: pause while a wake-up is likely soon, then yield
+ * the core (on a loaded machine the thread we wait for may need it). */
+static void backoff(int spins) {
+    if (spins < 2000) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+    } else {
+        sched_yield();
+    }
+}
+
 static void *worker_main(void *p) {
     worker_arg *wa = p;
     tl_threadpool *tp = wa->tp;
@@ -36,13 +48,7 @@ static void *worker_main(void *p) {
         while ((gen = atomic_load_explicit(&tp->generation, memory_order_acquire)) == seen &&
                !atomic_load(&tp->stop)) {
             if (++spins < SPIN_ITERS) {
-                if (spins < 2000) {
-#if defined(__x86_64__) || defined(__i386__)
-                    __builtin_ia32_pause();
-#endif
-                } else {
-                    sched_yield();
-                }
+                backoff(spins);
                 continue;
             }
             pthread_mutex_lock(&tp->mu);
@@ -121,15 +127,5 @@ void tl_threadpool_run(tl_threadpool *tp, tl_task_fn fn, void *ctx, int n_tasks)
     if (tp->sleepers) pthread_cond_broadcast(&tp->cv);
     pthread_mutex_unlock(&tp->mu);
     fn(ctx, 0, nth);
-    /* Spin briefly, then yield: on a loaded machine a worker may be waiting
-     * for this very core, and pure spinning would hold it a whole slice. */
-    for (int spins = 0; atomic_load_explicit(&tp->pending, memory_order_acquire) > 0; spins++) {
-        if (spins < 2000) {
-#if defined(__x86_64__) || defined(__i386__)
-            __builtin_ia32_pause();
-#endif
-        } else {
-            sched_yield();
-        }
-    }
+    for (int spins = 0; atomic_load_explicit(&tp->pending, memory_order_acquire) > 0; spins++) backoff(spins);
 }
