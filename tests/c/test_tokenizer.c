@@ -9,71 +9,7 @@
 #include "util.h"
 
 #include "gguf_writer.h"
-
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    if (buf) buf[n] = 0;
-    fclose(f);
-    if (len) *len = (size_t)n;
-    return buf;
-}
-
-/* Opens a vocab, builds its tokenizer and closes the file again (the
- * tokenizer must not point into it). */
-static tl_tokenizer *load_tok(const char *path) {
-    gguf_file *f = gguf_open(path);
-    if (!f) {
-        printf("cannot open %s: %s\n", path, tl_last_error());
-        return NULL;
-    }
-    tl_tokenizer *t = tl_tokenizer_load(f);
-    if (!t) printf("cannot load tokenizer of %s: %s\n", path, tl_last_error());
-    gguf_close(f);
-    return t;
-}
-
-/* Encodes, growing the buffer on -(needed). Returns count (ids in *out, malloc'ed) or < 0. */
-static int encode(const tl_tokenizer *t, const char *s, size_t len, int add_special, int parse_special,
-                  int32_t **out) {
-    int32_t small[4];
-    int n = tl_tokenizer_encode(t, s, len, add_special, parse_special, small, 4);
-    int cap = n >= 0 ? n : -n;
-    *out = malloc(((size_t)cap + 1) * sizeof **out);
-    if (n >= 0) {
-        memcpy(*out, small, (size_t)n * sizeof *small);
-        return n;
-    }
-    int m = tl_tokenizer_encode(t, s, len, add_special, parse_special, *out, cap);
-    return m == cap ? m : -1;
-}
-
-/* Decodes to a malloc'ed NUL-terminated string; *len gets its length. */
-static char *decode(const tl_tokenizer *t, const int32_t *ids, int n, int *len) {
-    int need = tl_tokenizer_decode(t, ids, n, NULL, 0);
-    if (need >= 0) return NULL;
-    char *buf = malloc((size_t)-need);
-    *len = tl_tokenizer_decode(t, ids, n, buf, -need);
-    if (*len != -need - 1) {
-        free(buf);
-        return NULL;
-    }
-    return buf;
-}
-
-static void print_ids(const char *what, const int32_t *ids, int n) {
-    printf("  %s:", what);
-    for (int i = 0; i < n; i++) printf(" %d", ids[i]);
-    printf("\n");
-}
+#include "tok_util.h"
 
 /* ---- llama.cpp test vectors --------------------------------------------- */
 
@@ -84,7 +20,7 @@ static void test_vocab_vectors(const char *dir, const char *name) {
     snprintf(pout, sizeof pout, "%s.out", path);
     size_t nin, nout;
     char *inp = read_all(pin, &nin), *out = read_all(pout, &nout);
-    tl_tokenizer *t = load_tok(path);
+    tl_tokenizer *t = load_tok_path(path);
     CHECK(inp && out && t, "%s and its .inp/.out test vectors load", name);
     if (!inp || !out || !t) goto done;
     CHECK(tl_tokenizer_n_vocab(t) >= 32000, "%s has its 32000+ tokens (%d)", name, tl_tokenizer_n_vocab(t));
@@ -173,7 +109,7 @@ static int ids_eq(const int32_t *a, int na, const int32_t *b, int nb) {
 static void test_llama_spm_details(const char *dir) {
     char path[512];
     snprintf(path, sizeof path, "%s/vocab/ggml-vocab-llama-spm.gguf", dir);
-    tl_tokenizer *t = load_tok(path);
+    tl_tokenizer *t = load_tok_path(path);
     if (!t) return;
     CHECK(tl_tokenizer_bos(t) == 1 && tl_tokenizer_eos(t) == 2, "llama-spm: BOS 1, EOS 2");
     CHECK(tl_tokenizer_add_bos(t) == 1 && tl_tokenizer_add_eos(t) == 0, "llama-spm: adds BOS, not EOS");
@@ -258,7 +194,7 @@ static void test_llama_spm_details(const char *dir) {
 static void test_phi3_details(const char *dir) {
     char path[512];
     snprintf(path, sizeof path, "%s/vocab/ggml-vocab-phi-3.gguf", dir);
-    tl_tokenizer *t = load_tok(path);
+    tl_tokenizer *t = load_tok_path(path);
     if (!t) return;
     CHECK(tl_tokenizer_eos(t) == 32000, "phi-3: EOS is 32000 (%d)", tl_tokenizer_eos(t));
     CHECK(tl_tokenizer_token_type(t, 2) == TL_TOK_USER_DEFINED, "phi-3: </s> is user-defined");
@@ -324,7 +260,7 @@ static const char *json_ids(const char *p, const char *key, int32_t *ids, int *n
 static void test_stories(const char *dir) {
     char path[512];
     snprintf(path, sizeof path, "%s/models/stories260K.gguf", dir);
-    tl_tokenizer *t = load_tok(path);
+    tl_tokenizer *t = load_tok_path(path);
     CHECK(t != NULL, "stories260K's vocab loads (padding id 0xFFFFFFFF means none)");
     if (!t) return;
     CHECK(tl_tokenizer_n_vocab(t) == 512, "stories260K has 512 tokens");
@@ -418,7 +354,7 @@ static size_t random_text(char *o, size_t max_chars) {
 static void test_random_roundtrip(const char *dir) {
     char path[512];
     snprintf(path, sizeof path, "%s/vocab/ggml-vocab-llama-spm.gguf", dir);
-    tl_tokenizer *t = load_tok(path);
+    tl_tokenizer *t = load_tok_path(path);
     if (!t) return;
     int fails = 0, total = 3000;
     char buf[64 * 4 + 1];
