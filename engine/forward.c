@@ -134,6 +134,11 @@ static void rope(float *x, int pos, int n_rot, float base, int type, const float
     }
 }
 
+static void add_bias(float *x, const float *b, int T, int n) {
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < n; i++) x[(size_t)t * n + i] += b[i];
+}
+
 static float gelu_tanh(float x) {
     const float k = 0.79788456080286535587989211986876f; /* sqrt(2/pi) */
     return 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x)));
@@ -332,6 +337,9 @@ static void layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
     matmul(m, s->q, &ly->wq, s->xb, T);
     matmul(m, s->k, &ly->wk, s->xb, T);
     matmul(m, s->v, &ly->wv, s->xb, T);
+    if (ly->bq) add_bias(s->q, ly->bq, T, q_dim);
+    if (ly->bk) add_bias(s->k, ly->bk, T, kv_dim);
+    if (ly->bv) add_bias(s->v, ly->bv, T, kv_dim);
     for (int t = 0; t < T; t++) {
         for (int h = 0; h < hp->n_head; h++) {
             float *q = s->q + (size_t)t * q_dim + (size_t)h * hd;

@@ -13,6 +13,8 @@
 
 static const tl_arch archs[] = {
     {.name = "llama", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
+    /* Qwen 2 / 2.5: llama's block with Q/K/V biases and NEOX RoPE. */
+    {.name = "qwen2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU},
     /* Gemma 3: GGUF norm weights already include the +1 (the converter adds it). */
     {.name = "gemma3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .qk_norm = 1, .post_norms = 1,
      .embd_scale = 1, .swa_pattern = 6, .rope_base_swa = 10000.0f},
@@ -143,7 +145,7 @@ static int load_weights(tl_model *m) {
     const tl_hparams *hp = &m->hp;
     int q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
-    m->owned_norms = calloc((size_t)hp->n_layer * 6 + 2, sizeof(float *));
+    m->owned_norms = calloc((size_t)hp->n_layer * 9 + 2, sizeof(float *));
     if (!m->layers || !m->owned_norms) return tl_set_error(TL_ERR_NOMEM, "out of memory for %d layers", hp->n_layer);
 
     const gguf_tensor *te = gguf_find_tensor(m->file, "token_embd.weight");
@@ -163,6 +165,7 @@ static int load_weights(tl_model *m) {
         tl_layer *L = &m->layers[l];
         char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d.%s.weight", l, s), n)
+#define NAME_B(s) (snprintf(n, sizeof n, "blk.%d.%s.bias", l, s), n)
         if ((rc = bind_norm(m, &L->attn_norm, NAME("attn_norm"), hp->n_embd, 0)) ||
             (rc = bind_weight(m, &L->wq, NAME("attn_q"), hp->n_embd, q_dim, 0)) ||
             (rc = bind_weight(m, &L->wk, NAME("attn_k"), hp->n_embd, kv_dim, 0)) ||
@@ -173,6 +176,11 @@ static int load_weights(tl_model *m) {
             (rc = bind_weight(m, &L->w_up, NAME("ffn_up"), hp->n_embd, hp->n_ff, 0)) ||
             (rc = bind_weight(m, &L->w_down, NAME("ffn_down"), hp->n_ff, hp->n_embd, 0)))
             return rc;
+        /* Biases are optional in any architecture (qwen2 files have them). */
+        if ((rc = bind_norm(m, &L->bq, NAME_B("attn_q"), q_dim, 1)) < 0 ||
+            (rc = bind_norm(m, &L->bk, NAME_B("attn_k"), kv_dim, 1)) < 0 ||
+            (rc = bind_norm(m, &L->bv, NAME_B("attn_v"), kv_dim, 1)) < 0)
+            return rc;
         if (m->arch->qk_norm &&
             ((rc = bind_norm(m, &L->q_norm, NAME("attn_q_norm"), hp->head_dim, 0)) ||
              (rc = bind_norm(m, &L->k_norm, NAME("attn_k_norm"), hp->head_dim, 0))))
@@ -182,6 +190,7 @@ static int load_weights(tl_model *m) {
              (rc = bind_norm(m, &L->post_ffn_norm, NAME("post_ffw_norm"), hp->n_embd, 0))))
             return rc;
 #undef NAME
+#undef NAME_B
     }
     return TL_OK;
 }
@@ -290,7 +299,7 @@ int tl_model_open(const char *path, tl_model_params params, tl_model **out) {
     }
     m->arch = find_arch(arch.ptr, arch.len);
     if (!m->arch) {
-        rc = tl_set_error(TL_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: llama, gemma3)",
+        rc = tl_set_error(TL_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: llama, qwen2, gemma3)",
                           (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
         goto fail;
     }

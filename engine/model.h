@@ -41,6 +41,7 @@ typedef struct tl_layer {
     tl_weight wq;          /* (n_head*head_dim, n_embd) */
     tl_weight wk, wv;      /* (n_head_kv*head_dim, n_embd) */
     tl_weight wo;          /* (n_embd, n_head*head_dim) */
+    float *bq, *bk, *bv;   /* optional Q/K/V biases (qwen2), or NULL */
     float *q_norm, *k_norm;           /* (head_dim), qk_norm archs */
     float *post_attn_norm, *post_ffn_norm; /* (n_embd), post_norms archs */
     float *ffn_norm;       /* (n_embd) */

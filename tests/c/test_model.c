@@ -343,6 +343,27 @@ static void test_loops(void) {
     remove(pp);
 }
 
+static void test_qwen2(void) {
+    float l[3][320];
+    int32_t toks[17];
+    for (int i = 0; i < 17; i++) toks[i] = (int32_t)((i * 19 + 4) % 320);
+    for (int k = 0; k < 3; k++) {
+        tm_spec s = tm_default_spec();
+        s.qwen2 = 1;
+        s.bias = k; /* none, random, zero */
+        const char *path = tmp_path("qwen2");
+        tm_write(&s, path);
+        tl_model *m = NULL;
+        tl_model_open(path, tl_model_default_params(), &m);
+        CHECK(m != NULL, "a qwen2 model (bias mode %d) opens (%s)", k, tl_last_error());
+        if (m) logits_of(m, 0, toks, 17, l[k]);
+        tl_model_close(m);
+        remove(path);
+    }
+    CHECK(nmse(l[2], l[0], 320) == 0.0, "zero Q/K/V biases give the logits of no biases");
+    CHECK(nmse(l[1], l[0], 320) > 1e-6, "random Q/K/V biases change the logits (nmse %g)", nmse(l[1], l[0], 320));
+}
+
 static void test_errors_and_sampling(void) {
     tm_spec s = tm_default_spec();
     const char *path = tmp_path("err");
@@ -439,6 +460,7 @@ int main(void) {
     test_batch_equals_single();
     test_quant_twins();
     test_loops();
+    test_qwen2();
     test_errors_and_sampling();
     return test_summary();
 }

@@ -126,7 +126,7 @@ int tm_write(const tm_spec *s, const char *path) {
     int looped = s->loop_end > s->loop_start;
     int core = s->loop_end - s->loop_start;
     int n_written = s->n_layer + (looped && s->unroll > 0 ? core * (s->unroll - 1) : 0);
-    const char *arch = s->gemma3 ? "gemma3" : "llama";
+    const char *arch = s->gemma3 ? "gemma3" : s->qwen2 ? "qwen2" : "llama";
     char key[96];
 #define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
     gw_set_str(gw, "general.architecture", arch);
@@ -174,6 +174,20 @@ int tm_write(const tm_spec *s, const char *path) {
         rc |= add_matrix(gw, s, NAME("ffn_gate"), s->n_embd, s->n_ff, ls + 6, s->type);
         rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, s->n_ff, ls + 7, s->type);
         rc |= add_matrix(gw, s, NAME("ffn_down"), s->n_ff, s->n_embd, ls + 8, s->type);
+        if (s->bias) {
+            float scale = s->bias == 1 ? 1.0f : 0.0f;
+            char bn[64];
+            const char *which[3] = {"attn_q", "attn_k", "attn_v"};
+            int dims[3] = {q_dim, kv_dim, kv_dim};
+            for (int b = 0; b < 3; b++) {
+                float *v = malloc((size_t)dims[b] * sizeof *v);
+                fill(v, dims[b], ls + 13 + (uint64_t)b, 0.3f * scale, 0.0f);
+                snprintf(bn, sizeof bn, "blk.%d.%s.bias", l, which[b]);
+                int64_t ne[1] = {dims[b]};
+                rc |= gw_add_tensor(gw, bn, TL_TYPE_F32, 1, ne, v, (size_t)dims[b] * sizeof(float)) < 0;
+                free(v);
+            }
+        }
         if (s->gemma3) {
             rc |= add_norm(gw, NAME("attn_q_norm"), hd, ls + 9);
             rc |= add_norm(gw, NAME("attn_k_norm"), hd, ls + 10);

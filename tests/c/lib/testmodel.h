@@ -23,6 +23,8 @@ typedef struct tm_spec {
     float rope_base;   /* 0: key absent */
     int gemma3;        /* 1: gemma3 architecture (q/k norms, post norms, GeGLU, tied output) */
     int sliding_window; /* gemma3: window of the local layers (5 of every 6); 0: key absent */
+    int qwen2;         /* 1: qwen2 architecture (NEOX RoPE) */
+    int bias;          /* qwen2: 1 random Q/K/V biases, 2 all-zero biases, 0 none */
 } tm_spec;
 
 tm_spec tm_default_spec(void); /* small: vocab 320, dim 64, 2 layers, 4 heads (2 kv), ff 128, f32 */
