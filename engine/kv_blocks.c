@@ -85,13 +85,27 @@ int tl_block_table_reserve(tl_block_table *bt, tl_kv_pool *p, int n_pos) {
 
 void tl_block_table_truncate(tl_block_table *bt, tl_kv_pool *p, int n_pos) {
     int keep = (n_pos + p->block_size - 1) / p->block_size;
-    for (int lb = keep; lb < bt->n_logical; lb++)
+    for (int lb = keep > bt->n_released ? keep : bt->n_released; lb < bt->n_logical; lb++)
         for (int vl = 0; vl < bt->depth; vl++) tl_kv_unref(p, bt->ids[lb * bt->depth + vl]);
     if (keep < bt->n_logical) bt->n_logical = keep;
+    if (bt->n_released > bt->n_logical) bt->n_released = bt->n_logical;
+}
+
+int tl_block_table_drop_before(tl_block_table *bt, tl_kv_pool *p, int lb_end) {
+    if (lb_end > bt->n_logical) lb_end = bt->n_logical;
+    int dropped = 0;
+    for (int lb = bt->n_released; lb < lb_end; lb++, dropped++)
+        for (int vl = 0; vl < bt->depth; vl++) {
+            tl_kv_unref(p, bt->ids[lb * bt->depth + vl]);
+            bt->ids[lb * bt->depth + vl] = -1;
+        }
+    if (lb_end > bt->n_released) bt->n_released = lb_end;
+    return dropped;
 }
 
 void tl_block_table_release(tl_block_table *bt, tl_kv_pool *p) {
     tl_block_table_truncate(bt, p, 0);
+    bt->n_released = 0;
     free(bt->ids);
     bt->ids = NULL;
     bt->cap_logical = 0;

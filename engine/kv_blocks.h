@@ -57,6 +57,7 @@ typedef struct tl_block_table {
     int depth;
     int n_logical;   /* logical blocks in use */
     int cap_logical;
+    int n_released;  /* leading logical blocks dropped behind a sliding window (ids -1) */
     int32_t *ids;
 } tl_block_table;
 
@@ -70,5 +71,8 @@ void tl_block_table_truncate(tl_block_table *bt, tl_kv_pool *p, int n_pos);
  * nothing changed). */
 int tl_block_table_make_writable(tl_block_table *bt, tl_kv_pool *p, int lb);
 void tl_block_table_release(tl_block_table *bt, tl_kv_pool *p);
+/* Drops logical blocks [n_released, lb_end) that a sliding window will
+ * never read again; their ids become -1. Returns how many were dropped. */
+int tl_block_table_drop_before(tl_block_table *bt, tl_kv_pool *p, int lb_end);
 
 #endif

@@ -119,7 +119,7 @@ static tl_request *find(const tl_model *m, int64_t id) {
  * the cache first. */
 static void request_stop(tl_model *m, tl_request *r, int insert) {
     if (r->seq) {
-        if (insert && r->ns >= 0 && r->seq->n_pos > 0) {
+        if (insert && r->ns >= 0 && r->seq->n_pos > 0 && r->seq->bt.n_released == 0) {
             tl_radix_insert(&m->cache, r->ns, r->tokens, r->seq->n_pos, &r->seq->bt, r->p.tenant);
             tl_radix_enforce_budget(&m->cache, r->p.tenant);
         }
@@ -295,6 +295,16 @@ static void sample_into(tl_model *m, tl_request *r, float *logits) {
     if (r->n_gen == r->p.max_tokens) finish(m, r, TL_FINISH_LENGTH);
 }
 
+/* A request with a cache_window never reads KV older than its window
+ * again: once two whole blocks lie behind it, they are released, so its KV
+ * stays proportional to the window. Its tokens are then no longer
+ * inserted into the cache (the tree needs every position's KV). */
+static void drop_behind_window(tl_model *m, tl_request *r) {
+    if (!r->seq || r->p.cache_window <= 0) return;
+    int lb_end = (r->seq->n_pos - r->p.cache_window + 1) / m->kv.block_size;
+    if (lb_end >= 2) tl_block_table_drop_before(&r->seq->bt, &m->kv, lb_end);
+}
+
 /* One forward pass over the running requests of one loop depth. */
 static int run_group(tl_model *m, int loops) {
     tl_sched *s = m->sched;
@@ -364,6 +374,7 @@ static int run_group(tl_model *m, int loops) {
     for (int i = 0; i < nb; i++) {
         s->st.prefill_tokens += prompt_part[i];
         if (want[i]) sample_into(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
+        drop_behind_window(m, rq[i]);
     }
 out:
     free(rq);
@@ -775,7 +786,7 @@ int tl_sched_check_invariants(tl_model *m, const int32_t *extra, int n_extra) {
     for (int i = 0; i < m->sched->n; i++) {
         const tl_seq *s = m->sched->reqs[i]->seq;
         if (!s) continue;
-        for (int j = 0; j < s->bt.n_logical * s->bt.depth; j++) c.count[s->bt.ids[j]]++;
+        for (int j = s->bt.n_released * s->bt.depth; j < s->bt.n_logical * s->bt.depth; j++) c.count[s->bt.ids[j]]++;
     }
     for (int i = 0; i < n_extra; i++) c.count[extra[i]]++;
     int used = 0, rc = 0;
