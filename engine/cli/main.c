@@ -131,18 +131,6 @@ static void print_ids(const int32_t *ids, int n) {
     printf("\n");
 }
 
-static int print_text(tl_model *m, const int32_t *ids, int n) {
-    int need = tl_detokenize(m, ids, n, NULL, 0);
-    if (need >= 0 && n > 0) return 0;
-    int cap = need < 0 ? -need : 1;
-    char *buf = malloc((size_t)cap);
-    if (!buf) return -1;
-    int len = tl_detokenize(m, ids, n, buf, cap);
-    if (len >= 0) fwrite(buf, 1, (size_t)len, stdout);
-    free(buf);
-    return len < 0 ? -1 : 0;
-}
-
 static int open_model(const opts *o, int vocab_only, tl_model **m) {
     if (o->n_models < 1) { fprintf(stderr, "tinyloop: no model given (-m MODEL)\n"); return -1; }
     tl_model_params mp = o->mp;
@@ -152,6 +140,51 @@ static int open_model(const opts *o, int vocab_only, tl_model **m) {
         return -1;
     }
     return 0;
+}
+
+/* Prints the prompt, then each token's text as it is produced (whole UTF-8
+ * characters only), then the speed on stderr. */
+static int stream_generate(tl_model *m, const char *text, int len, const int32_t *prompt, int np,
+                           const tl_generate_params *gp, int32_t *gen) {
+    int64_t id;
+    if (!gen || tl_request_submit(m, prompt, np, gp, NULL, &id)) {
+        fprintf(stderr, "tinyloop: %s\n", gen ? tl_last_error() : "out of memory");
+        return -1;
+    }
+    fwrite(text, 1, (size_t)len, stdout);
+    fflush(stdout);
+    char pending[64];
+    int n_pending = 0, n = 0, finished = 0, rc = 0;
+    double t0 = tl_now(), t_first = 0;
+    while (!finished) {
+        if (tl_model_step(m) < 0) { rc = -1; break; }
+        int got = tl_request_take(m, id, gen + n, gp->max_tokens - n, &finished);
+        if (got < 0) { rc = -1; break; }
+        for (int i = 0; i < got; i++) {
+            if (!t_first) t_first = tl_now();
+            char piece[256];
+            int pl = tl_token_to_piece(m, gen[n + i], piece, sizeof piece);
+            for (int k = 0; k < pl; k++) {
+                if (n_pending == (int)sizeof pending) { fwrite(pending, 1, (size_t)n_pending, stdout); n_pending = 0; }
+                pending[n_pending++] = piece[k];
+            }
+            int ok = tl_utf8_complete_prefix(pending, n_pending);
+            fwrite(pending, 1, (size_t)ok, stdout);
+            memmove(pending, pending + ok, (size_t)(n_pending - ok));
+            n_pending -= ok;
+        }
+        n += got;
+        fflush(stdout);
+    }
+    fwrite(pending, 1, (size_t)n_pending, stdout);
+    printf("\n");
+    if (rc) fprintf(stderr, "tinyloop: %s\n", tl_last_error());
+    double t1 = tl_now();
+    if (!rc && n > 0)
+        fprintf(stderr, "[%d prompt tokens, %d generated; first token %.1f ms, %.1f tokens/s]\n", np, n,
+                (t_first - t0) * 1e3, n > 1 ? (n - 1) / (t1 - t_first) : 0.0);
+    tl_request_release(m, id);
+    return rc;
 }
 
 static int cmd_generate(opts *o) {
@@ -167,15 +200,13 @@ static int cmd_generate(opts *o) {
     if (np < 0) { fprintf(stderr, "tinyloop: %s\n", tl_last_error()); goto out; }
     if (o->n >= 0) o->gp.max_tokens = o->n;
     gen = malloc((size_t)(o->gp.max_tokens > 0 ? o->gp.max_tokens : 1) * sizeof *gen);
-    int ng = gen ? tl_generate(m, prompt, np, o->gp, gen, o->gp.max_tokens) : TL_ERR_NOMEM;
-    if (ng < 0) { fprintf(stderr, "tinyloop: %s\n", tl_last_error()); goto out; }
     if (o->ids) {
+        int ng = gen ? tl_generate(m, prompt, np, o->gp, gen, o->gp.max_tokens) : TL_ERR_NOMEM;
+        if (ng < 0) { fprintf(stderr, "tinyloop: %s\n", tl_last_error()); goto out; }
         print_ids(prompt, np);
         print_ids(gen, ng);
-    } else {
-        fwrite(text, 1, (size_t)len, stdout);
-        print_text(m, gen, ng);
-        printf("\n");
+    } else if (stream_generate(m, text, len, prompt, np, &o->gp, gen)) {
+        goto out;
     }
     rc = 0;
 out:
