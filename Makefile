@@ -20,7 +20,7 @@ DEFAULT_MODEL := $(or $(TINYLOOP_MODELS),$(HOME)/.cache/tinyloop/models)/gemma-3
 MODEL   ?= $(DEFAULT_MODEL)
 SMALL_MODEL := ../shared/models/stories260K.gguf
 
-.PHONY: all test test-c test-asan fuzz bench run repl model clean deps
+.PHONY: all test test-c test-asan fuzz bench run repl serve model clean deps
 all: build/libtinyloop.so build/libtinyloop.a bin/tinyloop $(TOOLS) lua/tinyloop/cdef.lua
 
 # The FFI declarations are generated from the public header (macro free).
@@ -64,7 +64,7 @@ build/tests-asan/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop-asan.a tests/c/tes
 
 # make test: every test (C now; Lua specs join as they land), one summary line.
 test: deps all $(TESTS)
-	@sh tests/run.sh build/tests $(TESTS) tests/cli/test_cli.sh tests/spec/run.sh
+	@sh tests/run.sh build/tests $(TESTS) tests/cli/test_cli.sh tests/spec/run.sh tests/integration/run.sh
 
 test-asan: deps build/libtinyloop-asan.a $(ASAN_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -102,6 +102,10 @@ bench: all $(BENCH_MODELS)
 	@echo "== prefix cache (ratios measured in this run)"
 	./bin/tinyloop bench cache -m $(SMALL_MODEL) --max-seq-len 512
 	./bin/tinyloop bench cache -m build/bench/stories110M-q8_0.gguf --max-seq-len 2048
+	@echo "== serving (nginx on loopback): 1, 8, 32 clients with and without prefix reuse"
+	luajit tests/tools/load_bench.lua $(SMALL_MODEL)
+	@echo "== eviction policies on a multi-tenant trace (LRU, shortest-first, cost-aware Lua; shadow predictions)"
+	luajit tests/tools/trace_bench.lua
 
 # The main job: three tenants with system prompts in a PrefixPool (examples/serve_tenants.lua).
 run: deps all
@@ -110,6 +114,10 @@ run: deps all
 
 model:
 	sh tests/tools/fetch_model.sh
+
+# OpenAI-compatible server in the foreground (nginx on localhost; MODEL=, PORT=).
+serve: deps all
+	sh tests/tools/serve.sh
 
 repl: deps all
 	./bin/tinyloop repl $(SMALL_MODEL)

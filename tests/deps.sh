@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the Debian packages tinyloop's build and tests need, when run as
 # root; otherwise prints the one apt-get line to run. Quiet when all present.
-PKGS="gcc make libc6-dev clang libclang-rt-14-dev libpcre2-dev python3 python3-pip luajit2 lua-busted lua-cjson lua-check lua-readline tmux"
+PKGS="gcc make libc6-dev clang libclang-rt-14-dev libpcre2-dev python3 python3-pip luajit2 lua-busted lua-cjson lua-check lua-readline tmux nginx libnginx-mod-http-lua lua-resty-core lua-posix"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -10,10 +10,19 @@ done
 if [ "$(id -u)" = 0 ]; then
     echo "tinyloop: installing missing packages:$missing"
     export DEBIAN_FRONTEND=noninteractive
-    (apt-get update -qq && apt-get install -y -qq $missing) >/dev/null || {
+    # Packages such as nginx start their service on install; the tests run
+    # their own instances, so keep services from starting (exit 101 = deny).
+    tmp_policy=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+        printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && tmp_policy=1
+    fi
+    (apt-get update -qq && apt-get install -y -qq $missing) >/dev/null
+    rc=$?
+    [ -n "$tmp_policy" ] && rm -f /usr/sbin/policy-rc.d
+    if [ $rc != 0 ]; then
         echo "tinyloop: apt-get install failed for:$missing" >&2
         exit 1
-    }
+    fi
 else
     echo "tinyloop: missing packages; run as root:  apt-get install -y$missing" >&2
     exit 1

@@ -1,0 +1,10 @@
+-- Eviction: shortest entry first (the seed's rule for a full pool).
+return {
+    kind = "eviction",
+    version = "shortest-1",
+    weights = { recency = 0, hits = 0, tokens = 1, depth = 0 },
+    pool_policy = "shortest",
+    score = function(node)
+        return node.n_tokens
+    end,
+}

@@ -1,0 +1,311 @@
+-- tinyloop.server_engine - the engine thread seen from one nginx worker:
+-- FFI wrappers over tl_engine_* and the non-blocking request calls, and the
+-- notifier (one background timer per worker reading the engine's request
+-- ids through a cosocket and waking the waiting handlers' semaphores).
+--
+--   local eng = require "tinyloop.server_engine"
+--   local e = assert(eng.start(model, { max_queue = 256 }))   -- init_worker_by_lua
+--   local id, err, rc = e:submit(ids, n, params)                -- in a handler
+--   local sema = e:wait_handle(id)
+--   local n, finished = e:take(id, buf, cap); sema:wait(1)
+--   e:release(id)
+--
+-- A cosocket cannot wrap an existing descriptor, so the notifier connects a
+-- cosocket to a unix socket this module listens on, accepts the other end,
+-- and hands that end to the engine (tl_engine_notify_attach), which then
+-- writes ids straight into the cosocket's peer. Lost ids (a full buffer)
+-- are covered by a periodic poll of every waiter.
+-- luacheck: globals ngx
+local ffi = require "ffi"
+local lib = require "tinyloop.lib"
+local semaphore = require "ngx.semaphore"
+
+local C = lib.load()
+local ffi_new, ffi_cast, ffi_string, ffi_copy = ffi.new, ffi.cast, ffi.string, ffi.copy
+local tonumber, pairs, setmetatable = tonumber, pairs, setmetatable
+local ngx_log, ERR, WARN, INFO = ngx.log, ngx.ERR, ngx.WARN, ngx.INFO
+
+local _M = {}
+local mt = { __index = _M }
+
+_M.ERR_BUSY = -10
+_M.ERR_TOO_LONG = -7
+_M.ERR_INVALID_ARG = -1
+
+pcall(ffi.cdef, [[
+typedef struct tl_sockaddr_un { unsigned short sun_family; char sun_path[108]; } tl_sockaddr_un;
+int socket(int domain, int type, int protocol);
+int bind(int fd, const void *addr, unsigned int len);
+int listen(int fd, int backlog);
+int accept4(int fd, void *addr, void *len, int flags);
+int close(int fd);
+int unlink(const char *path);
+int setsockopt(int fd, int level, int name, const void *val, unsigned int len);
+int getpid(void);
+]])
+
+local AF_UNIX, SOCK_STREAM, SOCK_NONBLOCK, SOCK_CLOEXEC = 1, 1, 2048, 524288
+local SOL_SOCKET, SO_SNDBUF = 1, 7
+
+local id_out = ffi_new("int64_t[1]")
+local finished = ffi_new("int[1]")
+local info_buf = ffi_new("tl_request_info[1]")
+local stats_buf = ffi_new("tl_cache_stats[1]")
+local int64_ptr = ffi.typeof("const int64_t *")
+
+
+
+local function listen_unix(path)
+    local fd = ffi.C.socket(AF_UNIX, SOCK_STREAM + SOCK_CLOEXEC, 0)
+    if fd < 0 then
+        return nil, "socket() failed: " .. ffi.errno()
+    end
+    local sa = ffi_new("tl_sockaddr_un")
+    sa.sun_family = AF_UNIX
+    ffi_copy(sa.sun_path, path)
+    ffi.C.unlink(path)
+    if ffi.C.bind(fd, sa, ffi.sizeof(sa)) ~= 0 or ffi.C.listen(fd, 4) ~= 0 then
+        local e = ffi.errno()
+        ffi.C.close(fd)
+        return nil, "cannot listen on " .. path .. ": errno " .. e
+    end
+    return fd
+end
+
+
+-- ---- the engine -----------------------------------------------------------------------
+
+-- start(model, opts) -> engine | nil, err. model is a tinyloop.Model (its
+-- handle is used; the Model keeps it alive). opts: max_queue, poll
+-- (seconds between polls of every waiter; 0.5), sock_dir.
+function _M.start(model, opts)
+    opts = opts or {}
+    local h = model.h
+    local rc = C.tl_engine_start(h, opts.max_queue or 0)
+    if rc ~= 0 then
+        return nil, "tl_engine_start: " .. lib.last_error()
+    end
+    local self = setmetatable({
+        model = model, h = h, waiters = {}, n_waiters = 0,
+        poll = opts.poll or 0.5, wakeups = 0, notes = 0,
+        sock_dir = opts.sock_dir or "/tmp", running = true,
+    }, mt)
+    local ok, err = ngx.timer.at(0, _M._notifier, self)
+    if not ok then
+        return nil, "cannot start the notifier timer: " .. tostring(err)
+    end
+    return self
+end
+
+
+-- Wires a cosocket to the engine's notifications; returns the cosocket.
+function _M:connect_notify()
+    local path = string.format("%s/tl-notify-%d-%d.sock", self.sock_dir, ffi.C.getpid(),
+        math.random(1, 1e9))
+    if #path > 100 then
+        path = string.format("/tmp/tl-notify-%d-%d.sock", ffi.C.getpid(), math.random(1, 1e9))
+    end
+    local lfd, err = listen_unix(path)
+    if not lfd then
+        return nil, err
+    end
+    local sock = ngx.socket.tcp()
+    local ok, cerr = sock:connect("unix:" .. path)
+    local fd = ok and ffi.C.accept4(lfd, nil, nil, SOCK_NONBLOCK + SOCK_CLOEXEC) or -1
+    ffi.C.close(lfd)
+    ffi.C.unlink(path)
+    if not ok or fd < 0 then
+        return nil, "cannot connect the notify socket: " .. tostring(cerr or ffi.errno())
+    end
+    local sz = ffi_new("int[1]", 1048576)
+    ffi.C.setsockopt(fd, SOL_SOCKET, SO_SNDBUF, sz, 4)
+    local rc = C.tl_engine_notify_attach(self.h, fd)
+    ffi.C.close(fd) -- the engine keeps its own dup
+    if rc ~= 0 then
+        return nil, "tl_engine_notify_attach: " .. lib.last_error()
+    end
+    self.notify_mode = "socket"
+    return sock
+end
+
+
+function _M:wake(id)
+    local s = self.waiters[id]
+    if s and s:count() < 1 then
+        s:post(1)
+        self.wakeups = self.wakeups + 1
+        return true
+    end
+    return s ~= nil
+end
+
+
+function _M:wake_all()
+    for _, s in pairs(self.waiters) do
+        if s:count() < 1 then
+            s:post(1)
+        end
+    end
+end
+
+
+-- The background timer: reads ids (8 bytes each, host order), wakes their
+-- waiters; on a read timeout wakes everyone (ids may have been dropped).
+function _M._notifier(premature, self)
+    if premature or not self.running then
+        return
+    end
+    local sock, err = self:connect_notify()
+    if not sock then
+        ngx_log(ERR, "tinyloop notifier: ", err, "; polling every ", self.poll, " s")
+        self.notify_mode = "poll"
+        while self.running and not ngx.worker.exiting() do
+            self:wake_all()
+            ngx.sleep(0.005)
+        end
+        return
+    end
+    ngx_log(INFO, "tinyloop notifier: ", self.notify_mode)
+    sock:settimeouts(1000, 1000, self.poll * 1000)
+    local rest = ""
+    while self.running and not ngx.worker.exiting() do
+        local data, rerr = sock:receiveany(65536)
+        if data then
+            if rest ~= "" then
+                data = rest .. data
+            end
+            local n = math.floor(#data / 8)
+            local p = ffi_cast(int64_ptr, data)
+            local unknown = false
+            for i = 0, n - 1 do
+                self.notes = self.notes + 1
+                if not self:wake(tonumber(p[i])) then
+                    unknown = true
+                end
+            end
+            rest = data:sub(n * 8 + 1)
+            if unknown then
+                -- a finished request already released, or a torn frame
+                self:wake_all()
+            end
+        elseif rerr == "timeout" then
+            self:wake_all()
+        else
+            ngx_log(WARN, "tinyloop notifier: ", rerr, "; reconnecting")
+            sock:close()
+            if self.running and not ngx.worker.exiting() then
+                ngx.timer.at(0, _M._notifier, self)
+            end
+            return
+        end
+    end
+    sock:close()
+end
+
+
+-- ---- requests ------------------------------------------------------------------------
+
+-- submit(ids, n, params) -> id | nil, message, rc. params: a tl_generate_params cdata.
+function _M:submit(ids, n, params)
+    local rc = C.tl_request_submit(self.h, ids, n, params, nil, id_out)
+    if rc ~= 0 then
+        return nil, lib.last_error(), rc
+    end
+    local id = tonumber(id_out[0])
+    self.waiters[id] = semaphore.new(0)
+    self.n_waiters = self.n_waiters + 1
+    return id
+end
+
+
+function _M:semaphore(id)
+    return self.waiters[id]
+end
+
+
+-- take(id, buf, cap) -> n, finished | nil, message, rc
+function _M:take(id, buf, cap)
+    local n = C.tl_request_take(self.h, id, buf, cap, finished)
+    if n < 0 then
+        return nil, lib.last_error(), n
+    end
+    return n, finished[0] ~= 0
+end
+
+
+function _M:info(id)
+    if C.tl_request_get_info(self.h, id, info_buf) ~= 0 then
+        return nil, lib.last_error()
+    end
+    local i = info_buf[0]
+    return {
+        state = i.state, finish_reason = i.finish_reason, n_prompt = i.n_prompt,
+        n_generated = i.n_generated, n_cached = i.n_cached, error = i.error,
+    }
+end
+
+
+function _M:cancel(id)
+    return C.tl_request_cancel(self.h, id)
+end
+
+
+function _M:release(id)
+    if self.waiters[id] then
+        self.waiters[id] = nil
+        self.n_waiters = self.n_waiters - 1
+    end
+    return C.tl_request_release(self.h, id)
+end
+
+
+function _M:stats()
+    if C.tl_model_get_stats(self.h, stats_buf) ~= 0 then
+        return nil, lib.last_error()
+    end
+    local s = stats_buf[0]
+    local t = {}
+    for _, k in ipairs({ "lookups", "hits", "hit_tokens", "prefill_tokens", "prefill_tokens_saved",
+        "generated_tokens", "requests_finished", "evictions", "evicted_tokens", "nodes",
+        "cached_tokens", "blocks_total", "blocks_free", "blocks_used", "blocks_shared",
+        "requests_active", "requests_queued" }) do
+        t[k] = tonumber(s[k])
+    end
+    return t
+end
+
+
+function _M:stop()
+    self.running = false
+    C.tl_engine_stop(self.h)
+end
+
+
+-- chat_format(msgs) -> text | nil, err: msgs = { { role =, content = }, ... }
+local chat_buf, chat_cap = nil, 0
+function _M:chat_format(msgs)
+    local n = #msgs
+    local arr = ffi_new("tl_chat_message[?]", n)
+    for i = 1, n do
+        -- the strings stay alive in msgs while the pointers are used
+        local r, c = msgs[i].role, msgs[i].content
+        arr[i - 1].role = r
+        arr[i - 1].content = c
+    end
+    local need = 4096
+    for _ = 1, 2 do
+        if chat_cap < need then
+            chat_cap = need
+            chat_buf = ffi_new("char[?]", chat_cap)
+        end
+        local w = C.tl_chat_format(self.h, arr, n, 1, chat_buf, chat_cap)
+        if w >= 0 then
+            return ffi_string(chat_buf, w)
+        end
+        need = -w + 1
+    end
+    return nil, "chat format failed: " .. lib.last_error()
+end
+
+
+return _M

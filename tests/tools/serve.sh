@@ -1,0 +1,34 @@
+#!/bin/sh
+# serve.sh - one tinyloop engine instance in the foreground on localhost
+# (examples/nginx.conf under a temporary prefix). `make serve`; any GGUF via MODEL=.
+#   MODEL=../shared/models/stories260K.gguf PORT=8080 sh tests/tools/serve.sh
+set -eu
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+DEFAULT_MODEL="${TINYLOOP_MODELS:-$HOME/.cache/tinyloop/models}/gemma-3-270m-q4_k_m.gguf"
+MODEL=${MODEL:-$DEFAULT_MODEL}
+PORT=${PORT:-8080}
+if [ "$MODEL" = "$DEFAULT_MODEL" ] && [ ! -f "$MODEL" ]; then
+    sh "$ROOT/tests/tools/fetch_model.sh" >/dev/null
+fi
+[ -f "$MODEL" ] || { echo "serve.sh: model not found: $MODEL" >&2; exit 1; }
+command -v nginx >/dev/null || { echo "serve.sh: nginx not installed (sh tests/deps.sh)" >&2; exit 1; }
+MODEL=$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")
+PREFIX=$(mktemp -d "${TMPDIR:-/tmp}/tinyloop-serve.XXXXXX")
+trap 'rm -rf "$PREFIX"' EXIT INT TERM
+chmod 755 "$PREFIX"   # nginx workers run as nobody when started by root
+mkdir -p "$PREFIX/logs" "$PREFIX/tmp"
+ln -s "$ROOT/lua" "$ROOT/build" "$PREFIX/"
+sed -e "s/127\.0\.0\.1:8080/127.0.0.1:$PORT/" -e 's/^daemon on;/daemon off;/' \
+    -e 's#^error_log logs/error.log warn;#error_log stderr warn;#' \
+    "$ROOT/examples/nginx.conf" > "$PREFIX/nginx.conf"
+export TINYLOOP_MODEL="$MODEL"
+export TINYLOOP_MAX_SEQ_LEN="${MAX_SEQ_LEN:-}"
+export TINYLOOP_INSTANCE="${INSTANCE:-serve}"
+URL="http://127.0.0.1:$PORT"
+echo "tinyloop serving $MODEL at $URL (Ctrl-C stops)"
+echo "  curl -s $URL/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story\"}],\"max_tokens\":64}'"
+echo "  curl -sN $URL/v1/completions -d '{\"prompt\":\"Once upon a time\",\"max_tokens\":64,\"stream\":true}'"
+nginx -p "$PREFIX" -c "$PREFIX/nginx.conf" &
+NGINX=$!
+trap 'kill -QUIT $NGINX 2>/dev/null; wait $NGINX 2>/dev/null; rm -rf "$PREFIX"; exit 0' INT TERM
+wait $NGINX
