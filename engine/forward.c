@@ -163,15 +163,13 @@ static void mm_task(void *p, int ith, int nth) {
     int64_t t0 = tiles * ith / nth, t1 = tiles * (ith + 1) / nth;
     int64_t r0 = t0 * 16, r1 = t1 * 16 < rows ? t1 * 16 : rows;
     size_t row_size = tl_row_size(w->type, w->n_in);
-    tl_vec_dot_fn dot = tl_vec_dot(w->type);
     const uint8_t *base = w->data;
+    /* Each tile kernel output equals the single (row, token) dot bitwise, so
+     * neither the split nor T changes any logit. */
     for (int64_t rt = r0; rt < r1; rt += 16) {
-        int64_t re = rt + 16 < r1 ? rt + 16 : r1;
-        for (int t = 0; t < c->T; t++) {
-            const uint8_t *x = c->xq + (size_t)t * c->xq_stride;
-            float *o = c->out + (size_t)t * rows;
-            for (int64_t r = rt; r < re; r++) dot(w->n_in, &o[r], base + (size_t)r * row_size, x);
-        }
+        int nr = (int)((rt + 16 < r1 ? rt + 16 : r1) - rt);
+        tl_vec_dot_tile(w->type, w->n_in, nr, c->T, c->out + rt, (size_t)rows, base + (size_t)rt * row_size, row_size,
+                        c->xq, c->xq_stride);
     }
 }
 

@@ -52,8 +52,10 @@ static void init_once(void) {
     }
     tl_kernels_fill_ref(&tables[TL_ISA_SCALAR]);
     tables[TL_ISA_AVX2] = tables[TL_ISA_SCALAR];
+    memset(tables[TL_ISA_AVX2].vec_dot_tile, 0, sizeof tables[TL_ISA_AVX2].vec_dot_tile);
     if (cpu_level >= TL_ISA_AVX2) tl_kernels_fill_avx2(&tables[TL_ISA_AVX2]);
     tables[TL_ISA_AVX512] = tables[TL_ISA_AVX2];
+    memset(tables[TL_ISA_AVX512].vec_dot_tile, 0, sizeof tables[TL_ISA_AVX512].vec_dot_tile);
     if (cpu_level >= TL_ISA_AVX512) tl_kernels_fill_avx512(&tables[TL_ISA_AVX512], has_vnni());
     const int level = cpu_level < env_cap ? cpu_level : env_cap;
     atomic_store(&active_level, level);
@@ -101,6 +103,19 @@ tl_vec_dot_fn tl_vec_dot_ref(int type) {
     if (type < 0 || type >= TL_TYPE_COUNT) return NULL;
     tl_kernels_init();
     return tables[TL_ISA_SCALAR].vec_dot[type];
+}
+
+void tl_vec_dot_tile(int type, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
+                     const void *x, size_t ldx) {
+    const tl_kernel_table *t = kt();
+    if (t->vec_dot_tile[type]) {
+        t->vec_dot_tile[type](n, nr, nt, out, ldo, w, ldw, x, ldx);
+        return;
+    }
+    const tl_vec_dot_fn dot = t->vec_dot[type];
+    for (int r = 0; r < nr; r++)
+        for (int j = 0; j < nt; j++)
+            dot(n, &out[(size_t)j * ldo + r], (const uint8_t *)w + (size_t)r * ldw, (const uint8_t *)x + (size_t)j * ldx);
 }
 
 void tl_quantize_row(int type, const float *src, void *dst, int64_t n) {

@@ -53,6 +53,15 @@ tl_vec_dot_fn tl_vec_dot(int type);
 /* Scalar reference kernel, for tests. */
 tl_vec_dot_fn tl_vec_dot_ref(int type);
 
+/* A tile of dot products: for r < nr, t < nt,
+ *   out[t*ldo + r] = dot(w + r*ldw bytes (type), x + t*ldx bytes (vec_dot_type)).
+ * Register-blocked (several rows share each activation load, several
+ * tokens share each weight load). Every output is bitwise what
+ * tl_vec_dot(type) gives for that (row, token) pair, whatever nr, nt and
+ * the pair's place in the tile, so batched and single-token forwards agree. */
+void tl_vec_dot_tile(int type, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
+                     const void *x, size_t ldx);
+
 /* Half/bfloat conversions. */
 float tl_f16_to_f32(uint16_t h);
 uint16_t tl_f32_to_f16(float f);

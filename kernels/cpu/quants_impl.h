@@ -119,8 +119,14 @@ static inline void tl_get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint
 /* Kernel table: one per ISA level, filled by dispatch.c from the per-ISA
  * fill functions (each only overrides what it implements). */
 typedef void (*tl_quantize_fn)(const float *src, void *dst, int64_t n);
+/* tl_vec_dot_tile without the type; NULL means "loop over vec_dot". */
+typedef void (*tl_vec_dot_tile_fn)(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
+                                   const void *x, size_t ldx);
 typedef struct tl_kernel_table {
     tl_vec_dot_fn vec_dot[TL_TYPE_COUNT];
+    /* Set by a level together with its vec_dot (never inherited from the
+     * level below, whose vec_dot may sum in another order). */
+    tl_vec_dot_tile_fn vec_dot_tile[TL_TYPE_COUNT];
     tl_quantize_fn quantize_q8_0, quantize_q8_K;
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     float (*dot_f16_f32)(const uint16_t *a, const float *b, int64_t n);

@@ -487,6 +487,51 @@ static void test_helpers(void) {
 
 /* --------------------------------------------------------- timing */
 
+/* tl_vec_dot_tile: every entry of an nr x nt tile (odd shapes, so every
+ * micro-tile and tail path runs) is bitwise tl_vec_dot of its pair at the
+ * same ISA level, and within 1e-5 of the scalar kernel. */
+static void test_tile(void) {
+    static const int shapes[][2] = {{1, 1}, {3, 1}, {4, 1}, {7, 1}, {16, 1}, {5, 2}, {4, 3}, {9, 5}, {13, 8}, {2, 7}};
+    for (int ti = 0; ti < N_WTYPES; ti++) {
+        const int type = weight_types[ti], vt = tl_type_info(type)->vec_dot_type, bs = tl_type_info(type)->block_size;
+        const int64_t n = bs == 1 ? 67 : bs == 32 ? 32 * 7 : 256 * 3;
+        const size_t rw = tl_row_size(type, n), rx = tl_row_size(vt, n);
+        const int maxr = 16, maxt = 8;
+        uint8_t *w = malloc(rw * maxr), *x = malloc(rx * maxt);
+        float *src = malloc(sizeof(float) * (size_t)n), *out = malloc(sizeof(float) * maxr * maxt);
+        for (int r = 0; r < maxr; r++) {
+            fill_data(src, n, r == 0);
+            tl_quantize_row_ref(type, src, w + rw * r, n);
+        }
+        for (int t = 0; t < maxt; t++) {
+            for (int64_t i = 0; i < n; i++) src[i] = rng_gauss();
+            tl_quantize_row_ref(vt, src, x + rx * t, n);
+        }
+        int bad = 0, badref = 0;
+        for (int lvl = 0; lvl <= isa_max; lvl++) {
+            tl_kernels_set_isa(lvl);
+            for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+                const int nr = shapes[k][0], nt = shapes[k][1], ldo = nr + 3;
+                tl_vec_dot_tile(type, n, nr, nt, out, (size_t)ldo, w, rw, x, rx);
+                for (int r = 0; r < nr; r++)
+                    for (int t = 0; t < nt; t++) {
+                        float one, ref;
+                        tl_vec_dot(type)(n, &one, w + rw * r, x + rx * t);
+                        tl_vec_dot_ref(type)(n, &ref, w + rw * r, x + rx * t);
+                        const float got = out[t * ldo + r];
+                        if (memcmp(&got, &one, sizeof got)) bad++;
+                        if (fabsf(got - ref) > 1e-4f * (fabsf(ref) + 1) * sqrtf((float)n)) badref++;
+                    }
+            }
+        }
+        tl_kernels_set_isa(isa_max);
+        CHECK(bad == 0, "%s tile entries equal vec_dot bitwise at every ISA level (%d differ)", tl_type_info(type)->name,
+              bad);
+        CHECK(badref == 0, "%s tile entries are close to the scalar kernel (%d far)", tl_type_info(type)->name, badref);
+        free(w); free(x); free(src); free(out);
+    }
+}
+
 static volatile float bench_sink;
 
 static void bench(void) {
@@ -561,6 +606,7 @@ int main(void) {
         else if (bs == 32) test_type(type, sz32, 4);
         else test_type(type, sz256, 4);
     }
+    test_tile();
     bench();
     return test_summary();
 }

@@ -166,8 +166,15 @@ local ok_run, run_err = pcall(function()
         worst = math.max(worst, st[i].res and st[i].res.status == 200 and st[i].t_done or 99)
     end
     check("/health answered while the streams ran", running_at_health > 0, running_at_health)
-    check(string.format("/health answers fast under load (worst %.1f ms)", worst * 1000), worst < 0.25,
-        table.concat(health, " "))
+    -- No absolute threshold (shared machines are noisy): a blocked event
+    -- loop would make /health wait as long as the generations themselves,
+    -- so it must come back in a small fraction of the streams' run time.
+    local streams_took = 0
+    for i = 1, 32 do
+        streams_took = math.max(streams_took, st[i].t_done or 0)
+    end
+    check(string.format("/health answers fast under load (worst %.1f ms while the streams took %.0f ms)",
+        worst * 1000, streams_took * 1000), worst < 0.1 * streams_took, table.concat(health, " "))
 
     -- ---- disconnect cancels ------------------------------------------------------------------
     local mc = T.prom((T.request(port, "GET", "/metrics") or {}).body or "")
