@@ -23,6 +23,11 @@ SMALL_MODEL := ../shared/models/stories260K.gguf
 .PHONY: all test test-c test-asan fuzz bench run repl serve model clean deps
 all: build/libtinyloop.so build/libtinyloop.a bin/tinyloop $(TOOLS) lua/tinyloop/cdef.lua
 
+# The CUDA kernels (build/libtinyloop-cuda.so, `make test-cuda`) when nvcc
+# is found; `make CUDA=0` skips them. Not yet wired into the engine.
+-include kernels/cuda/Makefile.inc
+all: cuda
+
 # The FFI declarations are generated from the public header (macro free).
 lua/tinyloop/cdef.lua: engine/tinyloop.h bindings/gen_cdef.lua
 	luajit bindings/gen_cdef.lua engine/tinyloop.h $@

@@ -1,0 +1,150 @@
+/* context.cu - the CUDA context (device, stream, cuBLAS handle), device
+ * memory, and error reporting for the tl_cuda_* launchers. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_impl.h"
+
+/* ---- errors ---------------------------------------------------------------- */
+
+static thread_local char last_error[512];
+
+extern "C" int tlc_fail(int code, const char *call, const char *file, int line, const char *fmt, ...) {
+    int n = snprintf(last_error, sizeof last_error, "%s failed at %s:%d: ", call, file, line);
+    if (n < 0 || (size_t)n >= sizeof last_error) return code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+extern "C" TL_CUDA_API const char *tl_cuda_last_error(void) { return last_error; }
+
+/* ---- context --------------------------------------------------------------- */
+
+extern "C" TL_CUDA_API int tl_cuda_device_count(int *out) {
+    TLC_ARG(out, "out is NULL");
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        /* No driver / no device: not an error for the caller, who falls back. */
+        (void)cudaGetLastError();
+        n = 0;
+    }
+    *out = n;
+    return TL_CUDA_OK;
+}
+
+extern "C" TL_CUDA_API int tl_cuda_init(int device, tl_cuda **out) {
+    TLC_ARG(out, "out is NULL");
+    *out = NULL;
+    int n = 0;
+    tl_cuda_device_count(&n);
+    if (n == 0) return tlc_fail(TL_CUDA_ERR_NODEV, "tl_cuda_init", __FILE__, __LINE__, "no CUDA device");
+    TLC_ARG(device >= 0 && device < n, "device %d out of range (%d devices)", device, n);
+    tl_cuda *c = (tl_cuda *)calloc(1, sizeof *c);
+    if (!c) return tlc_fail(TL_CUDA_ERR_NOMEM, "calloc", __FILE__, __LINE__, "%zu bytes", sizeof *c);
+    c->device = device;
+    int rc = TL_CUDA_OK;
+    cudaError_t e = cudaSetDevice(device);
+    if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        rc = tlc_fail(TL_CUDA_ERR_CUDA, "cudaSetDevice/cudaStreamCreateWithFlags", __FILE__, __LINE__, "%s",
+                      cudaGetErrorString(e));
+        free(c);
+        return rc;
+    }
+    cublasStatus_t s = cublasCreate(&c->blas);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(c->blas, c->stream);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        rc = tlc_fail(TL_CUDA_ERR_CUBLAS, "cublasCreate/cublasSetStream", __FILE__, __LINE__, "%s",
+                      cublasGetStatusString(s));
+        if (c->blas) cublasDestroy(c->blas);
+        cudaStreamDestroy(c->stream);
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return TL_CUDA_OK;
+}
+
+extern "C" TL_CUDA_API void tl_cuda_free(tl_cuda *c) {
+    if (!c) return;
+    cudaSetDevice(c->device);
+    cudaStreamSynchronize(c->stream);
+    if (c->w16) cudaFree(c->w16);
+    if (c->x16) cudaFree(c->x16);
+    if (c->ids) cudaFree(c->ids);
+    cublasDestroy(c->blas);
+    cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+extern "C" TL_CUDA_API int tl_cuda_device_name(tl_cuda *c, char *buf, size_t n) {
+    TLC_ARG(c && buf && n > 0, "bad arguments");
+    cudaDeviceProp p;
+    TLC_CHECK(cudaGetDeviceProperties(&p, c->device));
+    snprintf(buf, n, "%s (sm_%d%d, %.1f GiB)", p.name, p.major, p.minor, (double)p.totalGlobalMem / (1 << 30));
+    return TL_CUDA_OK;
+}
+
+/* Scratch grows in the stream's order: the old buffer is released after
+ * the work already queued that reads it, without a host wait. */
+extern "C" int tlc_scratch(tl_cuda *c, void **buf, size_t *cap, size_t bytes) {
+    if (*cap >= bytes) return TL_CUDA_OK;
+    if (*buf) {
+        TLC_CHECK(cudaFreeAsync(*buf, c->stream));
+        *buf = NULL;
+        *cap = 0;
+    }
+    size_t want = bytes + bytes / 4;
+    TLC_CHECK(cudaMallocAsync(buf, want, c->stream));
+    *cap = want;
+    return TL_CUDA_OK;
+}
+
+/* ---- memory ---------------------------------------------------------------- */
+
+extern "C" TL_CUDA_API int tl_cuda_alloc(tl_cuda *c, size_t bytes, void **out) {
+    TLC_ARG(c && out, "bad arguments");
+    *out = NULL;
+    TLC_CHECK(cudaSetDevice(c->device));
+    TLC_CHECK(cudaMalloc(out, bytes ? bytes : 1));
+    return TL_CUDA_OK;
+}
+
+extern "C" TL_CUDA_API int tl_cuda_dealloc(tl_cuda *c, void *p) {
+    TLC_ARG(c, "context is NULL");
+    if (p) TLC_CHECK(cudaFree(p));
+    return TL_CUDA_OK;
+}
+
+extern "C" TL_CUDA_API int tl_cuda_upload(tl_cuda *c, void *dst, const void *src, size_t bytes) {
+    TLC_ARG(c && (bytes == 0 || (dst && src)), "bad arguments");
+    if (bytes) TLC_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+    return TL_CUDA_OK;
+}
+
+extern "C" TL_CUDA_API int tl_cuda_download(tl_cuda *c, void *dst, const void *src, size_t bytes) {
+    TLC_ARG(c && (bytes == 0 || (dst && src)), "bad arguments");
+    if (bytes) TLC_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    TLC_CHECK(cudaStreamSynchronize(c->stream));
+    return TL_CUDA_OK;
+}
+
+extern "C" TL_CUDA_API int tl_cuda_copy(tl_cuda *c, void *dst, const void *src, size_t bytes) {
+    TLC_ARG(c && (bytes == 0 || (dst && src)), "bad arguments");
+    if (bytes) TLC_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+    return TL_CUDA_OK;
+}
+
+extern "C" TL_CUDA_API int tl_cuda_sync(tl_cuda *c) {
+    TLC_ARG(c, "context is NULL");
+    TLC_CHECK(cudaStreamSynchronize(c->stream));
+    return TL_CUDA_OK;
+}
+
+extern "C" TL_CUDA_API int tl_cuda_type_supported(int type) { return tlc_row_bytes(type, 256) != 0; }
