@@ -67,6 +67,9 @@ build/tests-asan/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop-asan.a tests/c/tes
 	@mkdir -p build/tests-asan
 	$(CC) $(CFLAGS) $(ASAN_FLAGS) -Itests/c -Itests/c/lib -o $@ $< $(TSUP_SRC) build/libtinyloop-asan.a $(LDLIBS)
 
+# The suites test the CPU path; tests/gpu/run.sh (make test-cuda) tests the GPU.
+test test-asan: export TINYLOOP_BACKEND ?= cpu
+
 # make test: every test (C now; Lua specs join as they land), one summary line.
 test: deps all $(TESTS)
 	@sh tests/run.sh build/tests $(TESTS) tests/cli/test_cli.sh tests/spec/run.sh tests/integration/run.sh

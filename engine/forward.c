@@ -437,8 +437,10 @@ static int reserve_blocks(tl_model *m, tl_seq **seqs, const int *n_tokens, int n
         int r = tl_block_table_make_writable(&s->bt, kv, s->n_pos / kv->block_size);
         if (r == 0) r = tl_block_table_reserve(&s->bt, kv, s->n_pos + n_tokens[i]);
         if (r != 0) {
+            /* -3: the backend's block copy failed and set the message */
+            int code = r == -3 ? tl_last_error_code() : tl_set_error(TL_ERR_NOMEM, "out of memory for a block table");
             for (int j = 0; j <= i; j++) tl_block_table_truncate(&seqs[j]->bt, kv, seqs[j]->n_pos);
-            return tl_set_error(TL_ERR_NOMEM, "out of memory for a block table");
+            return code;
         }
     }
     return TL_OK;
@@ -457,6 +459,20 @@ int tl_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const i
     if ((rc = check_batch(m, seqs, tokens, n_tokens, n_seq, &T))) return rc;
     if ((rc = scratch_reserve(m, T, n_seq))) return rc;
     if ((rc = reserve_blocks(m, seqs, n_tokens, n_seq))) return rc;
+    if (m->backend) {
+        if (opts->vl_begin > 0 || opts->vl_capture >= 0) {
+            for (int i = 0; i < n_seq; i++) tl_block_table_truncate(&seqs[i]->bt, &m->kv, seqs[i]->n_pos);
+            return tl_set_error(TL_ERR_UNSUPPORTED, "resume handles are not supported on the %s backend",
+                                tl_backend_name(m));
+        }
+        rc = tl_backend_forward(m, seqs, tokens, n_tokens, n_seq, T, logits, opts->want_logits);
+        if (rc) {
+            for (int i = 0; i < n_seq; i++) tl_block_table_truncate(&seqs[i]->bt, &m->kv, seqs[i]->n_pos);
+            return rc;
+        }
+        for (int i = 0; i < n_seq; i++) seqs[i]->n_pos += n_tokens[i];
+        return TL_OK;
+    }
 
     const tl_hparams *hp = &m->hp;
     tl_scratch *s = m->scratch;

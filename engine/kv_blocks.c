@@ -7,7 +7,7 @@
 #include "tinyloop.h"
 #include "util.h"
 
-int tl_kv_pool_init(tl_kv_pool *p, int n_blocks, int block_size, int kv_dim, int kv_type) {
+int tl_kv_pool_init(tl_kv_pool *p, int n_blocks, int block_size, int kv_dim, int kv_type, int with_arena) {
     memset(p, 0, sizeof *p);
     if (n_blocks < 1 || block_size < 1 || kv_dim < 1)
         return tl_set_error(TL_ERR_INVALID_ARG, "kv pool: n_blocks %d, block_size %d, kv_dim %d must be >= 1",
@@ -23,10 +23,10 @@ int tl_kv_pool_init(tl_kv_pool *p, int n_blocks, int block_size, int kv_dim, int
         return tl_set_error(TL_ERR_NOMEM, "kv pool: %d blocks of %d positions overflow size_t", n_blocks,
                             block_size);
     p->block_bytes = bytes;
-    p->arena = tl_alloc_aligned(total);
+    p->arena = with_arena ? tl_alloc_aligned(total) : NULL;
     p->refcnt = calloc((size_t)n_blocks, sizeof *p->refcnt);
     p->free_list = malloc((size_t)n_blocks * sizeof *p->free_list);
-    if (!p->arena || !p->refcnt || !p->free_list) {
+    if ((with_arena && !p->arena) || !p->refcnt || !p->free_list) {
         tl_kv_pool_destroy(p);
         return tl_set_error(TL_ERR_NOMEM, "kv pool: cannot allocate %zu bytes for %d blocks", total, n_blocks);
     }
@@ -61,8 +61,10 @@ void tl_kv_unref(tl_kv_pool *p, int id) {
     if (--p->refcnt[id] == 0) p->free_list[p->n_free++] = id;
 }
 
-void tl_kv_copy(tl_kv_pool *p, int dst, int src) {
+int tl_kv_copy(tl_kv_pool *p, int dst, int src) {
+    if (p->copy_hook) return p->copy_hook(p->hook_ud, dst, src);
     memcpy(tl_kv_k(p, dst), tl_kv_k(p, src), p->block_bytes);
+    return 0;
 }
 
 int tl_block_table_reserve(tl_block_table *bt, tl_kv_pool *p, int n_pos) {
@@ -120,7 +122,10 @@ int tl_block_table_make_writable(tl_block_table *bt, tl_kv_pool *p, int lb) {
     for (int vl = 0; vl < bt->depth; vl++) {
         if (p->refcnt[row[vl]] <= 1) continue;
         int id = tl_kv_alloc(p);
-        tl_kv_copy(p, id, row[vl]);
+        if (tl_kv_copy(p, id, row[vl]) != 0) {
+            tl_kv_unref(p, id);
+            return -3;
+        }
         tl_kv_unref(p, row[vl]);
         row[vl] = id;
     }

@@ -33,9 +33,14 @@ typedef struct tl_kv_pool {
     int32_t *refcnt;    /* (n_blocks) */
     int32_t *free_list; /* stack of free ids */
     int n_free;
+    /* A backend with its own arena (device memory): no host arena, and
+     * copy-on-write goes through the hook. */
+    int (*copy_hook)(void *ud, int dst, int src);
+    void *hook_ud;
 } tl_kv_pool;
 
-int tl_kv_pool_init(tl_kv_pool *p, int n_blocks, int block_size, int kv_dim, int kv_type);
+/* with_arena 0: block bookkeeping only (the arena lives in a backend). */
+int tl_kv_pool_init(tl_kv_pool *p, int n_blocks, int block_size, int kv_dim, int kv_type, int with_arena);
 void tl_kv_pool_destroy(tl_kv_pool *p);
 /* Returns a block id with refcount 1, or -1 when none is free. */
 int tl_kv_alloc(tl_kv_pool *p);
@@ -48,8 +53,9 @@ static inline void *tl_kv_k(const tl_kv_pool *p, int id) {
 static inline void *tl_kv_v(const tl_kv_pool *p, int id) {
     return p->arena + (size_t)id * p->block_bytes + p->block_bytes / 2;
 }
-/* Copies a block's contents (copy-on-write). */
-void tl_kv_copy(tl_kv_pool *p, int dst, int src);
+/* Copies a block's contents (copy-on-write). Returns 0 or < 0 when a
+ * backend's copy failed. */
+int tl_kv_copy(tl_kv_pool *p, int dst, int src);
 
 /* A sequence's block table: table[lb * depth + vl] is the block of logical
  * block lb at virtual layer vl. */

@@ -264,8 +264,11 @@ static int init_runtime(tl_model *m) {
     }
     if (n_blocks > (size_t)INT32_MAX / 2)
         return tl_set_error(TL_ERR_INVALID_ARG, "%zu KV blocks is too many", n_blocks);
-    int rc = tl_kv_pool_init(&m->kv, (int)n_blocks, bs, kv_dim, p->kv_type);
+    int rc = tl_backend_select(m, (int)n_blocks, bs, p->kv_type);
     if (rc) return rc;
+    /* With a backend the arena lives in its memory; the pool keeps the books. */
+    if ((rc = tl_kv_pool_init(&m->kv, (int)n_blocks, bs, kv_dim, p->kv_type, m->backend == NULL))) return rc;
+    tl_backend_attach_pool(m);
     m->tp = tl_threadpool_new(p->n_threads > 0 ? p->n_threads : tl_cpu_count());
     if (!m->tp) return tl_set_error(TL_ERR_NOMEM, "cannot start %d worker threads", p->n_threads);
     tl_radix_init(&m->cache, &m->kv);
@@ -332,6 +335,7 @@ void tl_model_close(tl_model *m) {
     tl_sched_free(m); /* requests and pools let go of the cache first */
     tl_radix_destroy(&m->cache);
     tl_forward_free(m);
+    tl_backend_close(m);
     tl_threadpool_free(m->tp);
     tl_kv_pool_destroy(&m->kv);
     for (int i = 0; i < m->n_owned_norms; i++) tl_free_aligned(m->owned_norms[i]);
@@ -372,6 +376,7 @@ int tl_model_get_info(const tl_model *m, tl_model_info *o) {
     o->weight_bytes = m->weight_bytes;
     o->kv_bytes = (size_t)m->kv.n_blocks * m->kv.block_bytes;
     o->isa = tl_isa_name(tl_kernels_isa());
+    o->backend = tl_backend_name(m);
     return TL_OK;
 }
 

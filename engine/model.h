@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "backend.h"
 #include "gguf.h"
 #include "kv_blocks.h"
 #include "radix.h"
@@ -29,25 +30,6 @@ typedef struct tl_arch {
                               use the sliding window (gemma3: 6) */
     float rope_base_swa;   /* RoPE base of sliding-window layers (0: the global one) */
 } tl_arch;
-
-typedef struct tl_weight {
-    const void *data;      /* packed, in the mapping */
-    int type;              /* TL_TYPE_* */
-    int64_t n_in, n_out;   /* ne[0] (row length), ne[1] (rows) */
-} tl_weight;
-
-typedef struct tl_layer {
-    float *attn_norm;      /* (n_embd) */
-    tl_weight wq;          /* (n_head*head_dim, n_embd) */
-    tl_weight wk, wv;      /* (n_head_kv*head_dim, n_embd) */
-    tl_weight wo;          /* (n_embd, n_head*head_dim) */
-    float *bq, *bk, *bv;   /* optional Q/K/V biases (qwen2), or NULL */
-    float *q_norm, *k_norm;           /* (head_dim), qk_norm archs */
-    float *post_attn_norm, *post_ffn_norm; /* (n_embd), post_norms archs */
-    float *ffn_norm;       /* (n_embd) */
-    tl_weight w_gate, w_up; /* (n_ff, n_embd) */
-    tl_weight w_down;      /* (n_embd, n_ff) */
-} tl_layer;
 
 typedef struct tl_hparams {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot;
@@ -79,6 +61,7 @@ struct tl_model {
     int eog[TL_MAX_EOG];        /* end-of-generation ids: EOS and turn-closing tokens */
     int n_eog;
 
+    struct tl_backend_state *backend; /* NULL: the CPU (backend.c) */
     tl_threadpool *tp;
     tl_kv_pool kv;
     tl_radix cache;             /* the automatic prefix cache over kv */
@@ -103,9 +86,13 @@ struct tl_seq {
     tl_block_table bt;
 };
 
-/* chat.c */
-void tl_chat_detect(tl_model *m);
-int tl_model_is_eog(const tl_model *m, int id);
+/* backend.c */
+int tl_backend_select(tl_model *m, int n_blocks, int block_size, int kv_type);
+void tl_backend_attach_pool(tl_model *m);
+void tl_backend_close(tl_model *m);
+const char *tl_backend_name(const tl_model *m);
+int tl_backend_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
+                       int T, float *logits, const int *want_logits);
 
 /* chat.c */
 void tl_chat_detect(tl_model *m);

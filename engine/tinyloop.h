@@ -67,6 +67,11 @@ typedef struct tl_model_params {
     int loop_default;    /* default loops; <= 0: from the file, else 1 */
     int vocab_only;      /* 1: load the tokenizer only (no tensors needed) */
 } tl_model_params;
+/* The compute backend is chosen when a model opens: TINYLOOP_BACKEND=cpu |
+ * cuda | auto (default). auto uses the CUDA plugin (libtinyloop-cuda.so,
+ * loaded with dlopen: $TINYLOOP_CUDA_LIB, next to this library, or the
+ * system path) when it loads and finds a device, else the CPU; cuda fails
+ * tl_model_open with the reason when it cannot. */
 
 tl_model_params tl_model_default_params(void);
 
@@ -86,6 +91,7 @@ typedef struct tl_model_info {
     int kv_block_size, kv_type, kv_blocks_total, kv_blocks_free;
     size_t weight_bytes, kv_bytes;
     const char *isa; /* CPU kernel level in use */
+    const char *backend; /* "cpu" or the plugin's name ("cuda") */
 } tl_model_info;
 
 int tl_model_get_info(const tl_model *model, tl_model_info *out);

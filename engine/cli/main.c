@@ -262,7 +262,7 @@ static int cmd_info(opts *o) {
     tl_cli_print_tensor_types(o->models[0]);
     printf("kv cache      %d blocks x %d tokens, %s, %.2f MiB\n", i.kv_blocks_total, i.kv_block_size,
            i.kv_type == TL_KV_F32 ? "f32" : "f16", (double)i.kv_bytes / (1 << 20));
-    printf("threads       %d\ncpu kernels   %s\n", i.n_threads, i.isa);
+    printf("threads       %d\ncpu kernels   %s\nbackend       %s\n", i.n_threads, i.isa, i.backend);
     tl_model_close(m);
     return 0;
 }

@@ -1,0 +1,90 @@
+/* backend.h - what a compute backend plugin implements. The CPU path
+ * (forward.c) is built in; other backends (CUDA) are shared libraries
+ * loaded with dlopen, so libtinyloop.so itself runs without their
+ * runtimes. The engine keeps doing all the bookkeeping (requests, radix
+ * tree, block ids and reference counts); a backend owns the weights in its
+ * memory and the KV arena, and computes one batched forward pass.
+ *
+ * A plugin exports `const tl_backend_ops *tl_backend_plugin_v1(void)`.
+ * This header is plain C with no CUDA types; plugins include it. */
+#ifndef TL_BACKEND_H
+#define TL_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TL_BACKEND_ABI 1
+
+typedef struct tl_weight {
+    const void *data;      /* packed, host memory (the mapping) */
+    int type;              /* ggml type id (TL_TYPE_*) */
+    int64_t n_in, n_out;   /* ne[0] (row length), ne[1] (rows) */
+} tl_weight;
+
+typedef struct tl_layer {
+    float *attn_norm;      /* (n_embd) */
+    tl_weight wq;          /* (n_head*head_dim, n_embd) */
+    tl_weight wk, wv;      /* (n_head_kv*head_dim, n_embd) */
+    tl_weight wo;          /* (n_embd, n_head*head_dim) */
+    float *bq, *bk, *bv;   /* optional Q/K/V biases (qwen2), or NULL */
+    float *q_norm, *k_norm;           /* (head_dim), qk_norm archs, or NULL */
+    float *post_attn_norm, *post_ffn_norm; /* (n_embd), post_norms archs, or NULL */
+    float *ffn_norm;       /* (n_embd) */
+    tl_weight w_gate, w_up; /* (n_ff, n_embd) */
+    tl_weight w_down;      /* (n_embd, n_ff) */
+} tl_layer;
+
+/* Everything a backend needs to build its copy of a model (host pointers,
+ * valid while the model lives). All norm vectors are f32 already. */
+typedef struct tl_backend_model {
+    int abi;                       /* TL_BACKEND_ABI */
+    int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot;
+    float norm_eps;
+    float rope_base, rope_base_swa; /* rope_base_swa: sliding-window layers (0 = rope_base) */
+    int rope_type;                 /* 0 NORM (pairs 2i, 2i+1), 2 NEOX (i, i + n_rot/2) */
+    int ffn_act;                   /* 0 SiLU-gated, 1 GELU(tanh)-gated */
+    int embd_scale;                /* 1: embeddings times sqrt(n_embd) */
+    const int *layer_window;       /* (n_layer) sliding window per physical layer, 0 = none */
+    const float *rope_freqs;       /* (n_rot/2) or NULL */
+    tl_weight tok_embd, output;    /* output may equal tok_embd (tied) */
+    const float *output_norm;      /* (n_embd) */
+    const tl_layer *layers;        /* (n_layer) */
+    /* KV arena: n_blocks blocks; a block holds one virtual layer's K then V
+     * for block_size positions, each laid out [n_head_kv][block_size][head_dim]. */
+    int kv_blocks, kv_block_size, kv_type; /* kv_type: 0 f16, 1 f32 */
+    size_t kv_mem;                 /* bytes the caller sized the arena for */
+    int max_batch_tokens;          /* largest T the engine passes in one call */
+    int max_seq_len;
+} tl_backend_model;
+
+/* One forward pass: T new tokens from n_seq sequences sharing one depth. */
+typedef struct tl_backend_batch {
+    int n_seq, T;
+    const int32_t *tokens;         /* (T) */
+    const int32_t *pos;            /* (T) position of each token */
+    const int32_t *tok_seq;        /* (T) sequence index of each token */
+    const int32_t *const *block_ids; /* (n_seq) each seq's table: ids[lb * depth + vl] */
+    const int *n_logical;          /* (n_seq) logical blocks in each table */
+    const int *window;             /* (n_seq) request cache_window, 0 = none */
+    int depth;                     /* virtual layers */
+    const int *phys_layer;         /* (depth) physical layer of each virtual layer */
+    const int *want_logits;        /* (n_seq) 0/1; logits rows compacted in order */
+} tl_backend_batch;
+
+typedef struct tl_backend_ops {
+    const char *name;
+    int abi;
+    /* Returns 0 and a context, or < 0 with the reason in msg (msg_cap bytes). */
+    int (*init)(const tl_backend_model *model, void **ctx, char *msg, size_t msg_cap);
+    void (*free)(void *ctx);
+    /* Computes the batch (writing K/V of the new positions into their
+     * blocks) and copies the wanted last-token logits to logits_host
+     * (rows x n_vocab). Returns 0 or < 0 with the reason in msg. */
+    int (*forward)(void *ctx, const tl_backend_batch *batch, float *logits_host, char *msg, size_t msg_cap);
+    /* Copy-on-write: block dst gets block src's contents. */
+    int (*copy_block)(void *ctx, int dst, int src, char *msg, size_t msg_cap);
+} tl_backend_ops;
+
+typedef const tl_backend_ops *(*tl_backend_plugin_fn)(void);
+
+#endif
