@@ -35,7 +35,10 @@ typedef struct tl_layer {
 } tl_layer;
 
 /* Everything a backend needs to build its copy of a model (host pointers,
- * valid while the model lives). All norm vectors are f32 already. */
+ * valid while the model lives). All norm vectors are f32 and final (any
+ * architecture offset already applied). Calls come from one thread at a
+ * time (the engine's compute lock). Resume handles (hidden-state input
+ * and capture) stay on the CPU path. */
 typedef struct tl_backend_model {
     int abi;                       /* TL_BACKEND_ABI */
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot;
@@ -63,12 +66,13 @@ typedef struct tl_backend_batch {
     const int32_t *tokens;         /* (T) */
     const int32_t *pos;            /* (T) position of each token */
     const int32_t *tok_seq;        /* (T) sequence index of each token */
-    const int32_t *const *block_ids; /* (n_seq) each seq's table: ids[lb * depth + vl] */
+    const int32_t *const *block_ids; /* (n_seq) each seq's table: ids[lb * depth + vl]; -1 for
+                                        blocks dropped behind a cache_window (never read) */
     const int *n_logical;          /* (n_seq) logical blocks in each table */
-    const int *window;             /* (n_seq) request cache_window, 0 = none */
+    const int *window;             /* (n_seq) request cache_window, 0 = none (never NULL) */
     int depth;                     /* virtual layers */
     const int *phys_layer;         /* (depth) physical layer of each virtual layer */
-    const int *want_logits;        /* (n_seq) 0/1; logits rows compacted in order */
+    const int *want_logits;        /* (n_seq) 0/1; logits rows compacted in order (never NULL) */
 } tl_backend_batch;
 
 typedef struct tl_backend_ops {

@@ -1,0 +1,331 @@
+/* test_cuda_forward.c - the CUDA backend plugin (tl_backend_plugin_v1 in
+ * libtinyloop-cuda.so) against the CPU engine's forward pass, on synthetic
+ * models from tests/c/lib/testmodel.h: llama (f32 weights and KV; Q4_0
+ * with a loop block, so virtual layers reuse physical ones), qwen2 (Q/K/V
+ * biases, NEOX RoPE, Q8_0, f16 KV) and gemma3 (Q/K norms, post norms,
+ * GeGLU, sliding-window layers, Q4_K, f16 KV).
+ *
+ * The CPU forward runs first (it reserves the KV blocks); the same batch is
+ * then described to the plugin with the CPU's block ids, so both arenas hold
+ * the same blocks. Each case runs a mixed prefill batch (T >= 9: the GEMM
+ * path and the prefill attention kernel), decode steps (T = n_seq: the
+ * direct matmul path and the decode kernel), a mixed prefill+decode batch
+ * and a batch with want_logits masking one sequence.
+ *
+ * Tolerances, by NMSE = sum (gpu - cpu)^2 / sum cpu^2 over a batch's logits:
+ *   1e-5  f32 weights and f32 KV (same arithmetic up to summation order)
+ *   1e-3  f16 KV or quantized weights (the CPU quantizes activations to
+ *         Q8 for quantized dots; the GEMM path rounds weights and
+ *         activations to f16)
+ * Greedy tokens: the CPU's argmax is fed to both (teacher forcing); the
+ * GPU's argmax must match wherever the CPU's top-2 margin exceeds 1e-2 of
+ * the logits' spread (a near-tie may flip legitimately).
+ *
+ * Without a CUDA device: "SKIP: no CUDA device" and "0 passed, 0 failed". */
+#include <stdint.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "model.h"
+#include "quants.h"
+#include "test.h"
+#include "testmodel.h"
+#include "tinyloop.h"
+#include "tl_cuda.h"
+
+const tl_backend_ops *tl_backend_plugin_v1(void);
+
+#define MAX_SEQ 4
+#define MAX_TOK 64
+
+typedef struct tcase {
+    const char *name;
+    tm_spec spec;
+    int kv_type;
+    int loops;
+    double tol;
+} tcase;
+
+static double nmse(const float *a, const float *ref, size_t n) {
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        e += d * d;
+        r += (double)ref[i] * ref[i];
+    }
+    return r > 0 ? e / r : e;
+}
+
+static int argmax(const float *x, int n, float *margin) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    float second = -INFINITY, lo = x[0], hi = x[0];
+    for (int i = 0; i < n; i++) {
+        if (i != best && x[i] > second) second = x[i];
+        if (x[i] < lo) lo = x[i];
+        if (x[i] > hi) hi = x[i];
+    }
+    *margin = hi > lo ? (x[best] - second) / (hi - lo) : 1.0f;
+    return best;
+}
+
+typedef struct runner {
+    tl_model *m;
+    const tl_backend_ops *ops;
+    void *ctx;
+    tl_backend_model bm;
+    int *layer_window;
+    int *phys;
+    int depth;
+} runner;
+
+static void fill_backend_model(runner *r, int max_batch) {
+    tl_model *m = r->m;
+    tl_backend_model *bm = &r->bm;
+    memset(bm, 0, sizeof *bm);
+    bm->abi = TL_BACKEND_ABI;
+    bm->n_vocab = m->hp.n_vocab;
+    bm->n_embd = m->hp.n_embd;
+    bm->n_layer = m->hp.n_layer;
+    bm->n_head = m->hp.n_head;
+    bm->n_head_kv = m->hp.n_head_kv;
+    bm->head_dim = m->hp.head_dim;
+    bm->n_ff = m->hp.n_ff;
+    bm->n_rot = m->hp.n_rot;
+    bm->norm_eps = m->hp.norm_eps;
+    bm->rope_base = m->hp.rope_base;
+    bm->rope_base_swa = m->arch->rope_base_swa;
+    bm->rope_type = m->arch->rope_type;
+    bm->ffn_act = m->arch->ffn_act;
+    bm->embd_scale = m->arch->embd_scale;
+    r->layer_window = calloc((size_t)m->hp.n_layer, sizeof(int));
+    for (int L = 0; L < m->hp.n_layer; L++) r->layer_window[L] = tl_model_layer_window(m, L);
+    bm->layer_window = r->layer_window;
+    bm->rope_freqs = m->rope_freqs;
+    bm->tok_embd = m->tok_embd;
+    bm->output = m->output;
+    bm->output_norm = m->output_norm;
+    bm->layers = m->layers;
+    bm->kv_blocks = m->kv.n_blocks;
+    bm->kv_block_size = m->kv.block_size;
+    bm->kv_type = m->kv.kv_type;
+    bm->kv_mem = (size_t)m->kv.n_blocks * m->kv.block_bytes;
+    bm->max_batch_tokens = max_batch;
+    bm->max_seq_len = m->max_seq_len;
+}
+
+/* One step on both: CPU first (reserves blocks), then the plugin with the
+ * same block ids. Returns the number of logits rows (-1 on failure). */
+static int step(runner *r, tl_seq **seqs, int n_seq, int32_t *const *toks, const int *n_tok, const int *want,
+                float *cpu, float *gpu, const char *what) {
+    int pos0[MAX_SEQ];
+    for (int s = 0; s < n_seq; s++) pos0[s] = seqs[s]->n_pos;
+    tl_forward_opts opts = {.want_logits = want, .vl_capture = -1};
+    int rc = tl_forward(r->m, seqs, (const int32_t *const *)toks, n_tok, n_seq, cpu, &opts);
+    CHECK(rc == 0, "%s: CPU forward failed (%d)", what, rc);
+    if (rc) return -1;
+    int32_t tokens[MAX_TOK], pos[MAX_TOK], tok_seq[MAX_TOK];
+    const int32_t *ids[MAX_SEQ];
+    int n_logical[MAX_SEQ], window[MAX_SEQ], T = 0, rows = 0;
+    for (int s = 0; s < n_seq; s++) {
+        for (int j = 0; j < n_tok[s]; j++, T++) {
+            tokens[T] = toks[s][j];
+            pos[T] = pos0[s] + j;
+            tok_seq[T] = s;
+        }
+        ids[s] = seqs[s]->bt.ids;
+        n_logical[s] = seqs[s]->bt.n_logical;
+        window[s] = seqs[s]->window;
+        rows += !want || want[s];
+        CHECK(seqs[s]->bt.depth == r->depth, "%s: depth %d vs %d", what, seqs[s]->bt.depth, r->depth);
+    }
+    tl_backend_batch b = {.n_seq = n_seq, .T = T, .tokens = tokens, .pos = pos, .tok_seq = tok_seq,
+                          .block_ids = ids, .n_logical = n_logical, .window = window, .depth = r->depth,
+                          .phys_layer = r->phys, .want_logits = want};
+    char msg[512] = "";
+    rc = r->ops->forward(r->ctx, &b, gpu, msg, sizeof msg);
+    CHECK(rc == 0, "%s: plugin forward failed (%d): %s", what, rc, msg);
+    return rc ? -1 : rows;
+}
+
+static void compare(const tcase *tc, const float *cpu, const float *gpu, int rows, int n_vocab, const char *what,
+                    int32_t *greedy_out) {
+    double e = nmse(gpu, cpu, (size_t)rows * n_vocab);
+    CHECK(e <= tc->tol, "%s %s: logits NMSE %.3g > %.1g", tc->name, what, e, tc->tol);
+    printf("  %-28s %-22s rows %d  NMSE %.3g\n", tc->name, what, rows, e);
+    for (int i = 0; i < rows; i++) {
+        float mc, mg;
+        int c = argmax(cpu + (size_t)i * n_vocab, n_vocab, &mc);
+        int g = argmax(gpu + (size_t)i * n_vocab, n_vocab, &mg);
+        CHECK(c == g || mc < 1e-2f, "%s %s row %d: greedy token GPU %d vs CPU %d (CPU margin %.3g)", tc->name, what,
+              i, g, c, mc);
+        if (greedy_out) greedy_out[i] = c;
+    }
+}
+
+static void run_case(const tcase *tc, int idx) {
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/tl_cuda_fwd_%d_%d.gguf", (int)getpid(), idx);
+    if (tm_write(&tc->spec, path) != 0) {
+        CHECK(0, "%s: tm_write failed", tc->name);
+        return;
+    }
+    tl_model_params mp = tl_model_default_params();
+    mp.n_threads = 4;
+    mp.max_seq_len = 128;
+    mp.kv_block_size = 4; /* windows and prompts span several blocks */
+    mp.kv_type = tc->kv_type;
+    runner r = {0};
+    int rc = tl_model_open(path, mp, &r.m);
+    unlink(path);
+    CHECK(rc == 0 && r.m, "%s: tl_model_open failed (%d)", tc->name, rc);
+    if (rc || !r.m) return;
+    tl_model *m = r.m;
+    const int nv = m->hp.n_vocab;
+    r.ops = tl_backend_plugin_v1();
+    CHECK(r.ops && r.ops->abi == TL_BACKEND_ABI && strcmp(r.ops->name, "cuda") == 0, "plugin ops table");
+    int loops = tl_model_effective_loops(m, tc->loops);
+    r.depth = tl_model_depth(m, loops);
+    r.phys = calloc((size_t)r.depth, sizeof(int));
+    for (int vl = 0; vl < r.depth; vl++) r.phys[vl] = tl_model_phys_layer(m, loops, vl);
+    fill_backend_model(&r, MAX_TOK);
+    char msg[512] = "";
+    rc = r.ops->init(&r.bm, &r.ctx, msg, sizeof msg);
+    CHECK(rc == 0 && r.ctx, "%s: plugin init failed (%d): %s", tc->name, rc, msg);
+    if (rc || !r.ctx) goto out;
+
+    {
+        enum { NS = 3 };
+        tl_seq *seqs[NS] = {0};
+        for (int s = 0; s < NS; s++) {
+            rc = tl_seq_new(m, tc->loops, &seqs[s]);
+            CHECK(rc == 0, "%s: tl_seq_new", tc->name);
+            if (rc) goto seqs_out;
+        }
+        /* a request-level cache_window on one sequence (narrower than gemma3's 8 where both apply) */
+        if (idx % 2 == 0) seqs[2]->window = 6;
+        float *cpu = malloc(sizeof(float) * NS * nv), *gpu = malloc(sizeof(float) * NS * nv);
+        int32_t buf[NS][MAX_TOK], greedy[NS];
+        int32_t *toks[NS] = {buf[0], buf[1], buf[2]};
+        uint32_t x = 12345u + (uint32_t)idx;
+        /* 1. mixed prefill: 5, 19, 1 tokens (T = 25) */
+        int n1[NS] = {5, 19, 1};
+        for (int s = 0; s < NS; s++)
+            for (int j = 0; j < n1[s]; j++) {
+                x = x * 1664525u + 1013904223u;
+                buf[s][j] = 3 + (int32_t)((x >> 8) % (uint32_t)(nv - 3));
+            }
+        int rows = step(&r, seqs, NS, toks, n1, NULL, cpu, gpu, "prefill");
+        if (rows > 0) compare(tc, cpu, gpu, rows, nv, "prefill", greedy);
+        /* 2. decode steps, teacher-forced with the CPU's greedy tokens */
+        int one[NS] = {1, 1, 1};
+        for (int st = 0; st < 6 && rows > 0; st++) {
+            for (int s = 0; s < NS; s++) buf[s][0] = greedy[s];
+            char what[32];
+            snprintf(what, sizeof what, "decode %d", st);
+            rows = step(&r, seqs, NS, toks, one, NULL, cpu, gpu, what);
+            if (rows > 0) compare(tc, cpu, gpu, rows, nv, what, greedy);
+        }
+        /* 3. mixed: sequence 1 gets a 6-token chunk, the others decode */
+        if (rows > 0) {
+            int n3[NS] = {1, 6, 1};
+            for (int s = 0; s < NS; s++) buf[s][0] = greedy[s];
+            for (int j = 1; j < 6; j++) buf[1][j] = 3 + (j * 37) % (nv - 3);
+            rows = step(&r, seqs, NS, toks, n3, NULL, cpu, gpu, "mixed");
+            if (rows > 0) compare(tc, cpu, gpu, rows, nv, "mixed", greedy);
+        }
+        /* 4. want_logits masks sequence 1: rows compacted */
+        if (rows > 0) {
+            int want[NS] = {1, 0, 1};
+            for (int s = 0; s < NS; s++) buf[s][0] = greedy[s];
+            rows = step(&r, seqs, NS, toks, one, want, cpu, gpu, "want_logits");
+            CHECK(rows == 2, "%s: want_logits rows %d", tc->name, rows);
+            if (rows > 0) compare(tc, cpu, gpu, rows, nv, "want_logits {1,0,1}", NULL);
+        }
+        /* 5. errors come back as messages, nothing aborts */
+        {
+            int32_t tk[2] = {5, 6}, ps[2] = {0, 1}, ts[2] = {1, 0};
+            const int32_t *ids[2] = {seqs[0]->bt.ids, seqs[1]->bt.ids};
+            int nl[2] = {seqs[0]->bt.n_logical, seqs[1]->bt.n_logical};
+            tl_backend_batch bad = {.n_seq = 2, .T = 2, .tokens = tk, .pos = ps, .tok_seq = ts, .block_ids = ids,
+                                    .n_logical = nl, .depth = r.depth, .phys_layer = r.phys};
+            msg[0] = 0;
+            rc = r.ops->forward(r.ctx, &bad, gpu, msg, sizeof msg);
+            CHECK(rc < 0 && msg[0], "%s: out-of-order batch rejected (rc %d, msg '%s')", tc->name, rc, msg);
+            msg[0] = 0;
+            rc = r.ops->copy_block(r.ctx, m->kv.n_blocks, 0, msg, sizeof msg);
+            CHECK(rc < 0 && msg[0], "%s: copy_block out of range rejected (rc %d)", tc->name, rc);
+            rc = r.ops->copy_block(r.ctx, m->kv.n_blocks - 1, 0, msg, sizeof msg);
+            CHECK(rc == 0, "%s: copy_block: %s", tc->name, msg);
+        }
+        free(cpu);
+        free(gpu);
+    seqs_out:
+        for (int s = 0; s < NS; s++)
+            if (seqs[s]) tl_seq_free(seqs[s]);
+    }
+out:
+    if (r.ctx) r.ops->free(r.ctx);
+    free(r.phys);
+    free(r.layer_window);
+    tl_model_close(m);
+}
+
+int main(void) {
+    int n_dev = 0;
+    tl_cuda_device_count(&n_dev);
+    if (n_dev < 1) {
+        printf("SKIP: no CUDA device\n");
+        printf("0 passed, 0 failed\n");
+        return 0;
+    }
+    tcase cases[6];
+    int n = 0;
+    /* llama, f32 everything: the tight check */
+    cases[n] = (tcase){.name = "llama f32/kv f32", .spec = tm_default_spec(), .kv_type = TL_KV_F32, .tol = 1e-5};
+    n++;
+    /* llama, f16 weights, f16 KV */
+    cases[n] = (tcase){.name = "llama f16/kv f16", .spec = tm_default_spec(), .kv_type = TL_KV_F16, .tol = 1e-3};
+    cases[n].spec.type = TL_TYPE_F16;
+    n++;
+    /* llama with a loop block run twice (depth 5 over 3 layers), Q4_0 */
+    cases[n] = (tcase){.name = "llama loop q4_0", .spec = tm_default_spec(), .kv_type = TL_KV_F16, .loops = 2,
+                       .tol = 1e-3};
+    cases[n].spec.type = TL_TYPE_Q4_0;
+    cases[n].spec.n_layer = 3;
+    cases[n].spec.loop_start = 1;
+    cases[n].spec.loop_end = 3;
+    cases[n].spec.loop_default = 2;
+    cases[n].spec.seed = 7;
+    n++;
+    /* qwen2: biases, NEOX, Q8_0 */
+    cases[n] = (tcase){.name = "qwen2 bias q8_0", .spec = tm_default_spec(), .kv_type = TL_KV_F16, .tol = 1e-3};
+    cases[n].spec.qwen2 = 1;
+    cases[n].spec.bias = 1;
+    cases[n].spec.type = TL_TYPE_Q8_0;
+    cases[n].spec.seed = 3;
+    n++;
+    /* gemma3: q/k norms, post norms, GeGLU, window 8 on 5 of 6 layers, Q4_K (dims of 256) */
+    cases[n] = (tcase){.name = "gemma3 swa q4_k", .spec = tm_default_spec(), .kv_type = TL_KV_F16, .tol = 1e-3};
+    cases[n].spec.gemma3 = 1;
+    cases[n].spec.sliding_window = 8;
+    cases[n].spec.n_layer = 6;
+    cases[n].spec.n_embd = 256;
+    cases[n].spec.n_head = 4;
+    cases[n].spec.n_head_kv = 1;
+    cases[n].spec.n_ff = 512;
+    cases[n].spec.type = TL_TYPE_Q4_K;
+    cases[n].spec.seed = 5;
+    n++;
+    /* gemma3 in f32 with f32 KV: the window logic under the tight tolerance */
+    cases[n] = (tcase){.name = "gemma3 swa f32/kv f32", .spec = tm_default_spec(), .kv_type = TL_KV_F32,
+                       .tol = 1e-5};
+    cases[n].spec.gemma3 = 1;
+    cases[n].spec.sliding_window = 8;
+    cases[n].spec.n_layer = 6;
+    cases[n].spec.seed = 9;
+    n++;
+    for (int i = 0; i < n; i++) run_case(&cases[i], i);
+    return test_summary();
+}
