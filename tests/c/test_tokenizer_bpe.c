@@ -36,26 +36,16 @@ static void test_vocab_vectors(const char *dir, const char *name) {
     CHECK(inp && out && t, "%s and its .inp/.out test vectors load", name);
     if (!inp || !out || !t) goto done;
 
-    static const char sep[] = "\n__ggml_vocab_test__\n";
-    const size_t sl = sizeof sep - 1;
     int n_tests = 0, n_tok_ok = 0, n_rt_ok = 0;
-    char *ip = inp, *op = out, *iend = inp + nin, *oend = out + nout;
-    while (ip < iend) {
-        char *s = memmem(ip, (size_t)(iend - ip), sep, sl);
-        if (!s) break;
-        size_t slen = (size_t)(s - ip);
-        char *eol = memchr(op, '\n', (size_t)(oend - op));
-        CHECK(eol != NULL, "%s: .out has a line for test %d", name, n_tests);
-        if (!eol) break;
-        *eol = 0;
-        int32_t want[1024];
-        int nw = 0;
-        for (char *p = op, *e; nw < 1024; p = e) {
-            long v = strtol(p, &e, 10);
-            if (e == p) break;
-            want[nw++] = (int32_t)v;
-        }
-        op = eol + 1;
+    vocab_vectors vv;
+    vv_init(&vv, inp, nin, out, nout);
+    const char *ip;
+    size_t slen;
+    int32_t want[1024];
+    int nw, more;
+    while ((more = vv_next(&vv, &ip, &slen, want, 1024, &nw)) != 0) {
+        CHECK(more > 0, "%s: .out has a line for test %d", name, n_tests);
+        if (more < 0) break;
 
         /* as llama.cpp's test-tokenizer-0: add_special = false, parse_special = false */
         int32_t *got;
@@ -77,9 +67,8 @@ static void test_vocab_vectors(const char *dir, const char *name) {
         free(back);
         free(got);
         n_tests++;
-        ip = s + sl;
     }
-    CHECK(n_tests >= 40 && op == oend, "%s: every test string was read, one .out line each (%d)", name, n_tests);
+    CHECK(n_tests >= 40 && vv.op == vv.oend, "%s: every test string was read, one .out line each (%d)", name, n_tests);
     printf("%s: %d/%d tokenize exactly, %d/%d round-trip\n", name, n_tok_ok, n_tests, n_rt_ok, n_tests);
 done:
     tl_tokenizer_free(t);

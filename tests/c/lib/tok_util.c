@@ -72,3 +72,33 @@ void print_ids(const char *what, const int32_t *ids, int n) {
     for (int i = 0; i < n; i++) printf(" %d", ids[i]);
     printf("\n");
 }
+
+void vv_init(vocab_vectors *v, char *inp, size_t nin, char *out, size_t nout) {
+    v->ip = inp;
+    v->iend = inp + nin;
+    v->op = out;
+    v->oend = out + nout;
+}
+
+int vv_next(vocab_vectors *v, const char **text, size_t *len, int32_t *want, int cap, int *n_want) {
+    static const char sep[] = "\n__ggml_vocab_test__\n";
+    const size_t sl = sizeof sep - 1;
+    if (v->ip >= v->iend) return 0;
+    char *s = memmem(v->ip, (size_t)(v->iend - v->ip), sep, sl);
+    if (!s) return 0;
+    char *eol = memchr(v->op, '\n', (size_t)(v->oend - v->op));
+    if (!eol) return -1;
+    *eol = 0;
+    int nw = 0;
+    for (char *p = v->op, *e; nw < cap; p = e) {
+        long x = strtol(p, &e, 10);
+        if (e == p) break;
+        want[nw++] = (int32_t)x;
+    }
+    *text = v->ip;
+    *len = (size_t)(s - v->ip);
+    *n_want = nw;
+    v->op = eol + 1;
+    v->ip = s + sl;
+    return 1;
+}
