@@ -61,12 +61,13 @@ local function ask(t, question, opts)
     if o.no_cache then o.pool = nil end
     local t0, first = now(), nil
     local ids = {}
-    for tok in model:stream(prompt, o) do
+    local next_tok, st = model:stream(prompt, o)
+    for tok in next_tok, st do
         first = first or now()
         ids[#ids + 1] = tok
-        local text = model:detokenize(ids)
-        if text:find("\n", 1, true) then break end
+        if model:piece(tok):find("\n", 1, true) then break end
     end
+    model:stream_close(st) -- the answer is complete: stop generating now
     local t1 = now()
     local answer = model:detokenize(ids):gsub("\n.*", ""):gsub("^%s+", "")
     return answer, (first or t1) - t0, #ids, t1 - (first or t1), #prompt

@@ -1047,6 +1047,20 @@ function Model:cache_nodes()
 end
 
 
+-- stream_close(state): ends a stream early (the state is the second value
+-- stream() returns): its request is cancelled and released at once, rather
+-- than running on until the stream is garbage-collected.
+function Model:stream_close(state)
+    local _ = self.h or closed("stream_close", 2)
+    if type(state) ~= "table" or not state.guard then
+        bad("stream_close", "state", "expected the state returned by stream()")
+    end
+    if not state.done then
+        stream_finish(state)
+    end
+end
+
+
 -- stream_text(prompt, opts) -> iterator over text pieces as tokens are
 -- produced. A multi-byte character split across tokens is held back until
 -- it completes, so every piece is whole UTF-8 (invalid bytes pass through
@@ -1200,7 +1214,8 @@ function Model:chat(messages, opts)
         end
     end
     local ids, text = {}, ""
-    for tok in self:stream(prompt, gen) do
+    local next_tok, st = self:stream(prompt, gen)
+    for tok in next_tok, st do
         ids[#ids + 1] = tok
         text = self:detokenize(ids)
         local cut
@@ -1215,6 +1230,7 @@ function Model:chat(messages, opts)
             break
         end
     end
+    self:stream_close(st) -- stops generating now instead of when collected
     return (text:gsub("^%s+", ""):gsub("%s+$", "")), ids
 end
 
