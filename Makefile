@@ -79,9 +79,15 @@ test-asan: deps build/libtinyloop-asan.a $(ASAN_TESTS)
 	  TL_TEST_QUICK=1 sh tests/run.sh build/tests-asan $(ASAN_TESTS)
 
 FUZZ_TIME ?= 60
-fuzz: build/fuzz/fuzz_gguf build/fuzz/fuzz_tokenizer
+fuzz: build/fuzz/fuzz_gguf build/fuzz/fuzz_tokenizer build/fuzz/fuzz_model
 	sh tests/fuzz/run.sh build/fuzz/fuzz_gguf $(FUZZ_TIME)
 	sh tests/fuzz/run_tokenizer.sh build/fuzz/fuzz_tokenizer $(FUZZ_TIME)
+	sh tests/fuzz/run_model.sh build/fuzz/fuzz_model $(FUZZ_TIME)
+
+build/fuzz/fuzz_model: tests/fuzz/fuzz_model.c $(LIB_SRC) $(TSUP_SRC)
+	@mkdir -p build/fuzz
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iengine -Ikernels/cpu -Itests/c/lib \
+	  -o $@ tests/fuzz/fuzz_model.c $(LIB_SRC) $(TSUP_SRC) -lpcre2-8 -lm -pthread -ldl
 
 build/fuzz/fuzz_tokenizer: tests/fuzz/fuzz_tokenizer.c $(LIB_SRC)
 	@mkdir -p build/fuzz

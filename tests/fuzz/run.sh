@@ -12,15 +12,9 @@ SECS=${2:-60}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=$ROOT/build/fuzz
 CORPUS=$OUT/corpus
-ARTIFACTS=$OUT/artifacts
-LOG=$OUT/fuzz.log
 MODEL=$ROOT/../shared/models/stories260K.gguf
 
-# The Makefile builds with recoverable UBSan; make any report fatal so it counts.
-export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
-
-mkdir -p "$CORPUS" "$ARTIFACTS"
-rm -f "$ARTIFACTS"/*
+mkdir -p "$CORPUS"
 
 if [ -f "$MODEL" ]; then
     cp "$MODEL" "$CORPUS/stories260K.gguf"
@@ -34,14 +28,5 @@ fi
 unset TL_FUZZ_MODEL
 
 # max_len covers the 1.2 MB model (libFuzzer would otherwise cap inputs at 1 MB).
-"$BIN" -max_total_time="$SECS" -max_len=1300000 -rss_limit_mb=2048 -timeout=10 \
-    -print_final_stats=1 -artifact_prefix="$ARTIFACTS/" "$CORPUS" >"$LOG" 2>&1
-rc=$?
-
-runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$LOG" | tail -n 1)
-found=$(ls "$ARTIFACTS" 2>/dev/null | head -n 1)
-if [ "$rc" -ne 0 ] || [ -n "$found" ]; then
-    echo "fuzz_gguf: FOUND a problem (exit $rc, artifact ${found:-none}); see $LOG"
-    exit 1
-fi
-echo "fuzz_gguf: OK, ${runs:-?} runs in ${SECS}s, nothing found, corpus $(ls "$CORPUS" | wc -l) files"
+. "$ROOT/tests/fuzz/libfuzz.sh"
+fuzz_run fuzz_gguf "$BIN" "$SECS" "$CORPUS" 1300000
