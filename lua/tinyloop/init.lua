@@ -39,14 +39,12 @@ local model_ptr = ffi_typeof("tl_model *")
 -- Scratch cdata, allocated once. Nothing in this module yields between
 -- filling one and reading it, so one set serves every model and coroutine.
 local model_out = ffi_new("tl_model *[1]")
-local pool_out = ffi_new("tl_pool *[1]")
 local prefix_out = ffi_new("tl_prefix *[1]")
 local id_out = ffi_new("int64_t[1]")
 local one_tok = ffi_new("int32_t[1]")
 local finished = ffi_new("int[1]")
 local info_buf = ffi_new("tl_model_info[1]")
 local stats_buf = ffi_new("tl_cache_stats[1]")
-local pstats_buf = ffi_new("tl_pool_stats[1]")
 local mparams = ffi_new("tl_model_params")
 local gp = ffi_new("tl_generate_params")
 local gp_sampling = gp.sampling -- a reference into gp, kept so filling it allocates nothing
@@ -54,93 +52,10 @@ local default_gp = C.tl_generate_default_params()
 local GP_SIZE = ffi_sizeof("tl_generate_params")
 
 
--- ---- messages -------------------------------------------------------------------------
-
-local function show(v)
-    if type(v) == "string" then
-        return format("%q", v)
-    end
-    return tostring(v)
-end
-
-
-local function bad(fname, arg, what, level)
-    error(format("bad argument '%s' to %s (%s)", arg, fname, what), (level or 2) + 1)
-end
-
-
--- The seed's RuntimeError "out of memory" covers both host allocation
--- failures and a KV arena that is full even after eviction.
-local function raise_rc(rc, fname, level)
-    local msg = lib.last_error()
-    if rc == S.ERR_NOMEM or rc == S.ERR_KV_FULL then
-        error("out of memory: " .. msg, level + 1)
-    elseif rc == S.ERR_INVALID_ARG or rc == S.ERR_TOO_LONG then
-        error(fname .. ": " .. msg, level + 1)
-    end
-    error(format("%s: %s (%s)", fname, msg, lib.status_name[rc] or tostring(rc)), level + 1)
-end
-
-
--- ---- argument checks -------------------------------------------------------------------
-
-local function opt_table(fname, opts, level)
-    if opts ~= nil and type(opts) ~= "table" then
-        bad(fname, "opts", "expected a table, got " .. type(opts), level + 1)
-    end
-    return opts or {}
-end
-
-
-local function opt_int(fname, name, v, default, lo, level)
-    if v == nil then
-        return default
-    end
-    if type(v) ~= "number" or v ~= floor(v) or v < lo or v > INT_MAX then
-        bad(fname, name, format("expected an integer >= %d, got %s", lo, show(v)), level + 1)
-    end
-    return v
-end
-
-
-local function opt_num(fname, name, v, default, level)
-    if v == nil then
-        return default
-    end
-    if type(v) ~= "number" or v ~= v then
-        bad(fname, name, "expected a number, got " .. show(v), level + 1)
-    end
-    return v
-end
-
-
-local function opt_bool(fname, name, v, level)
-    if v == nil then
-        return false
-    end
-    if type(v) ~= "boolean" then
-        bad(fname, name, "expected a boolean, got " .. show(v), level + 1)
-    end
-    return v
-end
-
-
-local function check_keys(fname, opts, allowed, level)
-    for k in next, opts do
-        if not allowed[k] then
-            bad(fname, "opts", "unknown option " .. show(k), level + 1)
-        end
-    end
-end
-
-
-local function keyset(list)
-    local t = {}
-    for _, k in ipairs(list) do
-        t[k] = true
-    end
-    return t
-end
+local args = require "tinyloop.args"
+local show, bad, raise_rc = args.show, args.bad, args.raise_rc
+local opt_table, opt_int, opt_num, opt_bool = args.opt_table, args.opt_int, args.opt_num, args.opt_bool
+local check_keys, keyset = args.check_keys, args.keyset
 
 
 -- int32_t cdata kinds by ctype id: 0 = not a token array, -1 = a pointer
@@ -284,134 +199,11 @@ local function check_len(self, fname, n_prompt, level)
 end
 
 
--- ---- PrefixPool ----------------------------------------------------------------------------
+-- ---- PrefixPool (lua/tinyloop/pool.lua) --------------------------------------------------
 
-local Pool = {}
-local pool_mt = { __index = Pool }
-_M.PrefixPool_mt = pool_mt
-
-
-local function pool_handle(pool, fname, level)
-    local h = pool.h
-    if not h then
-        error("tinyloop.PrefixPool is freed; cannot call " .. fname, level + 1)
-    end
-    return h
-end
-
-
--- PrefixPool(capacity = 16): an empty pool; 0 is coerced to 1. Allocates
--- no KV: memory comes with register_prefix.
-function _M.PrefixPool(capacity)
-    capacity = opt_int("PrefixPool", "capacity", capacity, 16, 0, 2)
-    local rc = C.tl_pool_new(capacity, pool_out)
-    if rc ~= 0 then
-        raise_rc(rc, "PrefixPool", 2)
-    end
-    local h = ffi_gc(pool_out[0], C.tl_pool_free)
-    return setmetatable({ h = h }, pool_mt)
-end
-
-
-function Pool:size()
-    return C.tl_pool_size(pool_handle(self, "size", 2))
-end
-
-
-function Pool:total_cached_tokens()
-    return tonumber(C.tl_pool_total_cached_tokens(pool_handle(self, "total_cached_tokens", 2)))
-end
-
-
-function Pool:capacity()
-    C.tl_pool_get_stats(pool_handle(self, "capacity", 2), pstats_buf)
-    return pstats_buf[0].capacity
-end
-
-
-local POOL_POLICY = { shortest = 0, lru = 1, cost = 2 }
-local POOL_POLICY_NAME = { [0] = "shortest", [1] = "lru", [2] = "cost" }
-
--- set_policy("shortest" | "lru" | "cost"): which entry a full pool drops.
-function Pool:set_policy(policy)
-    local h = pool_handle(self, "set_policy", 2)
-    local p = POOL_POLICY[policy]
-    if not p then
-        bad("set_policy", "policy", "expected \"shortest\", \"lru\" or \"cost\", got " .. show(policy))
-    end
-    C.tl_pool_set_policy(h, p)
-end
-
-
--- set_salt(salt), set_shareable(bool), set_tenant(id): the namespace, the
--- cross-salt sharing and the tenant charged for the pool's entries (set
--- before the first register).
-function Pool:set_salt(salt)
-    local h = pool_handle(self, "set_salt", 2)
-    local rc = C.tl_pool_set_salt(h, opt_int("set_salt", "salt", salt, 0, 0, 2))
-    if rc ~= 0 then
-        raise_rc(rc, "set_salt", 2)
-    end
-end
-
-
-function Pool:set_shareable(on)
-    local h = pool_handle(self, "set_shareable", 2)
-    local rc = C.tl_pool_set_shareable(h, on and 1 or 0)
-    if rc ~= 0 then
-        raise_rc(rc, "set_shareable", 2)
-    end
-end
-
-
-function Pool:set_tenant(tenant)
-    local h = pool_handle(self, "set_tenant", 2)
-    local rc = C.tl_pool_set_tenant(h, opt_int("set_tenant", "tenant", tenant, 0, 0, 2))
-    if rc ~= 0 then
-        raise_rc(rc, "set_tenant", 2)
-    end
-end
-
-
-function Pool:stats()
-    C.tl_pool_get_stats(pool_handle(self, "stats", 2), pstats_buf)
-    local s = pstats_buf[0]
-    return {
-        size = s.size, capacity = s.capacity, policy = POOL_POLICY_NAME[s.policy] or "shortest",
-        total_cached_tokens = tonumber(s.total_cached_tokens), lookups = tonumber(s.lookups),
-        hits = tonumber(s.hits), hit_tokens = tonumber(s.hit_tokens),
-        registrations = tonumber(s.registrations), evictions = tonumber(s.evictions),
-    }
-end
-
-
--- free(): unpins every entry now (the GC would do it later). Idempotent.
-function Pool:free()
-    local h = self.h
-    if h then
-        self.h = nil
-        ffi_gc(h, nil)
-        C.tl_pool_free(h)
-    end
-end
-
-
-function Pool:is_freed()
-    return self.h == nil
-end
-
-
-pool_mt.__tostring = function(self)
-    if not self.h then
-        return "tinyloop.PrefixPool (freed)"
-    end
-    return format("tinyloop.PrefixPool (%d entries, %d tokens)", self:size(), self:total_cached_tokens())
-end
-
-
-local function is_pool(x)
-    return type(x) == "table" and getmetatable(x) == pool_mt
-end
+local pool_mod = require "tinyloop.pool"
+_M.PrefixPool, _M.PrefixPool_mt = pool_mod.PrefixPool, pool_mod.mt
+local is_pool, pool_handle = pool_mod.is_pool, pool_mod.handle
 _M.is_pool = is_pool
 
 
@@ -1130,109 +922,9 @@ function Model:set_evict_weights(w)
 end
 
 
--- chat_format(messages [, { add_assistant = true }]) -> text rendered with
--- the model's chat template (see chat_template()); messages are
--- { role = "system" | "user" | "assistant", content = "..." }. Tokenize the
--- result with { parse_special = true }.
-function Model:chat_format(messages, opts)
-    local h = self.h or closed("chat_format", 2)
-    if type(messages) ~= "table" or #messages == 0 then
-        bad("chat_format", "messages", "expected a non-empty array of { role =, content = }")
-    end
-    local o = opt_table("chat_format", opts, 2)
-    local add = o.add_assistant
-    if add == nil then
-        add = true
-    end
-    local n = #messages
-    -- The strings stay alive through `messages` for the duration of the call.
-    local msgs = ffi_new("tl_chat_message[?]", n)
-    for i = 1, n do
-        local m = messages[i]
-        if type(m) ~= "table" or type(m.role) ~= "string" or type(m.content) ~= "string" then
-            bad("chat_format", "messages[" .. i .. "]", "expected { role = string, content = string }")
-        end
-        msgs[i - 1].role = m.role
-        msgs[i - 1].content = m.content
-    end
-    local need = C.tl_chat_format(h, msgs, n, add and 1 or 0, nil, 0)
-    if need >= 0 then
-        need = -(need + 1)
-    end
-    if -need <= 10 and need > -1 then
-        raise_rc(need, "chat_format", 2)
-    end
-    local buf = ffi_new(char_vla, -need)
-    local len = C.tl_chat_format(h, msgs, n, add and 1 or 0, buf, -need)
-    if len < 0 then
-        raise_rc(len, "chat_format", 2)
-    end
-    return ffi_string(buf, len)
-end
-
-
--- chat_template() -> "plain" | "gemma" | "chatml" | "llama3" | "llama2";
--- set_chat_template(name) overrides what the model's metadata implies.
-function Model:chat_template()
-    local h = self.h or closed("chat_template", 2)
-    return ffi_string(C.tl_model_chat_template(h))
-end
-
-
-function Model:set_chat_template(name)
-    local h = self.h or closed("set_chat_template", 2)
-    if type(name) ~= "string" then
-        bad("set_chat_template", "name", "expected a string, got " .. type(name))
-    end
-    local rc = C.tl_model_set_chat_template(h, name)
-    if rc ~= 0 then
-        raise_rc(rc, "set_chat_template", 2)
-    end
-end
-
-
--- chat(messages, opts) -> answer text, token ids: renders the messages,
--- generates the assistant's turn (through opts.pool when given) and stops
--- at an end-of-turn token or at any of opts.stop (strings; for the plain
--- transcript format "\nuser:" is added). Other opts as stream().
-function Model:chat(messages, opts)
-    local _ = self.h or closed("chat", 2)
-    local o = opt_table("chat", opts, 2)
-    local prompt = self:tokenize(self:chat_format(messages), { parse_special = true })
-    local stops = {}
-    for i, s in ipairs(o.stop or {}) do
-        stops[i] = s
-    end
-    if self:chat_template() == "plain" then
-        stops[#stops + 1] = "\nuser:"
-        stops[#stops + 1] = "\nsystem:"
-    end
-    local gen = {}
-    for k, v in next, o do
-        if k ~= "stop" then
-            gen[k] = v
-        end
-    end
-    local ids, text = {}, ""
-    local next_tok, st = self:stream(prompt, gen)
-    for tok in next_tok, st do
-        ids[#ids + 1] = tok
-        text = self:detokenize(ids)
-        local cut
-        for _, s in ipairs(stops) do
-            local at = text:find(s, 1, true)
-            if at and (not cut or at < cut) then
-                cut = at
-            end
-        end
-        if cut then
-            text = text:sub(1, cut - 1)
-            break
-        end
-    end
-    self:stream_close(st) -- stops generating now instead of when collected
-    return (text:gsub("^%s+", ""):gsub("%s+$", "")), ids
-end
+-- chat_format, chat, chat_template, set_chat_template (lua/tinyloop/chat.lua)
+require("tinyloop.chat").install(Model, { C = C, closed = closed, bad = bad, raise_rc = raise_rc,
+    opt_table = opt_table, char_vla = char_vla })
 
 
 model_mt.__tostring = function(self)

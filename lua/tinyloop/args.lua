@@ -1,0 +1,106 @@
+-- tinyloop.args - argument checks and error messages shared by the
+-- tinyloop modules: misuse raises error(msg, level) naming the argument and
+-- its value; the seed's RuntimeErrors keep the seed's messages.
+local lib = require "tinyloop.lib"
+
+local type, tostring, error, next, ipairs = type, tostring, error, next, ipairs
+local floor, format = math.floor, string.format
+
+local _M = {}
+local INT_MAX = 2147483647
+local S = lib.status
+
+
+-- ---- messages -------------------------------------------------------------------------
+
+local function show(v)
+    if type(v) == "string" then
+        return format("%q", v)
+    end
+    return tostring(v)
+end
+
+
+local function bad(fname, arg, what, level)
+    error(format("bad argument '%s' to %s (%s)", arg, fname, what), (level or 2) + 1)
+end
+
+
+-- The seed's RuntimeError "out of memory" covers both host allocation
+-- failures and a KV arena that is full even after eviction.
+local function raise_rc(rc, fname, level)
+    local msg = lib.last_error()
+    if rc == S.ERR_NOMEM or rc == S.ERR_KV_FULL then
+        error("out of memory: " .. msg, level + 1)
+    elseif rc == S.ERR_INVALID_ARG or rc == S.ERR_TOO_LONG then
+        error(fname .. ": " .. msg, level + 1)
+    end
+    error(format("%s: %s (%s)", fname, msg, lib.status_name[rc] or tostring(rc)), level + 1)
+end
+
+
+-- ---- argument checks -------------------------------------------------------------------
+
+local function opt_table(fname, opts, level)
+    if opts ~= nil and type(opts) ~= "table" then
+        bad(fname, "opts", "expected a table, got " .. type(opts), level + 1)
+    end
+    return opts or {}
+end
+
+
+local function opt_int(fname, name, v, default, lo, level)
+    if v == nil then
+        return default
+    end
+    if type(v) ~= "number" or v ~= floor(v) or v < lo or v > INT_MAX then
+        bad(fname, name, format("expected an integer >= %d, got %s", lo, show(v)), level + 1)
+    end
+    return v
+end
+
+
+local function opt_num(fname, name, v, default, level)
+    if v == nil then
+        return default
+    end
+    if type(v) ~= "number" or v ~= v then
+        bad(fname, name, "expected a number, got " .. show(v), level + 1)
+    end
+    return v
+end
+
+
+local function opt_bool(fname, name, v, level)
+    if v == nil then
+        return false
+    end
+    if type(v) ~= "boolean" then
+        bad(fname, name, "expected a boolean, got " .. show(v), level + 1)
+    end
+    return v
+end
+
+
+local function check_keys(fname, opts, allowed, level)
+    for k in next, opts do
+        if not allowed[k] then
+            bad(fname, "opts", "unknown option " .. show(k), level + 1)
+        end
+    end
+end
+
+
+local function keyset(list)
+    local t = {}
+    for _, k in ipairs(list) do
+        t[k] = true
+    end
+    return t
+end
+
+
+_M.show, _M.bad, _M.raise_rc = show, bad, raise_rc
+_M.opt_table, _M.opt_int, _M.opt_num, _M.opt_bool = opt_table, opt_int, opt_num, opt_bool
+_M.check_keys, _M.keyset = check_keys, keyset
+return _M
