@@ -42,6 +42,15 @@ static int has_vnni(void) {
 #endif
 }
 
+/* A level starts as a copy of the one below and overrides some kernels. A
+ * tile kernel is only valid next to the vec_dot it was written with (they
+ * share a summation order), so one inherited from below goes where the
+ * level replaced the vec_dot without supplying a tile. */
+static void drop_stale_tiles(tl_kernel_table *t, const tl_kernel_table *below) {
+    for (int i = 0; i < TL_TYPE_COUNT; i++)
+        if (t->vec_dot[i] != below->vec_dot[i] && t->vec_dot_tile[i] == below->vec_dot_tile[i]) t->vec_dot_tile[i] = NULL;
+}
+
 static void init_once(void) {
     cpu_level = detect_cpu();
     const char *env = getenv("TINYLOOP_ISA");
@@ -52,11 +61,11 @@ static void init_once(void) {
     }
     tl_kernels_fill_ref(&tables[TL_ISA_SCALAR]);
     tables[TL_ISA_AVX2] = tables[TL_ISA_SCALAR];
-    memset(tables[TL_ISA_AVX2].vec_dot_tile, 0, sizeof tables[TL_ISA_AVX2].vec_dot_tile);
     if (cpu_level >= TL_ISA_AVX2) tl_kernels_fill_avx2(&tables[TL_ISA_AVX2]);
+    drop_stale_tiles(&tables[TL_ISA_AVX2], &tables[TL_ISA_SCALAR]);
     tables[TL_ISA_AVX512] = tables[TL_ISA_AVX2];
-    memset(tables[TL_ISA_AVX512].vec_dot_tile, 0, sizeof tables[TL_ISA_AVX512].vec_dot_tile);
     if (cpu_level >= TL_ISA_AVX512) tl_kernels_fill_avx512(&tables[TL_ISA_AVX512], has_vnni());
+    drop_stale_tiles(&tables[TL_ISA_AVX512], &tables[TL_ISA_AVX2]);
     const int level = cpu_level < env_cap ? cpu_level : env_cap;
     atomic_store(&active_level, level);
     atomic_store(&active, &tables[level]);

@@ -45,13 +45,6 @@ static inline T2 __m256i bits32(const uint8_t *p) {
     return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
 }
 
-/* Sum of signed x*y byte products, as 8 float lanes. */
-static inline T2 __m256 mul_sum_i8(__m256i x, __m256i y) {
-    const __m256i ax = _mm256_sign_epi8(x, x), sy = _mm256_sign_epi8(y, x);
-    const __m256i p = _mm256_maddubs_epi16(ax, sy);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-}
-
 /* ---------------------------------------------------------- float rows */
 
 static T2 float dot_f32_avx2(const float *a, const float *b, int64_t n) {
@@ -90,25 +83,6 @@ static inline T2 __m256 ld_bf16(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 
-static T2 float dot_bf16_f32_avx2(const uint16_t *a, const float *b, int64_t n) {
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        s0 = _mm256_fmadd_ps(ld_bf16(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(ld_bf16(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-        s2 = _mm256_fmadd_ps(ld_bf16(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-        s3 = _mm256_fmadd_ps(ld_bf16(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
-    }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(ld_bf16(a + i), _mm256_loadu_ps(b + i), s0);
-    float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < n; i++) s += tl_bf16_to_f32_inl(a[i]) * b[i];
-    return s;
-}
-
-static T2 void vd_f32(int64_t n, float *out, const void *w, const void *x) { *out = dot_f32_avx2(w, x, n); }
-static T2 void vd_f16(int64_t n, float *out, const void *w, const void *x) { *out = dot_f16_f32_avx2(w, x, n); }
-static T2 void vd_bf16(int64_t n, float *out, const void *w, const void *x) { *out = dot_bf16_f32_avx2(w, x, n); }
-
 static T2 void axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
     const __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
@@ -140,51 +114,6 @@ static T2 void f32_to_f16_avx2(const float *src, uint16_t *dst, int64_t n) {
 
 /* ------------------------------------------------- 32-element blocks */
 
-static T2 void vd_q8_0(int64_t n, float *out, const void *w, const void *x) {
-    const block_q8_0 *a = w, *b = x;
-    const int64_t nb = n / 32;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        const __m256 q0 = mul_sum_i8(_mm256_loadu_si256((const __m256i *)a[i].qs),
-                                     _mm256_loadu_si256((const __m256i *)b[i].qs));
-        const __m256 q1 = mul_sum_i8(_mm256_loadu_si256((const __m256i *)a[i + 1].qs),
-                                     _mm256_loadu_si256((const __m256i *)b[i + 1].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * f16(b[i].d)), q0, acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i + 1].d) * f16(b[i + 1].d)), q1, acc1);
-    }
-    for (; i < nb; i++) {
-        const __m256 q = mul_sum_i8(_mm256_loadu_si256((const __m256i *)a[i].qs),
-                                    _mm256_loadu_si256((const __m256i *)b[i].qs));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * f16(b[i].d)), q, acc0);
-    }
-    *out = hsum256(_mm256_add_ps(acc0, acc1));
-}
-
-/* dot(q - 8, y) = maddubs(q, y) - maddubs(8, y): q stays unsigned, so no
- * sign trick; neither int16 pair sum can saturate (15*127*2, 8*127*2). */
-static inline T2 __m256 q4_0_block(const block_q4_0 *a, const block_q8_0 *b) {
-    const __m256i q = nibbles32(a->qs), y = _mm256_loadu_si256((const __m256i *)b->qs);
-    const __m256i p = _mm256_sub_epi16(_mm256_maddubs_epi16(q, y), _mm256_maddubs_epi16(_mm256_set1_epi8(8), y));
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-}
-
-static T2 void vd_q4_0(int64_t n, float *out, const void *w, const void *x) {
-    const block_q4_0 *a = w;
-    const block_q8_0 *b = x;
-    const int64_t nb = n / 32;
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-    int64_t i = 0;
-    for (; i + 2 <= nb; i += 2) {
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * f16(b[i].d)), q4_0_block(a + i, b + i), acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i + 1].d) * f16(b[i + 1].d)), q4_0_block(a + i + 1, b + i + 1),
-                               acc1);
-    }
-    for (; i < nb; i++)
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * f16(b[i].d)), q4_0_block(a + i, b + i), acc0);
-    *out = hsum256(_mm256_add_ps(acc0, acc1));
-}
-
 static T2 void vd_q4_1(int64_t n, float *out, const void *w, const void *x) {
     const block_q4_1 *a = w;
     const block_q8_0 *b = x;
@@ -201,19 +130,154 @@ static T2 void vd_q4_1(int64_t n, float *out, const void *w, const void *x) {
     *out = hsum256(_mm256_add_ps(acc, accm));
 }
 
-static T2 void vd_q5_0(int64_t n, float *out, const void *w, const void *x) {
-    const block_q5_0 *a = w;
-    const block_q8_0 *b = x;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / 32; i++) {
-        /* (q | h<<4) - 16 as int8: OR 0xF0 into the nibble where h is 0. */
-        const __m256i hi = _mm256_andnot_si256(bits32(a[i].qh), _mm256_set1_epi8((char)0xF0));
-        const __m256i q = _mm256_or_si256(nibbles32(a[i].qs), hi);
-        const __m256 s = mul_sum_i8(q, _mm256_loadu_si256((const __m256i *)b[i].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16(a[i].d) * f16(b[i].d)), s, acc);
-    }
-    *out = hsum256(acc);
+/* ------------------------------------------------ tiles of dot products
+ *
+ * As in quants_avx512.c: a micro-kernel computes R rows x C tokens (R <= 4,
+ * C <= 2, constants after inlining) with one accumulator per output; rows
+ * share each activation load, tokens share each weight load and unpack.
+ * Every output goes through the same operations in the same order whatever
+ * R and C are, and the single-row vec_dot of these types is the 1x1 case,
+ * so a tile entry is bitwise what vec_dot returns. 4 x 2 keeps the 8
+ * accumulators and the loads inside the 16 ymm registers. */
+
+#define AI __attribute__((always_inline))
+/* Software prefetch distance in bytes; see quants_avx512.c. */
+#define PF_FLOAT 16384
+#define PF_QUANT 8192
+#define UNROLL _Pragma("GCC unroll 4")
+
+enum { W_F32, W_F16, W_BF16 };
+
+static inline AI T2 __m256 ld_row8(int kind, const uint8_t *p) {
+    if (kind == W_F32) return _mm256_loadu_ps((const float *)p);
+    if (kind == W_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return ld_bf16((const uint16_t *)p);
 }
+
+/* The last n % 8 elements, zero-padded to 8 (a zero product adds +0, so
+ * the sum is that of the real elements). */
+static inline AI T2 __m256 ld_row8_tail(int kind, const uint8_t *p, int64_t rem) {
+    if (kind == W_F32) {
+        const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        return _mm256_maskload_ps((const float *)p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)rem), idx));
+    }
+    uint16_t h[8] = {0};
+    memcpy(h, p, (size_t)rem * 2);
+    return ld_row8(kind, (const uint8_t *)h);
+}
+
+static inline AI T2 void mk_float(int kind, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
+                                  size_t ldw, const uint8_t *x, size_t ldx) {
+    const int64_t es = kind == W_F32 ? 4 : 2;
+    __m256 acc[4][2];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        if (pf && (i * es) % 64 == 0)
+            UNROLL for (int r = 0; r < R; r++)
+                _mm_prefetch((const char *)(w + (kind == W_F32 ? PF_FLOAT : PF_QUANT) + R * i * es + 64 * r), _MM_HINT_T0);
+        __m256 xv[2];
+        UNROLL for (int c = 0; c < C; c++) xv[c] = _mm256_loadu_ps((const float *)(x + c * ldx) + i);
+        UNROLL for (int r = 0; r < R; r++) {
+            const __m256 wv = ld_row8(kind, w + r * ldw + i * es);
+            UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
+        }
+    }
+    if (i < n) {
+        __m256 xv[2];
+        UNROLL for (int c = 0; c < C; c++) xv[c] = ld_row8_tail(W_F32, x + c * ldx + i * 4, n - i);
+        UNROLL for (int r = 0; r < R; r++) {
+            const __m256 wv = ld_row8_tail(kind, w + r * ldw + i * es, n - i);
+            UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_fmadd_ps(wv, xv[c], acc[r][c]);
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[c * ldo + r] = hsum256(acc[r][c]);
+}
+
+/* 32-element blocks against q8_0. q8_0 uses the sign trick (|w| unsigned,
+ * y carrying w's sign; |w| is per row). q4_0/q5_0 keep the weight unsigned
+ * (nibble, or nibble | 5th bit << 4) and subtract maddubs(off, y), which
+ * is per token and shared by the rows: dot(q - off, y) = maddubs(q, y) -
+ * maddubs(off, y), neither of which saturates (31*128*2 < 32767). */
+enum { Q_8_0, Q_4_0, Q_5_0 };
+
+static inline AI T2 void mk_q(int kind, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
+                              size_t ldw, const uint8_t *x, size_t ldx) {
+    const int64_t nb = n / 32;
+    const __m256i ones = _mm256_set1_epi16(1), x10 = _mm256_set1_epi8(0x10);
+    const __m256i off = _mm256_set1_epi8(kind == Q_5_0 ? 16 : 8);
+    const size_t bw = kind == Q_4_0 ? sizeof(block_q4_0) : kind == Q_5_0 ? sizeof(block_q5_0) : sizeof(block_q8_0);
+    const size_t qo = kind == Q_5_0 ? 6 : 2; /* offset of qs in the block */
+    __m256 acc[4][2];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        if (pf) UNROLL for (int k = 0; k < R * (int)bw; k += 64) _mm_prefetch((const char *)(w + PF_QUANT + R * b * bw + k), _MM_HINT_T0);
+        __m256i y[2], base[2];
+        __m256 dy[2];
+        UNROLL for (int c = 0; c < C; c++) {
+            const block_q8_0 *yb = (const block_q8_0 *)(x + c * ldx) + b;
+            y[c] = _mm256_loadu_si256((const __m256i *)yb->qs);
+            base[c] = kind == Q_8_0 ? _mm256_setzero_si256() : _mm256_maddubs_epi16(off, y[c]);
+            dy[c] = _mm256_cvtph_ps(_mm_set1_epi16((short)yb->d));
+        }
+        UNROLL for (int r = 0; r < R; r++) {
+            const uint8_t *wb = w + r * ldw + b * bw;
+            __m256i q;
+            if (kind == Q_8_0) {
+                q = _mm256_loadu_si256((const __m256i *)(wb + qo));
+            } else {
+                q = nibbles32(wb + qo);
+                if (kind == Q_5_0) q = _mm256_or_si256(q, _mm256_and_si256(bits32(wb + 2), x10));
+            }
+            const __m256i aq = kind == Q_8_0 ? _mm256_sign_epi8(q, q) : q;
+            uint16_t dh;
+            memcpy(&dh, wb, 2);
+            const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
+            UNROLL for (int c = 0; c < C; c++) {
+                __m256i p;
+                if (kind == Q_8_0) p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(y[c], q));
+                else p = _mm256_sub_epi16(_mm256_maddubs_epi16(aq, y[c]), base[c]);
+                const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+                acc[r][c] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, dy[c]), acc[r][c]);
+            }
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[c * ldo + r] = hsum256(acc[r][c]);
+}
+
+/* Walks an nr x nt tile in 4-row x CB-token micro-tiles; leftover tokens
+ * go one at a time, leftover rows one at a time. Only the first token
+ * group of a row group prefetches. */
+#define TILE_DRIVER(NAME, ATTR, MK, CB)                                                                               \
+    static ATTR void NAME(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,              \
+                          const void *x, size_t ldx) {                                                                \
+        const uint8_t *W = w, *X = x;                                                                                 \
+        int r = 0;                                                                                                    \
+        for (; r + 4 <= nr; r += 4) {                                                                                 \
+            const uint8_t *wr = W + (size_t)r * ldw;                                                                  \
+            int t = 0;                                                                                                \
+            for (; t + CB <= nt; t += CB) MK(4, CB, t == 0, n, out + (size_t)t * ldo + r, ldo, wr, ldw, X + (size_t)t * ldx, ldx); \
+            for (; t < nt; t++) MK(4, 1, t == 0, n, out + (size_t)t * ldo + r, ldo, wr, ldw, X + (size_t)t * ldx, ldx);         \
+        }                                                                                                             \
+        for (; r < nr; r++)                                                                                           \
+            for (int t = 0; t < nt; t++)                                                                              \
+                MK(1, 1, t == 0, n, out + (size_t)t * ldo + r, ldo, W + (size_t)r * ldw, ldw, X + (size_t)t * ldx, ldx);      \
+    }                                                                                                                 \
+    static ATTR void NAME##_1(int64_t n, float *out, const void *w, const void *x) { NAME(n, 1, 1, out, 1, w, 0, x, 0); }
+
+#define MK_F32(R, C, ...) mk_float(W_F32, R, C, __VA_ARGS__)
+#define MK_F16(R, C, ...) mk_float(W_F16, R, C, __VA_ARGS__)
+#define MK_BF16(R, C, ...) mk_float(W_BF16, R, C, __VA_ARGS__)
+#define MK_Q8_0(R, C, ...) mk_q(Q_8_0, R, C, __VA_ARGS__)
+#define MK_Q4_0(R, C, ...) mk_q(Q_4_0, R, C, __VA_ARGS__)
+#define MK_Q5_0(R, C, ...) mk_q(Q_5_0, R, C, __VA_ARGS__)
+
+TILE_DRIVER(vdt_f32, T2, MK_F32, 2)
+TILE_DRIVER(vdt_f16, T2, MK_F16, 2)
+TILE_DRIVER(vdt_bf16, T2, MK_BF16, 2)
+TILE_DRIVER(vdt_q8_0, T2, MK_Q8_0, 2)
+TILE_DRIVER(vdt_q4_0, T2, MK_Q4_0, 2)
+TILE_DRIVER(vdt_q5_0, T2, MK_Q5_0, 2)
 
 /* ------------------------------------------------------------ K-quants */
 
@@ -421,13 +485,19 @@ static T2 void quantize_q8_K_avx2(const float *x, void *dst, int64_t n) {
 }
 
 void tl_kernels_fill_avx2(tl_kernel_table *t) {
-    t->vec_dot[TL_TYPE_F32] = vd_f32;
-    t->vec_dot[TL_TYPE_F16] = vd_f16;
-    t->vec_dot[TL_TYPE_BF16] = vd_bf16;
-    t->vec_dot[TL_TYPE_Q4_0] = vd_q4_0;
+    t->vec_dot[TL_TYPE_F32] = vdt_f32_1;
+    t->vec_dot[TL_TYPE_F16] = vdt_f16_1;
+    t->vec_dot[TL_TYPE_BF16] = vdt_bf16_1;
+    t->vec_dot[TL_TYPE_Q4_0] = vdt_q4_0_1;
     t->vec_dot[TL_TYPE_Q4_1] = vd_q4_1;
-    t->vec_dot[TL_TYPE_Q5_0] = vd_q5_0;
-    t->vec_dot[TL_TYPE_Q8_0] = vd_q8_0;
+    t->vec_dot[TL_TYPE_Q5_0] = vdt_q5_0_1;
+    t->vec_dot[TL_TYPE_Q8_0] = vdt_q8_0_1;
+    t->vec_dot_tile[TL_TYPE_F32] = vdt_f32;
+    t->vec_dot_tile[TL_TYPE_F16] = vdt_f16;
+    t->vec_dot_tile[TL_TYPE_BF16] = vdt_bf16;
+    t->vec_dot_tile[TL_TYPE_Q4_0] = vdt_q4_0;
+    t->vec_dot_tile[TL_TYPE_Q5_0] = vdt_q5_0;
+    t->vec_dot_tile[TL_TYPE_Q8_0] = vdt_q8_0;
     t->vec_dot[TL_TYPE_Q4_K] = vd_q4_K;
     t->vec_dot[TL_TYPE_Q5_K] = vd_q5_K;
     t->vec_dot[TL_TYPE_Q6_K] = vd_q6_K;

@@ -1,8 +1,8 @@
 /* quants_avx512.c - AVX-512 (F, BW, VL, DQ) kernels, 64 bytes per op.
  * Float rows use 16-wide FMA; K-quants handle two 32-element sub-blocks
- * per zmm with maddubs/madd (BW only); q8_0/q4_0 use AVX512-VNNI
- * (vpdpbusd on ymm), so without VNNI those keep the AVX2 kernels. q4_1 and
- * q5_0 always use the AVX2 kernels. */
+ * per zmm with maddubs/madd (BW only); q8_0/q4_0/q5_0 use AVX512-VNNI
+ * (vpdpbusd on ymm), so without VNNI those keep the AVX2 kernels; q4_1
+ * always uses the AVX2 kernel. */
 #include "quants_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -131,14 +131,19 @@ static inline AI T5 void mk_float(int kind, int R, int C, int pf, int64_t n, flo
 /* q8_0 x q8_0 with vpdpbusd: (q + 128) is unsigned, and the accumulator
  * starts at -128 * sum(y) per 4 bytes, so each int32 lane is exactly
  * sum q*y (no saturation: 4 * 255 * 127 fits). q4_0 likewise with the
- * unsigned nibble and -8 * sum(y). The offset term is per token and block,
- * shared by the R rows. */
-static inline AI T5N void mk_q(int q4, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w, size_t ldw,
-                               const uint8_t *x, size_t ldx) {
+ * unsigned nibble and -8 * sum(y), q5_0 with nibble | 5th bit << 4 and
+ * -16 * sum(y). The offset term is per token and block, shared by the R
+ * rows. */
+enum { Q_8_0, Q_4_0, Q_5_0 };
+
+static inline AI T5N void mk_q(int kind, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
+                               size_t ldw, const uint8_t *x, size_t ldx) {
     const int64_t nb = n / 32;
-    const __m256i off = _mm256_set1_epi8(q4 ? 8 : (char)0x80), m4 = _mm256_set1_epi8(0xF);
+    const __m256i off = _mm256_set1_epi8(kind == Q_4_0 ? 8 : kind == Q_5_0 ? 16 : (char)0x80);
+    const __m256i m4 = _mm256_set1_epi8(0xF), x10 = _mm256_set1_epi8(0x10);
     const __m256i nsh = _mm256_set_epi64x(4, 4, 0, 0);
-    const size_t bw = q4 ? sizeof(block_q4_0) : sizeof(block_q8_0);
+    const size_t bw = kind == Q_4_0 ? sizeof(block_q4_0) : kind == Q_5_0 ? sizeof(block_q5_0) : sizeof(block_q8_0);
+    const size_t qo = kind == Q_5_0 ? 6 : 2; /* offset of qs in the block */
     __m256 acc[4][4];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -154,11 +159,16 @@ static inline AI T5N void mk_q(int q4, int R, int C, int pf, int64_t n, float *o
         UNROLL for (int r = 0; r < R; r++) {
             const uint8_t *wb = w + r * ldw + b * bw;
             __m256i q;
-            if (q4) {
-                const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wb + 2)));
-                q = _mm256_and_si256(_mm256_srlv_epi64(t, nsh), m4);
+            if (kind == Q_8_0) {
+                q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + qo)), off);
             } else {
-                q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 2)), off);
+                const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wb + qo)));
+                q = _mm256_and_si256(_mm256_srlv_epi64(t, nsh), m4);
+                if (kind == Q_5_0) {
+                    uint32_t h;
+                    memcpy(&h, wb + 2, 4);
+                    q = _mm256_mask_add_epi8(q, (__mmask32)h, q, x10);
+                }
             }
             uint16_t dh;
             memcpy(&dh, wb, 2);
@@ -194,14 +204,16 @@ static inline AI T5N void mk_q(int q4, int R, int C, int pf, int64_t n, float *o
 #define MK_F32(R, C, ...) mk_float(W_F32, R, C, __VA_ARGS__)
 #define MK_F16(R, C, ...) mk_float(W_F16, R, C, __VA_ARGS__)
 #define MK_BF16(R, C, ...) mk_float(W_BF16, R, C, __VA_ARGS__)
-#define MK_Q8_0(R, C, ...) mk_q(0, R, C, __VA_ARGS__)
-#define MK_Q4_0(R, C, ...) mk_q(1, R, C, __VA_ARGS__)
+#define MK_Q8_0(R, C, ...) mk_q(Q_8_0, R, C, __VA_ARGS__)
+#define MK_Q4_0(R, C, ...) mk_q(Q_4_0, R, C, __VA_ARGS__)
+#define MK_Q5_0(R, C, ...) mk_q(Q_5_0, R, C, __VA_ARGS__)
 
 TILE_DRIVER(vdt_f32, T5, MK_F32, 4)
 TILE_DRIVER(vdt_f16, T5, MK_F16, 4)
 TILE_DRIVER(vdt_bf16, T5, MK_BF16, 4)
 TILE_DRIVER(vdt_q8_0, T5N, MK_Q8_0, 2)
 TILE_DRIVER(vdt_q4_0, T5N, MK_Q4_0, 2)
+TILE_DRIVER(vdt_q5_0, T5N, MK_Q5_0, 2)
 
 static T5 void axpy_f32_512(float *y, float a, const float *x, int64_t n) {
     const __m512 va = _mm512_set1_ps(a);
@@ -262,97 +274,145 @@ static inline T5 __m512i idx2(int a, int b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)a)), _mm256_set1_epi16((short)b), 1);
 }
 
-static inline __attribute__((always_inline)) T5 void vd_q45_K(int64_t n, float *out, const void *w, const void *x, int five) {
-    const block_q8_K *b = x;
+/* q4_K/q5_K, R rows x C tokens: each (row, token) keeps its own float
+ * accumulators (acc for the scaled sums, accm for the mins) fed in block
+ * order, so any tile entry is bitwise the 1x1 result. Rows share the
+ * activation loads; tokens share the unpacked weights and scales. */
+static inline AI T5 void mk_q45_K(int five, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
+                                  size_t ldw, const uint8_t *x, size_t ldx) {
     const __m512i m4 = _mm512_set1_epi8(0xF), x10 = _mm512_set1_epi8(0x10);
     /* broadcast 32 q bytes to both halves, shift the high half by 4 */
     const __m512i nsh = _mm512_set_epi64(4, 4, 4, 4, 0, 0, 0, 0);
-    /* per chunk j: scale pickers and 5th-bit masks (loop-invariant) */
-    __m512i pick[4], hmask[4];
-    for (int j = 0; j < 4; j++) {
-        pick[j] = idx2((4 * j) | ((4 * j + 1) << 8), (4 * j + 2) | ((4 * j + 3) << 8));
-        hmask[j] = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * j))), _mm256_set1_epi8((char)(2 << (2 * j))), 1);
+    const size_t bw = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    __m512 acc[4][2];
+    __m128 accm[4][2];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) {
+        acc[r][c] = _mm512_setzero_ps();
+        accm[r][c] = _mm_setzero_ps();
     }
-    __m512 acc = _mm512_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        const uint8_t *scales, *q, *qh = NULL;
-        uint16_t dh, dminh;
-        if (five) {
-            const block_q5_K *a = (const block_q5_K *)w + i;
-            scales = a->scales; q = a->qs; qh = a->qh; dh = a->d; dminh = a->dmin;
-        } else {
-            const block_q4_K *a = (const block_q4_K *)w + i;
-            scales = a->scales; q = a->qs; dh = a->d; dminh = a->dmin;
+        if (pf) UNROLL for (int k = 0; k < R * (int)bw; k += 64) _mm_prefetch((const char *)(w + PF_QUANT + R * i * bw + k), _MM_HINT_T0);
+        const block_q8_K *yb[2];
+        __m128i ysum[2];
+        UNROLL for (int c = 0; c < C; c++) {
+            yb[c] = (const block_q8_K *)(x + c * ldx) + i;
+            ysum[c] = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)yb[c]->bsums),
+                                     _mm_loadu_si128((const __m128i *)yb[c]->bsums + 1));
         }
-        const float d = b[i].d * f16(dh), dmin = -b[i].d * f16(dminh);
-        uint32_t u[4];
-        unpack_k4_scales(scales, u);
-        const __m256i ms = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
-        const __m128i ysum = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)b[i].bsums),
-                                            _mm_loadu_si128((const __m128i *)b[i].bsums + 1));
-        const __m128i pm = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), ysum);
-        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), accm);
-        /* int16 scales 0..7 in every 128-bit lane; vpshufb picks per half */
-        const __m512i sc = _mm512_broadcast_i32x4(_mm256_castsi256_si128(ms));
-        const __m512i hb = qh ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)) : _mm512_setzero_si512();
-        __m512i sumi = _mm512_setzero_si512();
-        for (int j = 0; j < 4; j++) {
-            const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q + 32 * j)));
-            __m512i v = _mm512_and_si512(_mm512_srlv_epi64(bits, nsh), m4);
-            if (qh) {
-                const __mmask64 hm = _mm512_test_epi8_mask(hb, hmask[j]);
-                v = _mm512_mask_add_epi8(v, hm, v, x10);
+        __m512i sumi[4][2];
+        UNROLL for (int r = 0; r < R; r++) {
+            const uint8_t *scales, *q, *qh = NULL;
+            uint16_t dh, dminh;
+            if (five) {
+                const block_q5_K *a = (const block_q5_K *)(w + r * ldw) + i;
+                scales = a->scales; q = a->qs; qh = a->qh; dh = a->d; dminh = a->dmin;
+            } else {
+                const block_q4_K *a = (const block_q4_K *)(w + r * ldw) + i;
+                scales = a->scales; q = a->qs; dh = a->d; dminh = a->dmin;
             }
-            const __m512i p = _mm512_maddubs_epi16(v, _mm512_loadu_si512(b[i].qs + 64 * j));
-            const __m512i s = _mm512_shuffle_epi8(sc, pick[j]);
-            sumi = _mm512_add_epi32(sumi, _mm512_madd_epi16(s, p));
+            uint32_t u[4];
+            unpack_k4_scales(scales, u);
+            const __m256i ms = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
+            const __m128i mins = _mm256_extracti128_si256(ms, 1);
+            UNROLL for (int c = 0; c < C; c++) {
+                const float dmin = -yb[c]->d * f16(dminh);
+                const __m128i pm = _mm_madd_epi16(mins, ysum[c]);
+                accm[r][c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), accm[r][c]);
+                sumi[r][c] = _mm512_setzero_si512();
+            }
+            /* int16 scales 0..7 in every 128-bit lane; vpshufb picks per half */
+            const __m512i sc = _mm512_broadcast_i32x4(_mm256_castsi256_si128(ms));
+            const __m512i hb = qh ? _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh)) : _mm512_setzero_si512();
+            UNROLL for (int j = 0; j < 4; j++) {
+                const __m512i bits = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(q + 32 * j)));
+                __m512i v = _mm512_and_si512(_mm512_srlv_epi64(bits, nsh), m4);
+                if (qh) {
+                    const __m512i hmask = _mm512_inserti64x4(_mm512_set1_epi8((char)(1 << (2 * j))),
+                                                             _mm256_set1_epi8((char)(2 << (2 * j))), 1);
+                    v = _mm512_mask_add_epi8(v, _mm512_test_epi8_mask(hb, hmask), v, x10);
+                }
+                const __m512i s = _mm512_shuffle_epi8(sc, idx2((4 * j) | ((4 * j + 1) << 8), (4 * j + 2) | ((4 * j + 3) << 8)));
+                UNROLL for (int c = 0; c < C; c++) {
+                    const __m512i p = _mm512_maddubs_epi16(v, _mm512_loadu_si512(yb[c]->qs + 64 * j));
+                    sumi[r][c] = _mm512_add_epi32(sumi[r][c], _mm512_madd_epi16(s, p));
+                }
+            }
+            UNROLL for (int c = 0; c < C; c++) {
+                const float d = yb[c]->d * f16(dh);
+                acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi[r][c]), acc[r][c]);
+            }
         }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
     }
-    *out = _mm512_reduce_add_ps(acc) + hsum128(accm);
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++)
+        out[c * ldo + r] = _mm512_reduce_add_ps(acc[r][c]) + hsum128(accm[r][c]);
 }
 
-static T5 void vd_q4_K(int64_t n, float *out, const void *w, const void *x) { vd_q45_K(n, out, w, x, 0); }
-static T5 void vd_q5_K(int64_t n, float *out, const void *w, const void *x) { vd_q45_K(n, out, w, x, 1); }
-
-/* q6_K: 64 elements per zmm; -32 offset folded out through bsums. */
-static T5 void vd_q6_K(int64_t n, float *out, const void *w, const void *x) {
-    const block_q6_K *a = w;
-    const block_q8_K *b = x;
+/* q6_K: 64 elements per zmm; -32 offset folded out through bsums. Tiled
+ * like mk_q45_K. */
+static inline AI T5 void mk_q6_K(int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w, size_t ldw,
+                                 const uint8_t *x, size_t ldx) {
     const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
     const __m512i shl = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4), shr = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
     /* int16 scale lane pattern: 8 lanes per 16-element group */
     const __m512i sidx = _mm512_set_epi64(0x0003000300030003, 0x0003000300030003, 0x0002000200020002,
                                           0x0002000200020002, 0x0001000100010001, 0x0001000100010001, 0, 0);
-    __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        const float d = b[i].d * f16(a[i].d);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a[i].scales));
-        const __m256i pm = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)b[i].bsums));
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(-32.f * d), _mm256_cvtepi32_ps(pm), accm);
-        const __m512i sc = _mm512_castsi256_si512(sc16);
-        __m512i sumi = _mm512_setzero_si512();
-        for (int j = 0; j < 2; j++) {
-            const __m512i l = _mm512_loadu_si512(a[i].ql + 64 * j);
-            const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(a[i].qh + 32 * j)));
-            /* elements 0..63: ql low nibbles, qh bits 0-1 (0..31) / 2-3 (32..63) */
-            const __m512i q0 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi64(hb, shl), m30));
-            /* elements 64..127: ql high nibbles, qh bits 4-5 / 6-7 */
-            const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi64(l, 4), m4),
-                                               _mm512_and_si512(_mm512_srlv_epi64(hb, shr), m30));
-            const __m512i p0 = _mm512_maddubs_epi16(q0, _mm512_loadu_si512(b[i].qs + 128 * j));
-            const __m512i p1 = _mm512_maddubs_epi16(q1, _mm512_loadu_si512(b[i].qs + 128 * j + 64));
-            const __m512i base = _mm512_set1_epi16((short)(8 * j));
-            const __m512i s0 = _mm512_permutexvar_epi16(_mm512_add_epi16(sidx, base), sc);
-            const __m512i s1 = _mm512_permutexvar_epi16(_mm512_add_epi16(sidx, _mm512_add_epi16(base, _mm512_set1_epi16(4))), sc);
-            sumi = _mm512_add_epi32(sumi, _mm512_add_epi32(_mm512_madd_epi16(s0, p0), _mm512_madd_epi16(s1, p1)));
-        }
-        acc = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi), acc);
+    __m512 acc[4][2];
+    __m256 accm[4][2];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) {
+        acc[r][c] = _mm512_setzero_ps();
+        accm[r][c] = _mm256_setzero_ps();
     }
-    *out = _mm512_reduce_add_ps(acc) + hsum256(accm);
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        if (pf) UNROLL for (int k = 0; k < R * (int)sizeof(block_q6_K); k += 64)
+            _mm_prefetch((const char *)(w + PF_QUANT + R * i * sizeof(block_q6_K) + k), _MM_HINT_T0);
+        const block_q8_K *yb[2];
+        UNROLL for (int c = 0; c < C; c++) yb[c] = (const block_q8_K *)(x + c * ldx) + i;
+        UNROLL for (int r = 0; r < R; r++) {
+            const block_q6_K *a = (const block_q6_K *)(w + r * ldw) + i;
+            const float da = f16(a->d);
+            const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)a->scales));
+            __m512i sumi[2];
+            UNROLL for (int c = 0; c < C; c++) {
+                const float d = yb[c]->d * da;
+                const __m256i pm = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)yb[c]->bsums));
+                accm[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(-32.f * d), _mm256_cvtepi32_ps(pm), accm[r][c]);
+                sumi[c] = _mm512_setzero_si512();
+            }
+            const __m512i sc = _mm512_castsi256_si512(sc16);
+            UNROLL for (int j = 0; j < 2; j++) {
+                const __m512i l = _mm512_loadu_si512(a->ql + 64 * j);
+                const __m512i hb = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(a->qh + 32 * j)));
+                /* elements 0..63: ql low nibbles, qh bits 0-1 (0..31) / 2-3 (32..63) */
+                const __m512i q0 = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_and_si512(_mm512_sllv_epi64(hb, shl), m30));
+                /* elements 64..127: ql high nibbles, qh bits 4-5 / 6-7 */
+                const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi64(l, 4), m4),
+                                                   _mm512_and_si512(_mm512_srlv_epi64(hb, shr), m30));
+                const __m512i base = _mm512_set1_epi16((short)(8 * j));
+                const __m512i s0 = _mm512_permutexvar_epi16(_mm512_add_epi16(sidx, base), sc);
+                const __m512i s1 = _mm512_permutexvar_epi16(_mm512_add_epi16(sidx, _mm512_add_epi16(base, _mm512_set1_epi16(4))), sc);
+                UNROLL for (int c = 0; c < C; c++) {
+                    const __m512i p0 = _mm512_maddubs_epi16(q0, _mm512_loadu_si512(yb[c]->qs + 128 * j));
+                    const __m512i p1 = _mm512_maddubs_epi16(q1, _mm512_loadu_si512(yb[c]->qs + 128 * j + 64));
+                    sumi[c] = _mm512_add_epi32(sumi[c], _mm512_add_epi32(_mm512_madd_epi16(s0, p0), _mm512_madd_epi16(s1, p1)));
+                }
+            }
+            UNROLL for (int c = 0; c < C; c++) {
+                const float d = yb[c]->d * da;
+                acc[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(d), _mm512_cvtepi32_ps(sumi[c]), acc[r][c]);
+            }
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++)
+        out[c * ldo + r] = _mm512_reduce_add_ps(acc[r][c]) + hsum256(accm[r][c]);
 }
+
+#define MK_Q4_K(R, C, ...) mk_q45_K(0, R, C, __VA_ARGS__)
+#define MK_Q5_K(R, C, ...) mk_q45_K(1, R, C, __VA_ARGS__)
+#define MK_Q6_K(R, C, ...) mk_q6_K(R, C, __VA_ARGS__)
+
+TILE_DRIVER(vdt_q4_K, T5, MK_Q4_K, 2)
+TILE_DRIVER(vdt_q5_K, T5, MK_Q5_K, 2)
+TILE_DRIVER(vdt_q6_K, T5, MK_Q6_K, 2)
 
 /* ---------------------------------------------- activation quantizers */
 
@@ -421,14 +481,19 @@ void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni) {
     t->vec_dot_tile[TL_TYPE_F32] = vdt_f32;
     t->vec_dot_tile[TL_TYPE_F16] = vdt_f16;
     t->vec_dot_tile[TL_TYPE_BF16] = vdt_bf16;
-    t->vec_dot[TL_TYPE_Q4_K] = vd_q4_K;
-    t->vec_dot[TL_TYPE_Q5_K] = vd_q5_K;
-    t->vec_dot[TL_TYPE_Q6_K] = vd_q6_K;
+    t->vec_dot[TL_TYPE_Q4_K] = vdt_q4_K_1;
+    t->vec_dot[TL_TYPE_Q5_K] = vdt_q5_K_1;
+    t->vec_dot[TL_TYPE_Q6_K] = vdt_q6_K_1;
+    t->vec_dot_tile[TL_TYPE_Q4_K] = vdt_q4_K;
+    t->vec_dot_tile[TL_TYPE_Q5_K] = vdt_q5_K;
+    t->vec_dot_tile[TL_TYPE_Q6_K] = vdt_q6_K;
     if (vnni) {
         t->vec_dot[TL_TYPE_Q8_0] = vdt_q8_0_1;
         t->vec_dot[TL_TYPE_Q4_0] = vdt_q4_0_1;
         t->vec_dot_tile[TL_TYPE_Q8_0] = vdt_q8_0;
         t->vec_dot_tile[TL_TYPE_Q4_0] = vdt_q4_0;
+        t->vec_dot[TL_TYPE_Q5_0] = vdt_q5_0_1;
+        t->vec_dot_tile[TL_TYPE_Q5_0] = vdt_q5_0;
     }
     t->quantize_q8_0 = quantize_q8_0_512;
     t->quantize_q8_K = quantize_q8_K_512;

@@ -124,8 +124,9 @@ typedef void (*tl_vec_dot_tile_fn)(int64_t n, int nr, int nt, float *out, size_t
                                    const void *x, size_t ldx);
 typedef struct tl_kernel_table {
     tl_vec_dot_fn vec_dot[TL_TYPE_COUNT];
-    /* Set by a level together with its vec_dot (never inherited from the
-     * level below, whose vec_dot may sum in another order). */
+    /* Set by a level together with its vec_dot; inherited from the level
+     * below only with that level's vec_dot (dispatch.c drops it where the
+     * vec_dot was replaced, as the new one may sum in another order). */
     tl_vec_dot_tile_fn vec_dot_tile[TL_TYPE_COUNT];
     tl_quantize_fn quantize_q8_0, quantize_q8_K;
     float (*dot_f32)(const float *a, const float *b, int64_t n);
