@@ -1,6 +1,7 @@
 /* pool.c - the PrefixPool: registered prefixes pinned in the model's radix
  * cache, with a capacity and an eviction policy (shortest entry first, as
  * the seed API defines it, or least recently used). */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,11 @@ typedef struct pool_entry {
     int64_t hits;          /* prompts that started with it (the COST policy) */
 } pool_entry;
 
+/* Entries change from the caller's thread (register, free) and from the
+ * engine thread (asynchronous registrations, lookups): `mu` guards them.
+ * Lock order: the model's compute lock, then mu. */
 struct tl_pool {
+    pthread_mutex_t mu;
     int capacity, policy;
     uint64_t salt;         /* namespace of the entries */
     int shareable, tenant;
@@ -39,6 +44,7 @@ int tl_pool_new(int capacity, tl_pool **out) {
         free(p);
         return tl_set_error(TL_ERR_NOMEM, "out of memory for a pool of %d entries", capacity);
     }
+    pthread_mutex_init(&p->mu, NULL);
     *out = p;
     return TL_OK;
 }
@@ -59,23 +65,33 @@ void tl_pool_free(tl_pool *p) {
     if (!p) return;
     tl_model *m = p->model;
     if (m) tl_sched_compute_lock(m);
+    pthread_mutex_lock(&p->mu);
     while (p->n) drop_entry(p, p->n - 1);
+    pthread_mutex_unlock(&p->mu);
     if (m) {
         tl_sched_detach_pool(m, p);
         tl_sched_compute_unlock(m);
     }
+    pthread_mutex_destroy(&p->mu);
     free(p->e);
     free(p);
 }
 
 void tl_pool_detach_model(tl_pool *p) {
     /* The tree is going away with its model: forget the nodes. */
+    pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->n; i++) {
         free(p->e[i].tokens);
         memset(&p->e[i], 0, sizeof p->e[i]);
     }
     p->n = 0;
     p->model = NULL;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void tl_pool_key(const tl_pool *p, uint64_t *salt, int *tenant) {
+    *salt = p->shareable ? 0 : p->salt;
+    *tenant = p->tenant;
 }
 
 int tl_pool_bind(tl_pool *p, tl_model *m) {
@@ -86,11 +102,25 @@ int tl_pool_bind(tl_pool *p, tl_model *m) {
     return TL_OK;
 }
 
-int tl_pool_size(const tl_pool *p) { return p ? p->n : 0; }
+int tl_pool_size(const tl_pool *p) {
+    if (!p) return 0;
+    pthread_mutex_lock((pthread_mutex_t *)&p->mu);
+    int n = p->n;
+    pthread_mutex_unlock((pthread_mutex_t *)&p->mu);
+    return n;
+}
+
+static int64_t total_locked(const tl_pool *p) {
+    int64_t t = 0;
+    for (int i = 0; i < p->n; i++) t += p->e[i].n;
+    return t;
+}
 
 int64_t tl_pool_total_cached_tokens(const tl_pool *p) {
-    int64_t t = 0;
-    for (int i = 0; p && i < p->n; i++) t += p->e[i].n;
+    if (!p) return 0;
+    pthread_mutex_lock((pthread_mutex_t *)&p->mu);
+    int64_t t = total_locked(p);
+    pthread_mutex_unlock((pthread_mutex_t *)&p->mu);
     return t;
 }
 
@@ -130,16 +160,19 @@ int tl_pool_set_tenant(tl_pool *p, int tenant) {
 
 int tl_pool_get_stats(const tl_pool *p, tl_pool_stats *o) {
     if (!p || !o) return tl_set_error(TL_ERR_INVALID_ARG, "pool and out must not be NULL");
+    pthread_mutex_lock((pthread_mutex_t *)&p->mu);
     *o = p->st;
     o->size = p->n;
     o->capacity = p->capacity;
     o->policy = p->policy;
-    o->total_cached_tokens = tl_pool_total_cached_tokens(p);
+    o->total_cached_tokens = total_locked(p);
+    pthread_mutex_unlock((pthread_mutex_t *)&p->mu);
     return TL_OK;
 }
 
 void tl_pool_count_lookup(tl_pool *p, const int32_t *prompt, int n, int loops, int window, int matched) {
     /* Entries the prompt starts with were used now (the LRU policy). */
+    pthread_mutex_lock(&p->mu);
     for (int i = 0; i < p->n; i++) {
         const pool_entry *e = &p->e[i];
         if (e->n <= n && e->loops == loops && e->window == window && !memcmp(e->tokens, prompt, (size_t)e->n * 4)) {
@@ -152,6 +185,7 @@ void tl_pool_count_lookup(tl_pool *p, const int32_t *prompt, int n, int loops, i
         p->st.hits++;
         p->st.hit_tokens += matched;
     }
+    pthread_mutex_unlock(&p->mu);
 }
 
 static int find_entry(const tl_pool *p, const int32_t *tokens, int n, int loops, int window) {
@@ -199,42 +233,56 @@ int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int 
     }
     if (tl_sched_check_tokens(m, tokens, n)) return 0;
     int eff = tl_model_effective_loops(m, loops);
+    pthread_mutex_lock(&p->mu);
     int hit = find_entry(p, tokens, n, eff, window);
-    if (hit >= 0) {
-        p->e[hit].last_use = ++p->clock;
-        return n;
-    }
+    if (hit >= 0) p->e[hit].last_use = ++p->clock;
+    pthread_mutex_unlock(&p->mu);
+    if (hit >= 0) return n;
+    uint64_t salt;
+    int tenant;
+    tl_pool_key(p, &salt, &tenant);
     tl_sched_compute_lock(m);
-    int ns = tl_sched_namespace(m, eff, window, p->shareable ? 0 : p->salt);
+    int ns = tl_sched_namespace(m, eff, window, salt);
+    tl_radix_node *node = NULL;
+    if (ns >= 0) {
+        /* The seed drops the victim first, so the new entry can use its memory. */
+        pthread_mutex_lock(&p->mu);
+        if (p->n == p->capacity) {
+            p->st.evictions++;
+            drop_entry(p, victim(p));
+        }
+        pthread_mutex_unlock(&p->mu);
+        node = tl_sched_cache_prefix(m, ns, eff, window, tokens, n, tenant);
+        if (node && tl_pool_add_built(p, tokens, n, eff, window, node) < 0) node = NULL;
+    }
     tl_sched_compute_unlock(m);
-    if (ns < 0) return 0;
+    return node ? n : 0;
+}
+
+int tl_pool_add_built(tl_pool *p, const int32_t *tokens, int n, int loops, int window, tl_radix_node *node) {
     int32_t *copy = malloc((size_t)n * sizeof *copy);
-    if (!copy) {
-        tl_set_error(TL_ERR_NOMEM, "out of memory copying a prefix of %d tokens", n);
-        return 0;
-    }
+    if (!copy) return tl_set_error(TL_ERR_NOMEM, "out of memory copying a prefix of %d tokens", n);
     memcpy(copy, tokens, (size_t)n * sizeof *copy);
-    tl_sched_compute_lock(m);
+    pthread_mutex_lock(&p->mu);
+    if (find_entry(p, tokens, n, loops, window) >= 0) { /* registered meanwhile */
+        pthread_mutex_unlock(&p->mu);
+        free(copy);
+        return TL_OK;
+    }
+    /* Pin first: dropping the victim prunes its path, which may run through
+     * the new node (a shorter prefix of the victim's tokens). */
+    node->pin++;
+    node->shareable += p->shareable;
     if (p->n == p->capacity) {
         p->st.evictions++;
         drop_entry(p, victim(p));
     }
-    tl_radix_node *node = tl_sched_cache_prefix(m, ns, eff, window, tokens, n, p->tenant);
-    if (node) node->shareable += p->shareable;
-    tl_sched_compute_unlock(m);
-    if (!node) {
-        free(copy);
-        return 0;
-    }
-    if (!p->model) {
-        p->model = m;
-        tl_sched_attach_pool(m, p);
-    }
     uint64_t now = ++p->clock;
-    p->e[p->n++] = (pool_entry){.tokens = copy, .n = n, .loops = eff, .window = window, .node = node,
+    p->e[p->n++] = (pool_entry){.tokens = copy, .n = n, .loops = loops, .window = window, .node = node,
                                 .order = now, .last_use = now};
     p->st.registrations++;
-    return n;
+    pthread_mutex_unlock(&p->mu);
+    return TL_OK;
 }
 
 int tl_generate_with_pool(tl_model *m, tl_pool *p, const int32_t *prompt, int n_prompt, tl_generate_params gp,

@@ -73,6 +73,7 @@ int tl_prefix_build(tl_model *m, const int32_t *tokens, int n, int loops, int wi
     tl_sched_compute_lock(m);
     int ns = tl_sched_namespace(m, h->loops, window, 0);
     h->node = ns < 0 ? NULL : tl_sched_cache_prefix(m, ns, h->loops, window, tokens, n, 0);
+    if (h->node) h->node->pin++;
     tl_sched_compute_unlock(m);
     if (!h->node) {
         rc = tl_last_error_code() < 0 ? tl_last_error_code() : TL_ERR_NOMEM;

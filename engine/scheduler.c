@@ -71,10 +71,18 @@ void tl_sched_detach_pool(tl_model *m, tl_pool *pool) {
     for (int i = 0; i < s->n_pools; i++)
         if (s->pools[i] == pool) s->pools[i--] = s->pools[--s->n_pools];
     pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < s->n; i++) /* requests in flight stop counting against a freed pool */
-        if (s->reqs[i]->pool == pool) s->reqs[i]->pool = NULL;
-    for (int i = 0; i < s->n_in; i++)
-        if (s->incoming[i]->pool == pool) s->incoming[i]->pool = NULL;
+    /* requests in flight stop counting against a freed pool; its pending
+     * registrations still cache their prefix, unpinned */
+    for (int k = 0; k < 2; k++) {
+        tl_request **v = k ? s->incoming : s->reqs;
+        for (int i = 0, n = k ? s->n_in : s->n; i < n; i++) {
+            if (v[i]->pool == pool) v[i]->pool = NULL;
+            if (v[i]->reg_pool == pool) {
+                v[i]->reg_pool = NULL;
+                v[i]->reg_orphan = 1;
+            }
+        }
+    }
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -170,6 +178,9 @@ static void requeue(tl_model *m, tl_request *r) {
     pthread_mutex_unlock(&m->sched->mu);
 }
 
+static tl_request *request_new(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p);
+static int request_enqueue(tl_model *m, tl_request *r, int64_t *id_out);
+
 int tl_request_submit(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p, tl_pool *pool,
                       int64_t *id_out) {
     if (!m || !p || !id_out) return tl_set_error(TL_ERR_INVALID_ARG, "model, params and id_out must not be NULL");
@@ -182,12 +193,21 @@ int tl_request_submit(tl_model *m, const int32_t *prompt, int n_prompt, const tl
     tl_sampler probe;
     if ((rc = tl_sampler_init(&probe, &p->sampling, 1))) return rc; /* validates the sampling fields */
     tl_sampler_free(&probe);
-    tl_sched *s = m->sched;
+    tl_request *r = request_new(m, prompt, n_prompt, p);
+    if (!r) return TL_ERR_NOMEM;
+    r->pool = pool;
+    return request_enqueue(m, r, id_out);
+}
+
+/* A queued request for prompt (room for max_tokens more), or NULL with the
+ * error set. */
+static tl_request *request_new(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p) {
     tl_request *r = calloc(1, sizeof *r);
     if (r) r->tokens = malloc(((size_t)n_prompt + (size_t)p->max_tokens) * sizeof *r->tokens);
     if (!r || !r->tokens) {
         free(r);
-        return tl_set_error(TL_ERR_NOMEM, "out of memory for a request of %d tokens", n_prompt);
+        tl_set_error(TL_ERR_NOMEM, "out of memory for a request of %d tokens", n_prompt);
+        return NULL;
     }
     memcpy(r->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
     r->n_prompt = n_prompt;
@@ -195,27 +215,31 @@ int tl_request_submit(tl_model *m, const int32_t *prompt, int n_prompt, const tl
     r->p.loops = tl_model_effective_loops(m, p->loops);
     r->rng = p->sampling.seed;
     r->ns = -1;
-    r->pool = pool;
     r->state = TL_REQ_QUEUED;
+    return r;
+}
+
+/* Queues r (taking it) unless the queue is full; wakes the engine. */
+static int request_enqueue(tl_model *m, tl_request *r, int64_t *id_out) {
+    tl_sched *s = m->sched;
     pthread_mutex_lock(&s->mu);
+    int rc = TL_OK;
     if (s->n_queued >= s->max_queue) {
+        rc = tl_set_error(TL_ERR_BUSY, "queue full: %d requests waiting (max_queue %d)", s->max_queue, s->max_queue);
+    } else if (s->n_in == s->cap_in) {
+        int cap = s->cap_in ? s->cap_in * 2 : 16;
+        tl_request **v = realloc(s->incoming, (size_t)cap * sizeof *v);
+        if (!v) rc = tl_set_error(TL_ERR_NOMEM, "out of memory for requests");
+        else {
+            s->incoming = v;
+            s->cap_in = cap;
+        }
+    }
+    if (rc) {
         pthread_mutex_unlock(&s->mu);
         free(r->tokens);
         free(r);
-        return tl_set_error(TL_ERR_BUSY, "queue full: %d requests waiting (max_queue %d)", s->max_queue,
-                            s->max_queue);
-    }
-    if (s->n_in == s->cap_in) {
-        int cap = s->cap_in ? s->cap_in * 2 : 16;
-        tl_request **v = realloc(s->incoming, (size_t)cap * sizeof *v);
-        if (!v) {
-            pthread_mutex_unlock(&s->mu);
-            free(r->tokens);
-            free(r);
-            return tl_set_error(TL_ERR_NOMEM, "out of memory for requests");
-        }
-        s->incoming = v;
-        s->cap_in = cap;
+        return rc;
     }
     r->id = s->next_id++;
     s->incoming[s->n_in++] = r;
@@ -224,6 +248,43 @@ int tl_request_submit(tl_model *m, const int32_t *prompt, int n_prompt, const tl
     pthread_cond_signal(&s->cv);
     pthread_mutex_unlock(&s->mu);
     return TL_OK;
+}
+
+int tl_pool_register_submit(tl_model *m, tl_pool *pool, const int32_t *tokens, int n, int loops, int window,
+                            int64_t *id_out) {
+    if (!m || !pool || !id_out) return tl_set_error(TL_ERR_INVALID_ARG, "model, pool and id_out must not be NULL");
+    if (!m->arch) return tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot build a prefix");
+    if (loops < 0 || window < 0)
+        return tl_set_error(TL_ERR_INVALID_ARG, "loops %d and cache_window %d must be >= 0", loops, window);
+    if (n > m->max_seq_len) return tl_set_error(TL_ERR_TOO_LONG, "prefix length %d exceeds max_seq_len %d", n, m->max_seq_len);
+    int rc = tl_sched_check_tokens(m, tokens, n);
+    if (rc || (rc = tl_pool_bind(pool, m))) return rc;
+    tl_generate_params p = tl_generate_default_params();
+    p.max_tokens = 0;
+    p.loops = loops;
+    p.cache_window = window;
+    tl_pool_key(pool, &p.salt, &p.tenant);
+    tl_request *r = request_new(m, tokens, n, &p);
+    if (!r) return TL_ERR_NOMEM;
+    r->reg_pool = pool;
+    return request_enqueue(m, r, id_out);
+}
+
+/* A registration request has its prefix in KV: insert it, pin it in its
+ * pool (the pool's policy makes room) and end the request. */
+static void complete_register(tl_model *m, tl_request *r) {
+    tl_radix_node *node = tl_radix_insert(&m->cache, r->ns, r->tokens, r->n_prompt, &r->seq->bt, r->p.tenant);
+    if (!node) {
+        fail(m, r, TL_ERR_NOMEM, "out of memory inserting a prefix into the cache");
+        return;
+    }
+    if (r->reg_pool) tl_pool_add_built(r->reg_pool, r->tokens, r->n_prompt, r->p.loops, r->p.cache_window, node);
+    request_stop(m, r, 0);
+    pthread_mutex_lock(&m->sched->mu);
+    r->state = TL_REQ_DONE;
+    r->finish = TL_FINISH_LENGTH;
+    r->news = 1;
+    pthread_mutex_unlock(&m->sched->mu);
 }
 
 /* Longest cached prefix: share its blocks and lock its path. The last
@@ -300,7 +361,7 @@ static void sample_into(tl_model *m, tl_request *r, float *logits) {
  * stays proportional to the window. Its tokens are then no longer
  * inserted into the cache (the tree needs every position's KV). */
 static void drop_behind_window(tl_model *m, tl_request *r) {
-    if (!r->seq || r->p.cache_window <= 0) return;
+    if (!r->seq || r->p.cache_window <= 0 || r->reg_pool || r->reg_orphan) return;
     int lb_end = (r->seq->n_pos - r->p.cache_window + 1) / m->kv.block_size;
     if (lb_end >= 2) tl_block_table_drop_before(&r->seq->bt, &m->kv, lb_end);
 }
@@ -334,7 +395,7 @@ static int run_group(tl_model *m, int loops) {
         seqs[nb] = r->seq;
         toks[nb] = r->tokens + pos;
         ntok[nb] = n;
-        want[nb] = pos + n == total;
+        want[nb] = pos + n == total && !r->reg_pool && !r->reg_orphan;
         prompt_part[nb] = pos < r->n_prompt ? n : 0;
         nb++;
     }
@@ -374,6 +435,8 @@ static int run_group(tl_model *m, int loops) {
     for (int i = 0; i < nb; i++) {
         s->st.prefill_tokens += prompt_part[i];
         if (want[i]) sample_into(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
+        if ((rq[i]->reg_pool || rq[i]->reg_orphan) && rq[i]->seq && rq[i]->seq->n_pos == rq[i]->n_prompt)
+            complete_register(m, rq[i]);
         drop_behind_window(m, rq[i]);
     }
 out:
@@ -665,7 +728,6 @@ tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window,
     }
     end = tl_radix_insert(&m->cache, ns, tokens, n, &seq->bt, tenant);
     if (!end) tl_set_error(TL_ERR_NOMEM, "out of memory inserting a prefix into the cache");
-    else end->pin++;
 out:
     if (locked) tl_radix_lock(locked, -1);
     tl_seq_free(seq);

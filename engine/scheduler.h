@@ -22,6 +22,8 @@ typedef struct tl_request {
     tl_radix_node *locked;   /* matched node, locked while running */
     tl_pool *pool;
     int cancel_req, release_req; /* set by any thread; acted on by the stepping thread */
+    tl_pool *reg_pool;       /* a registration (tl_pool_register_submit): prefill, then pin here */
+    int reg_orphan;          /* a registration whose pool was freed: prefill and cache unpinned */
     int news;                /* tokens or a state change since the last notification */
 } tl_request;
 
@@ -80,7 +82,7 @@ int tl_sched_namespace(tl_model *m, int loops, int window, uint64_t salt);
 int tl_sched_run(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p, tl_pool *pool,
                  int32_t *out, int cap, int *n_cached);
 /* Fills the KV of tokens into the cache (reusing what is there), and
- * returns the node ending exactly at n with one pin taken, or NULL. */
+ * returns the node ending exactly at n (the caller pins it), or NULL. */
 tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window, const int32_t *tokens, int n,
                                      int tenant);
 /* Ids in the vocab, at least one. */
@@ -91,6 +93,12 @@ void tl_sched_attach_pool(tl_model *m, tl_pool *pool);
 void tl_sched_detach_pool(tl_model *m, tl_pool *pool);
 /* pool.c: binds an unbound pool to m (error if bound to another model). */
 int tl_pool_bind(tl_pool *pool, tl_model *m);
+/* pool.c: the namespace salt and tenant of the pool's entries. */
+void tl_pool_key(const tl_pool *pool, uint64_t *salt, int *tenant);
+/* pool.c: adds a built entry whose node ends at n (pinning it), making room
+ * by the pool's policy; a key already present only drops the new build.
+ * Runs with the compute lock held. */
+int tl_pool_add_built(tl_pool *pool, const int32_t *tokens, int n, int loops, int window, tl_radix_node *node);
 /* pool.c: called by the model on close. */
 void tl_pool_detach_model(tl_pool *pool);
 /* pool.c: counts a lookup against the pool and touches the entries the

@@ -299,6 +299,14 @@ int tl_pool_set_tenant(tl_pool *pool, int tenant);
 int tl_pool_register(tl_model *model, tl_pool *pool, const int32_t *tokens, int n_tokens, int loops,
                      int cache_window);
 
+/* The non-blocking register for servers: the prefill runs as a request on
+ * the engine thread (or in the next tl_model_step) and, when it ends, the
+ * entry is in the pool (request state TL_REQ_DONE; a failure ends it
+ * TL_REQ_FAILED with the reason). Returns TL_OK and the request id
+ * (release it when done), or an error with nothing queued. */
+int tl_pool_register_submit(tl_model *model, tl_pool *pool, const int32_t *tokens, int n_tokens, int loops,
+                            int cache_window, int64_t *id_out);
+
 /* Generates from the longest cached prefix of the prompt (registered or
  * anything longer in the cache). Writes prompt + generated tokens to out
  * (cap >= n_prompt + max_tokens) and returns their count. */

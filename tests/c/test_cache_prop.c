@@ -112,13 +112,29 @@ int main(void) {
         gp.loops = loops;
         gp.cache_window = window;
         gp.ignore_eos = 1;
-        if (kind < 20) { /* register */
+        if (kind < 12) { /* register */
             ref_pool *rp = &pools[rnd(N_POOLS)];
             int n = random_tokens(t, MAX_TOK);
             int r = tl_pool_register(m, rp->p, t, n, loops, window);
             if (r != 0 && r != n) bad_pool++;
             ref_register(rp, t, n, loops, window, r);
             failures += r == 0;
+        } else if (kind < 20) { /* asynchronous register, stepped to its end */
+            ref_pool *rp = &pools[rnd(N_POOLS)];
+            int n = random_tokens(t, MAX_TOK);
+            int64_t id;
+            if (tl_pool_register_submit(m, rp->p, t, n, loops, window, &id) == TL_OK) {
+                tl_request_info info = {0};
+                for (int k = 0; k < 64; k++) {
+                    tl_request_get_info(m, id, &info);
+                    if (info.state >= TL_REQ_DONE) break;
+                    tl_model_step(m);
+                }
+                /* the pool makes room only once the build succeeded */
+                if (info.state == TL_REQ_DONE) ref_register(rp, t, n, loops, window, 1);
+                else failures++;
+                tl_request_release(m, id);
+            }
         } else if (kind < 35) { /* generate_with_pool */
             int n = random_tokens(t, MAX_TOK - 4);
             int r = tl_generate_with_pool(m, pools[rnd(N_POOLS)].p, t, n, gp, out, MAX_TOK + 8);

@@ -138,6 +138,37 @@ int main(void) {
     tl_engine_notify_attach(model, -1);
     close(sv[1]);
 
+    /* asynchronous registration while the engine runs */
+    tl_pool *apool;
+    tl_pool_new(2, &apool);
+    int64_t rid;
+    CHECK(tl_pool_register_submit(model, apool, prompts[7], 20, 0, 0, &rid) == TL_OK,
+          "a registration is submitted without waiting (%s)", tl_last_error());
+    tl_request_info rinfo = {0};
+    for (int k = 0; k < 2000; k++) {
+        tl_request_get_info(model, rid, &rinfo);
+        if (rinfo.state >= TL_REQ_DONE) break;
+        usleep(1000);
+    }
+    tl_request_release(model, rid);
+    CHECK(rinfo.state == TL_REQ_DONE && tl_pool_size(apool) == 1 && tl_pool_total_cached_tokens(apool) == 20,
+          "the engine prefills it and pins it in the pool (state %d, size %d)", rinfo.state, tl_pool_size(apool));
+    int32_t afull[24 + GEN];
+    tl_pool_stats aps;
+    int an = tl_generate_with_pool(model, apool, prompts[7], 24, greedy(), afull, 24 + GEN);
+    tl_pool_get_stats(apool, &aps);
+    CHECK(an == 24 + GEN && !memcmp(afull + 24, expect[7], GEN * sizeof(int32_t)) && aps.hit_tokens >= 20,
+          "a request then reuses the registered prefix (%lld tokens) with unchanged output", (long long)aps.hit_tokens);
+    tl_pool_register_submit(model, apool, prompts[8], 20, 0, 0, &rid);
+    tl_pool_free(apool); /* freed while its registration may still be queued */
+    for (int k = 0; k < 2000; k++) {
+        tl_request_get_info(model, rid, &rinfo);
+        if (rinfo.state >= TL_REQ_DONE) break;
+        usleep(1000);
+    }
+    CHECK(rinfo.state == TL_REQ_DONE, "a registration whose pool was freed still ends cleanly (state %d)", rinfo.state);
+    tl_request_release(model, rid);
+
     /* synchronous calls while the engine runs */
     int32_t out[GEN];
     int n = tl_generate(model, prompts[3], 24, greedy(), out, GEN);
