@@ -574,6 +574,60 @@ function Model:register_prefix(pool, tokens, opts)
 end
 
 
+-- register_prefix_async(pool, tokens, opts) -> request id: the same
+-- registration without waiting for the prefill (for event loops: the
+-- engine thread, or the next steps, run it). Poll with request_state(id);
+-- "done" means the entry is in the pool. Release the id with
+-- release_request(id) when done.
+function Model:register_prefix_async(pool, tokens, opts)
+    local h = self.h or closed("register_prefix_async", 2)
+    local o = opt_table("register_prefix_async", opts, 2)
+    check_keys("register_prefix_async", o, REG_KEYS, 2)
+    local loops = opt_int("register_prefix_async", "loops", o.loops, 0, 0, 2)
+    local window = opt_int("register_prefix_async", "cache_window", o.cache_window, 0, 0, 2)
+    if not is_pool(pool) then
+        bad("register_prefix_async", "pool", "expected a tinyloop.PrefixPool, got " .. type(pool))
+    end
+    local ph = pool_handle(pool, "register_prefix_async", 2)
+    local ptr, n = to_tokens(self, "register_prefix_async", "tokens", tokens, o.n, 2)
+    if n == 0 then
+        bad("register_prefix_async", "tokens", "tokens is empty (seq_len 0)")
+    end
+    local rc = C.tl_pool_register_submit(h, ph, ptr, n, loops, window, id_out)
+    if rc ~= 0 then
+        raise_rc(rc, "register_prefix_async", 2)
+    end
+    return tonumber(id_out[0])
+end
+
+
+local REQ_STATES = { [0] = "queued", [1] = "running", [2] = "done", [3] = "cancelled", [4] = "failed" }
+
+-- request_state(id) -> "queued" | "running" | "done" | "cancelled" |
+-- "failed" (then also the reason), or nil for an unknown id.
+function Model:request_state(id)
+    local h = self.h or closed("request_state", 2)
+    local info = ffi_new("tl_request_info[1]")
+    if C.tl_request_get_info(h, id, info) ~= 0 then
+        return nil
+    end
+    local state = REQ_STATES[info[0].state]
+    if state == "failed" then
+        local fin = ffi_new("int[1]")
+        C.tl_request_take(h, id, nil, 0, fin)
+        return state, lib.last_error()
+    end
+    return state
+end
+
+
+-- release_request(id): forgets a request (cancelling it if still running).
+function Model:release_request(id)
+    local h = self.h or closed("release_request", 2)
+    C.tl_request_release(h, id)
+end
+
+
 -- generate_with_pool(pool, prompt, opts) -> prompt + generated tokens.
 -- The longest cached prefix of the prompt (a pool entry at the same loops
 -- and cache_window, or anything longer the cache holds) is reused; a miss
