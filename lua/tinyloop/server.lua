@@ -31,6 +31,7 @@ local HAS_TENANT = pcall(ffi.offsetof, "tl_generate_params", "tenant")
 
 local cfg = {}        -- options given to init_worker
 local model, engine
+local pin_system_prompt -- defined below; used by the handlers
 local default_gp = nil
 local tok_buf = nil   -- take scratch: consumed before any yield
 local TOK_CAP = 256
@@ -225,6 +226,52 @@ end
 
 function _M.policy_runtime()
     return policy_rt
+end
+
+
+-- ---- pinned tenant system prompts -----------------------------------------------------------
+--
+-- The first time this worker sees a tenant's system prompt it registers the
+-- prompt's rendered turn in a pool of the tenant's own (its salt and id),
+-- without waiting: the engine thread runs the prefill as a request, so the
+-- event loop never computes. Once pinned, the prompt survives eviction; the
+-- radix cache serves it to every request that starts with it either way.
+local pinned = {}   -- key -> { pool, id } (id nil once the registration ended)
+
+
+function pin_system_prompt(tenant)
+    local key = tenant.name .. "\0" .. tostring(tenant.salt) .. "\0" .. tenant.system
+    local p = pinned[key]
+    if p then
+        if p.id and model:request_state(p.id) ~= "queued" and model:request_state(p.id) ~= "running" then
+            model:release_request(p.id) -- the registration ended: forget its request
+            p.id = nil
+        end
+        return
+    end
+    if not model then
+        return
+    end
+    local ok, err = pcall(function()
+        local pool = tl.PrefixPool(1)
+        if tenant.salt and tenant.salt ~= 0 then
+            pool:set_salt(tenant.salt)
+        end
+        if tenant.id and tenant.id > 0 then
+            pool:set_tenant(tenant.id)
+        end
+        local text = model:chat_format({ { role = "system", content = tenant.system } }, { add_assistant = false })
+        local toks = model:tokenize(text, { parse_special = true })
+        if #toks == 0 or #toks >= model.max_seq_len then
+            pinned[key] = { pool = pool }
+            return
+        end
+        pinned[key] = { pool = pool, id = model:register_prefix_async(pool, toks) }
+    end)
+    if not ok then
+        pinned[key] = {} -- do not retry on every request
+        ngx_log(ngx.WARN, "tinyloop: cannot pin the system prompt of tenant ", tenant.name, ": ", tostring(err))
+    end
 end
 
 
@@ -523,6 +570,7 @@ local function generate(endpoint, chat)
     end
     if tenant.system and chat and o.messages[1].role ~= "system" then
         table.insert(o.messages, 1, { role = "system", content = tenant.system })
+        pin_system_prompt(tenant)
     end
     local ids, terr2, tfield = tokenize(o)
     if not ids then
