@@ -245,32 +245,7 @@ static inline AI T2 void mk_q(int kind, int R, int C, int pf, int64_t n, float *
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[c * ldo + r] = hsum256(acc[r][c]);
 }
 
-/* Walks an nr x nt tile in 4-row x CB-token micro-tiles; leftover tokens
- * go one at a time, leftover rows one at a time. Only the first token
- * group of a row group prefetches. */
-#define TILE_DRIVER(NAME, ATTR, MK, CB)                                                                               \
-    static ATTR void NAME(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,              \
-                          const void *x, size_t ldx) {                                                                \
-        const uint8_t *W = w, *X = x;                                                                                 \
-        int r = 0;                                                                                                    \
-        for (; r + 4 <= nr; r += 4) {                                                                                 \
-            const uint8_t *wr = W + (size_t)r * ldw;                                                                  \
-            int t = 0;                                                                                                \
-            for (; t + CB <= nt; t += CB) MK(4, CB, t == 0, n, out + (size_t)t * ldo + r, ldo, wr, ldw, X + (size_t)t * ldx, ldx); \
-            for (; t < nt; t++) MK(4, 1, t == 0, n, out + (size_t)t * ldo + r, ldo, wr, ldw, X + (size_t)t * ldx, ldx);         \
-        }                                                                                                             \
-        for (; r < nr; r++)                                                                                           \
-            for (int t = 0; t < nt; t++)                                                                              \
-                MK(1, 1, t == 0, n, out + (size_t)t * ldo + r, ldo, W + (size_t)r * ldw, ldw, X + (size_t)t * ldx, ldx);      \
-    }                                                                                                                 \
-    static ATTR void NAME##_1(int64_t n, float *out, const void *w, const void *x) { NAME(n, 1, 1, out, 1, w, 0, x, 0); }
-
-#define MK_F32(R, C, ...) mk_float(W_F32, R, C, __VA_ARGS__)
-#define MK_F16(R, C, ...) mk_float(W_F16, R, C, __VA_ARGS__)
-#define MK_BF16(R, C, ...) mk_float(W_BF16, R, C, __VA_ARGS__)
-#define MK_Q8_0(R, C, ...) mk_q(Q_8_0, R, C, __VA_ARGS__)
-#define MK_Q4_0(R, C, ...) mk_q(Q_4_0, R, C, __VA_ARGS__)
-#define MK_Q5_0(R, C, ...) mk_q(Q_5_0, R, C, __VA_ARGS__)
+/* TILE_DRIVER and the MK_* shorthands: quants_impl.h */
 
 TILE_DRIVER(vdt_f32, T2, MK_F32, 2)
 TILE_DRIVER(vdt_f16, T2, MK_F16, 2)
