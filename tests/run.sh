@@ -14,7 +14,7 @@ for t in "$@"; do
         total_f=$((total_f + 1)); continue
     fi
     p=${line%% passed*}; f=${line#*passed, }; f=${f%% failed*}
-    printf '%s\n' "$out" | grep -vE '^[0-9]+ passed, [0-9]+ failed' | grep -E 'FAIL|SKIP|ERROR|runtime error|Sanitizer' | head -n 40
+    printf '%s\n' "$out" | grep -vE '^[0-9]+ passed, [0-9]+ failed' | grep -E -A 6 'FAIL|SKIP|ERROR|runtime error|Sanitizer|Failure →|Error →' | head -n 60
     if [ "$rc" != 0 ] && [ "$f" = 0 ]; then f=1; echo "== $name: exit $rc"; fi
     echo "== $name: $p passed, $f failed"
     total_p=$((total_p + p)); total_f=$((total_f + f))

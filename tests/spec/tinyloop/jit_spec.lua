@@ -18,6 +18,9 @@ describe("tinyloop under the JIT", function()
         ["leaving loop in root trace"] = true,
         ["inner loop in root trace"] = true,
         ["loop unroll limit reached"] = true,
+        -- a GC step ran a finalizer (an earlier stream's guard) while a trace
+        -- was being recorded: timing of the collector, not our code
+        ["error thrown or hook called during recording"] = true,
     }
 
     local function fmterr(err, info)
