@@ -131,17 +131,23 @@ describe("tinyloop under the JIT", function()
         local opts = { max_tokens = 100, temperature = 0, ignore_eos = true }
         for _ in model:stream(prompt, opts) do -- warm up: traces, buffers
         end
-        collectgarbage()
-        collectgarbage("stop")
-        local f, s = model:stream(prompt, opts)
-        f(s)
-        local before = collectgarbage("count")
-        local n = 1
-        while f(s) do
-            n = n + 1
+        -- The least of three runs: a one-time event (the JIT compiling a side
+        -- trace, which allocates) can land in any one run, but per-token
+        -- garbage would show in all of them.
+        local grown, n = math.huge, 0
+        for _ = 1, 3 do
+            collectgarbage()
+            collectgarbage("stop")
+            local f, s = model:stream(prompt, opts)
+            f(s)
+            local before = collectgarbage("count")
+            n = 1
+            while f(s) do
+                n = n + 1
+            end
+            grown = math.min(grown, collectgarbage("count") - before)
+            collectgarbage("restart")
         end
-        local grown = collectgarbage("count") - before
-        collectgarbage("restart")
         assert.are.equal(100, n)
         assert.is_true(grown < 1, ("%.2f KiB for 99 tokens"):format(grown))
     end)
