@@ -186,7 +186,8 @@ int main(void) {
     long_gp.max_tokens = 200;
     int64_t id;
     tl_request_submit(model, prompts[0], 24, &long_gp, NULL, &id);
-    usleep(2000);
+    /* At once: 200 tokens take hundreds of steps, and every step first acts
+     * on cancel flags, so the request cannot finish before it is seen. */
     tl_request_cancel(model, id);
     for (int i = 0; i < 200; i++) {
         tl_request_info info;
