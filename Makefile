@@ -8,6 +8,7 @@ LIB_SRC  := $(wildcard engine/*.c kernels/cpu/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=build/obj/%.o)
 ASAN_OBJ := $(LIB_SRC:%.c=build/asan/%.o)
 TSUP_SRC := $(wildcard tests/c/lib/*.c)
+TEST_HDR := $(wildcard tests/c/*.h tests/c/lib/*.h)
 TEST_SRC := $(wildcard tests/c/test_*.c)
 TESTS    := $(TEST_SRC:tests/c/%.c=build/tests/%)
 ASAN_TESTS := $(TEST_SRC:tests/c/%.c=build/tests-asan/%)
@@ -59,11 +60,11 @@ bin/tl-gen-model: tests/tools/gen_model.c $(TSUP_SRC) build/libtinyloop.a
 	@mkdir -p bin
 	$(CC) $(CFLAGS) -Itests/c/lib -o $@ $< $(TSUP_SRC) build/libtinyloop.a $(LDLIBS)
 
-build/tests/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop.a tests/c/test.h
+build/tests/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop.a $(TEST_HDR)
 	@mkdir -p build/tests
 	$(CC) $(CFLAGS) -Itests/c -Itests/c/lib -o $@ $< $(TSUP_SRC) build/libtinyloop.a $(LDLIBS)
 
-build/tests-asan/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop-asan.a tests/c/test.h
+build/tests-asan/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop-asan.a $(TEST_HDR)
 	@mkdir -p build/tests-asan
 	$(CC) $(CFLAGS) $(ASAN_FLAGS) -Itests/c -Itests/c/lib -o $@ $< $(TSUP_SRC) build/libtinyloop-asan.a $(LDLIBS)
 

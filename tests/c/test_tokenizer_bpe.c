@@ -13,6 +13,7 @@
 
 #include "gguf_writer.h"
 #include "tok_util.h"
+#include "vocab_check.h"
 
 static tl_tokenizer *load_tok(const char *dir, const char *name) {
     char path[512];
@@ -36,40 +37,10 @@ static void test_vocab_vectors(const char *dir, const char *name) {
     CHECK(inp && out && t, "%s and its .inp/.out test vectors load", name);
     if (!inp || !out || !t) goto done;
 
-    int n_tests = 0, n_tok_ok = 0, n_rt_ok = 0;
     vocab_vectors vv;
     vv_init(&vv, inp, nin, out, nout);
-    const char *ip;
-    size_t slen;
-    int32_t want[1024];
-    int nw, more;
-    while ((more = vv_next(&vv, &ip, &slen, want, 1024, &nw)) != 0) {
-        CHECK(more > 0, "%s: .out has a line for test %d", name, n_tests);
-        if (more < 0) break;
-
-        /* as llama.cpp's test-tokenizer-0: add_special = false, parse_special = false */
-        int32_t *got;
-        int ng = encode(t, ip, slen, 0, 0, &got);
-        int ok = ids_eq(got, ng, want, nw);
-        n_tok_ok += ok;
-        CHECK(ok, "%s: test %d '%.*s' tokenizes as llama.cpp does", name, n_tests, (int)slen, ip);
-        if (!ok) {
-            print_ids("want", want, nw);
-            print_ids("got ", got, ng);
-        }
-        /* Byte-level BPE is lossless for valid UTF-8: no exemptions. */
-        int dl = 0;
-        char *back = decode(t, got, ng > 0 ? ng : 0, &dl);
-        int rt = back && (size_t)dl == slen && memcmp(back, ip, slen) == 0;
-        n_rt_ok += rt;
-        CHECK(rt, "%s: test %d '%.*s' decodes back to itself (got '%s')", name, n_tests, (int)slen, ip,
-              back ? back : "(null)");
-        free(back);
-        free(got);
-        n_tests++;
-    }
+    int n_tests = check_vocab_vectors(name, t, &vv);
     CHECK(n_tests >= 40 && vv.op == vv.oend, "%s: every test string was read, one .out line each (%d)", name, n_tests);
-    printf("%s: %d/%d tokenize exactly, %d/%d round-trip\n", name, n_tok_ok, n_tests, n_rt_ok, n_tests);
 done:
     tl_tokenizer_free(t);
     free(inp);
