@@ -65,15 +65,16 @@ static void *open_plugin(const char *file, char *tried, size_t cap) {
     return NULL;
 }
 
-static void fill_desc(tl_model *m, struct tl_backend_state *b, int n_blocks, int bs, int kv_type) {
-    tl_backend_model *d = &b->desc;
+void tl_backend_describe(const tl_model *m, int n_blocks, int bs, int kv_type, int *layer_window,
+                         tl_backend_model *d) {
     const tl_hparams *hp = &m->hp;
+    for (int l = 0; l < hp->n_layer; l++) layer_window[l] = tl_model_layer_window(m, l);
     *d = (tl_backend_model){.abi = TL_BACKEND_ABI, .n_vocab = hp->n_vocab, .n_embd = hp->n_embd,
                             .n_layer = hp->n_layer, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
                             .head_dim = hp->head_dim, .n_ff = hp->n_ff, .n_rot = hp->n_rot, .norm_eps = hp->norm_eps,
                             .rope_base = hp->rope_base, .rope_base_swa = m->arch->rope_base_swa,
                             .rope_type = m->arch->rope_type, .ffn_act = m->arch->ffn_act,
-                            .embd_scale = m->arch->embd_scale, .layer_window = b->layer_window,
+                            .embd_scale = m->arch->embd_scale, .layer_window = layer_window,
                             .rope_freqs = m->rope_freqs, .tok_embd = m->tok_embd, .output = m->output,
                             .output_norm = m->output_norm, .layers = m->layers, .kv_blocks = n_blocks,
                             .kv_block_size = bs, .kv_type = kv_type, .max_batch_tokens = 4096,
@@ -127,10 +128,9 @@ int tl_backend_select(tl_model *m, int n_blocks, int bs, int kv_type) {
         dlclose(dl);
         return tl_set_error(TL_ERR_NOMEM, "out of memory");
     }
-    for (int l = 0; l < m->hp.n_layer; l++) b->layer_window[l] = tl_model_layer_window(m, l);
     b->dl = dl;
     b->ops = ops;
-    fill_desc(m, b, n_blocks, bs, kv_type);
+    tl_backend_describe(m, n_blocks, bs, kv_type, b->layer_window, &b->desc);
     char msg[512] = "";
     if (ops->init(&b->desc, &b->ctx, msg, sizeof msg) != 0) {
         b->ctx = NULL;

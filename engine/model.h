@@ -87,6 +87,10 @@ struct tl_seq {
 };
 
 /* backend.c */
+/* What a backend gets to build its copy of m (layer_window: n_layer ints the
+ * caller owns). */
+void tl_backend_describe(const tl_model *m, int n_blocks, int block_size, int kv_type, int *layer_window,
+                         tl_backend_model *out);
 int tl_backend_select(tl_model *m, int n_blocks, int block_size, int kv_type);
 void tl_backend_attach_pool(tl_model *m);
 void tl_backend_close(tl_model *m);

@@ -82,37 +82,9 @@ typedef struct runner {
 
 static void fill_backend_model(runner *r, int max_batch) {
     tl_model *m = r->m;
-    tl_backend_model *bm = &r->bm;
-    memset(bm, 0, sizeof *bm);
-    bm->abi = TL_BACKEND_ABI;
-    bm->n_vocab = m->hp.n_vocab;
-    bm->n_embd = m->hp.n_embd;
-    bm->n_layer = m->hp.n_layer;
-    bm->n_head = m->hp.n_head;
-    bm->n_head_kv = m->hp.n_head_kv;
-    bm->head_dim = m->hp.head_dim;
-    bm->n_ff = m->hp.n_ff;
-    bm->n_rot = m->hp.n_rot;
-    bm->norm_eps = m->hp.norm_eps;
-    bm->rope_base = m->hp.rope_base;
-    bm->rope_base_swa = m->arch->rope_base_swa;
-    bm->rope_type = m->arch->rope_type;
-    bm->ffn_act = m->arch->ffn_act;
-    bm->embd_scale = m->arch->embd_scale;
     r->layer_window = calloc((size_t)m->hp.n_layer, sizeof(int));
-    for (int L = 0; L < m->hp.n_layer; L++) r->layer_window[L] = tl_model_layer_window(m, L);
-    bm->layer_window = r->layer_window;
-    bm->rope_freqs = m->rope_freqs;
-    bm->tok_embd = m->tok_embd;
-    bm->output = m->output;
-    bm->output_norm = m->output_norm;
-    bm->layers = m->layers;
-    bm->kv_blocks = m->kv.n_blocks;
-    bm->kv_block_size = m->kv.block_size;
-    bm->kv_type = m->kv.kv_type;
-    bm->kv_mem = (size_t)m->kv.n_blocks * m->kv.block_bytes;
-    bm->max_batch_tokens = max_batch;
-    bm->max_seq_len = m->max_seq_len;
+    tl_backend_describe(m, m->kv.n_blocks, m->kv.block_size, m->kv.kv_type, r->layer_window, &r->bm);
+    r->bm.max_batch_tokens = max_batch;
 }
 
 /* One step on both: CPU first (reserves blocks), then the plugin with the
