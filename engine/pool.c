@@ -213,25 +213,20 @@ static int victim(const tl_pool *p) {
     return v;
 }
 
+int tl_pool_check_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int loops, int window) {
+    if (!m || !p) return tl_set_error(TL_ERR_INVALID_ARG, "model and pool must not be NULL");
+    if (!m->arch) return tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot build a prefix");
+    int rc = tl_pool_bind(p, m);
+    if (rc) return rc;
+    if (loops < 0 || window < 0)
+        return tl_set_error(TL_ERR_INVALID_ARG, "loops %d and cache_window %d must be >= 0", loops, window);
+    if (n > m->max_seq_len)
+        return tl_set_error(TL_ERR_TOO_LONG, "prefix length %d exceeds max_seq_len %d", n, m->max_seq_len);
+    return tl_sched_check_tokens(m, tokens, n);
+}
+
 int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int loops, int window) {
-    if (!m || !p) {
-        tl_set_error(TL_ERR_INVALID_ARG, "model and pool must not be NULL");
-        return 0;
-    }
-    if (!m->arch) {
-        tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot build a prefix");
-        return 0;
-    }
-    if (tl_pool_bind(p, m)) return 0;
-    if (loops < 0 || window < 0) {
-        tl_set_error(TL_ERR_INVALID_ARG, "loops %d and cache_window %d must be >= 0", loops, window);
-        return 0;
-    }
-    if (n > m->max_seq_len) {
-        tl_set_error(TL_ERR_TOO_LONG, "prefix length %d exceeds max_seq_len %d", n, m->max_seq_len);
-        return 0;
-    }
-    if (tl_sched_check_tokens(m, tokens, n)) return 0;
+    if (tl_pool_check_register(m, p, tokens, n, loops, window)) return 0;
     int eff = tl_model_effective_loops(m, loops);
     pthread_mutex_lock(&p->mu);
     int hit = find_entry(p, tokens, n, eff, window);

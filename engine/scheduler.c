@@ -252,13 +252,9 @@ static int request_enqueue(tl_model *m, tl_request *r, int64_t *id_out) {
 
 int tl_pool_register_submit(tl_model *m, tl_pool *pool, const int32_t *tokens, int n, int loops, int window,
                             int64_t *id_out) {
-    if (!m || !pool || !id_out) return tl_set_error(TL_ERR_INVALID_ARG, "model, pool and id_out must not be NULL");
-    if (!m->arch) return tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot build a prefix");
-    if (loops < 0 || window < 0)
-        return tl_set_error(TL_ERR_INVALID_ARG, "loops %d and cache_window %d must be >= 0", loops, window);
-    if (n > m->max_seq_len) return tl_set_error(TL_ERR_TOO_LONG, "prefix length %d exceeds max_seq_len %d", n, m->max_seq_len);
-    int rc = tl_sched_check_tokens(m, tokens, n);
-    if (rc || (rc = tl_pool_bind(pool, m))) return rc;
+    if (!id_out) return tl_set_error(TL_ERR_INVALID_ARG, "id_out must not be NULL");
+    int rc = tl_pool_check_register(m, pool, tokens, n, loops, window);
+    if (rc) return rc;
     tl_generate_params p = tl_generate_default_params();
     p.max_tokens = 0;
     p.loops = loops;

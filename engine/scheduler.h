@@ -91,6 +91,9 @@ int tl_sched_check_prompt(const tl_model *m, const int32_t *prompt, int n_prompt
 
 void tl_sched_attach_pool(tl_model *m, tl_pool *pool);
 void tl_sched_detach_pool(tl_model *m, tl_pool *pool);
+/* pool.c: the argument checks of register and register_submit (binds the
+ * pool to m); TL_OK or the error with its message. */
+int tl_pool_check_register(tl_model *m, tl_pool *pool, const int32_t *tokens, int n, int loops, int window);
 /* pool.c: binds an unbound pool to m (error if bound to another model). */
 int tl_pool_bind(tl_pool *pool, tl_model *m);
 /* pool.c: the namespace salt and tenant of the pool's entries. */
