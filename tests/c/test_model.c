@@ -5,64 +5,17 @@
 #include <unistd.h>
 
 #include "quants.h"
+#include "ref_cases.h"
 #include "test.h"
 #include "testmodel.h"
 #include "tinyloop.h"
-
-/* ---- the reference file: a tiny reader for its fixed shape ------------- */
-
-typedef struct {
-    char prompt[256];
-    int32_t prompt_ids[64];
-    int n_prompt;
-    int32_t gen_ids[64];
-    int n_gen;
-} ref_case;
-
-static int parse_ids(const char *p, int32_t *out, int cap) {
-    int n = 0;
-    p = strchr(p, '[');
-    if (!p) return -1;
-    p++;
-    while (*p && *p != ']' && n < cap) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p) { p++; continue; }
-        out[n++] = (int32_t)v;
-        p = end;
-    }
-    return n;
-}
-
-static int load_ref(const char *path, ref_case *cases, int cap) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    static char buf[1 << 16];
-    size_t len = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[len] = 0;
-    int n = 0;
-    for (char *p = buf; n < cap && (p = strstr(p, "\"prompt\": \"")); n++) {
-        p += 11;
-        char *q = strchr(p, '"');
-        snprintf(cases[n].prompt, sizeof cases[n].prompt, "%.*s", (int)(q - p), p);
-        cases[n].n_prompt = parse_ids(strstr(q, "\"prompt_ids\""), cases[n].prompt_ids, 64);
-        cases[n].n_gen = parse_ids(strstr(q, "\"gen_ids\""), cases[n].gen_ids, 64);
-        p = q;
-    }
-    return n;
-}
-
-static int same_ids(const int32_t *a, int na, const int32_t *b, int nb) {
-    return na == nb && memcmp(a, b, (size_t)na * sizeof *a) == 0;
-}
 
 static void test_reference(const char *shared) {
     char path[512], ref_path[512];
     snprintf(path, sizeof path, "%s/models/stories260K.gguf", shared);
     snprintf(ref_path, sizeof ref_path, "%s/ref/stories260K_greedy.json", shared);
     ref_case cases[8];
-    int n_cases = load_ref(ref_path, cases, 8);
+    int n_cases = ref_load(ref_path, cases, 8);
     CHECK(n_cases == 5, "the reference file holds 5 prompts (got %d)", n_cases);
     for (int kv = 0; kv < 2; kv++) {
         tl_model_params mp = tl_model_default_params();
@@ -74,18 +27,14 @@ static void test_reference(const char *shared) {
         for (int c = 0; c < n_cases; c++) {
             int32_t ids[64], gen[64];
             int n = tl_tokenize(m, cases[c].prompt, (int)strlen(cases[c].prompt), 1, 0, ids, 64);
-            CHECK(same_ids(ids, n, cases[c].prompt_ids, cases[c].n_prompt), "'%s' tokenizes to the reference ids",
+            CHECK(ref_same_ids(ids, n, cases[c].prompt_ids, cases[c].n_prompt), "'%s' tokenizes to the reference ids",
                   cases[c].prompt);
             tl_generate_params gp = tl_generate_default_params();
             gp.max_tokens = cases[c].n_gen;
             int ng = tl_generate(m, cases[c].prompt_ids, cases[c].n_prompt, gp, gen, 64);
-            CHECK(same_ids(gen, ng, cases[c].gen_ids, cases[c].n_gen),
+            CHECK(ref_same_ids(gen, ng, cases[c].gen_ids, cases[c].n_gen),
                   "greedy generation of '%s' with %s KV equals llama.cpp's 48 tokens (got %d tokens, first diff at %d)",
-                  cases[c].prompt, kv ? "f32" : "f16", ng, ({
-                      int d = 0;
-                      while (d < ng && d < cases[c].n_gen && gen[d] == cases[c].gen_ids[d]) d++;
-                      d;
-                  }));
+                  cases[c].prompt, kv ? "f32" : "f16", ng, ref_first_diff(gen, ng, cases[c].gen_ids, cases[c].n_gen));
         }
         tl_model_close(m);
     }
@@ -99,7 +48,7 @@ static void test_reference(const char *shared) {
         tl_generate_params gp = tl_generate_default_params();
         gp.max_tokens = cases[0].n_gen;
         int ng = tl_generate(m, cases[0].prompt_ids, cases[0].n_prompt, gp, gen, 64);
-        CHECK(same_ids(gen, ng, cases[0].gen_ids, cases[0].n_gen), "the %s kernels reproduce the reference",
+        CHECK(ref_same_ids(gen, ng, cases[0].gen_ids, cases[0].n_gen), "the %s kernels reproduce the reference",
               tl_isa_name(isa));
         tl_model_close(m);
     }
