@@ -25,7 +25,7 @@ SMALL_MODEL := ../shared/models/stories260K.gguf
 all: build/libtinyloop.so build/libtinyloop.a bin/tinyloop $(TOOLS) lua/tinyloop/cdef.lua
 
 # The CUDA kernels (build/libtinyloop-cuda.so, `make test-cuda`) when nvcc
-# is found; `make CUDA=0` skips them. Not yet wired into the engine.
+# is found; `make CUDA=0` skips them. The engine dlopens the plugin (engine/backend.c).
 -include kernels/cuda/Makefile.inc
 all: cuda
 

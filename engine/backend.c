@@ -4,6 +4,7 @@
  * library never links a CUDA runtime. TINYLOOP_BACKEND=cpu|cuda forces a
  * choice; unset, a plugin is used when it loads and finds a device. */
 #include <dlfcn.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,7 +101,11 @@ void tl_backend_close(tl_model *m) {
     m->backend = NULL;
 }
 
-int tl_backend_select(tl_model *m, int n_blocks, int bs, int kv_type) {
+int tl_backend_max_tokens(const tl_model *m) { return m->backend ? m->backend->desc.max_batch_tokens : INT_MAX; }
+
+int tl_backend_sample_k(const tl_model *m) { return m->backend ? m->backend->ops->max_sample_k : 0; }
+
+int tl_backend_select(tl_model *m, int *n_blocks, int bs, int kv_type, int kv_auto, int kv_blocks_max) {
     const char *want = getenv("TINYLOOP_BACKEND");
     if (want && (!strcmp(want, "cpu") || !*want)) return TL_OK;
     int forced = want && !strcmp(want, "cuda");
@@ -130,7 +135,9 @@ int tl_backend_select(tl_model *m, int n_blocks, int bs, int kv_type) {
     }
     b->dl = dl;
     b->ops = ops;
-    tl_backend_describe(m, n_blocks, bs, kv_type, b->layer_window, &b->desc);
+    tl_backend_describe(m, *n_blocks, bs, kv_type, b->layer_window, &b->desc);
+    b->desc.kv_auto = kv_auto;
+    b->desc.kv_blocks_max = kv_blocks_max > *n_blocks ? kv_blocks_max : *n_blocks;
     char msg[512] = "";
     if (ops->init(&b->desc, &b->ctx, msg, sizeof msg) != 0) {
         b->ctx = NULL;
@@ -141,6 +148,13 @@ int tl_backend_select(tl_model *m, int n_blocks, int bs, int kv_type) {
         return TL_OK;
     }
     m->backend = b;
+    int got = ops->kv_blocks ? ops->kv_blocks(b->ctx) : *n_blocks;
+    if (got < *n_blocks || got > b->desc.kv_blocks_max) {
+        tl_backend_close(m);
+        return tl_set_error(TL_ERR_STATE, "%s backend: arena of %d blocks; asked for %d..%d", ops->name, got,
+                            *n_blocks, b->desc.kv_blocks_max);
+    }
+    *n_blocks = got;
     return TL_OK;
 }
 
@@ -162,7 +176,8 @@ static int grow(void **p, int *cap, int need, size_t elem) {
 }
 
 int tl_backend_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
-                       int T, float *logits, const int *want_logits) {
+                       int T, float *logits, const int *want_logits, const tl_backend_sample *sample,
+                       int32_t *ids_out) {
     struct tl_backend_state *b = m->backend;
     if (T > b->desc.max_batch_tokens)
         return tl_set_error(TL_ERR_INVALID_ARG, "%s backend: a batch of %d tokens exceeds its limit of %d",
@@ -200,7 +215,8 @@ int tl_backend_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
     }
     tl_backend_batch batch = {.n_seq = n_seq, .T = T, .tokens = b->tokens, .pos = b->pos, .tok_seq = b->tok_seq,
                               .block_ids = b->ids, .n_logical = b->n_logical, .window = b->window, .depth = depth,
-                              .phys_layer = b->phys, .want_logits = want_logits ? want_logits : want};
+                              .phys_layer = b->phys, .want_logits = want_logits ? want_logits : want,
+                              .sample = sample, .ids_out = ids_out};
     char msg[512] = "";
     int rc = b->ops->forward(b->ctx, &batch, logits, msg, sizeof msg);
     free(want);

@@ -13,7 +13,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TL_BACKEND_ABI 1
+#define TL_BACKEND_ABI 2
+
+/* Largest top_k a backend samples on its device; wider (or top_k 0 with a
+ * temperature) rows come back as logits and are sampled on the host. */
+#define TL_BACKEND_SAMPLE_MAX_K 256
 
 typedef struct tl_weight {
     const void *data;      /* packed, host memory (the mapping) */
@@ -56,6 +60,10 @@ typedef struct tl_backend_model {
      * for block_size positions, each laid out [n_head_kv][block_size][head_dim]. */
     int kv_blocks, kv_block_size, kv_type; /* kv_type: 0 f16, 1 f32 */
     size_t kv_mem;                 /* bytes the caller sized the arena for */
+    /* kv_auto: the caller set no size; the backend may grow the arena to
+     * what its memory holds (up to kv_blocks_max blocks, at least
+     * kv_blocks) and reports the count through ops->kv_blocks. */
+    int kv_auto, kv_blocks_max;
     int max_batch_tokens;          /* largest T the engine passes in one call */
     int max_seq_len;
 } tl_backend_model;
@@ -73,7 +81,24 @@ typedef struct tl_backend_batch {
     int depth;                     /* virtual layers */
     const int *phys_layer;         /* (depth) physical layer of each virtual layer */
     const int *want_logits;        /* (n_seq) 0/1; logits rows compacted in order (never NULL) */
+    /* Sampling on the device (NULL: every row's logits go to the host).
+     * One entry per logits row; rows with on_device get their token in
+     * ids_out[row], the others their logits in logits_host (which may then
+     * hold every row). */
+    const struct tl_backend_sample *sample;
+    int32_t *ids_out;              /* (rows) */
 } tl_backend_batch;
+
+/* The engine's sampling chain (sampler.c) for one row, the random draw
+ * made by the host so a request's generator advances as on the CPU. */
+typedef struct tl_backend_sample {
+    int on_device;
+    int top_k;                     /* 1..TL_BACKEND_SAMPLE_MAX_K (ignored when temperature <= 0) */
+    float temperature, top_p, min_p, repeat_penalty;
+    float u;                       /* uniform in [0, 1) (used when temperature > 0) */
+    const int32_t *penalty_ids;    /* distinct recent tokens the penalty applies to */
+    int n_penalty;
+} tl_backend_sample;
 
 typedef struct tl_backend_ops {
     const char *name;
@@ -87,6 +112,9 @@ typedef struct tl_backend_ops {
     int (*forward)(void *ctx, const tl_backend_batch *batch, float *logits_host, char *msg, size_t msg_cap);
     /* Copy-on-write: block dst gets block src's contents. */
     int (*copy_block)(void *ctx, int dst, int src, char *msg, size_t msg_cap);
+    /* Blocks in the arena after init (kv_auto may have grown it). */
+    int (*kv_blocks)(void *ctx);
+    int max_sample_k;              /* 0: no device sampling */
 } tl_backend_ops;
 
 typedef const tl_backend_ops *(*tl_backend_plugin_fn)(void);

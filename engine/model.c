@@ -264,8 +264,15 @@ static int init_runtime(tl_model *m) {
     }
     if (n_blocks > (size_t)INT32_MAX / 2)
         return tl_set_error(TL_ERR_INVALID_ARG, "%zu KV blocks is too many", n_blocks);
-    int rc = tl_backend_select(m, (int)n_blocks, bs, p->kv_type);
+    /* Without a kv_mem a device backend may take most of its free memory
+     * (vLLM's gpu_memory_utilization), up to 1,024 full sequences. */
+    size_t auto_max = 1024 * seq_blocks;
+    if (auto_max > (size_t)INT32_MAX / 2) auto_max = (size_t)INT32_MAX / 2;
+    if (auto_max > ((size_t)1 << 24)) auto_max = (size_t)1 << 24;
+    int nb = (int)n_blocks;
+    int rc = tl_backend_select(m, &nb, bs, p->kv_type, p->kv_mem == 0, (int)auto_max);
     if (rc) return rc;
+    n_blocks = (size_t)nb;
     /* With a backend the arena lives in its memory; the pool keeps the books. */
     if ((rc = tl_kv_pool_init(&m->kv, (int)n_blocks, bs, kv_dim, p->kv_type, m->backend == NULL))) return rc;
     tl_backend_attach_pool(m);

@@ -91,12 +91,19 @@ struct tl_seq {
  * caller owns). */
 void tl_backend_describe(const tl_model *m, int n_blocks, int block_size, int kv_type, int *layer_window,
                          tl_backend_model *out);
-int tl_backend_select(tl_model *m, int n_blocks, int block_size, int kv_type);
+/* Picks the backend; *n_blocks may grow when kv_auto and the backend's
+ * memory holds more (up to kv_blocks_max). */
+int tl_backend_select(tl_model *m, int *n_blocks, int block_size, int kv_type, int kv_auto, int kv_blocks_max);
+/* Most tokens one forward pass may take (INT_MAX on the CPU). */
+int tl_backend_max_tokens(const tl_model *m);
+/* Largest top_k the backend samples on its device; 0 = none (CPU). */
+int tl_backend_sample_k(const tl_model *m);
 void tl_backend_attach_pool(tl_model *m);
 void tl_backend_close(tl_model *m);
 const char *tl_backend_name(const tl_model *m);
 int tl_backend_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
-                       int T, float *logits, const int *want_logits);
+                       int T, float *logits, const int *want_logits, const tl_backend_sample *sample,
+                       int32_t *ids_out);
 
 /* chat.c */
 void tl_chat_detect(tl_model *m);
@@ -114,6 +121,11 @@ typedef struct tl_forward_opts {
     const float *x_in;      /* with vl_begin > 0: (T, n_embd) hidden states entering vl_begin */
     int vl_capture;         /* >= 0: copy the hidden states entering this virtual layer ... */
     float *x_capture;       /* ... into this (T, n_embd) buffer */
+    /* A backend with device sampling (tl_backend_sample_k > 0): one entry
+     * per logits row; rows with on_device get their token in ids_out
+     * instead of logits. Ignored on the CPU path (leave NULL there). */
+    const tl_backend_sample *sample;
+    int32_t *ids_out;
 } tl_forward_opts;
 
 int tl_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,

@@ -55,6 +55,21 @@ void tl_sampler_free(tl_sampler *s) {
     s->val = NULL;
 }
 
+float tl_sampler_uniform(uint64_t *rng) { return next_f32(rng); }
+
+int tl_sampler_penalty_ids(tl_sampler *s, const int32_t *hist, int n, int32_t *out) {
+    const tl_sampling_params *p = &s->p;
+    if (p->repeat_penalty == 1.0f || p->repeat_last_n == 0 || n == 0) return 0;
+    int from = p->repeat_last_n < 0 || p->repeat_last_n > n ? 0 : n - p->repeat_last_n, k = 0;
+    for (int i = from; i < n; i++) s->idx[hist[i]] = -1;
+    for (int i = from; i < n; i++)
+        if (s->idx[hist[i]] == -1) {
+            s->idx[hist[i]] = 0;
+            out[k++] = hist[i];
+        }
+    return k;
+}
+
 static void apply_penalty(tl_sampler *s, float *logits, const int32_t *hist, int n) {
     const tl_sampling_params *p = &s->p;
     if (p->repeat_penalty == 1.0f || p->repeat_last_n == 0 || n == 0) return;
@@ -102,7 +117,8 @@ static int top_candidates(tl_sampler *s, float *logits, int k) {
     return n;
 }
 
-int tl_sampler_sample(tl_sampler *s, float *logits, const int32_t *hist, int n_hist) {
+/* u: the draw, or NULL to take it from s->rng. */
+static int sample(tl_sampler *s, float *logits, const int32_t *hist, int n_hist, const float *u) {
     const tl_sampling_params *p = &s->p;
     apply_penalty(s, logits, hist, n_hist);
     if (p->temperature <= 0) return tl_argmax(logits, s->n_vocab);
@@ -135,10 +151,18 @@ int tl_sampler_sample(tl_sampler *s, float *logits, const int32_t *hist, int n_h
         s->val[i] = expf((logits[s->idx[i]] - maxv) / p->temperature);
         sum += s->val[i];
     }
-    double r = next_f32(&s->rng) * sum, acc = 0;
+    double r = (u ? *u : next_f32(&s->rng)) * sum, acc = 0;
     for (int i = 0; i < n; i++) {
         acc += s->val[i];
         if (r < acc) return s->idx[i];
     }
     return s->idx[n - 1];
+}
+
+int tl_sampler_sample(tl_sampler *s, float *logits, const int32_t *hist, int n_hist) {
+    return sample(s, logits, hist, n_hist, NULL);
+}
+
+int tl_sampler_sample_u(tl_sampler *s, float *logits, const int32_t *hist, int n_hist, float u) {
+    return sample(s, logits, hist, n_hist, &u);
 }

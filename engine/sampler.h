@@ -26,6 +26,15 @@ void tl_sampler_free(tl_sampler *s);
 /* Samples from logits (n_vocab; modified in place by the penalty).
  * history: the tokens seen so far (prompt + generated), for the penalty. */
 int tl_sampler_sample(tl_sampler *s, float *logits, const int32_t *history, int n_history);
+/* The same chain with the draw u given (s->rng untouched); for checking
+ * a device's sampler against this one. */
+int tl_sampler_sample_u(tl_sampler *s, float *logits, const int32_t *history, int n_history, float u);
+/* The uniform draw in [0, 1) tl_sampler_sample makes (once, when the
+ * temperature is > 0), advancing *rng the same way. */
+float tl_sampler_uniform(uint64_t *rng);
+/* The distinct tokens of history the penalty of s->p applies to (none when
+ * it is off) into out (room for n_history); returns their count. */
+int tl_sampler_penalty_ids(tl_sampler *s, const int32_t *history, int n_history, int32_t *out);
 /* Index of the largest value (the first on ties). */
 int tl_argmax(const float *x, int n);
 

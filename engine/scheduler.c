@@ -49,6 +49,10 @@ void tl_sched_free(tl_model *m) {
     free(s->pools);
     free(s->reqs);
     free(s->logits);
+    free(s->dev_smp);
+    free(s->dev_ids);
+    free(s->dev_pen);
+    free(s->dev_rng);
     tl_sampler_free(&s->smp);
     free(s);
     m->sched = NULL;
@@ -334,12 +338,8 @@ static int ensure_logits(tl_sched *s, int rows, int n_vocab) {
     return 0;
 }
 
-static void sample_into(tl_model *m, tl_request *r, float *logits) {
+static void accept_token(tl_model *m, tl_request *r, int tok) {
     tl_sched *s = m->sched;
-    s->smp.p = r->p.sampling;
-    s->smp.rng = r->rng;
-    int tok = tl_sampler_sample(&s->smp, logits, r->tokens, r->n_prompt + r->n_gen);
-    r->rng = s->smp.rng;
     s->st.generated_tokens++;
     if (tl_model_is_eog(m, tok) && !r->p.ignore_eos) {
         finish(m, r, TL_FINISH_EOS);
@@ -350,6 +350,80 @@ static void sample_into(tl_model *m, tl_request *r, float *logits) {
     r->news = 1;
     pthread_mutex_unlock(&s->mu);
     if (r->n_gen == r->p.max_tokens) finish(m, r, TL_FINISH_LENGTH);
+}
+
+static void sample_into(tl_model *m, tl_request *r, float *logits) {
+    tl_sched *s = m->sched;
+    s->smp.p = r->p.sampling;
+    s->smp.rng = r->rng;
+    int tok = tl_sampler_sample(&s->smp, logits, r->tokens, r->n_prompt + r->n_gen);
+    r->rng = s->smp.rng;
+    accept_token(m, r, tok);
+}
+
+/* The top_k a request's chain selects from (0 or > n_vocab: the vocab). */
+static int effective_top_k(const tl_request *r, int n_vocab) {
+    int k = r->p.sampling.top_k;
+    return k <= 0 || k > n_vocab ? n_vocab : k;
+}
+
+/* Fills s->dev_smp for the wanted rows of a batch on a backend that
+ * samples on its device: rows whose chain fits (greedy, or top_k within
+ * the backend's limit) get their parameters, the host's draw and their
+ * penalty ids; the others come back as logits. Each row's generator state
+ * after the draw waits in dev_rng until its token is accepted, so a batch
+ * retried after a failure draws the same numbers. */
+static int device_sampling(tl_model *m, tl_request *const *rq, const int *want, int nb, int rows) {
+    tl_sched *s = m->sched;
+    int max_k = tl_backend_sample_k(m), nv = m->hp.n_vocab;
+    size_t pen = 0;
+    for (int i = 0; i < nb; i++)
+        if (want[i]) pen += (size_t)(rq[i]->n_prompt + rq[i]->n_gen);
+    if (pen > INT32_MAX) pen = INT32_MAX;
+    if (rows > s->dev_rows_cap) {
+        free(s->dev_smp);
+        free(s->dev_ids);
+        free(s->dev_rng);
+        s->dev_smp = malloc((size_t)rows * sizeof *s->dev_smp);
+        s->dev_ids = malloc((size_t)rows * sizeof *s->dev_ids);
+        s->dev_rng = malloc((size_t)rows * sizeof *s->dev_rng);
+        s->dev_rows_cap = s->dev_smp && s->dev_ids && s->dev_rng ? rows : 0;
+    }
+    if ((int)pen > s->dev_pen_cap) {
+        free(s->dev_pen);
+        s->dev_pen = malloc(pen * sizeof *s->dev_pen);
+        s->dev_pen_cap = s->dev_pen ? (int)pen : 0;
+    }
+    if (s->dev_rows_cap < rows || s->dev_pen_cap < (int)pen)
+        return tl_set_error(TL_ERR_NOMEM, "out of memory for device sampling of %d rows", rows);
+    int row = 0, off = 0;
+    for (int i = 0; i < nb; i++) {
+        if (!want[i]) continue;
+        const tl_request *r = rq[i];
+        const tl_sampling_params *p = &r->p.sampling;
+        tl_backend_sample *d = &s->dev_smp[row];
+        memset(d, 0, sizeof *d);
+        int k = effective_top_k(r, nv);
+        if (p->temperature > 0 && k > max_k) {
+            row++;
+            continue;
+        }
+        d->on_device = 1;
+        d->top_k = p->temperature > 0 ? k : 1;
+        d->temperature = p->temperature;
+        d->top_p = p->top_p;
+        d->min_p = p->min_p;
+        d->repeat_penalty = p->repeat_penalty;
+        uint64_t rng = r->rng;
+        d->u = p->temperature > 0 ? tl_sampler_uniform(&rng) : 0.0f;
+        s->dev_rng[row] = rng;
+        s->smp.p = *p;
+        d->n_penalty = tl_sampler_penalty_ids(&s->smp, r->tokens, r->n_prompt + r->n_gen, s->dev_pen + off);
+        d->penalty_ids = s->dev_pen + off;
+        off += d->n_penalty;
+        row++;
+    }
+    return TL_OK;
 }
 
 /* A request with a cache_window never reads KV older than its window
@@ -366,6 +440,7 @@ static void drop_behind_window(tl_model *m, tl_request *r) {
 static int run_group(tl_model *m, int loops) {
     tl_sched *s = m->sched;
     int cap = s->n, nb = 0, budget = s->prefill_budget, rc;
+    int room = tl_backend_max_tokens(m); /* a backend takes at most this many tokens per pass */
     tl_request **rq = malloc((size_t)cap * sizeof *rq);
     tl_seq **seqs = malloc((size_t)cap * sizeof *seqs);
     const int32_t **toks = malloc((size_t)cap * sizeof *toks);
@@ -387,6 +462,9 @@ static int run_group(tl_model *m, int loops) {
         } else {
             n = 1;
         }
+        if (n > room) n = r->seq->n_pos < r->n_prompt ? room : 0; /* the rest waits for the next step */
+        if (n == 0) continue;
+        room -= n;
         rq[nb] = r;
         seqs[nb] = r->seq;
         toks[nb] = r->tokens + pos;
@@ -404,6 +482,11 @@ static int run_group(tl_model *m, int loops) {
             goto out;
         }
         tl_forward_opts fo = {.want_logits = want, .vl_capture = -1};
+        if (rows && tl_backend_sample_k(m) > 0) {
+            if ((rc = device_sampling(m, rq, want, nb, rows))) goto out;
+            fo.sample = s->dev_smp;
+            fo.ids_out = s->dev_ids;
+        }
         rc = tl_forward(m, seqs, toks, ntok, nb, rows ? s->logits : NULL, &fo);
         if (rc == TL_OK) break;
         /* The batch does not fit. Locked cache paths go first: a running
@@ -430,7 +513,17 @@ static int run_group(tl_model *m, int loops) {
     int row = 0;
     for (int i = 0; i < nb; i++) {
         s->st.prefill_tokens += prompt_part[i];
-        if (want[i]) sample_into(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
+        if (want[i] && tl_backend_sample_k(m) > 0 && s->dev_smp[row].on_device) {
+            int tok = s->dev_ids[row++];
+            if (tok < 0 || tok >= m->hp.n_vocab) {
+                fail(m, rq[i], TL_ERR_STATE, "the backend sampled token id outside the vocab");
+            } else {
+                rq[i]->rng = s->dev_rng[row - 1];
+                accept_token(m, rq[i], tok);
+            }
+        } else if (want[i]) {
+            sample_into(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
+        }
         if ((rq[i]->reg_pool || rq[i]->reg_orphan) && rq[i]->seq && rq[i]->seq->n_pos == rq[i]->n_prompt)
             complete_register(m, rq[i]);
         drop_behind_window(m, rq[i]);

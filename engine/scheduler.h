@@ -52,6 +52,11 @@ typedef struct tl_sched {
     tl_sampler smp;          /* shared scratch; per-request rng swapped in */
     float *logits;
     int logits_rows;
+    /* device sampling staging (backend.h), one entry per logits row */
+    tl_backend_sample *dev_smp;
+    int32_t *dev_ids, *dev_pen;
+    uint64_t *dev_rng;       /* each row's generator after its draw, kept if the token is */
+    int dev_rows_cap, dev_pen_cap;
     int prefill_budget;      /* prompt tokens per step across requests */
     tl_pool **pools;         /* pools bound to this model, detached on close */
     int n_pools, cap_pools;

@@ -24,6 +24,34 @@ int tl_cli_print_tensor_types(const char *path) {
     return 0;
 }
 
+/* The same batch through requests (the scheduler, sampling where the
+ * backend does it, greedy): generated tokens/s from the first step on. */
+static double serve_rate(tl_model *m, const int32_t *prompt, int n_prompt, int n_gen, int batch) {
+    tl_generate_params gp = tl_generate_default_params();
+    gp.max_tokens = n_gen;
+    gp.ignore_eos = 1;
+    gp.no_cache = 1;
+    int64_t *ids = malloc((size_t)batch * sizeof *ids);
+    if (!ids) return -1;
+    double t0 = tl_now();
+    int n = 0;
+    for (; n < batch; n++)
+        if (tl_request_submit(m, prompt + (n % 4), n_prompt - (n % 4) > 0 ? n_prompt - (n % 4) : 1, &gp, NULL,
+                              &ids[n]))
+            break;
+    while (n == batch && tl_model_step(m) > 0) {
+    }
+    double dt = tl_now() - t0;
+    long got = 0;
+    for (int i = 0; i < n; i++) {
+        tl_request_info ri;
+        if (tl_request_get_info(m, ids[i], &ri) == TL_OK) got += ri.n_generated;
+        tl_request_release(m, ids[i]);
+    }
+    free(ids);
+    return n == batch ? got / dt : -1;
+}
+
 static int bench_one(const char *path, tl_model_params mp, int n_gen, int prompt_len, int batch) {
     tl_model *m;
     if (tl_model_open(path, mp, &m) != TL_OK) {
@@ -101,12 +129,20 @@ static int bench_one(const char *path, tl_model_params mp, int n_gen, int prompt
         if (tl_batch_forward(m, seqs, toks, ones, batch, logits)) goto fail;
     }
     double t_batch = tl_now() - t0;
+    for (int b = 0; b < batch; b++) {
+        tl_seq_free(seqs[b]);
+        seqs[b] = NULL;
+    }
+    double srv = serve_rate(m, prompt, short_len, n_gen, batch);
+    if (srv < 0) goto fail;
     double pf = prompt_len / t_prefill, dec = n_gen / t_decode, bat = (double)n_gen * batch / t_batch;
     const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
-    printf("%-34s %5.1f MiB  prefill(%d) %9.1f tok/s  decode %8.1f tok/s  batch%d decode %9.1f tok/s  "
-           "batch/single %.2fx  [%d threads, %s]\n",
-           name, (double)info.weight_bytes / (1 << 20), prompt_len, pf, dec, batch, bat, bat / dec, info.n_threads,
-           info.isa);
+    /* A decode step reads every weight once: weight bytes x steps/s is the
+     * bandwidth it achieves (a lower bound; KV reads come on top). */
+    printf("%-34s %5.1f MiB  prefill(%d) %9.1f tok/s  decode %8.1f tok/s (%.1f GB/s of weights)  batch%d decode "
+           "%9.1f tok/s  batch/single %.2fx  requests%d %9.1f tok/s  [%s, %d threads, %s]\n",
+           name, (double)info.weight_bytes / (1 << 20), prompt_len, pf, dec, (double)info.weight_bytes * dec / 1e9,
+           batch, bat, bat / dec, batch, srv, info.backend, info.n_threads, info.isa);
     rc = 0;
     goto out;
 fail:

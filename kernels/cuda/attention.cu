@@ -68,7 +68,10 @@ static __global__ void __launch_bounds__(32 * ATT_WARPS)
     }
     const int last = min(rows, row0 + ATT_ROWS) - 1;
     const int pmin = p0 + row0 / group, pmax = p0 + last / group;
-    const int jlo = w > 0 && pmin >= w ? pmin - w + 1 : 0;
+    /* Tiles start at multiples of ATT_BK whatever the block's rows, so a
+     * query sums its positions in the same groups in any batch (the exact
+     * mode's batch invariance); the extra masked positions add nothing. */
+    const int jlo = (w > 0 && pmin >= w ? pmin - w + 1 : 0) / ATT_BK * ATT_BK;
     const int32_t *ids = sq.block_ids + (size_t)s * sq.seq_stride;
     const size_t v_off = block_bytes / 2 / sizeof(KT);
 
@@ -124,6 +127,10 @@ static __global__ void __launch_bounds__(32 * ATT_WARPS)
             for (int i = 0; i < ATT_MAX_HD / 32; i++) acc[k][i] *= corr;
             for (int jj = 0; jj < ATT_BK; jj++) {
                 const float pj = __shfl_sync(0xffffffffu, p, jj);
+                /* Masked positions (p = 0, warp-uniform) add nothing; skipping them
+                 * also keeps an inf in a V row a query does not see (f16 overflow)
+                 * from turning its output into 0 * inf = NaN, as on the CPU. */
+                if (pj == 0.0f) continue;
                 const float *vr = Vs + jj * hd;
 #pragma unroll
                 for (int i = 0; i < ATT_MAX_HD / 32; i++) {
@@ -184,6 +191,7 @@ extern "C" TL_CUDA_API int tl_cuda_kv_store(tl_cuda *c, const tl_cuda_kv *kv, co
     if (rc) return rc;
     TLC_ARG(c && k && v && slots && n_tok >= 0 && src_stride >= kv->n_head_kv * kv->head_dim, "bad arguments");
     if (n_tok == 0) return TL_CUDA_OK;
+    TLC_BIND(c);
     const size_t bb = tl_cuda_kv_block_bytes(kv);
     if (kv->kv_type == TL_CUDA_KV_F16)
         kernel_kv_store<__half><<<n_tok, 128, 0, c->stream>>>((uint8_t *)kv->arena, bb, kv->block_size,
@@ -200,6 +208,7 @@ extern "C" TL_CUDA_API int tl_cuda_kv_copy(tl_cuda *c, const tl_cuda_kv *kv, int
     if (rc) return rc;
     TLC_ARG(c && dst >= 0 && src >= 0, "bad block ids (dst %d, src %d)", dst, src);
     if (dst == src) return TL_CUDA_OK;
+    TLC_BIND(c);
     const size_t bb = tl_cuda_kv_block_bytes(kv);
     uint8_t *a = (uint8_t *)kv->arena;
     TLC_CHECK(cudaMemcpyAsync(a + (size_t)dst * bb, a + (size_t)src * bb, bb, cudaMemcpyDeviceToDevice, c->stream));
@@ -217,6 +226,7 @@ static int attention(tl_cuda *c, float *out, const float *q, int q_stride, const
     TLC_ARG(sq->n_seq >= 0 && sq->n_seq <= 65535, "n_seq %d out of range", sq->n_seq);
     TLC_ARG(kv->n_head_kv <= 65535, "n_head_kv %d out of range", kv->n_head_kv);
     if (sq->n_seq == 0) return TL_CUDA_OK;
+    TLC_BIND(c);
     tl_cuda_attn_seqs s = *sq;
     const int group = n_head / kv->n_head_kv;
     int max_q = 1;

@@ -78,6 +78,7 @@ extern "C" TL_CUDA_API void tl_cuda_free(tl_cuda *c) {
     if (c->w16) cudaFree(c->w16);
     if (c->x16) cudaFree(c->x16);
     if (c->ids) cudaFree(c->ids);
+    if (c->smp) cudaFree(c->smp);
     cublasDestroy(c->blas);
     cudaStreamDestroy(c->stream);
     free(c);
@@ -101,7 +102,9 @@ extern "C" int tlc_scratch(tl_cuda *c, void **buf, size_t *cap, size_t bytes) {
         *cap = 0;
     }
     size_t want = bytes + bytes / 4;
-    TLC_CHECK(cudaMallocAsync(buf, want, c->stream));
+    void *p = NULL; /* *buf stays NULL after a failure (tl_cuda_free frees it) */
+    TLC_CHECK(cudaMallocAsync(&p, want, c->stream));
+    *buf = p;
     *cap = want;
     return TL_CUDA_OK;
 }
@@ -111,25 +114,31 @@ extern "C" int tlc_scratch(tl_cuda *c, void **buf, size_t *cap, size_t bytes) {
 extern "C" TL_CUDA_API int tl_cuda_alloc(tl_cuda *c, size_t bytes, void **out) {
     TLC_ARG(c && out, "bad arguments");
     *out = NULL;
-    TLC_CHECK(cudaSetDevice(c->device));
-    TLC_CHECK(cudaMalloc(out, bytes ? bytes : 1));
+    TLC_BIND(c);
+    void *p = NULL; /* *out stays NULL after a failure, whatever cudaMalloc leaves */
+    TLC_CHECK(cudaMalloc(&p, bytes ? bytes : 1));
+    *out = p;
     return TL_CUDA_OK;
 }
 
 extern "C" TL_CUDA_API int tl_cuda_dealloc(tl_cuda *c, void *p) {
     TLC_ARG(c, "context is NULL");
-    if (p) TLC_CHECK(cudaFree(p));
+    if (!p) return TL_CUDA_OK;
+    TLC_BIND(c);
+    TLC_CHECK(cudaFree(p));
     return TL_CUDA_OK;
 }
 
 extern "C" TL_CUDA_API int tl_cuda_upload(tl_cuda *c, void *dst, const void *src, size_t bytes) {
     TLC_ARG(c && (bytes == 0 || (dst && src)), "bad arguments");
+    TLC_BIND(c);
     if (bytes) TLC_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
     return TL_CUDA_OK;
 }
 
 extern "C" TL_CUDA_API int tl_cuda_download(tl_cuda *c, void *dst, const void *src, size_t bytes) {
     TLC_ARG(c && (bytes == 0 || (dst && src)), "bad arguments");
+    TLC_BIND(c);
     if (bytes) TLC_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
     TLC_CHECK(cudaStreamSynchronize(c->stream));
     return TL_CUDA_OK;
@@ -137,12 +146,14 @@ extern "C" TL_CUDA_API int tl_cuda_download(tl_cuda *c, void *dst, const void *s
 
 extern "C" TL_CUDA_API int tl_cuda_copy(tl_cuda *c, void *dst, const void *src, size_t bytes) {
     TLC_ARG(c && (bytes == 0 || (dst && src)), "bad arguments");
+    TLC_BIND(c);
     if (bytes) TLC_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
     return TL_CUDA_OK;
 }
 
 extern "C" TL_CUDA_API int tl_cuda_sync(tl_cuda *c) {
     TLC_ARG(c, "context is NULL");
+    TLC_BIND(c);
     TLC_CHECK(cudaStreamSynchronize(c->stream));
     return TL_CUDA_OK;
 }

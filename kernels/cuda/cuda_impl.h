@@ -24,6 +24,8 @@ struct tl_cuda {
     size_t x16_bytes;
     int32_t *ids;        /* device argmax results */
     int ids_cap;
+    void *smp;           /* sampling scratch (sample.cu) */
+    size_t smp_bytes;
 };
 
 /* Records "call failed at file:line: detail" and returns code. */
@@ -51,8 +53,24 @@ extern "C" TLC_HIDDEN int tlc_scratch(tl_cuda *c, void **buf, size_t *cap, size_
                             cublasGetStatusString(s_), (int)s_);                                      \
     } while (0)
 
-/* After a <<<>>> launch: catches bad configurations at once. */
-#define TLC_LAUNCHED(name) TLC_CHECK(cudaGetLastError())
+/* After a <<<>>> launch: catches bad configurations at once, naming the kernel. */
+#define TLC_LAUNCHED(name)                                                                            \
+    do {                                                                                              \
+        cudaError_t e_ = cudaGetLastError(); /* also clears a non-sticky launch error */              \
+        if (e_ != cudaSuccess)                                                                        \
+            return tlc_fail(TL_CUDA_ERR_CUDA, #name " launch", __FILE__, __LINE__, "%s (%s)",         \
+                            cudaGetErrorString(e_), cudaGetErrorName(e_));                            \
+    } while (0)
+
+/* Makes the context's device current on the calling thread. A context may
+ * be used from several threads in turn (one at a time), and its stream and
+ * cuBLAS handle only work while their device is current; a thread that
+ * never chose one runs on device 0 (TINYLOOP_CUDA_DEVICE=1 would fail). */
+#define TLC_BIND(c)                                                                                   \
+    do {                                                                                              \
+        int cur_ = -1;                                                                                \
+        if (cudaGetDevice(&cur_) != cudaSuccess || cur_ != (c)->device) TLC_CHECK(cudaSetDevice((c)->device)); \
+    } while (0)
 
 #define TLC_ARG(cond, ...)                                                                            \
     do {                                                                                              \
@@ -113,8 +131,9 @@ template <int TYPE> static __device__ __forceinline__ void tlc_load8(const uint8
             for (int j = 0; j < 8; j++) v[j] = (((qs[j] >> sh) & 0xF) - 8) * d;
         } else {
             const float m = tlc_h(b + 2);
+            /* __fmul_rn: no fma contraction, so the values equal quants_ref.c's bit for bit */
 #pragma unroll
-            for (int j = 0; j < 8; j++) v[j] = ((qs[j] >> sh) & 0xF) * d + m;
+            for (int j = 0; j < 8; j++) v[j] = __fmul_rn((float)((qs[j] >> sh) & 0xF), d) + m;
         }
     } else if (TYPE == TLC_Q5_0) {
         const uint8_t *b = row + (g >> 2) * 22;
@@ -136,11 +155,12 @@ template <int TYPE> static __device__ __forceinline__ void tlc_load8(const uint8
         const int sh = l >= 32 ? 4 : 0;
         if (TYPE == TLC_Q4_K) {
 #pragma unroll
-            for (int j = 0; j < 8; j++) v[j] = d * ((qs[j] >> sh) & 0xF) - m;
+            for (int j = 0; j < 8; j++) v[j] = __fmul_rn(d, (float)((qs[j] >> sh) & 0xF)) - m; /* no fma, as Q4_1 */
         } else {
             const uint8_t *qh = b + 16 + (l & 31);
 #pragma unroll
-            for (int j = 0; j < 8; j++) v[j] = d * (((qs[j] >> sh) & 0xF) + ((qh[j] >> sub) & 1 ? 16 : 0)) - m;
+            for (int j = 0; j < 8; j++)
+                v[j] = __fmul_rn(d, (float)(((qs[j] >> sh) & 0xF) + ((qh[j] >> sub) & 1 ? 16 : 0))) - m;
         }
     } else if (TYPE == TLC_Q6_K) {
         const uint8_t *b = row + (g >> 5) * 210;

@@ -111,8 +111,23 @@ extern "C" TL_CUDA_API int tl_cuda_dequantize(tl_cuda *c, float *dst, const void
     int rc = check_weights(type, n, &rb);
     if (rc) return rc;
     if (n_rows == 0) return TL_CUDA_OK;
+    TLC_BIND(c);
     TLC_DISPATCH_TYPE(type, (kernel_dequantize<T_, float><<<n_rows, 128, 0, c->stream>>>(dst, (const uint8_t *)src, rb,
                                                                                          n, NULL, n_rows)));
+    TLC_LAUNCHED(kernel_dequantize);
+    return TL_CUDA_OK;
+}
+
+extern "C" TL_CUDA_API int tl_cuda_dequantize_f16(tl_cuda *c, void *dst, const void *src, int type, int n_rows,
+                                                  int n) {
+    TLC_ARG(c && dst && src && n_rows >= 0, "bad arguments");
+    size_t rb;
+    int rc = check_weights(type, n, &rb);
+    if (rc) return rc;
+    if (n_rows == 0) return TL_CUDA_OK;
+    TLC_BIND(c);
+    TLC_DISPATCH_TYPE(type, (kernel_dequantize<T_, __half><<<n_rows, 128, 0, c->stream>>>(
+                                (__half *)dst, (const uint8_t *)src, rb, n, NULL, n_rows)));
     TLC_LAUNCHED(kernel_dequantize);
     return TL_CUDA_OK;
 }
@@ -124,6 +139,7 @@ extern "C" TL_CUDA_API int tl_cuda_get_rows(tl_cuda *c, float *out, const void *
     int rc = check_weights(type, dim, &rb);
     if (rc) return rc;
     if (n_ids == 0) return TL_CUDA_OK;
+    TLC_BIND(c);
     TLC_DISPATCH_TYPE(type, (kernel_dequantize<T_, float><<<n_ids, 128, 0, c->stream>>>(out, (const uint8_t *)table, rb,
                                                                                         dim, ids, n_rows)));
     TLC_LAUNCHED(kernel_dequantize);
@@ -179,6 +195,7 @@ extern "C" TL_CUDA_API int tl_cuda_matmul_path(tl_cuda *c, float *out, const flo
     int rc = check_weights(type, n_in, &rb);
     if (rc) return rc;
     if (n_out == 0 || T == 0) return TL_CUDA_OK;
+    TLC_BIND(c);
     if (path == TL_CUDA_MM_AUTO) path = T >= TL_CUDA_GEMM_MIN_T ? TL_CUDA_MM_GEMM : TL_CUDA_MM_DIRECT;
     if (path == TL_CUDA_MM_GEMM) return gemm(c, out, x, w, type, rb, n_in, n_out, T);
     TLC_ARG(path == TL_CUDA_MM_DIRECT, "unknown matmul path %d", path);

@@ -31,7 +31,7 @@ static __global__ void kernel_rmsnorm(float *out, const float *x, const float *w
     float s = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(xr[i], xr[i], s);
     s = block_sum(s, red);
-    const float scale = rsqrtf(s / n + eps);
+    const float scale = 1.0f / sqrtf(s / n + eps); /* as forward.c (rsqrtf is off by up to 2 ulp) */
     for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = (xr[i] * scale) * w[i];
 }
 
@@ -118,6 +118,7 @@ extern "C" TL_CUDA_API int tl_cuda_rmsnorm(tl_cuda *c, float *out, const float *
                                            float eps) {
     TLC_ARG(c && out && x && w && n_rows >= 0 && n > 0, "bad arguments (n_rows %d, n %d)", n_rows, n);
     if (n_rows == 0) return TL_CUDA_OK;
+    TLC_BIND(c);
     kernel_rmsnorm<<<n_rows, n >= 1024 ? 1024 : 256, 0, c->stream>>>(out, x, w, n, eps);
     TLC_LAUNCHED(kernel_rmsnorm);
     return TL_CUDA_OK;
@@ -131,6 +132,7 @@ extern "C" TL_CUDA_API int tl_cuda_rope(tl_cuda *c, float *x, int n_tok, int tok
             "bad rope shape (n_rot %d, head_dim %d, n_head %d, tok_stride %d)", n_rot, head_dim, n_head, tok_stride);
     TLC_ARG(rope_type == TL_CUDA_ROPE_NORM || rope_type == TL_CUDA_ROPE_NEOX, "unknown rope type %d", rope_type);
     if (n_tok == 0) return TL_CUDA_OK;
+    TLC_BIND(c);
     /* Same host powf as the CPU path, so theta_scale is bitwise equal. */
     const float theta_scale = powf(base, -2.0f / (float)n_rot);
     const int threads = n_rot / 2 < 128 ? ((n_rot / 2 + 31) / 32) * 32 : 128;
@@ -144,6 +146,7 @@ extern "C" TL_CUDA_API int tl_cuda_rope(tl_cuda *c, float *x, int n_tok, int tok
 template <int ACT> static int binary(tl_cuda *c, float *out, const float *a, const float *b, int64_t n) {
     TLC_ARG(c && out && a && b && n >= 0, "bad arguments");
     if (n == 0) return TL_CUDA_OK;
+    TLC_BIND(c);
     kernel_binary<ACT><<<grid_for(n), 256, 0, c->stream>>>(out, a, b, n);
     TLC_LAUNCHED(kernel_binary);
     return TL_CUDA_OK;
@@ -164,11 +167,14 @@ extern "C" TL_CUDA_API int tl_cuda_add(tl_cuda *c, float *out, const float *a, c
 extern "C" TL_CUDA_API int tl_cuda_argmax(tl_cuda *c, int32_t *ids_host, const float *x, int n_rows, int n) {
     TLC_ARG(c && ids_host && x && n_rows >= 0 && n > 0, "bad arguments (n_rows %d, n %d)", n_rows, n);
     if (n_rows == 0) return TL_CUDA_OK;
+    TLC_BIND(c);
     if (c->ids_cap < n_rows) {
         if (c->ids) TLC_CHECK(cudaFreeAsync(c->ids, c->stream));
         c->ids = NULL;
         c->ids_cap = 0;
-        TLC_CHECK(cudaMallocAsync((void **)&c->ids, (size_t)n_rows * sizeof(int32_t), c->stream));
+        void *p = NULL; /* c->ids stays NULL after a failure */
+        TLC_CHECK(cudaMallocAsync(&p, (size_t)n_rows * sizeof(int32_t), c->stream));
+        c->ids = (int32_t *)p;
         c->ids_cap = n_rows;
     }
     kernel_argmax<<<n_rows, 256, 0, c->stream>>>(c->ids, x, n);

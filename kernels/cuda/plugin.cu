@@ -54,7 +54,8 @@ static int pl_fail(char *msg, size_t cap, int rc, const char *call, const char *
 /* ---- state ------------------------------------------------------------------ */
 
 typedef struct dev_w {
-    const void *d; /* device, packed */
+    const void *d;   /* device, packed */
+    const void *d16; /* device f16 copy for the GEMM path, or NULL */
     int type, n_in, n_out;
 } dev_w;
 
@@ -76,6 +77,7 @@ typedef struct plugin {
     int rope_type, ffn_act, embd_scale;
     int *layer_window; /* host (n_layer) */
     int kv_blocks, max_batch_tokens, max_seq_len;
+    int exact; /* TINYLOOP_CUDA_EXACT=1: batch-invariant arithmetic (see mm) */
 
     dev_w tok_embd, output;
     float *output_norm, *rope_freqs;
@@ -92,7 +94,23 @@ typedef struct plugin {
     size_t logits_cap; /* floats */
     int32_t *meta_d, *meta_h;
     size_t meta_cap; /* int32s, both buffers */
+    /* device sampling staging (host), grown on demand */
+    tl_cuda_sample_row *smp_rows;
+    int32_t *smp_pen;
+    int smp_rows_cap, smp_pen_cap;
 } plugin;
+
+/* A matmul. The default picks cuBLAS for batches of more than
+ * TL_CUDA_GEMM_MIN_T rows, whose f16 rounding differs from the direct
+ * kernels'; TINYLOOP_CUDA_EXACT=1 keeps every batch on the direct kernels,
+ * so a token's logits do not depend on what else is in its batch (cached
+ * and uncached runs then agree bit for bit, at the cost of prefill speed). */
+static int mm(const struct plugin *p, float *out, const float *x, const dev_w *w, int T) {
+    if (!p->exact && w->d16 && T >= TL_CUDA_GEMM_MIN_T)
+        return tl_cuda_matmul_path(p->c, out, x, w->d16, TLC_F16, w->n_in, w->n_out, T, TL_CUDA_MM_GEMM);
+    return tl_cuda_matmul_path(p->c, out, x, w->d, w->type, w->n_in, w->n_out, T,
+                               p->exact ? TL_CUDA_MM_DIRECT : TL_CUDA_MM_AUTO);
+}
 
 /* ---- small kernels the launcher set lacks ----------------------------------- */
 
@@ -205,7 +223,7 @@ static int up_weight(plugin *p, dev_w *dw, const tl_weight *w, const char *what,
     void *d = NULL;
     int rc = dev_upload(p, w->data, rb * (size_t)w->n_out, &d, name, msg, cap);
     if (rc) return rc;
-    dev_w r = {d, w->type, (int)w->n_in, (int)w->n_out};
+    dev_w r = {d, NULL, w->type, (int)w->n_in, (int)w->n_out};
     *dw = r;
     return 0;
 }
@@ -219,6 +237,64 @@ static int up_vec(plugin *p, float **out, const float *v, int64_t n, const char 
     void *d = NULL;
     int rc = dev_upload(p, v, (size_t)n * sizeof(float), &d, layer >= 0 ? name : what, msg, cap);
     *out = (float *)d;
+    return rc;
+}
+
+/* The GEMM path reads f16 weights: a persistent f16 copy of each quantized
+ * (or BF16) matmul weight saves dequantizing it on every prefill chunk and
+ * every decode step of more than 8 sequences. Made when the copies fit in
+ * a third of the free memory; TINYLOOP_CUDA_F16_WEIGHTS=0 turns them off,
+ * =1 makes them whatever the size. Not in the exact mode (direct path). */
+static int make_f16_copies(plugin *p, char *msg, size_t cap) {
+    const char *env = getenv("TINYLOOP_CUDA_F16_WEIGHTS");
+    if (p->exact || (env && !strcmp(env, "0"))) return 0;
+    const int n = 7 * p->n_layer + 1;
+    dev_w **ws = (dev_w **)malloc((size_t)n * sizeof *ws);
+    REQ(ws, "out of host memory");
+    int k = 0;
+    ws[k++] = &p->output;
+    for (int L = 0; L < p->n_layer; L++) {
+        dev_layer *l = &p->layers[L];
+        dev_w *lw[7] = {&l->wq, &l->wk, &l->wv, &l->wo, &l->w_gate, &l->w_up, &l->w_down};
+        for (int j = 0; j < 7; j++) ws[k++] = lw[j];
+    }
+    size_t need = 0;
+    for (int i = 0; i < n; i++)
+        if (ws[i]->type != TLC_F32 && ws[i]->type != TLC_F16) need += (size_t)ws[i]->n_out * ws[i]->n_in * 2;
+    size_t free_b = 0, total_b = 0;
+    int rc = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        free_b = 0;
+    }
+    if (need == 0 || (!(env && !strcmp(env, "1")) && need > free_b / 3)) goto out;
+    for (int i = 0; i < n && !rc; i++) {
+        dev_w *w = ws[i];
+        if (w->type == TLC_F32 || w->type == TLC_F16) continue;
+        for (int j = 0; j < i && !w->d16; j++)
+            if (ws[j]->d == w->d) w->d16 = ws[j]->d16; /* one tensor behind two names */
+        if (w->d16) continue;
+        const size_t bytes = (size_t)w->n_out * w->n_in * 2;
+        void *d = NULL;
+        rc = tl_cuda_alloc(p->c, bytes, &d);
+        if (rc < 0) {
+            rc = pl_fail(msg, cap, rc, "tl_cuda_alloc", __FILE__, __LINE__, "f16 weight copy of %zu bytes: %s", bytes,
+                         tl_cuda_last_error());
+            break;
+        }
+        if (track(p, NULL, bytes, d)) {
+            tl_cuda_dealloc(p->c, d);
+            rc = pl_fail(msg, cap, TL_CUDA_ERR_NOMEM, "realloc", __FILE__, __LINE__, "host allocation list");
+            break;
+        }
+        rc = tl_cuda_dequantize_f16(p->c, d, w->d, w->type, w->n_out, w->n_in);
+        if (rc < 0)
+            rc = pl_fail(msg, cap, rc, "tl_cuda_dequantize_f16", __FILE__, __LINE__, "%s", tl_cuda_last_error());
+        else
+            w->d16 = d;
+    }
+out:
+    free(ws);
     return rc;
 }
 
@@ -240,6 +316,8 @@ static void pl_free(void *ctx) {
     free(p->layers);
     free(p->layer_window);
     free(p->meta_h);
+    free(p->smp_rows);
+    free(p->smp_pen);
     free(p);
 }
 
@@ -283,6 +361,8 @@ static int init_inner(plugin *p, const tl_backend_model *m, char *msg, size_t ca
     REQ(p->layer_window && p->layers, "out of host memory");
     if (m->layer_window) memcpy(p->layer_window, m->layer_window, (size_t)m->n_layer * sizeof(int));
 
+    const char *ex = getenv("TINYLOOP_CUDA_EXACT");
+    p->exact = ex && *ex && strcmp(ex, "0") != 0;
     const char *env = getenv("TINYLOOP_CUDA_DEVICE");
     int device = env && *env ? atoi(env) : 0;
     TRY(tl_cuda_init(device, &p->c));
@@ -317,31 +397,7 @@ static int init_inner(plugin *p, const tl_backend_model *m, char *msg, size_t ca
         if ((rc = up_vec(p, &dl->post_ffn_norm, ly->post_ffn_norm, D, "post_ffw_norm", L, msg, cap))) return rc;
     }
 
-    /* KV arena */
-    p->kv.kv_type = m->kv_type;
-    p->kv.block_size = m->kv_block_size;
-    p->kv.n_head_kv = m->n_head_kv;
-    p->kv.head_dim = hd;
-    const size_t bb = tl_cuda_kv_block_bytes(&p->kv);
-    REQ(bb > 0, "KV block of 0 bytes");
-    const size_t arena = bb * (size_t)m->kv_blocks;
-    {
-        size_t wbytes = 0;
-        for (int i = 0; i < p->n_up; i++) wbytes += p->up[i].bytes;
-        void *a = NULL;
-        int r = tl_cuda_alloc(p->c, arena, &a);
-        if (r < 0)
-            return pl_fail(msg, cap, r, "tl_cuda_alloc", __FILE__, __LINE__,
-                           "KV arena: %d blocks x %zu bytes = %zu bytes (%.1f MiB; caller sized %zu bytes) does not "
-                           "fit next to %.1f MiB of weights: %s",
-                           m->kv_blocks, bb, arena, arena / 1048576.0, m->kv_mem, wbytes / 1048576.0,
-                           tl_cuda_last_error());
-        if (track(p, NULL, arena, a)) {
-            tl_cuda_dealloc(p->c, a);
-            return pl_fail(msg, cap, TL_CUDA_ERR_NOMEM, "realloc", __FILE__, __LINE__, "host allocation list");
-        }
-        p->kv.arena = a;
-    }
+    if ((rc = make_f16_copies(p, msg, cap))) return rc;
 
     /* activation scratch for max_batch_tokens tokens */
     const size_t T = (size_t)m->max_batch_tokens, wide = (size_t)(D > q_dim ? D : q_dim);
@@ -361,6 +417,59 @@ static int init_inner(plugin *p, const tl_backend_model *m, char *msg, size_t ca
         if ((rc = dev_alloc(p, bufs[i].n * sizeof(float), &d, bufs[i].what, msg, cap))) return rc;
         *bufs[i].buf = (float *)d;
     }
+    /* KV arena */
+    p->kv.kv_type = m->kv_type;
+    p->kv.block_size = m->kv_block_size;
+    p->kv.n_head_kv = m->n_head_kv;
+    p->kv.head_dim = hd;
+    const size_t bb = tl_cuda_kv_block_bytes(&p->kv);
+    REQ(bb > 0, "KV block of 0 bytes");
+    if (m->kv_auto) {
+        /* No size asked for: most of what is free after the weights and
+         * activations, leaving room for the GEMM path's f16 copy of the
+         * largest weight and the sampler's scratch. */
+        size_t free_b = 0, total_b = 0, biggest = 0;
+        TRY(tl_cuda_sync(p->c));
+        cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return pl_fail(msg, cap, TL_CUDA_ERR_CUDA, "cudaMemGetInfo", __FILE__, __LINE__, "%s",
+                           cudaGetErrorString(e));
+        }
+        for (int i = 0; i < p->n_up; i++)
+            if (p->up[i].host && p->up[i].bytes > biggest) biggest = p->up[i].bytes;
+        const char *fe = getenv("TINYLOOP_CUDA_KV_FRACTION");
+        double frac = fe && *fe ? atof(fe) : 0.9;
+        REQ(frac > 0 && frac <= 1, "TINYLOOP_CUDA_KV_FRACTION=%s is not in (0, 1]", fe);
+        const size_t reserve = ((size_t)1 << 30) + 4 * biggest;
+        const double usable = free_b > reserve ? (double)(free_b - reserve) * frac : 0.0;
+        double blocks = usable / (double)bb;
+        if (blocks > (double)m->kv_blocks_max) blocks = (double)m->kv_blocks_max;
+        if (blocks > (double)(INT32_MAX / m->kv_block_size)) blocks = (double)(INT32_MAX / m->kv_block_size);
+        if (blocks > (double)p->kv_blocks) p->kv_blocks = (int)blocks;
+    }
+    /* KV slots (block * block_size + row) are int32 on the device */
+    REQ((int64_t)p->kv_blocks * m->kv_block_size <= INT32_MAX, "%d KV blocks of %d positions exceed 2^31 slots",
+        p->kv_blocks, m->kv_block_size);
+    const size_t arena = bb * (size_t)p->kv_blocks;
+    {
+        size_t wbytes = 0;
+        for (int i = 0; i < p->n_up; i++) wbytes += p->up[i].bytes;
+        void *a = NULL;
+        int r = tl_cuda_alloc(p->c, arena, &a);
+        if (r < 0)
+            return pl_fail(msg, cap, r, "tl_cuda_alloc", __FILE__, __LINE__,
+                           "KV arena: %d blocks x %zu bytes = %zu bytes (%.1f MiB; caller sized %zu bytes) does not "
+                           "fit next to %.1f MiB of weights: %s",
+                           p->kv_blocks, bb, arena, arena / 1048576.0, m->kv_mem, wbytes / 1048576.0,
+                           tl_cuda_last_error());
+        if (track(p, NULL, arena, a)) {
+            tl_cuda_dealloc(p->c, a);
+            return pl_fail(msg, cap, TL_CUDA_ERR_NOMEM, "realloc", __FILE__, __LINE__, "host allocation list");
+        }
+        p->kv.arena = a;
+    }
+
     TRY(tl_cuda_sync(p->c));
     return 0;
 }
@@ -415,6 +524,57 @@ static int logits_reserve(plugin *p, size_t n, char *msg, size_t cap) {
     TRY(tl_cuda_alloc(p->c, n * sizeof(float), &d));
     p->logits = (float *)d;
     p->logits_cap = n;
+    return 0;
+}
+
+/* The wanted rows' logits are on the device: rows sampled here send only
+ * their ids; if any row is sampled on the host, every row's logits go
+ * there (before the penalties below change the device rows). */
+static int finish_rows(plugin *p, const tl_backend_batch *b, int rows, float *logits_host, char *msg, size_t cap) {
+    int on_dev = 0, n_pen = 0;
+    for (int r = 0; b->sample && r < rows; r++)
+        if (b->sample[r].on_device) {
+            on_dev++;
+            REQ(b->sample[r].n_penalty >= 0 && (b->sample[r].n_penalty == 0 || b->sample[r].penalty_ids),
+                "row %d: %d penalty ids without an array", r, b->sample[r].n_penalty);
+            n_pen += b->sample[r].n_penalty;
+        }
+    REQ(!on_dev || b->ids_out, "%d rows sampled on the device but ids_out is NULL", on_dev);
+    if (on_dev < rows) {
+        REQ(logits_host, "%d rows want logits but logits_host is NULL", rows - on_dev);
+        TRY(tl_cuda_download(p->c, logits_host, p->logits, (size_t)rows * p->n_vocab * sizeof(float)));
+    }
+    if (!on_dev) return 0;
+    if (rows > p->smp_rows_cap) {
+        free(p->smp_rows);
+        p->smp_rows = (tl_cuda_sample_row *)malloc((size_t)rows * sizeof *p->smp_rows);
+        p->smp_rows_cap = p->smp_rows ? rows : 0;
+        REQ(p->smp_rows, "out of host memory for %d sampling rows", rows);
+    }
+    if (n_pen > p->smp_pen_cap) {
+        free(p->smp_pen);
+        p->smp_pen = (int32_t *)malloc((size_t)n_pen * sizeof *p->smp_pen);
+        p->smp_pen_cap = p->smp_pen ? n_pen : 0;
+        REQ(p->smp_pen, "out of host memory for %d penalty ids", n_pen);
+    }
+    int off = 0;
+    for (int r = 0; r < rows; r++) {
+        const tl_backend_sample *s = &b->sample[r];
+        tl_cuda_sample_row *o = &p->smp_rows[r];
+        memset(o, 0, sizeof *o);
+        if (!s->on_device) continue; /* a greedy row whose id nobody reads */
+        o->top_k = s->top_k;
+        o->temperature = s->temperature;
+        o->top_p = s->top_p;
+        o->min_p = s->min_p;
+        o->repeat_penalty = s->repeat_penalty;
+        o->u = s->u;
+        o->pen_off = off;
+        o->pen_len = s->n_penalty;
+        if (s->n_penalty) memcpy(p->smp_pen + off, s->penalty_ids, (size_t)s->n_penalty * sizeof(int32_t));
+        off += s->n_penalty;
+    }
+    TRY(tl_cuda_sample(p->c, b->ids_out, p->logits, rows, p->n_vocab, p->smp_rows, p->smp_pen, n_pen));
     return 0;
 }
 
@@ -502,7 +662,6 @@ static int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, 
         if (n) memcpy(tab, b->block_ids[s], n * sizeof(int32_t));
         for (size_t i = n; i < stride; i++) tab[i] = -1;
     }
-    REQ(!rows || logits_host, "%d sequences want logits but logits_host is NULL", rows);
     if (rows) {
         rc = logits_reserve(p, (size_t)rows * p->n_vocab, msg, cap);
         if (rc) return rc;
@@ -525,9 +684,9 @@ static int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, 
         const float base = window && p->rope_base_swa > 0 ? p->rope_base_swa : p->rope_base;
 
         TRY(tl_cuda_rmsnorm(c, p->xb, p->x, ly->attn_norm, T, D, eps));
-        TRY(tl_cuda_matmul(c, p->q, p->xb, ly->wq.d, ly->wq.type, ly->wq.n_in, ly->wq.n_out, T));
-        TRY(tl_cuda_matmul(c, p->k, p->xb, ly->wk.d, ly->wk.type, ly->wk.n_in, ly->wk.n_out, T));
-        TRY(tl_cuda_matmul(c, p->v, p->xb, ly->wv.d, ly->wv.type, ly->wv.n_in, ly->wv.n_out, T));
+        TRY(mm(p, p->q, p->xb, &ly->wq, T));
+        TRY(mm(p, p->k, p->xb, &ly->wk, T));
+        TRY(mm(p, p->v, p->xb, &ly->wv, T));
         if (ly->bq) TRY(add_bias(c, p->q, ly->bq, T, q_dim));
         if (ly->bk) TRY(add_bias(c, p->k, ly->bk, T, kv_dim));
         if (ly->bv) TRY(add_bias(c, p->v, ly->bv, T, kv_dim));
@@ -552,17 +711,17 @@ static int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, 
         else
             TRY(tl_cuda_attn_prefill(c, p->att, p->q, q_dim, &p->kv, &sq, p->n_head, window, att_scale));
 
-        TRY(tl_cuda_matmul(c, p->o, p->att, ly->wo.d, ly->wo.type, ly->wo.n_in, ly->wo.n_out, T));
+        TRY(mm(p, p->o, p->att, &ly->wo, T));
         if (ly->post_attn_norm) TRY(tl_cuda_rmsnorm(c, p->o, p->o, ly->post_attn_norm, T, D, eps));
         TRY(tl_cuda_add(c, p->x, p->x, p->o, (int64_t)T * D));
         TRY(tl_cuda_rmsnorm(c, p->xb, p->x, ly->ffn_norm, T, D, eps));
-        TRY(tl_cuda_matmul(c, p->hb, p->xb, ly->w_gate.d, ly->w_gate.type, ly->w_gate.n_in, ly->w_gate.n_out, T));
-        TRY(tl_cuda_matmul(c, p->hb2, p->xb, ly->w_up.d, ly->w_up.type, ly->w_up.n_in, ly->w_up.n_out, T));
+        TRY(mm(p, p->hb, p->xb, &ly->w_gate, T));
+        TRY(mm(p, p->hb2, p->xb, &ly->w_up, T));
         if (p->ffn_act == 1)
             TRY(tl_cuda_geglu(c, p->hb, p->hb, p->hb2, (int64_t)T * p->n_ff));
         else
             TRY(tl_cuda_swiglu(c, p->hb, p->hb, p->hb2, (int64_t)T * p->n_ff));
-        TRY(tl_cuda_matmul(c, p->o, p->hb, ly->w_down.d, ly->w_down.type, ly->w_down.n_in, ly->w_down.n_out, T));
+        TRY(mm(p, p->o, p->hb, &ly->w_down, T));
         if (ly->post_ffn_norm) TRY(tl_cuda_rmsnorm(c, p->o, p->o, ly->post_ffn_norm, T, D, eps));
         TRY(tl_cuda_add(c, p->x, p->x, p->o, (int64_t)T * D));
     }
@@ -571,8 +730,8 @@ static int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, 
         /* Last token of each wanting sequence: gather (x as an f32 table), norm, project. */
         TRY(tl_cuda_get_rows(c, p->lx, p->x, TLC_F32, D, T, d + o_last, rows));
         TRY(tl_cuda_rmsnorm(c, p->lx, p->lx, p->output_norm, rows, D, eps));
-        TRY(tl_cuda_matmul(c, p->logits, p->lx, p->output.d, p->output.type, p->output.n_in, p->output.n_out, rows));
-        TRY(tl_cuda_download(c, logits_host, p->logits, (size_t)rows * p->n_vocab * sizeof(float)));
+        TRY(mm(p, p->logits, p->lx, &p->output, rows));
+        return finish_rows(p, b, rows, logits_host, msg, cap);
     } else {
         TRY(tl_cuda_sync(c)); /* surface asynchronous faults of this batch here */
     }
@@ -591,8 +750,10 @@ static int pl_copy_block(void *ctx, int dst, int src, char *msg, size_t cap) {
     return 0;
 }
 
+static int pl_kv_blocks(void *ctx) { return ctx ? ((plugin *)ctx)->kv_blocks : 0; }
+
 static const tl_backend_ops cuda_ops = {
-    "cuda", TL_BACKEND_ABI, pl_init, pl_free, pl_forward, pl_copy_block,
+    "cuda", TL_BACKEND_ABI, pl_init, pl_free, pl_forward, pl_copy_block, pl_kv_blocks, TL_CUDA_SAMPLE_MAX_K,
 };
 
 extern "C" TL_CUDA_API const tl_backend_ops *tl_backend_plugin_v1(void) { return &cuda_ops; }

@@ -105,6 +105,11 @@ TL_CUDA_API int tl_cuda_type_supported(int type);
  * multiple of the type's block size. For tests and debugging. */
 TL_CUDA_API int tl_cuda_dequantize(tl_cuda *c, float *dst, const void *src, int type, int n_rows, int n);
 
+/* dst (n_rows, n) f16 (device, 2 bytes each) = dequantize(src); for a
+ * persistent f16 copy of a weight that the GEMM path then reads directly
+ * (type TL_TYPE_F16) instead of dequantizing it on every call. */
+TL_CUDA_API int tl_cuda_dequantize_f16(tl_cuda *c, void *dst, const void *src, int type, int n_rows, int n);
+
 /* out (T, n_out) f32 = x (T, n_in) f32 . W^T, W (n_out, n_in) of `type` in
  * device memory. n_in is a multiple of the type's block size (any n_in for
  * F32/F16/BF16). T <= 8 rows read W once per 8 rows, dequantizing on the
@@ -145,6 +150,35 @@ TL_CUDA_API int tl_cuda_get_rows(tl_cuda *c, float *out, const void *table, int 
 /* ids_host (n_rows) = argmax of each row of x (n_rows, n) on the device
  * (lowest index on ties, NaN ignored); waits for the stream. */
 TL_CUDA_API int tl_cuda_argmax(tl_cuda *c, int32_t *ids_host, const float *x, int n_rows, int n);
+
+/* ---- sampling ---------------------------------------------------------------- */
+
+/* Largest top_k tl_cuda_sample selects. */
+#define TL_CUDA_SAMPLE_MAX_K 256
+
+/* One row's sampling chain, as engine/sampler.c runs it: repetition penalty
+ * on pen_ids[pen_off .. pen_off+pen_len) (distinct ids), then argmax when
+ * temperature <= 0; else the top_k best (descending, lower id first on
+ * ties), softmax, top-p cut (first prefix whose mass reaches top_p, when
+ * top_p < 1), min-p cut (when min_p > 0), softmax at the temperature, and
+ * the candidate where u * total first falls below the running sum. */
+typedef struct tl_cuda_sample_row {
+    int top_k;                 /* 1..TL_CUDA_SAMPLE_MAX_K when temperature > 0 */
+    float temperature, top_p, min_p, repeat_penalty, u;
+    int pen_off, pen_len;
+} tl_cuda_sample_row;
+
+/* ids_host (n_rows) = one token per row of logits (n_rows, n_vocab), on the
+ * device; rows and pen_ids (n_pen) are host arrays, uploaded here. The
+ * penalty is applied to logits in place. Only the ids cross to the host;
+ * waits for the stream. */
+TL_CUDA_API int tl_cuda_sample(tl_cuda *c, int32_t *ids_host, float *logits, int n_rows, int n_vocab,
+                               const tl_cuda_sample_row *rows, const int32_t *pen_ids, int n_pen);
+
+/* (vals, ids) (n_rows, k) = the k largest of each row of x (n_rows, n),
+ * descending, lower index first on ties, NaN as -inf; device outputs,
+ * k <= TL_CUDA_SAMPLE_MAX_K and k <= n. For tests. */
+TL_CUDA_API int tl_cuda_topk(tl_cuda *c, float *vals, int32_t *ids, const float *x, int n_rows, int n, int k);
 
 /* ---- paged KV attention --------------------------------------------------- */
 

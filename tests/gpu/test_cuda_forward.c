@@ -245,6 +245,9 @@ out:
 }
 
 int main(void) {
+    /* The reference is the CPU engine: this binary links the plugin, so an
+     * unset TINYLOOP_BACKEND would put the reference itself on the GPU. */
+    setenv("TINYLOOP_BACKEND", "cpu", 1);
     int n_dev = 0;
     tl_cuda_device_count(&n_dev);
     if (n_dev < 1) {

@@ -173,7 +173,7 @@ static void test_matmul(void) {
             free(eng);
             free(got);
         }
-        int rc = tl_cuda_matmul(ctx, (float *)dw, (const float *)dw, dw, type, n_in + (type == TL_TYPE_F32 ? -134 : 1),
+        int rc = tl_cuda_matmul(ctx, (float *)dw, (const float *)dw, dw, type, n_in + (tl_type_info(type)->block_size == 1 ? -134 : 1),
                                 n_out, 1);
         CHECK(rc == TL_CUDA_ERR_ARG, "%s: a row length the type cannot hold is rejected (rc %d)", name, rc);
         tl_cuda_dealloc(ctx, dw);
