@@ -64,6 +64,12 @@ build/tests/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop.a $(TEST_HDR)
 	@mkdir -p build/tests
 	$(CC) $(CFLAGS) -Itests/c -Itests/c/lib -o $@ $< $(TSUP_SRC) build/libtinyloop.a $(LDLIBS)
 
+# The test plugin behind test_backend (the engine's side of engine/backend.h).
+build/tests/libtl-fake-backend.so: tests/c/fake_backend/fake_backend.c engine/sampler.c engine/util.c engine/backend.h engine/sampler.h
+	@mkdir -p build/tests
+	$(CC) $(CFLAGS) -shared -o $@ $(filter %.c,$^) -lm
+build/tests/test_backend build/tests-asan/test_backend: build/tests/libtl-fake-backend.so
+
 build/tests-asan/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop-asan.a $(TEST_HDR)
 	@mkdir -p build/tests-asan
 	$(CC) $(CFLAGS) $(ASAN_FLAGS) -Itests/c -Itests/c/lib -o $@ $< $(TSUP_SRC) build/libtinyloop-asan.a $(LDLIBS)

@@ -1,0 +1,208 @@
+/* test_backend.c - the engine's side of the backend plugin interface, on
+ * any machine, through tests/c/fake_backend (a plugin whose logits hash
+ * the KV a sequence reads through its block table; see that file):
+ *   - TINYLOOP_BACKEND=cuda with TINYLOOP_CUDA_LIB naming a plugin loads it;
+ *     without kv_mem the arena is what the plugin reports (kv_auto);
+ *   - the prefix cache on a backend: cached == uncached after prefixes of
+ *     the prompt minus 0/1/15/16/17/100 tokens were cached, and a second
+ *     continuation of each cached prefix still sees intact blocks
+ *     (copy-on-write went through copy_block);
+ *   - device sampling: eight requests with different chains batched ==
+ *     each alone, and == the same requests sampled on the host
+ *     (FAKE_BACKEND_NO_SAMPLING=1), so the parameters, the draws and the
+ *     penalty ids the scheduler sends reproduce the host's chain;
+ *   - a request with a cache_window never reads released blocks;
+ *   - a failing forward fails its request with the plugin's message and
+ *     the model keeps serving. */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "ref_cases.h"
+#include "test.h"
+#include "tinyloop.h"
+
+static char model_path[512];
+
+static tl_model *open_fake(int no_sampling, int fail_at, size_t kv_mem) {
+    setenv("TINYLOOP_BACKEND", "cuda", 1);
+    setenv("TINYLOOP_CUDA_LIB", "build/tests/libtl-fake-backend.so", 1);
+    setenv("FAKE_BACKEND_NO_SAMPLING", no_sampling ? "1" : "0", 1);
+    char fa[16];
+    snprintf(fa, sizeof fa, "%d", fail_at);
+    setenv("FAKE_BACKEND_FAIL_AT", fa, 1);
+    tl_model_params mp = tl_model_default_params();
+    mp.max_seq_len = 512;
+    mp.kv_mem = kv_mem;
+    tl_model *m = NULL;
+    int rc = tl_model_open(model_path, mp, &m);
+    CHECK(rc == TL_OK, "the model opens on the fake backend: %s", tl_last_error());
+    setenv("TINYLOOP_BACKEND", "cpu", 1);
+    return rc == TL_OK ? m : NULL;
+}
+
+static void fill(int32_t *t, int n, uint32_t seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        t[i] = 3 + (int32_t)((seed >> 8) % 500u);
+    }
+}
+
+static int gen(tl_model *m, const int32_t *p, int n, int max, int no_cache, const tl_sampling_params *sp,
+               int32_t *out) {
+    tl_generate_params gp = tl_generate_default_params();
+    gp.max_tokens = max;
+    gp.ignore_eos = 1;
+    gp.no_cache = no_cache;
+    if (sp) gp.sampling = *sp;
+    return tl_generate(m, p, n, gp, out, max);
+}
+
+static void test_open_and_kv(void) {
+    tl_model *m = open_fake(0, 0, 0);
+    if (!m) return;
+    tl_model_info info;
+    tl_model_get_info(m, &info);
+    CHECK(strcmp(info.backend, "fake") == 0, "the plugin named by TINYLOOP_CUDA_LIB serves (%s)", info.backend);
+    int seq_blocks = (512 + info.kv_block_size - 1) / info.kv_block_size * info.n_layer;
+    CHECK(info.kv_blocks_total == 1024 * seq_blocks,
+          "without kv_mem the arena is the plugin's (%d blocks = 1,024 sequences of %d)", info.kv_blocks_total,
+          seq_blocks);
+    tl_model_close(m);
+    m = open_fake(0, 0, (size_t)4 << 20);
+    if (!m) return;
+    tl_model_get_info(m, &info);
+    CHECK(info.kv_bytes <= ((size_t)4 << 20) && info.kv_blocks_total < 1024 * seq_blocks,
+          "kv_mem sizes the arena (%d blocks)", info.kv_blocks_total);
+    tl_model_close(m);
+}
+
+static void test_cache(void) {
+    static const int suffixes[] = {0, 1, 15, 16, 17, 100};
+    enum { N = 300, GEN = 12 };
+    tl_model *m = open_fake(0, 0, 0);
+    if (!m) return;
+    for (size_t i = 0; i < sizeof suffixes / sizeof suffixes[0]; i++) {
+        int s = suffixes[i];
+        int32_t p[N], ref[GEN], got[GEN], one[1];
+        fill(p, N, 40 + (uint32_t)i);
+        int nr = gen(m, p, N, GEN, 1, NULL, ref);
+        gen(m, p, N - s, 1, 0, NULL, one); /* caches the prefix */
+        tl_cache_stats a, b;
+        tl_model_get_stats(m, &a);
+        int ng = gen(m, p, N, GEN, 0, NULL, got);
+        tl_model_get_stats(m, &b);
+        long saved = (long)(b.prefill_tokens_saved - a.prefill_tokens_saved);
+        CHECK(saved == (s == 0 ? N - 1 : N - s), "suffix %d: %ld prompt tokens came from the cache", s, saved);
+        CHECK(nr == GEN && ref_same_ids(got, ng, ref, nr), "suffix %d: cached == uncached (first difference at %d)",
+              s, ref_first_diff(got, ng, ref, nr));
+        /* another continuation of the cached prefix: its blocks are intact */
+        fill(p + N - s - 1, s + 1, 900 + (uint32_t)i);
+        nr = gen(m, p, N, GEN, 1, NULL, ref);
+        ng = gen(m, p, N, GEN, 0, NULL, got);
+        CHECK(ref_same_ids(got, ng, ref, nr), "suffix %d: a second continuation == uncached (first difference at %d)",
+              s, ref_first_diff(got, ng, ref, nr));
+    }
+    tl_model_close(m);
+}
+
+enum { R = 8, RGEN = 30 };
+
+static void chains(tl_generate_params *gp, int32_t prompts[R][64], int *n_prompt) {
+    for (int r = 0; r < R; r++) {
+        gp[r] = tl_generate_default_params();
+        gp[r].max_tokens = RGEN;
+        gp[r].ignore_eos = 1;
+        gp[r].no_cache = r % 2;
+        tl_sampling_params *s = &gp[r].sampling;
+        s->seed = 500 + (uint64_t)r;
+        switch (r % 4) {
+        case 0: s->repeat_penalty = r ? 1.5f : 1.0f; s->repeat_last_n = 8; break; /* greedy */
+        case 1: s->temperature = 0.8f, s->top_k = 40, s->top_p = 0.9f; break;
+        case 2: /* request 2 on the device, request 6 (top_k past 256) on the host */
+            s->temperature = 1.2f, s->top_k = r == 2 ? 200 : 300, s->min_p = 0.02f, s->repeat_penalty = 1.3f;
+            s->repeat_last_n = -1;
+            break;
+        case 3: s->temperature = 0.7f, s->top_k = 0; break; /* the whole vocab: the host samples */
+        }
+        n_prompt[r] = 6 + 5 * r;
+        fill(prompts[r], n_prompt[r], 700 + (uint32_t)r);
+    }
+}
+
+static void run_alone(tl_model *m, const tl_generate_params *gp, int32_t prompts[R][64], const int *n_prompt,
+                      int32_t out[R][RGEN], int *n_out) {
+    for (int r = 0; r < R; r++) n_out[r] = tl_generate(m, prompts[r], n_prompt[r], gp[r], out[r], RGEN);
+}
+
+static void test_sampling(void) {
+    tl_generate_params gp[R];
+    int32_t prompts[R][64], alone[R][RGEN], host[R][RGEN], batch[R][RGEN];
+    int n_prompt[R], n_alone[R], n_host[R], n_batch[R];
+    int64_t ids[R];
+    chains(gp, prompts, n_prompt);
+    tl_model *m = open_fake(0, 0, 0), *h = open_fake(1, 0, 0);
+    if (!m || !h) goto out;
+    run_alone(m, gp, prompts, n_prompt, alone, n_alone);
+    run_alone(h, gp, prompts, n_prompt, host, n_host);
+    int ok = 1;
+    for (int r = 0; r < R && ok; r++) ok = tl_request_submit(m, prompts[r], n_prompt[r], &gp[r], NULL, &ids[r]) == 0;
+    CHECK(ok, "8 requests submitted: %s", tl_last_error());
+    while (ok && tl_model_step(m) > 0) {
+    }
+    for (int r = 0; r < R; r++) {
+        int fin = 0;
+        n_batch[r] = ok ? tl_request_take(m, ids[r], batch[r], RGEN, &fin) : -1;
+        if (ok) tl_request_release(m, ids[r]);
+        CHECK(n_alone[r] == RGEN && ref_same_ids(alone[r], n_alone[r], host[r], n_host[r]),
+              "request %d (chain %d): sampled by the backend == sampled on the host (first difference at %d)", r,
+              r % 4, ref_first_diff(alone[r], n_alone[r], host[r], n_host[r]));
+        CHECK(ref_same_ids(batch[r], n_batch[r], alone[r], n_alone[r]),
+              "request %d (chain %d): in a batch of 8 == alone (first difference at %d)", r, r % 4,
+              ref_first_diff(batch[r], n_batch[r], alone[r], n_alone[r]));
+    }
+    int32_t other[RGEN];
+    tl_generate_params g = gp[1];
+    g.sampling.seed = 99;
+    int no = tl_generate(m, prompts[1], n_prompt[1], g, other, RGEN);
+    CHECK(!ref_same_ids(other, no, alone[1], n_alone[1]), "another seed gives other tokens");
+out:
+    tl_model_close(m);
+    tl_model_close(h);
+}
+
+static void test_window_and_failure(void) {
+    tl_model *m = open_fake(0, 0, 0);
+    if (m) {
+        int32_t p[40], out[200];
+        fill(p, 40, 3);
+        tl_generate_params gp = tl_generate_default_params();
+        gp.max_tokens = 200;
+        gp.ignore_eos = 1;
+        gp.cache_window = 48;
+        int n = tl_generate(m, p, 40, gp, out, 200);
+        CHECK(n == 200, "a 48-token cache_window request runs 240 positions without reading released blocks (%d: %s)",
+              n, n < 0 ? tl_last_error() : "");
+        tl_model_close(m);
+    }
+    m = open_fake(0, 2, 0);
+    if (m) {
+        int32_t p[20], out[8];
+        fill(p, 20, 5);
+        int n = gen(m, p, 20, 8, 0, NULL, out);
+        CHECK(n == TL_ERR_STATE && strstr(tl_last_error(), "injected failure at forward"),
+              "a failing forward fails the request with the plugin's message (%d: %s)", n, tl_last_error());
+        n = gen(m, p, 20, 8, 0, NULL, out);
+        CHECK(n == 8, "the model serves the next request (%d: %s)", n, n < 0 ? tl_last_error() : "");
+        tl_model_close(m);
+    }
+}
+
+int main(void) {
+    const char *shared = getenv("TL_SHARED_DIR") ? getenv("TL_SHARED_DIR") : "../shared";
+    snprintf(model_path, sizeof model_path, "%s/models/stories260K.gguf", shared);
+    test_open_and_kv();
+    test_cache();
+    test_sampling();
+    test_window_and_failure();
+    return test_summary();
+}
