@@ -98,6 +98,7 @@ typedef struct plugin {
     tl_cuda_sample_row *smp_rows;
     int32_t *smp_pen;
     int smp_rows_cap, smp_pen_cap;
+    int unfinished; /* a forward failed after enqueuing work that may still read the staging */
 } plugin;
 
 /* A matmul. The default picks cuBLAS for batches of more than
@@ -298,6 +299,22 @@ out:
     return rc;
 }
 
+/* Host staging for uploads is page-locked: a copy from pageable memory
+ * waits for the stream first, a host synchronisation in the middle of a
+ * forward pass (before the sampler's parameters go up, for one). */
+static void *pinned_alloc(size_t bytes) {
+    void *h = NULL;
+    if (cudaMallocHost(&h, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return h;
+}
+
+static void pinned_free(void *h) {
+    if (h) cudaFreeHost(h);
+}
+
 static void pl_free(void *ctx) {
     plugin *p = (plugin *)ctx;
     if (!p) return;
@@ -315,9 +332,9 @@ static void pl_free(void *ctx) {
     free(p->up);
     free(p->layers);
     free(p->layer_window);
-    free(p->meta_h);
-    free(p->smp_rows);
-    free(p->smp_pen);
+    pinned_free(p->meta_h);
+    pinned_free(p->smp_rows);
+    pinned_free(p->smp_pen);
     free(p);
 }
 
@@ -501,11 +518,11 @@ static int meta_reserve(plugin *p, size_t n, char *msg, size_t cap) {
         tl_cuda_dealloc(p->c, p->meta_d); /* synchronises: earlier batches no longer read it */
         p->meta_d = NULL;
     }
-    free(p->meta_h);
+    pinned_free(p->meta_h);
     p->meta_h = NULL;
     p->meta_cap = 0;
-    p->meta_h = (int32_t *)malloc(ncap * sizeof(int32_t));
-    REQ(p->meta_h, "out of host memory for %zu metadata ints", ncap);
+    p->meta_h = (int32_t *)pinned_alloc(ncap * sizeof(int32_t));
+    REQ(p->meta_h, "out of page-locked host memory for %zu metadata ints", ncap);
     void *d = NULL;
     TRY(tl_cuda_alloc(p->c, ncap * sizeof(int32_t), &d));
     p->meta_d = (int32_t *)d;
@@ -546,14 +563,14 @@ static int finish_rows(plugin *p, const tl_backend_batch *b, int rows, float *lo
     }
     if (!on_dev) return 0;
     if (rows > p->smp_rows_cap) {
-        free(p->smp_rows);
-        p->smp_rows = (tl_cuda_sample_row *)malloc((size_t)rows * sizeof *p->smp_rows);
+        pinned_free(p->smp_rows);
+        p->smp_rows = (tl_cuda_sample_row *)pinned_alloc((size_t)rows * sizeof *p->smp_rows);
         p->smp_rows_cap = p->smp_rows ? rows : 0;
         REQ(p->smp_rows, "out of host memory for %d sampling rows", rows);
     }
     if (n_pen > p->smp_pen_cap) {
-        free(p->smp_pen);
-        p->smp_pen = (int32_t *)malloc((size_t)n_pen * sizeof *p->smp_pen);
+        pinned_free(p->smp_pen);
+        p->smp_pen = (int32_t *)pinned_alloc((size_t)n_pen * sizeof *p->smp_pen);
         p->smp_pen_cap = p->smp_pen ? n_pen : 0;
         REQ(p->smp_pen, "out of host memory for %d penalty ids", n_pen);
     }
@@ -582,6 +599,16 @@ static int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, 
     if (msg && cap) msg[0] = 0;
     plugin *p = (plugin *)ctx;
     REQ(p && b, "NULL context or batch");
+    /* this thread may not have used the device yet (the plugin's own kernels need it current) */
+    cudaError_t ce = cudaSetDevice(p->c->device);
+    if (ce != cudaSuccess) {
+        (void)cudaGetLastError();
+        return pl_fail(msg, cap, TL_CUDA_ERR_CUDA, "cudaSetDevice", __FILE__, __LINE__, "%s", cudaGetErrorString(ce));
+    }
+    if (p->unfinished) {
+        TRY(tl_cuda_sync(p->c));
+        p->unfinished = 0;
+    }
     const int T = b->T, n_seq = b->n_seq, depth = b->depth;
     REQ(n_seq >= 1 && T >= n_seq, "batch of %d tokens from %d sequences", T, n_seq);
     REQ(T <= p->max_batch_tokens, "batch of %d tokens exceeds max_batch_tokens %d", T, p->max_batch_tokens);
@@ -666,6 +693,7 @@ static int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, 
         rc = logits_reserve(p, (size_t)rows * p->n_vocab, msg, cap);
         if (rc) return rc;
     }
+    p->unfinished = 1; /* cleared when the pass has synchronised */
     TRY(tl_cuda_upload(c, p->meta_d, h, total * sizeof(int32_t)));
     const int32_t *d = p->meta_d;
     const int32_t *tok_d = d + o_tok, *pos_d = d + o_pos;
@@ -731,10 +759,11 @@ static int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, 
         TRY(tl_cuda_get_rows(c, p->lx, p->x, TLC_F32, D, T, d + o_last, rows));
         TRY(tl_cuda_rmsnorm(c, p->lx, p->lx, p->output_norm, rows, D, eps));
         TRY(mm(p, p->logits, p->lx, &p->output, rows));
-        return finish_rows(p, b, rows, logits_host, msg, cap);
+        if ((rc = finish_rows(p, b, rows, logits_host, msg, cap))) return rc; /* ends with a download */
     } else {
         TRY(tl_cuda_sync(c)); /* surface asynchronous faults of this batch here */
     }
+    p->unfinished = 0;
     return 0;
 }
 
