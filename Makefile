@@ -74,12 +74,14 @@ build/tests-asan/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop-asan.a $(TEST_HDR)
 	@mkdir -p build/tests-asan
 	$(CC) $(CFLAGS) $(ASAN_FLAGS) -Itests/c -Itests/c/lib -o $@ $< $(TSUP_SRC) build/libtinyloop-asan.a $(LDLIBS)
 
-# The suites test the CPU path; tests/gpu/run.sh (make test-cuda) tests the GPU.
+# The suites test the CPU path, and the CUDA backend's kernels on the CPU
+# emulation (tests/gpu/emu, build/tests-emu); tests/gpu/run.sh (make
+# test-cuda) runs the same GPU tests on a real device.
 test test-asan: export TINYLOOP_BACKEND ?= cpu
 
-# make test: every test (C now; Lua specs join as they land), one summary line.
-test: deps all $(TESTS)
-	@sh tests/run.sh build/tests $(TESTS) tests/cli/test_cli.sh tests/spec/run.sh tests/integration/run.sh
+# make test: every test (C, CLI, Lua specs, nginx, the GPU tests on the emulation), one summary line.
+test: deps all $(TESTS) $(EMU_TESTS)
+	@sh tests/run.sh build/tests $(TESTS) $(EMU_TESTS) tests/cli/test_cli.sh tests/spec/run.sh tests/integration/run.sh
 
 test-asan: deps build/libtinyloop-asan.a $(ASAN_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \

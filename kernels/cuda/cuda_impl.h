@@ -4,10 +4,14 @@
 #ifndef TL_CUDA_IMPL_H
 #define TL_CUDA_IMPL_H
 
+#ifdef TLC_EMU /* the CPU emulation (tests/gpu/emu) */
+#include "cuda_emu.h"
+#else
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#endif
 #include <stdint.h>
 
 #include "tl_cuda.h"

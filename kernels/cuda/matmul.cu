@@ -56,10 +56,11 @@ static __global__ void kernel_matvec(float *out, const float *x, const uint8_t *
     }
 #pragma unroll
     for (int t = 0; t < MV_MAX_T; t++) {
+        if (t >= nt) break; /* warp-uniform: decode (nt = 1) reduces one sum, not eight */
         float s = acc[t];
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0 && t < nt) out[(size_t)(t0 + t) * n_out + r] = s;
+        if (lane == 0) out[(size_t)(t0 + t) * n_out + r] = s;
     }
 }
 
@@ -105,31 +106,27 @@ static int check_weights(int type, int64_t n_in, size_t *row_bytes) {
     return TL_CUDA_OK;
 }
 
-extern "C" TL_CUDA_API int tl_cuda_dequantize(tl_cuda *c, float *dst, const void *src, int type, int n_rows, int n) {
+/* dst (n_rows, n) of OUT = dequantize(src). */
+template <typename OUT> static int dequantize_rows(tl_cuda *c, OUT *dst, const void *src, int type, int n_rows, int n) {
     TLC_ARG(c && dst && src && n_rows >= 0, "bad arguments");
     size_t rb;
     int rc = check_weights(type, n, &rb);
     if (rc) return rc;
     if (n_rows == 0) return TL_CUDA_OK;
     TLC_BIND(c);
-    TLC_DISPATCH_TYPE(type, (kernel_dequantize<T_, float><<<n_rows, 128, 0, c->stream>>>(dst, (const uint8_t *)src, rb,
-                                                                                         n, NULL, n_rows)));
+    TLC_DISPATCH_TYPE(type, (kernel_dequantize<T_, OUT><<<n_rows, 128, 0, c->stream>>>(dst, (const uint8_t *)src, rb, n,
+                                                                                       NULL, n_rows)));
     TLC_LAUNCHED(kernel_dequantize);
     return TL_CUDA_OK;
 }
 
+extern "C" TL_CUDA_API int tl_cuda_dequantize(tl_cuda *c, float *dst, const void *src, int type, int n_rows, int n) {
+    return dequantize_rows(c, dst, src, type, n_rows, n);
+}
+
 extern "C" TL_CUDA_API int tl_cuda_dequantize_f16(tl_cuda *c, void *dst, const void *src, int type, int n_rows,
                                                   int n) {
-    TLC_ARG(c && dst && src && n_rows >= 0, "bad arguments");
-    size_t rb;
-    int rc = check_weights(type, n, &rb);
-    if (rc) return rc;
-    if (n_rows == 0) return TL_CUDA_OK;
-    TLC_BIND(c);
-    TLC_DISPATCH_TYPE(type, (kernel_dequantize<T_, __half><<<n_rows, 128, 0, c->stream>>>(
-                                (__half *)dst, (const uint8_t *)src, rb, n, NULL, n_rows)));
-    TLC_LAUNCHED(kernel_dequantize);
-    return TL_CUDA_OK;
+    return dequantize_rows(c, (__half *)dst, src, type, n_rows, n);
 }
 
 extern "C" TL_CUDA_API int tl_cuda_get_rows(tl_cuda *c, float *out, const void *table, int type, int dim, int n_rows,

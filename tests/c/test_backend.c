@@ -40,22 +40,8 @@ static tl_model *open_fake(int no_sampling, int fail_at, size_t kv_mem) {
     return rc == TL_OK ? m : NULL;
 }
 
-static void fill(int32_t *t, int n, uint32_t seed) {
-    for (int i = 0; i < n; i++) {
-        seed = seed * 1664525u + 1013904223u;
-        t[i] = 3 + (int32_t)((seed >> 8) % 500u);
-    }
-}
-
-static int gen(tl_model *m, const int32_t *p, int n, int max, int no_cache, const tl_sampling_params *sp,
-               int32_t *out) {
-    tl_generate_params gp = tl_generate_default_params();
-    gp.max_tokens = max;
-    gp.ignore_eos = 1;
-    gp.no_cache = no_cache;
-    if (sp) gp.sampling = *sp;
-    return tl_generate(m, p, n, gp, out, max);
-}
+/* prompts of ids in [3, 503) (stories260K has 512) */
+static void fill(int32_t *t, int n, uint32_t seed) { ref_fill_tokens(t, n, 503, seed); }
 
 static void test_open_and_kv(void) {
     tl_model *m = open_fake(0, 0, 0);
@@ -85,11 +71,11 @@ static void test_cache(void) {
         int s = suffixes[i];
         int32_t p[N], ref[GEN], got[GEN], one[1];
         fill(p, N, 40 + (uint32_t)i);
-        int nr = gen(m, p, N, GEN, 1, NULL, ref);
-        gen(m, p, N - s, 1, 0, NULL, one); /* caches the prefix */
+        int nr = ref_generate(m, p, N, GEN, 1, NULL, ref);
+        ref_generate(m, p, N - s, 1, 0, NULL, one); /* caches the prefix */
         tl_cache_stats a, b;
         tl_model_get_stats(m, &a);
-        int ng = gen(m, p, N, GEN, 0, NULL, got);
+        int ng = ref_generate(m, p, N, GEN, 0, NULL, got);
         tl_model_get_stats(m, &b);
         long saved = (long)(b.prefill_tokens_saved - a.prefill_tokens_saved);
         CHECK(saved == (s == 0 ? N - 1 : N - s), "suffix %d: %ld prompt tokens came from the cache", s, saved);
@@ -97,8 +83,8 @@ static void test_cache(void) {
               s, ref_first_diff(got, ng, ref, nr));
         /* another continuation of the cached prefix: its blocks are intact */
         fill(p + N - s - 1, s + 1, 900 + (uint32_t)i);
-        nr = gen(m, p, N, GEN, 1, NULL, ref);
-        ng = gen(m, p, N, GEN, 0, NULL, got);
+        nr = ref_generate(m, p, N, GEN, 1, NULL, ref);
+        ng = ref_generate(m, p, N, GEN, 0, NULL, got);
         CHECK(ref_same_ids(got, ng, ref, nr), "suffix %d: a second continuation == uncached (first difference at %d)",
               s, ref_first_diff(got, ng, ref, nr));
     }
@@ -188,10 +174,10 @@ static void test_window_and_failure(void) {
     if (m) {
         int32_t p[20], out[8];
         fill(p, 20, 5);
-        int n = gen(m, p, 20, 8, 0, NULL, out);
+        int n = ref_generate(m, p, 20, 8, 0, NULL, out);
         CHECK(n == TL_ERR_STATE && strstr(tl_last_error(), "injected failure at forward"),
               "a failing forward fails the request with the plugin's message (%d: %s)", n, tl_last_error());
-        n = gen(m, p, 20, 8, 0, NULL, out);
+        n = ref_generate(m, p, 20, 8, 0, NULL, out);
         CHECK(n == 8, "the model serves the next request (%d: %s)", n, n < 0 ? tl_last_error() : "");
         tl_model_close(m);
     }

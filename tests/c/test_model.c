@@ -11,11 +11,9 @@
 #include "tinyloop.h"
 
 static void test_reference(const char *shared) {
-    char path[512], ref_path[512];
-    snprintf(path, sizeof path, "%s/models/stories260K.gguf", shared);
-    snprintf(ref_path, sizeof ref_path, "%s/ref/stories260K_greedy.json", shared);
+    char path[512];
     ref_case cases[8];
-    int n_cases = ref_load(ref_path, cases, 8);
+    int n_cases = ref_load_shared(shared, path, sizeof path, cases, 8);
     CHECK(n_cases == 5, "the reference file holds 5 prompts (got %d)", n_cases);
     for (int kv = 0; kv < 2; kv++) {
         tl_model_params mp = tl_model_default_params();

@@ -255,52 +255,26 @@ int main(void) {
         printf("0 passed, 0 failed\n");
         return 0;
     }
-    tcase cases[6];
-    int n = 0;
-    /* llama, f32 everything: the tight check */
-    cases[n] = (tcase){.name = "llama f32/kv f32", .spec = tm_default_spec(), .kv_type = TL_KV_F32, .tol = 1e-5};
-    n++;
-    /* llama, f16 weights, f16 KV */
-    cases[n] = (tcase){.name = "llama f16/kv f16", .spec = tm_default_spec(), .kv_type = TL_KV_F16, .tol = 1e-3};
-    cases[n].spec.type = TL_TYPE_F16;
-    n++;
-    /* llama with a loop block run twice (depth 5 over 3 layers), Q4_0 */
-    cases[n] = (tcase){.name = "llama loop q4_0", .spec = tm_default_spec(), .kv_type = TL_KV_F16, .loops = 2,
-                       .tol = 1e-3};
-    cases[n].spec.type = TL_TYPE_Q4_0;
-    cases[n].spec.n_layer = 3;
-    cases[n].spec.loop_start = 1;
-    cases[n].spec.loop_end = 3;
-    cases[n].spec.loop_default = 2;
-    cases[n].spec.seed = 7;
-    n++;
-    /* qwen2: biases, NEOX, Q8_0 */
-    cases[n] = (tcase){.name = "qwen2 bias q8_0", .spec = tm_default_spec(), .kv_type = TL_KV_F16, .tol = 1e-3};
-    cases[n].spec.qwen2 = 1;
-    cases[n].spec.bias = 1;
-    cases[n].spec.type = TL_TYPE_Q8_0;
-    cases[n].spec.seed = 3;
-    n++;
-    /* gemma3: q/k norms, post norms, GeGLU, window 8 on 5 of 6 layers, Q4_K (dims of 256) */
-    cases[n] = (tcase){.name = "gemma3 swa q4_k", .spec = tm_default_spec(), .kv_type = TL_KV_F16, .tol = 1e-3};
-    cases[n].spec.gemma3 = 1;
-    cases[n].spec.sliding_window = 8;
-    cases[n].spec.n_layer = 6;
-    cases[n].spec.n_embd = 256;
-    cases[n].spec.n_head = 4;
-    cases[n].spec.n_head_kv = 1;
-    cases[n].spec.n_ff = 512;
-    cases[n].spec.type = TL_TYPE_Q4_K;
-    cases[n].spec.seed = 5;
-    n++;
-    /* gemma3 in f32 with f32 KV: the window logic under the tight tolerance */
-    cases[n] = (tcase){.name = "gemma3 swa f32/kv f32", .spec = tm_default_spec(), .kv_type = TL_KV_F32,
-                       .tol = 1e-5};
-    cases[n].spec.gemma3 = 1;
-    cases[n].spec.sliding_window = 8;
-    cases[n].spec.n_layer = 6;
-    cases[n].spec.seed = 9;
-    n++;
+    tm_spec arch[TM_ARCH_CASES];
+    const char *names[TM_ARCH_CASES];
+    tm_arch_cases(arch, names);
+    /* the four architectures (llama in f32 with f32 KV: the tight check;
+     * the loop model at depth 5 over 3 layers), llama with f16 weights and
+     * gemma3 in f32; even cases also get a request cache_window */
+    tcase cases[6] = {
+        {.name = names[0], .spec = arch[0], .kv_type = TL_KV_F32, .tol = 1e-5},
+        {.name = "llama f16/kv f16", .spec = arch[0], .kv_type = TL_KV_F16, .tol = 1e-3},
+        {.name = names[1], .spec = arch[1], .kv_type = TL_KV_F16, .loops = 2, .tol = 1e-3},
+        {.name = names[2], .spec = arch[2], .kv_type = TL_KV_F16, .tol = 1e-3},
+        {.name = names[3], .spec = arch[3], .kv_type = TL_KV_F16, .tol = 1e-3},
+        {.name = "gemma3 swa f32/kv f32", .spec = tm_default_spec(), .kv_type = TL_KV_F32, .tol = 1e-5},
+    };
+    cases[1].spec.type = TL_TYPE_F16;
+    cases[5].spec.gemma3 = 1;
+    cases[5].spec.sliding_window = 8;
+    cases[5].spec.n_layer = 6;
+    cases[5].spec.seed = 9;
+    int n = 6;
     for (int i = 0; i < n; i++) run_case(&cases[i], i);
     return test_summary();
 }

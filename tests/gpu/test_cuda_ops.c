@@ -7,9 +7,8 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "gpu_test.h"
 #include "quants.h"
-#include "test.h"
-#include "tl_cuda.h"
 
 static tl_cuda *ctx;
 
@@ -513,16 +512,8 @@ static void bench(void) {
 }
 
 int main(int argc, char **argv) {
-    int n_dev = 0;
-    tl_cuda_device_count(&n_dev);
-    if (n_dev == 0) {
-        printf("SKIP: no CUDA device\n");
-        return test_summary();
-    }
+    if (!gpu_test_open(&ctx)) return test_summary();
     tl_kernels_init();
-    int rc = tl_cuda_init(0, &ctx);
-    CHECK(rc == TL_CUDA_OK, "tl_cuda_init(0): %s", tl_cuda_last_error());
-    if (rc != TL_CUDA_OK) return test_summary();
     char name[256];
     if (tl_cuda_device_name(ctx, name, sizeof name) == TL_CUDA_OK) printf("device: %s\n", name);
     test_dequantize_and_get_rows();

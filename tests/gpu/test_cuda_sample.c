@@ -18,9 +18,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpu_test.h"
 #include "sampler.h"
-#include "test.h"
-#include "tl_cuda.h"
 
 static tl_cuda *ctx;
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
@@ -242,15 +241,7 @@ static void bench(void) {
 }
 
 int main(int argc, char **argv) {
-    int n_dev = 0;
-    tl_cuda_device_count(&n_dev);
-    if (n_dev == 0) {
-        printf("SKIP: no CUDA device\n");
-        return test_summary();
-    }
-    int rc = tl_cuda_init(0, &ctx);
-    CHECK(rc == TL_CUDA_OK, "tl_cuda_init(0): %s", tl_cuda_last_error());
-    if (rc != TL_CUDA_OK) return test_summary();
+    if (!gpu_test_open(&ctx)) return test_summary();
     test_topk();
     test_sample_vocab(200, 0);
     test_sample_vocab(32000, 0);

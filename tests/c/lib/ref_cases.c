@@ -41,6 +41,30 @@ int ref_load(const char *path, ref_case *cases, int cap) {
     return n;
 }
 
+int ref_load_shared(const char *shared, char *model_path, size_t path_cap, ref_case *cases, int cap) {
+    char ref_path[1024];
+    snprintf(model_path, path_cap, "%s/models/stories260K.gguf", shared);
+    snprintf(ref_path, sizeof ref_path, "%s/ref/stories260K_greedy.json", shared);
+    return ref_load(ref_path, cases, cap);
+}
+
+int ref_generate(tl_model *m, const int32_t *prompt, int n_prompt, int max_tokens, int no_cache,
+                 const tl_sampling_params *sp, int32_t *out) {
+    tl_generate_params gp = tl_generate_default_params();
+    gp.max_tokens = max_tokens;
+    gp.ignore_eos = 1;
+    gp.no_cache = no_cache;
+    if (sp) gp.sampling = *sp;
+    return tl_generate(m, prompt, n_prompt, gp, out, max_tokens);
+}
+
+void ref_fill_tokens(int32_t *t, int n, int n_vocab, uint32_t seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        t[i] = 3 + (int32_t)((seed >> 8) % (uint32_t)(n_vocab - 3));
+    }
+}
+
 int ref_same_ids(const int32_t *a, int na, const int32_t *b, int nb) {
     return na == nb && memcmp(a, b, (size_t)na * sizeof *a) == 0;
 }

@@ -9,6 +9,34 @@
 #include "gguf_writer.h"
 #include "quants.h"
 
+int tm_arch_cases(tm_spec *c, const char **names) {
+    static const char *const n[TM_ARCH_CASES] = {"llama f32", "llama loop q4_0", "qwen2 bias q8_0", "gemma3 swa q4_k"};
+    for (int i = 0; i < TM_ARCH_CASES; i++) {
+        c[i] = tm_default_spec();
+        names[i] = n[i];
+    }
+    c[1].type = TL_TYPE_Q4_0;
+    c[1].n_layer = 3;
+    c[1].loop_start = 1;
+    c[1].loop_end = 3;
+    c[1].loop_default = 2;
+    c[1].seed = 7;
+    c[2].qwen2 = 1;
+    c[2].bias = 1;
+    c[2].type = TL_TYPE_Q8_0;
+    c[2].seed = 3;
+    c[3].gemma3 = 1;
+    c[3].sliding_window = 8;
+    c[3].n_layer = 6;
+    c[3].n_embd = 256;
+    c[3].n_head = 4;
+    c[3].n_head_kv = 1;
+    c[3].n_ff = 512;
+    c[3].type = TL_TYPE_Q4_K;
+    c[3].seed = 5;
+    return TM_ARCH_CASES;
+}
+
 tm_spec tm_default_spec(void) {
     tm_spec s;
     memset(&s, 0, sizeof s);

@@ -28,6 +28,13 @@ typedef struct tm_spec {
 } tm_spec;
 
 tm_spec tm_default_spec(void); /* small: vocab 320, dim 64, 2 layers, 4 heads (2 kv), ff 128, f32 */
+/* The architectures a backend is checked on, small, into specs/names
+ * (room for TM_ARCH_CASES): llama f32; llama with a loop block (layers 1-2
+ * run twice, Q4_0); qwen2 with Q/K/V biases and NEOX RoPE (Q8_0); gemma3
+ * with Q/K norms, post norms, GeGLU and a window of 8 on 5 of 6 layers
+ * (Q4_K, dims of 256). Returns TM_ARCH_CASES. */
+#define TM_ARCH_CASES 4
+int tm_arch_cases(tm_spec *specs, const char **names);
 /* Returns 0 on success, -1 on failure (message on stderr). */
 int tm_write(const tm_spec *spec, const char *path);
 
