@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <unistd.h>
 
+#include "ref_cases.h"
 #include "test.h"
 #include "testmodel.h"
 #include "tinyloop.h"
@@ -63,14 +64,6 @@ static void test_synthetic_window(void) {
         tl_model_close(m[i]);
         remove(path[i]);
     }
-}
-
-static const char *default_model(void) {
-    static char path[512];
-    const char *dir = getenv("TINYLOOP_MODELS"), *home = getenv("HOME");
-    if (dir) snprintf(path, sizeof path, "%s/gemma-3-270m-q4_k_m.gguf", dir);
-    else snprintf(path, sizeof path, "%s/.cache/tinyloop/models/gemma-3-270m-q4_k_m.gguf", home ? home : "");
-    return access(path, R_OK) == 0 ? path : NULL;
 }
 
 static int ask(tl_model *m, const char *text, int n, char *answer, int cap, int no_cache) {
@@ -145,7 +138,7 @@ static void test_gemma_model(const char *path) {
 
 int main(void) {
     test_synthetic_window();
-    const char *path = default_model();
+    const char *path = ref_default_model();
     if (path) test_gemma_model(path);
     else printf("SKIP Gemma 3 270M tests: the default model is not fetched (make model)\n");
     return test_summary();

@@ -20,6 +20,8 @@
  *      same tokens as each run alone.
  *   5. KV sizing: without kv_mem the arena takes most of the free device
  *      memory; with kv_mem it is that size.
+ *   6. Gemma 3 270M (the default model, when make model has fetched it):
+ *      GPU greedy == CPU greedy up to a near-tie.
  *
  * Without a CUDA device: "SKIP: no CUDA device" and "0 passed, 0 failed". */
 #include <stdio.h>
@@ -281,6 +283,32 @@ static void test_kv_sizing(const char *shared) {
     tl_model_close(gpu);
 }
 
+/* 6: the default model when it has been fetched (make model): Gemma 3
+ * 270M, head_dim 256 (the attention kernel's large shared-memory
+ * configuration), a 262,144-token vocabulary, Q4_K/Q6_K/Q8_0 weights. */
+static void test_gemma(void) {
+    const char *path = ref_default_model();
+    if (!path) {
+        printf("  no default model (make model fetches Gemma 3 270M): its check is skipped\n");
+        return;
+    }
+    static const char *prompts[] = {"The capital of France is", "def fibonacci(n):", "Once upon a time, a robot"};
+    tl_model_params mp = tl_model_default_params();
+    mp.max_seq_len = 256;
+    tl_model *cpu = open_on(path, "cpu", 0, mp), *gpu = open_on(path, "cuda", 0, mp);
+    const int n_prompts = quick ? 1 : 3, n_gen = quick ? 4 : 24;
+    for (int i = 0; cpu && gpu && i < n_prompts; i++) {
+        int32_t ids[64], a[32], b[32];
+        int n = tl_tokenize(cpu, prompts[i], (int)strlen(prompts[i]), 1, 0, ids, 64);
+        int na = ref_generate(cpu, ids, n, n_gen, 1, NULL, a), nb = ref_generate(gpu, ids, n, n_gen, 1, NULL, b);
+        char what[128];
+        snprintf(what, sizeof what, "Gemma 3 270M '%s': GPU greedy == CPU greedy (%d tokens)", prompts[i], nb);
+        check_same_or_tie(cpu, ids, n, a, na, b, nb, what);
+    }
+    tl_model_close(cpu);
+    tl_model_close(gpu);
+}
+
 int main(void) {
     int n_dev = 0;
     tl_cuda_device_count(&n_dev);
@@ -299,7 +327,9 @@ int main(void) {
     test_batch_sampling(shared);
     double t3 = tl_clock();
     test_kv_sizing(shared);
-    printf("  time: reference %.1f s, synthetic %.1f s, batch sampling %.1f s, kv sizing %.1f s\n", t1 - t0, t2 - t1,
-           t3 - t2, tl_clock() - t3);
+    double t4 = tl_clock();
+    test_gemma();
+    printf("  time: reference %.1f s, synthetic %.1f s, batch sampling %.1f s, kv sizing %.1f s, gemma %.1f s\n",
+           t1 - t0, t2 - t1, t3 - t2, t4 - t3, tl_clock() - t4);
     return test_summary();
 }

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int parse_ids(const char *p, int32_t *out, int cap) {
     int n = 0;
@@ -56,6 +57,14 @@ int ref_generate(tl_model *m, const int32_t *prompt, int n_prompt, int max_token
     gp.no_cache = no_cache;
     if (sp) gp.sampling = *sp;
     return tl_generate(m, prompt, n_prompt, gp, out, max_tokens);
+}
+
+const char *ref_default_model(void) {
+    static char path[512];
+    const char *dir = getenv("TINYLOOP_MODELS"), *home = getenv("HOME");
+    if (dir) snprintf(path, sizeof path, "%s/gemma-3-270m-q4_k_m.gguf", dir);
+    else snprintf(path, sizeof path, "%s/.cache/tinyloop/models/gemma-3-270m-q4_k_m.gguf", home ? home : "");
+    return access(path, R_OK) == 0 ? path : NULL;
 }
 
 void ref_fill_tokens(int32_t *t, int n, int n_vocab, uint32_t seed) {

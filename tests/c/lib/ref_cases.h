@@ -26,6 +26,9 @@ int ref_load_shared(const char *shared, char *model_path, size_t path_cap, ref_c
  * prefix cache, greedy when sp is NULL; returns the count or < 0. */
 int ref_generate(tl_model *m, const int32_t *prompt, int n_prompt, int max_tokens, int no_cache,
                  const tl_sampling_params *sp, int32_t *out);
+/* The path of the default model (Gemma 3 270M, fetched by make model) if it
+ * is there, else NULL: $TINYLOOP_MODELS or ~/.cache/tinyloop/models. */
+const char *ref_default_model(void);
 /* n pseudo-random ids in [3, n_vocab) from seed. */
 void ref_fill_tokens(int32_t *t, int n, int n_vocab, uint32_t seed);
 /* 1 when the two id lists are equal. */
