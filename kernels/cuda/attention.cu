@@ -22,6 +22,8 @@
 #define ATT_ROWS (ATT_WARPS * ATT_RPW)     /* rows per block */
 #define ATT_BK 32                          /* positions per K/V tile (= lanes) */
 #define ATT_MAX_HD 256
+#define ATT_SPLIT_MIN 256      /* shortest position range a decode split gets (auto) */
+#define ATT_TARGET_BLOCKS 264  /* blocks that keep an H100/H200 (132 SMs) busy, twice over */
 
 static __device__ __forceinline__ float kv_load(const __half *p, size_t i) { return __half2float(p[i]); }
 static __device__ __forceinline__ float kv_load(const float *p, size_t i) { return p[i]; }
@@ -40,18 +42,24 @@ static __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-/* Decode when sq.q_start is NULL: sequence s has one query, row s. */
+/* Decode when sq.q_start is NULL: sequence s has one query, row s. With
+ * n_split > 1 (decode), block x covers row block x / n_split and positions
+ * [split * split_len, (split + 1) * split_len), and writes its unnormalised
+ * state (max, sum, accumulator: hd + 2 floats per query head) to part for
+ * kernel_attn_combine. */
 template <typename KT>
 static __global__ void __launch_bounds__(32 * ATT_WARPS)
     kernel_attention(float *out, const float *q, int q_stride, const uint8_t *arena, size_t block_bytes, int bs,
-                     int n_head_kv, int hd, int group, tl_cuda_attn_seqs sq, int window, float scale) {
+                     int n_head_kv, int hd, int group, tl_cuda_attn_seqs sq, int window, float scale, int n_split,
+                     int split_len, float *part) {
     extern __shared__ float smem[];
     const int s = blockIdx.y, kvh = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int qs = sq.q_start ? sq.q_start[s] : s;
     const int ql = sq.q_start ? sq.q_len[s] : 1;
     const int p0 = sq.pos0[s];
-    const int rows = ql * group, row0 = blockIdx.x * ATT_ROWS;
+    const int split = blockIdx.x % n_split;
+    const int rows = ql * group, row0 = blockIdx.x / n_split * ATT_ROWS;
     if (row0 >= rows) return;
     int w = window;
     const int sw = sq.window ? sq.window[s] : 0;
@@ -84,7 +92,12 @@ static __global__ void __launch_bounds__(32 * ATT_WARPS)
         for (int i = 0; i < ATT_MAX_HD / 32; i++) acc[k][i] = 0.0f;
     }
 
-    for (int jb = jlo; jb <= pmax; jb += ATT_BK) {
+    int jb0 = jlo, jend = pmax;
+    if (n_split > 1) { /* split_len is a multiple of ATT_BK: tiles stay aligned */
+        jb0 = max(jlo, split * split_len);
+        jend = min(pmax, (split + 1) * split_len - 1);
+    }
+    for (int jb = jb0; jb <= jend; jb += ATT_BK) {
         __syncthreads(); /* the previous tile is consumed (and Qs written, first time) */
         for (int i = threadIdx.x; i < ATT_BK * hd; i += blockDim.x) {
             const int jj = i / hd, d = i % hd, j = jb + jj;
@@ -144,6 +157,16 @@ static __global__ void __launch_bounds__(32 * ATT_WARPS)
     for (int k = 0; k < ATT_RPW; k++) {
         const int rr = row0 + warp + ATT_WARPS * k;
         if (rr >= rows) continue;
+        if (n_split > 1) { /* decode: row rr is query head kvh * group + rr */
+            float *pp = part + ((size_t)(s * n_head + kvh * group + rr) * n_split + split) * (hd + 2);
+            if (lane == 0) pp[0] = m[k], pp[1] = l[k];
+#pragma unroll
+            for (int i = 0; i < ATT_MAX_HD / 32; i++) {
+                const int d = lane + 32 * i;
+                if (d < hd) pp[2 + d] = acc[k][i];
+            }
+            continue;
+        }
         const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
         float *o = out + (size_t)(qs + rr / group) * n_head * hd + (size_t)(kvh * group + rr % group) * hd;
 #pragma unroll
@@ -151,6 +174,26 @@ static __global__ void __launch_bounds__(32 * ATT_WARPS)
             const int d = lane + 32 * i;
             if (d < hd) o[d] = acc[k][i] * inv;
         }
+    }
+}
+
+/* Block (s * n_head + h): the split states of one decode query, rescaled
+ * to their common max and summed, then normalised. */
+static __global__ void kernel_attn_combine(float *out, const float *part, int n_split, int hd) {
+    const float *p = part + (size_t)blockIdx.x * n_split * (hd + 2);
+    float mx = -INFINITY, sum = 0.0f;
+    for (int i = 0; i < n_split; i++) mx = fmaxf(mx, p[(size_t)i * (hd + 2)]);
+    for (int i = 0; i < n_split; i++) {
+        const float mi = p[(size_t)i * (hd + 2)];
+        if (mi != -INFINITY) sum += p[(size_t)i * (hd + 2) + 1] * expf(mi - mx);
+    }
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float a = 0.0f;
+        for (int i = 0; i < n_split; i++) {
+            const float mi = p[(size_t)i * (hd + 2)];
+            if (mi != -INFINITY) a += p[(size_t)i * (hd + 2) + 2 + d] * expf(mi - mx);
+        }
+        out[(size_t)blockIdx.x * hd + d] = sum > 0.0f ? a / sum : 0.0f;
     }
 }
 
@@ -240,8 +283,32 @@ static int attention(tl_cuda *c, float *out, const float *q, int q_stride, const
     }
     const int hd = kv->head_dim;
     const size_t smem = (size_t)(ATT_ROWS * hd + ATT_BK * (hd + 1) + ATT_BK * hd) * sizeof(float);
-    const dim3 grid((unsigned)(((int64_t)max_q * group + ATT_ROWS - 1) / ATT_ROWS), (unsigned)s.n_seq,
-                    (unsigned)kv->n_head_kv);
+    const int n_rb = (int)(((int64_t)max_q * group + ATT_ROWS - 1) / ATT_ROWS);
+    int n_split = 1, split_len = 0;
+    if (decode && s.split >= 0 && s.max_pos > 0) {
+        int len = s.split;
+        TLC_ARG(len % ATT_BK == 0, "split %d is not a multiple of %d", len, ATT_BK);
+        const int64_t blocks = (int64_t)n_rb * s.n_seq * kv->n_head_kv;
+        if (len == 0 && s.max_pos > ATT_SPLIT_MIN && blocks < ATT_TARGET_BLOCKS) {
+            /* enough splits to fill the device, each at least ATT_SPLIT_MIN long */
+            const int64_t want = (ATT_TARGET_BLOCKS + blocks - 1) / blocks;
+            len = (int)((s.max_pos + want - 1) / want);
+            len = len < ATT_SPLIT_MIN ? ATT_SPLIT_MIN : (len + ATT_BK - 1) / ATT_BK * ATT_BK;
+        }
+        if (len > 0 && s.max_pos > len) {
+            n_split = (s.max_pos + len - 1) / len;
+            split_len = len;
+        }
+    }
+    float *part = NULL;
+    if (n_split > 1) {
+        TLC_ARG((int64_t)n_rb * n_split <= INT32_MAX, "%d splits of %d row blocks", n_split, n_rb);
+        rc = tlc_scratch(c, &c->att_part, &c->att_part_bytes,
+                         (size_t)s.n_seq * n_head * n_split * (hd + 2) * sizeof(float));
+        if (rc) return rc;
+        part = (float *)c->att_part;
+    }
+    const dim3 grid((unsigned)(n_rb * n_split), (unsigned)s.n_seq, (unsigned)kv->n_head_kv);
     const size_t bb = tl_cuda_kv_block_bytes(kv);
     const uint8_t *a = (const uint8_t *)kv->arena;
     if (kv->kv_type == TL_CUDA_KV_F16) {
@@ -249,15 +316,21 @@ static int attention(tl_cuda *c, float *out, const float *q, int q_stride, const
             TLC_CHECK(cudaFuncSetAttribute(kernel_attention<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem));
         kernel_attention<__half><<<grid, 32 * ATT_WARPS, smem, c->stream>>>(
-            out, q, q_stride, a, bb, kv->block_size, kv->n_head_kv, hd, group, s, window, scale);
+            out, q, q_stride, a, bb, kv->block_size, kv->n_head_kv, hd, group, s, window, scale, n_split, split_len,
+            part);
     } else {
         if (smem > 48 * 1024)
             TLC_CHECK(cudaFuncSetAttribute(kernel_attention<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)smem));
         kernel_attention<float><<<grid, 32 * ATT_WARPS, smem, c->stream>>>(
-            out, q, q_stride, a, bb, kv->block_size, kv->n_head_kv, hd, group, s, window, scale);
+            out, q, q_stride, a, bb, kv->block_size, kv->n_head_kv, hd, group, s, window, scale, n_split, split_len,
+            part);
     }
     TLC_LAUNCHED(kernel_attention);
+    if (n_split > 1) {
+        kernel_attn_combine<<<s.n_seq * n_head, hd < 128 ? 64 : 128, 0, c->stream>>>(out, part, n_split, hd);
+        TLC_LAUNCHED(kernel_attn_combine);
+    }
     return TL_CUDA_OK;
 }
 

@@ -79,6 +79,7 @@ extern "C" TL_CUDA_API void tl_cuda_free(tl_cuda *c) {
     if (c->x16) cudaFree(c->x16);
     if (c->ids) cudaFree(c->ids);
     if (c->smp) cudaFree(c->smp);
+    if (c->att_part) cudaFree(c->att_part);
     cublasDestroy(c->blas);
     cudaStreamDestroy(c->stream);
     free(c);

@@ -30,6 +30,8 @@ struct tl_cuda {
     int ids_cap;
     void *smp;           /* sampling scratch (sample.cu) */
     size_t smp_bytes;
+    void *att_part;      /* split decode attention partials (attention.cu) */
+    size_t att_part_bytes;
 };
 
 /* Records "call failed at file:line: detail" and returns code. */

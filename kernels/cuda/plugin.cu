@@ -78,6 +78,7 @@ typedef struct plugin {
     int *layer_window; /* host (n_layer) */
     int kv_blocks, max_batch_tokens, max_seq_len;
     int exact; /* TINYLOOP_CUDA_EXACT=1: batch-invariant arithmetic (see mm) */
+    int attn_split; /* TINYLOOP_CUDA_ATTN_SPLIT: decode attention split length, 0 auto, -1 never */
 
     dev_w tok_embd, output;
     float *output_norm, *rope_freqs;
@@ -380,6 +381,10 @@ static int init_inner(plugin *p, const tl_backend_model *m, char *msg, size_t ca
 
     const char *ex = getenv("TINYLOOP_CUDA_EXACT");
     p->exact = ex && *ex && strcmp(ex, "0") != 0;
+    const char *sp = getenv("TINYLOOP_CUDA_ATTN_SPLIT");
+    p->attn_split = p->exact ? -1 : sp && *sp ? atoi(sp) : 0;
+    REQ(p->attn_split == -1 || (p->attn_split >= 0 && p->attn_split % 32 == 0),
+        "TINYLOOP_CUDA_ATTN_SPLIT=%s: -1, 0 or a multiple of 32", sp ? sp : "");
     const char *env = getenv("TINYLOOP_CUDA_DEVICE");
     int device = env && *env ? atoi(env) : 0;
     TRY(tl_cuda_init(device, &p->c));
@@ -674,7 +679,9 @@ static int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, 
         for (int vl = 0; vl < depth; vl++)
             h[o_slot + (size_t)vl * T + t] = b->block_ids[s][(size_t)(pos / bs) * depth + vl] * bs + pos % bs;
     }
-    int max_q = 0, rows = 0;
+    int max_q = 0, rows = 0, max_pos = 0;
+    for (int t = 0; t < T; t++)
+        if (b->pos[t] + 1 > max_pos) max_pos = b->pos[t] + 1;
     for (int t = 0, s = 0; s < n_seq; s++) {
         const int t0 = t;
         while (t < T && b->tok_seq[t] == s) t++;
@@ -734,6 +741,8 @@ static int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, 
         sq.blk_stride = depth;
         sq.window = d + o_win;
         sq.max_q_len = max_q;
+        sq.split = p->attn_split; /* -1 in the exact mode: a split changes the summation order */
+        sq.max_pos = b->pos[T - 1] + 1 > max_pos ? b->pos[T - 1] + 1 : max_pos;
         if (decode)
             TRY(tl_cuda_attn_decode(c, p->att, p->q, q_dim, &p->kv, &sq, p->n_head, window, att_scale));
         else

@@ -213,6 +213,13 @@ typedef struct tl_cuda_attn_seqs {
     int seq_stride, blk_stride;
     const int32_t *window;    /* device (n_seq) per-sequence sliding window, 0 = none; NULL = none */
     int max_q_len;            /* host: max of q_len (sizes the grid) (prefill) */
+    /* Decode only: split each sequence's positions into ranges of `split`
+     * (a multiple of 32) that separate blocks reduce, then combine them
+     * (flash-decoding: few long sequences still fill the device). 0 = the
+     * launcher decides from max_pos and the grid, -1 = never (the exact
+     * mode: one summation order whatever the batch). */
+    int split;
+    int max_pos;              /* host: > every pos0 (positions a query sees at most); 0 = unknown (no split) */
 } tl_cuda_attn_seqs;
 
 /* Decode: one query per sequence, row s of q. Query row s, head h sees

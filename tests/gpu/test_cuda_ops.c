@@ -408,7 +408,9 @@ static void test_attention_kv(int f32) {
     for (int wcase = 0; wcase < 3; wcase++) {
         /* 0: no window; 1: layer window 20; 2: per-sequence windows {0, 10, 0}. */
         int lw = wcase == 1 ? 20 : 0;
-        tl_cuda_attn_seqs sq = {N_SEQ, dqstart, dqlen, dpos0, dtab, MAX_LB * DEPTH, DEPTH, wcase == 2 ? dwin : NULL, 37};
+        tl_cuda_attn_seqs sq = {.n_seq = N_SEQ, .q_start = dqstart, .q_len = dqlen, .pos0 = dpos0, .block_ids = dtab,
+                                .seq_stride = MAX_LB * DEPTH, .blk_stride = DEPTH,
+                                .window = wcase == 2 ? dwin : NULL, .max_q_len = 37};
         for (int s = 0; s < N_SEQ; s++)
             for (int t = 0; t < q_len[s]; t++) {
                 int w = lw;
@@ -432,12 +434,21 @@ static void test_attention_kv(int f32) {
         for (int s = 0; s < N_SEQ; s++)
             ref_attention(ref + (size_t)s * NH * HD, q + (size_t)s * (NH * HD + 7), arena, f32, bb, &tables[s][1],
                           dpos[s], wcase == 2 ? seq_win[s] : lw, scale);
-        rc = ddpos ? tl_cuda_attn_decode(ctx, dout, dq, NH * HD + 7, &kv, &sq, NH, lw, scale) : -1;
-        CHECK(rc == TL_CUDA_OK, "%s: decode attention runs: %s", kvn, tl_cuda_last_error());
-        if (rc == TL_CUDA_OK && dev_get(got, dout, sizeof(float) * N_SEQ * NH * HD) == TL_CUDA_OK) {
-            double e = nmse(got, ref, (size_t)N_SEQ * NH * HD);
-            CHECK(e < TOL_F32, "%s window case %d: decode over %d sequences matches (nmse %.3g)", kvn, wcase, N_SEQ, e);
+        /* whole ranges, then split into 32-position ranges (flash-decoding), then the launcher's choice */
+        static const int splits[] = {-1, 32, 0};
+        sq.max_pos = 0;
+        for (int s = 0; s < N_SEQ; s++) sq.max_pos = dpos[s] + 1 > sq.max_pos ? dpos[s] + 1 : sq.max_pos;
+        for (int si = 0; si < 3; si++) {
+            sq.split = splits[si];
+            rc = ddpos ? tl_cuda_attn_decode(ctx, dout, dq, NH * HD + 7, &kv, &sq, NH, lw, scale) : -1;
+            CHECK(rc == TL_CUDA_OK, "%s: decode attention runs: %s", kvn, tl_cuda_last_error());
+            if (rc == TL_CUDA_OK && dev_get(got, dout, sizeof(float) * N_SEQ * NH * HD) == TL_CUDA_OK) {
+                double e = nmse(got, ref, (size_t)N_SEQ * NH * HD);
+                CHECK(e < TOL_F32, "%s window case %d: decode over %d sequences (split %d) matches (nmse %.3g)", kvn,
+                      wcase, N_SEQ, splits[si], e);
+            }
         }
+        sq.split = 0;
         tl_cuda_dealloc(ctx, ddpos);
     }
     /* Copy-on-write block copy. */
