@@ -516,7 +516,10 @@ static int run_group(tl_model *m, int loops) {
         if (want[i] && tl_backend_sample_k(m) > 0 && s->dev_smp[row].on_device) {
             int tok = s->dev_ids[row++];
             if (tok < 0 || tok >= m->hp.n_vocab) {
-                fail(m, rq[i], TL_ERR_STATE, "the backend sampled token id outside the vocab");
+                char msg[128];
+                snprintf(msg, sizeof msg, "the %s backend sampled token id %d, outside the vocab [0, %d)",
+                         tl_backend_name(m), tok, m->hp.n_vocab);
+                fail(m, rq[i], TL_ERR_STATE, msg);
             } else {
                 rq[i]->rng = s->dev_rng[row - 1];
                 accept_token(m, rq[i], tok);

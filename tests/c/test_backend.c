@@ -13,7 +13,8 @@
  *     penalty ids the scheduler sends reproduce the host's chain;
  *   - a request with a cache_window never reads released blocks;
  *   - a failing forward fails its request with the plugin's message and
- *     the model keeps serving. */
+ *     the model keeps serving; a sampled id outside the vocab fails its
+ *     request naming the id. */
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -179,6 +180,18 @@ static void test_window_and_failure(void) {
               "a failing forward fails the request with the plugin's message (%d: %s)", n, tl_last_error());
         n = ref_generate(m, p, 20, 8, 0, NULL, out);
         CHECK(n == 8, "the model serves the next request (%d: %s)", n, n < 0 ? tl_last_error() : "");
+        tl_model_close(m);
+    }
+    setenv("FAKE_BACKEND_BAD_IDS", "1", 1);
+    m = open_fake(0, 0, 0);
+    unsetenv("FAKE_BACKEND_BAD_IDS");
+    if (m) {
+        int32_t p[20], out[8];
+        fill(p, 20, 6);
+        int n = ref_generate(m, p, 20, 8, 0, NULL, out);
+        CHECK(n == TL_ERR_STATE && strstr(tl_last_error(), "sampled token id 512, outside the vocab [0, 512)"),
+              "a token id outside the vocab from the backend fails the request, naming it (%d: %s)", n,
+              tl_last_error());
         tl_model_close(m);
     }
 }

@@ -14,7 +14,8 @@
  * penalty applied from the ids the engine sent.
  *
  * Environment: FAKE_BACKEND_NO_SAMPLING=1 (max_sample_k 0: the host
- * samples), FAKE_BACKEND_FAIL_AT=N (the N-th forward call fails). */
+ * samples), FAKE_BACKEND_FAIL_AT=N (the N-th forward call fails),
+ * FAKE_BACKEND_BAD_IDS=1 (sampled ids outside the vocab). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +28,7 @@ typedef struct fake {
     uint64_t *slots; /* kv_blocks * bs: what each KV slot holds (0 = never written) */
     float *row;      /* n_vocab */
     tl_sampler smp;
-    int forwards, fail_at;
+    int forwards, fail_at, bad_ids;
 } fake;
 
 static uint64_t mix(uint64_t z) {
@@ -62,6 +63,8 @@ static int fk_init(const tl_backend_model *m, void **ctx, char *msg, size_t cap)
     f->kv_blocks = m->kv_auto ? m->kv_blocks_max : m->kv_blocks;
     const char *env = getenv("FAKE_BACKEND_FAIL_AT");
     f->fail_at = env ? atoi(env) : 0;
+    env = getenv("FAKE_BACKEND_BAD_IDS");
+    f->bad_ids = env && *env == '1';
     f->slots = calloc((size_t)f->kv_blocks * f->bs, sizeof *f->slots);
     f->row = malloc((size_t)f->n_vocab * sizeof *f->row);
     tl_sampling_params sp = {.repeat_penalty = 1.0f};
@@ -126,6 +129,7 @@ static int fk_forward(void *ctx, const tl_backend_batch *b, float *logits, char 
         if (b->sample && b->sample[row].on_device) {
             if (!b->ids_out) return fail(msg, cap, "device sampling without ids_out", row, 0);
             sample_row(f, &b->sample[row], out, &b->ids_out[row]);
+            if (f->bad_ids) b->ids_out[row] = f->n_vocab; /* a broken device sampler */
         }
         row++;
     }
