@@ -144,6 +144,11 @@ static int bind_norm(tl_model *m, float **out, const char *name, int64_t n, int 
 static int load_weights(tl_model *m) {
     const tl_hparams *hp = &m->hp;
     int q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
+    /* Every layer has at least 9 tensors: a block_count the file cannot back
+     * is refused before anything is sized by it. */
+    if ((uint64_t)hp->n_layer * 9 > m->file->n_tensors)
+        return tl_set_error(TL_ERR_FORMAT, "block_count %d needs at least %lld tensors; the file has %llu",
+                            hp->n_layer, (long long)hp->n_layer * 9, (unsigned long long)m->file->n_tensors);
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     m->owned_norms = calloc((size_t)hp->n_layer * 9 + 2, sizeof(float *));
     if (!m->layers || !m->owned_norms) return tl_set_error(TL_ERR_NOMEM, "out of memory for %d layers", hp->n_layer);

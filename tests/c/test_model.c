@@ -311,6 +311,32 @@ static void test_qwen2(void) {
     CHECK(nmse(l[1], l[0], 320) > 1e-6, "random Q/K/V biases change the logits (nmse %g)", nmse(l[1], l[0], 320));
 }
 
+/* A block_count the file's tensors cannot back (a fuzzer found one that
+ * made the loader size 20 GB of layers) is refused before any allocation. */
+static void test_hostile_block_count(void) {
+    tm_spec s = tm_default_spec();
+    const char *path = tmp_path("blocks");
+    tm_write(&s, path);
+    FILE *f = fopen(path, "r+b");
+    static uint8_t buf[1 << 20];
+    size_t len = f ? fread(buf, 1, sizeof buf, f) : 0;
+    const char key[] = "llama.block_count";
+    uint8_t *at = memmem(buf, len, key, sizeof key - 1);
+    CHECK(at != NULL, "the model has a block_count key");
+    if (at && f) {
+        size_t v = (size_t)(at - buf) + sizeof key - 1 + 4; /* past the key and its u32 type */
+        const uint32_t huge = 67174401;
+        fseek(f, (long)v, SEEK_SET);
+        fwrite(&huge, 4, 1, f);
+    }
+    if (f) fclose(f);
+    tl_model *m = NULL;
+    int rc = tl_model_open(path, tl_model_default_params(), &m);
+    CHECK(rc == TL_ERR_FORMAT && m == NULL && strstr(tl_last_error(), "block_count 67174401"),
+          "a block_count the tensors cannot back is refused, naming it (%d: %s)", rc, tl_last_error());
+    remove(path);
+}
+
 static void test_errors_and_sampling(void) {
     tm_spec s = tm_default_spec();
     const char *path = tmp_path("err");
@@ -408,6 +434,7 @@ int main(void) {
     test_quant_twins();
     test_loops();
     test_qwen2();
+    test_hostile_block_count();
     test_errors_and_sampling();
     return test_summary();
 }
