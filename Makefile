@@ -83,9 +83,9 @@ test test-asan: export TINYLOOP_BACKEND ?= cpu
 test: deps all $(TESTS) $(EMU_TESTS)
 	@sh tests/run.sh build/tests $(TESTS) $(EMU_TESTS) tests/cli/test_cli.sh tests/spec/run.sh tests/integration/run.sh
 
-test-asan: deps build/libtinyloop-asan.a $(ASAN_TESTS)
+test-asan: deps build/libtinyloop-asan.a $(ASAN_TESTS) $(EMU_ASAN_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-	  TL_TEST_QUICK=1 sh tests/run.sh build/tests-asan $(ASAN_TESTS)
+	  TL_TEST_QUICK=1 sh tests/run.sh build/tests-asan $(ASAN_TESTS) $(EMU_ASAN_TESTS)
 
 FUZZ_TIME ?= 60
 fuzz: build/fuzz/fuzz_gguf build/fuzz/fuzz_tokenizer build/fuzz/fuzz_model
