@@ -47,6 +47,13 @@ else
     fi
 fi
 [ -d ../shared ] || { [ -d build/shared ] && export TL_SHARED_DIR=build/shared; }
+# cuBLAS where the plugin's rpath (the build machine's toolkit) may not point:
+# this machine's toolkit, or the wheel a Python stack ships it in.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+    "$(python3 -c 'import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), "lib"))' 2>/dev/null)"; do
+    [ -n "$d" ] && ls "$d"/libcublas.so* >/dev/null 2>&1 && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
+export LD_LIBRARY_PATH
 t1=$(date +%s)
 echo "build: $((t1 - t0)) s"
 
