@@ -190,6 +190,16 @@ local function fill_params(fname, o, level)
 end
 
 
+-- to_tokens for a prompt or prefix, which must not be empty.
+local function nonempty_tokens(self, fname, arg, toks, n_given, level)
+    local ptr, n = to_tokens(self, fname, arg, toks, n_given, level + 1)
+    if n == 0 then
+        bad(fname, arg, arg .. " is empty", level + 1)
+    end
+    return ptr, n
+end
+
+
 local function check_len(self, fname, n_prompt, level)
     local mt = gp.max_tokens
     if n_prompt + mt > self.max_seq_len then
@@ -493,10 +503,7 @@ function Model:generate(prompt, opts)
     local h = self.h or closed("generate", 2)
     local o = opt_table("generate", opts, 2)
     local p = fill_params("generate", o, 2)
-    local ptr, n = to_tokens(self, "generate", "prompt", prompt, o.n, 2)
-    if n == 0 then
-        bad("generate", "prompt", "prompt is empty")
-    end
+    local ptr, n = nonempty_tokens(self, "generate", "prompt", prompt, o.n, 2)
     check_len(self, "generate", n, 2)
     local rc = C.tl_request_submit(h, ptr, n, p, nil, id_out)
     if rc ~= 0 then
@@ -640,10 +647,7 @@ function Model:generate_with_pool(pool, prompt, opts)
     local ph = pool_handle(pool, "generate_with_pool", 2)
     local o = opt_table("generate_with_pool", opts, 2)
     local p = fill_params("generate_with_pool", o, 2)
-    local ptr, n = to_tokens(self, "generate_with_pool", "prompt", prompt, o.n, 2)
-    if n == 0 then
-        bad("generate_with_pool", "prompt", "prompt is empty")
-    end
+    local ptr, n = nonempty_tokens(self, "generate_with_pool", "prompt", prompt, o.n, 2)
     check_len(self, "generate_with_pool", n, 2)
     local got = C.tl_generate_with_pool(h, ph, ptr, n, p, self._out, self._out_cap)
     if got < 0 then
@@ -662,10 +666,7 @@ function Model:build_prefix_cache(tokens, opts)
     check_keys("build_prefix_cache", o, REG_KEYS, 2)
     local loops = opt_int("build_prefix_cache", "loops", o.loops, 0, 0, 2)
     local window = opt_int("build_prefix_cache", "cache_window", o.cache_window, 0, 0, 2)
-    local ptr, n = to_tokens(self, "build_prefix_cache", "tokens", tokens, o.n, 2)
-    if n == 0 then
-        bad("build_prefix_cache", "tokens", "tokens is empty")
-    end
+    local ptr, n = nonempty_tokens(self, "build_prefix_cache", "tokens", tokens, o.n, 2)
     if n > self.max_seq_len then
         bad("build_prefix_cache", "tokens", format("prefix length %d exceeds max_seq_len %d", n,
             self.max_seq_len))
@@ -715,10 +716,7 @@ end
 function Model:build_resume_handle(prompt, opts)
     local h = self.h or closed("build_resume_handle", 2)
     local o = opt_table("build_resume_handle", opts, 2)
-    local ptr, n = to_tokens(self, "build_resume_handle", "prompt", prompt, o.n, 2)
-    if n == 0 then
-        bad("build_resume_handle", "prompt", "prompt is empty")
-    end
+    local ptr, n = nonempty_tokens(self, "build_resume_handle", "prompt", prompt, o.n, 2)
     if n >= self.max_seq_len then
         bad("build_resume_handle", "prompt", format("prompt length %d leaves no room under max_seq_len %d",
             n, self.max_seq_len))
@@ -826,10 +824,7 @@ function Model:stream(prompt, opts)
         end
         ph = pool_handle(pool, "stream", 2)
     end
-    local ptr, n = to_tokens(self, "stream", "prompt", prompt, o.n, 2)
-    if n == 0 then
-        bad("stream", "prompt", "prompt is empty")
-    end
+    local ptr, n = nonempty_tokens(self, "stream", "prompt", prompt, o.n, 2)
     check_len(self, "stream", n, 2)
     local rc = C.tl_request_submit(h, ptr, n, p, ph, id_out)
     if rc ~= 0 then
