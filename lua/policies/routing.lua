@@ -31,6 +31,20 @@ local function hash(s)
     return h
 end
 
+-- The candidate with the largest key(c), visiting cands from index
+-- start + 1 round; the first of equal keys wins.
+local function best_of(cands, n, start, key)
+    local best, best_key
+    for k = 0, n - 1 do
+        local c = cands[(start + k) % n + 1]
+        local v = key(c)
+        if not best or v > best_key then
+            best, best_key = c, v
+        end
+    end
+    return best
+end
+
 function P.choose(req, cands)
     local n = #cands
     if n == 1 then
@@ -42,37 +56,14 @@ function P.choose(req, cands)
         lo, hi = math.min(lo, l), math.max(hi, l)
     end
     local len = req.tokens and #req.tokens or 0
-    local best, best_key
     if hi - lo > BALANCE_ABS and hi > lo * BALANCE_REL then
-        for i = 1, n do
-            local c = cands[i]
-            local key = -load_of(c) * 1e9 + (c.match or 0)
-            if not best or key > best_key then
-                best, best_key = c, key
-            end
-        end
-        return best
+        return best_of(cands, n, 0, function(c) return -load_of(c) * 1e9 + (c.match or 0) end)
     end
-    for i = 1, n do
-        local c = cands[i]
-        local key = (c.match or 0) * 1e6 - load_of(c)
-        if not best or key > best_key then
-            best, best_key = c, key
-        end
-    end
+    local best = best_of(cands, n, 0, function(c) return (c.match or 0) * 1e6 - load_of(c) end)
     if len > 0 and (best.match or 0) >= CACHE_THRESHOLD * len then
         return best
     end
-    local start = hash(req.tenant) % n
-    best, best_key = nil, nil
-    for k = 0, n - 1 do
-        local c = cands[(start + k) % n + 1]
-        local key = -load_of(c) * 1e6 + (c.match or 0)
-        if not best or key > best_key then
-            best, best_key = c, key
-        end
-    end
-    return best
+    return best_of(cands, n, hash(req.tenant) % n, function(c) return -load_of(c) * 1e6 + (c.match or 0) end)
 end
 
 function P.self_test()
