@@ -107,6 +107,15 @@ function Sim:_root(ns)
 end
 
 
+-- How many of an edge's tokens ct equal toks[pos ..] (up to index n).
+local function common_len(ct, toks, pos, n)
+    local k = 0
+    while k < #ct and pos + k <= n and ct[k + 1] == toks[pos + k] do
+        k = k + 1
+    end
+    return k
+end
+
 -- Walks the longest match of toks (at most limit tokens) under root;
 -- returns matched length and the nodes passed (the last maybe partially).
 local function walk(root, toks, only_shareable, limit)
@@ -118,10 +127,7 @@ local function walk(root, toks, only_shareable, limit)
             break
         end
         local ct = c.toks
-        local k = 0
-        while k < #ct and pos + k <= n and ct[k + 1] == toks[pos + k] do
-            k = k + 1
-        end
+        local k = common_len(ct, toks, pos, n)
         path[#path + 1] = c
         pos = pos + k
         if k < #ct then
@@ -205,10 +211,7 @@ function Sim:insert(toks, salt, o)
             break
         end
         local ct = c.toks
-        local k = 0
-        while k < #ct and pos + k <= n and ct[k + 1] == toks[pos + k] do
-            k = k + 1
-        end
+        local k = common_len(ct, toks, pos, n)
         if k < #ct then
             -- split c at k: head keeps the first k tokens
             local head = new_node(node, ct, 1, k, c.start)
