@@ -126,15 +126,6 @@ local policy_rt = nil
 local tids, n_tids = {}, 0
 
 
-local function salt_of(id)
-    local h = 2166136261
-    for i = 1, #id do
-        h = bit.tobit(bit.bxor(h, id:byte(i)) * 16777619)
-    end
-    return h % 2147483646 + 1
-end
-
-
 -- The small integer C uses for a tenant (stable within this worker).
 local function tid_of(id, budget)
     local t = tids[id]
@@ -165,7 +156,7 @@ local function policy_resolve(key, headers)
     local id = tostring(t.id or "default")
     local salt = 0
     if t.salt == true then
-        salt = salt_of(id)
+        salt = require("tinyloop.policy.tenants").salt_of(id) -- the tenants policy's own salts
     elseif type(t.salt) == "number" then
         salt = t.salt
     end
