@@ -197,7 +197,11 @@ static void test_window_and_failure(void) {
 }
 
 int main(void) {
-    const char *shared = getenv("TL_SHARED_DIR") ? getenv("TL_SHARED_DIR") : "../shared";
+    const char *shared = test_shared_dir();
+    if (!shared) {
+        printf("SKIP: ../shared/models/stories260K.gguf not found (set TINYLOOP_SHARED)\n");
+        return test_summary();
+    }
     snprintf(model_path, sizeof model_path, "%s/models/stories260K.gguf", shared);
     test_open_and_kv();
     test_cache();

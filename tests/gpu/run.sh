@@ -46,7 +46,7 @@ else
         exit 1
     fi
 fi
-[ -d ../shared ] || { [ -d build/shared ] && export TL_SHARED_DIR=build/shared; }
+[ -d ../shared ] || { [ -d build/shared ] && export TINYLOOP_SHARED=build/shared; }
 # cuBLAS where the plugin's rpath (the build machine's toolkit) may not point:
 # this machine's toolkit, or the wheel a Python stack ships it in.
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
