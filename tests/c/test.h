@@ -30,6 +30,18 @@ static inline int test_summary(void) {
 
 /* Directory holding the shared test data (../shared relative to the repo
  * root), or NULL when absent; tests that need it skip with a message. */
+/* Normalized mean squared error of a against ref: sum (a - ref)^2 / sum
+ * ref^2 (the plain sum when ref is all zero), as llama.cpp's op tests. */
+static inline double test_nmse(const float *a, const float *ref, size_t n) {
+    double e = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        e += d * d;
+        r += (double)ref[i] * ref[i];
+    }
+    return r > 0 ? e / r : e;
+}
+
 static inline const char *test_shared_dir(void) {
     static const char *cands[] = {"../shared", "../../shared", NULL};
     const char *env = getenv("TINYLOOP_SHARED");

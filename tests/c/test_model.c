@@ -91,15 +91,6 @@ static int logits_of(tl_model *m, int loops, const int32_t *toks, int n, float *
     return rc;
 }
 
-static double nmse(const float *a, const float *b, int n) {
-    double num = 0, den = 0;
-    for (int i = 0; i < n; i++) {
-        num += (double)(a[i] - b[i]) * (a[i] - b[i]);
-        den += (double)b[i] * b[i];
-    }
-    return den > 0 ? num / den : num;
-}
-
 static void test_batch_equals_single(void) {
     tm_spec s = tm_default_spec();
     const char *path = tmp_path("batch");
@@ -136,7 +127,7 @@ static void test_batch_equals_single(void) {
     int n[3] = {lens[0], lens[1], lens[2]};
     int rc = tl_batch_forward(m, sq, p, n, 2, batch);
     double worst = 0;
-    for (int i = 0; i < 2; i++) { double e = nmse(batch + (size_t)i * nv, alone + ((size_t)i * 4) * nv, nv); if (e > worst) worst = e; }
+    for (int i = 0; i < 2; i++) { double e = test_nmse(batch + (size_t)i * nv, alone + ((size_t)i * 4) * nv, nv); if (e > worst) worst = e; }
     int step_of[3] = {1, 1, 0};
     for (int st = 1; st < 5 && rc == 0; st++) {
         tl_seq *bs[3];
@@ -153,7 +144,7 @@ static void test_batch_equals_single(void) {
         rc = tl_batch_forward(m, bs, p, n, k, batch);
         for (int j = 0; j < k; j++) {
             int i = who[j];
-            double e = nmse(batch + (size_t)j * nv, alone + ((size_t)i * 4 + step_of[i]) * nv, nv);
+            double e = test_nmse(batch + (size_t)j * nv, alone + ((size_t)i * 4 + step_of[i]) * nv, nv);
             if (e > worst) worst = e;
             step_of[i]++;
         }
@@ -199,7 +190,7 @@ static void test_quant_twins(void) {
             float lq[512], lf[512];
             logits_of(mq, 0, toks, 20, lq);
             logits_of(mf, 0, toks, 20, lf);
-            double e = nmse(lq, lf, 512);
+            double e = test_nmse(lq, lf, 512);
             double tol = tl_type_info(type)->vec_dot_type == TL_TYPE_F32 ? 1e-5 : 4e-3;
             printf("  %-5s model vs f32 twin: logits nmse %.2e (tolerance %.0e)\n", tl_type_info(type)->name, e, tol);
             CHECK(e < tol, "%s model matches its dequantized f32 twin (nmse %.3g < %.0g)", tl_type_info(type)->name, e,
@@ -238,8 +229,8 @@ static void test_loops(void) {
         tl_model_open(up, tl_model_default_params(), &mu);
         float a[320], b[320];
         int ra = logits_of(ml, k, toks, 21, a), rb = mu ? logits_of(mu, 0, toks, 21, b) : -1;
-        CHECK(ra == 0 && rb == 0 && nmse(a, b, 320) == 0.0,
-              "loops=%d gives the same logits as the weights unrolled %d times (nmse %g)", k, k, nmse(a, b, 320));
+        CHECK(ra == 0 && rb == 0 && test_nmse(a, b, 320) == 0.0,
+              "loops=%d gives the same logits as the weights unrolled %d times (nmse %g)", k, k, test_nmse(a, b, 320));
         tl_model_close(mu);
     }
     /* KV memory follows the depth in use: 2 + 2*loops blocks per logical block */
@@ -282,7 +273,7 @@ static void test_loops(void) {
         float a[320], b[320];
         logits_of(mo, 1, toks, 9, a);
         logits_of(mo, 5, toks, 9, b);
-        CHECK(nmse(a, b, 320) == 0.0, "a model without a loop block ignores loops");
+        CHECK(test_nmse(a, b, 320) == 0.0, "a model without a loop block ignores loops");
         tl_model_close(mo);
     }
     remove(lp);
@@ -307,8 +298,8 @@ static void test_qwen2(void) {
         tl_model_close(m);
         remove(path);
     }
-    CHECK(nmse(l[2], l[0], 320) == 0.0, "zero Q/K/V biases give the logits of no biases");
-    CHECK(nmse(l[1], l[0], 320) > 1e-6, "random Q/K/V biases change the logits (nmse %g)", nmse(l[1], l[0], 320));
+    CHECK(test_nmse(l[2], l[0], 320) == 0.0, "zero Q/K/V biases give the logits of no biases");
+    CHECK(test_nmse(l[1], l[0], 320) > 1e-6, "random Q/K/V biases change the logits (nmse %g)", test_nmse(l[1], l[0], 320));
 }
 
 /* A block_count the file's tensors cannot back (a fuzzer found one that

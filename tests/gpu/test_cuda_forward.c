@@ -46,16 +46,6 @@ typedef struct tcase {
     double tol;
 } tcase;
 
-static double nmse(const float *a, const float *ref, size_t n) {
-    double e = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        e += d * d;
-        r += (double)ref[i] * ref[i];
-    }
-    return r > 0 ? e / r : e;
-}
-
 static int argmax(const float *x, int n, float *margin) {
     int best = 0;
     for (int i = 1; i < n; i++)
@@ -123,7 +113,7 @@ static int step(runner *r, tl_seq **seqs, int n_seq, int32_t *const *toks, const
 
 static void compare(const tcase *tc, const float *cpu, const float *gpu, int rows, int n_vocab, const char *what,
                     int32_t *greedy_out) {
-    double e = nmse(gpu, cpu, (size_t)rows * n_vocab);
+    double e = test_nmse(gpu, cpu, (size_t)rows * n_vocab);
     CHECK(e <= tc->tol, "%s %s: logits NMSE %.3g > %.1g", tc->name, what, e, tc->tol);
     printf("  %-28s %-22s rows %d  NMSE %.3g\n", tc->name, what, rows, e);
     for (int i = 0; i < rows; i++) {

@@ -29,16 +29,6 @@ static void fill(float *x, size_t n, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = frand() * scale;
 }
 
-static double nmse(const float *a, const float *ref, size_t n) {
-    double e = 0, r = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - ref[i];
-        e += d * d;
-        r += (double)ref[i] * ref[i];
-    }
-    return r > 0 ? e / r : e;
-}
-
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) {
@@ -99,7 +89,7 @@ static void test_dequantize_and_get_rows(void) {
         int rc = dw && dout ? tl_cuda_dequantize(ctx, dout, dw, type, rows, n) : -1;
         CHECK(rc == TL_CUDA_OK, "%s: dequantize runs: %s", name, tl_cuda_last_error());
         if (rc == TL_CUDA_OK && dev_get(got, dout, sizeof(float) * rows * n) == TL_CUDA_OK) {
-            double e = nmse(got, ref, (size_t)rows * n);
+            double e = test_nmse(got, ref, (size_t)rows * n);
             CHECK(e < TOL_EXACT, "%s: dequantize matches tl_dequantize_row (nmse %.3g)", name, e);
         }
         /* Embedding gather, with ids out of range giving zero rows. */
@@ -112,7 +102,7 @@ static void test_dequantize_and_get_rows(void) {
             for (int i = 0; i < 6; i++)
                 for (int j = 0; j < n; j++)
                     exp[(size_t)i * n + j] = ids[i] >= 0 && ids[i] < rows ? ref[(size_t)ids[i] * n + j] : 0.0f;
-            double e = nmse(got, exp, (size_t)6 * n);
+            double e = test_nmse(got, exp, (size_t)6 * n);
             CHECK(e < TOL_EXACT, "%s: get_rows gathers the rows, zeros out of range (nmse %.3g)", name, e);
             free(exp);
         }
@@ -157,7 +147,7 @@ static void test_matmul(void) {
                 CHECK(rc == TL_CUDA_OK, "%s %s T=%d: matmul runs: %s", name, pn, T, tl_cuda_last_error());
                 if (rc != TL_CUDA_OK || dev_get(got, dout, sizeof(float) * T * n_out) != TL_CUDA_OK) continue;
                 double tol = path == TL_CUDA_MM_DIRECT || type == TL_TYPE_F32 ? TOL_F32 : TOL_GEMM16;
-                double e = nmse(got, ref, (size_t)T * n_out), e2 = nmse(got, eng, (size_t)T * n_out);
+                double e = test_nmse(got, ref, (size_t)T * n_out), e2 = test_nmse(got, eng, (size_t)T * n_out);
                 CHECK(e < tol, "%s %s T=%d n_in=%d n_out=%d: matmul matches the f32 reference (nmse %.3g, tol %.0e)",
                       name, pn, T, n_in, n_out, e, tol);
                 CHECK(e2 < TOL_ENGINE, "%s %s T=%d: matmul agrees with tl_vec_dot_ref (nmse %.3g, tol %.0e)", name,
@@ -220,7 +210,7 @@ static void test_elementwise(void) {
         int rc = dx && dw ? tl_cuda_rmsnorm(ctx, dx, dx, dw, rows, n, 1e-5f) : -1;
         CHECK(rc == TL_CUDA_OK, "rmsnorm runs in place: %s", tl_cuda_last_error());
         if (rc == TL_CUDA_OK && dev_get(got, dx, sizeof(float) * rows * n) == TL_CUDA_OK) {
-            double e = nmse(got, ref, (size_t)rows * n);
+            double e = test_nmse(got, ref, (size_t)rows * n);
             CHECK(e < TOL_F32, "rmsnorm n=%d matches (nmse %.3g)", n, e);
         }
         tl_cuda_dealloc(ctx, dx);
@@ -252,7 +242,7 @@ static void test_elementwise(void) {
                                            : -1;
                 CHECK(rc == TL_CUDA_OK, "rope runs: %s", tl_cuda_last_error());
                 if (rc == TL_CUDA_OK && dev_get(got, dx, sizeof(float) * nx) == TL_CUDA_OK) {
-                    double e = nmse(got, ref, nx);
+                    double e = test_nmse(got, ref, nx);
                     CHECK(e < TOL_F32, "rope %s%s matches, untouched dims and padding kept (nmse %.3g)",
                           neox ? "neox" : "norm", use_ff ? " with freq factors" : "", e);
                 }
@@ -283,7 +273,7 @@ static void test_elementwise(void) {
                                : tl_cuda_add(ctx, dout, da, db, n);
             CHECK(rc == TL_CUDA_OK, "%s runs: %s", name, tl_cuda_last_error());
             if (rc == TL_CUDA_OK && dev_get(got, dout, sizeof(float) * n) == TL_CUDA_OK) {
-                double e = nmse(got, ref, n);
+                double e = test_nmse(got, ref, n);
                 CHECK(e < TOL_F32, "%s matches (nmse %.3g)", name, e);
             }
         }
@@ -422,7 +412,7 @@ static void test_attention_kv(int f32) {
         rc = tl_cuda_attn_prefill(ctx, dout, dq, NH * HD + 7, &kv, &sq, NH, lw, scale);
         CHECK(rc == TL_CUDA_OK, "%s: prefill attention runs: %s", kvn, tl_cuda_last_error());
         if (rc == TL_CUDA_OK && dev_get(got, dout, sizeof(float) * rows * NH * HD) == TL_CUDA_OK) {
-            double e = nmse(got, ref, (size_t)rows * NH * HD);
+            double e = test_nmse(got, ref, (size_t)rows * NH * HD);
             CHECK(e < TOL_F32, "%s window case %d: prefill (cached prefix + causal new tokens, GQA %d:%d) matches "
                   "(nmse %.3g)", kvn, wcase, NH, NKV, e);
         }
@@ -443,7 +433,7 @@ static void test_attention_kv(int f32) {
             rc = ddpos ? tl_cuda_attn_decode(ctx, dout, dq, NH * HD + 7, &kv, &sq, NH, lw, scale) : -1;
             CHECK(rc == TL_CUDA_OK, "%s: decode attention runs: %s", kvn, tl_cuda_last_error());
             if (rc == TL_CUDA_OK && dev_get(got, dout, sizeof(float) * N_SEQ * NH * HD) == TL_CUDA_OK) {
-                double e = nmse(got, ref, (size_t)N_SEQ * NH * HD);
+                double e = test_nmse(got, ref, (size_t)N_SEQ * NH * HD);
                 CHECK(e < TOL_F32, "%s window case %d: decode over %d sequences (split %d) matches (nmse %.3g)", kvn,
                       wcase, N_SEQ, splits[si], e);
             }
