@@ -742,7 +742,7 @@ static int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, 
         sq.window = d + o_win;
         sq.max_q_len = max_q;
         sq.split = p->attn_split; /* -1 in the exact mode: a split changes the summation order */
-        sq.max_pos = b->pos[T - 1] + 1 > max_pos ? b->pos[T - 1] + 1 : max_pos;
+        sq.max_pos = max_pos;
         if (decode)
             TRY(tl_cuda_attn_decode(c, p->att, p->q, q_dim, &p->kv, &sq, p->n_head, window, att_scale));
         else
