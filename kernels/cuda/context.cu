@@ -57,12 +57,26 @@ extern "C" TL_CUDA_API int tl_cuda_init(int device, tl_cuda **out) {
         free(c);
         return rc;
     }
+    /* cuBLAS's own workspace is allocated on first use, inside a graph
+     * capture if that comes first: an explicit one (32 MiB, what cuBLAS
+     * asks for on Hopper) keeps captured GEMMs allocation-free. */
+    e = cudaMalloc(&c->blas_ws, TLC_BLAS_WORKSPACE);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        rc = tlc_fail(TL_CUDA_ERR_NOMEM, "cudaMalloc", __FILE__, __LINE__, "cuBLAS workspace of %d bytes: %s",
+                      TLC_BLAS_WORKSPACE, cudaGetErrorString(e));
+        cudaStreamDestroy(c->stream);
+        free(c);
+        return rc;
+    }
     cublasStatus_t s = cublasCreate(&c->blas);
     if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(c->blas, c->stream);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetWorkspace(c->blas, c->blas_ws, TLC_BLAS_WORKSPACE);
     if (s != CUBLAS_STATUS_SUCCESS) {
-        rc = tlc_fail(TL_CUDA_ERR_CUBLAS, "cublasCreate/cublasSetStream", __FILE__, __LINE__, "%s",
+        rc = tlc_fail(TL_CUDA_ERR_CUBLAS, "cublasCreate/cublasSetStream/cublasSetWorkspace", __FILE__, __LINE__, "%s",
                       cublasGetStatusString(s));
         if (c->blas) cublasDestroy(c->blas);
+        cudaFree(c->blas_ws);
         cudaStreamDestroy(c->stream);
         free(c);
         return rc;
@@ -74,6 +88,7 @@ extern "C" TL_CUDA_API int tl_cuda_init(int device, tl_cuda **out) {
 extern "C" TL_CUDA_API void tl_cuda_free(tl_cuda *c) {
     if (!c) return;
     cudaSetDevice(c->device);
+    tl_cuda_graph_reset(c);
     cudaStreamSynchronize(c->stream);
     if (c->w16) cudaFree(c->w16);
     if (c->x16) cudaFree(c->x16);
@@ -81,6 +96,7 @@ extern "C" TL_CUDA_API void tl_cuda_free(tl_cuda *c) {
     if (c->smp) cudaFree(c->smp);
     if (c->att_part) cudaFree(c->att_part);
     cublasDestroy(c->blas);
+    cudaFree(c->blas_ws);
     cudaStreamDestroy(c->stream);
     free(c);
 }
@@ -94,9 +110,15 @@ extern "C" TL_CUDA_API int tl_cuda_device_name(tl_cuda *c, char *buf, size_t n) 
 }
 
 /* Scratch grows in the stream's order: the old buffer is released after
- * the work already queued that reads it, without a host wait. */
+ * the work already queued that reads it, without a host wait. Graphs that
+ * captured the old buffer are forgotten; a capture never grows one (its
+ * key's eager first run did). */
 extern "C" int tlc_scratch(tl_cuda *c, void **buf, size_t *cap, size_t bytes) {
     if (*cap >= bytes) return TL_CUDA_OK;
+    if (c->capturing)
+        return tlc_fail(TL_CUDA_ERR_ARG, "tlc_scratch", __FILE__, __LINE__,
+                        "scratch of %zu bytes must grow to %zu inside a graph capture", *cap, bytes);
+    tl_cuda_graph_reset(c);
     if (*buf) {
         TLC_CHECK(cudaFreeAsync(*buf, c->stream));
         *buf = NULL;

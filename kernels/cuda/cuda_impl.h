@@ -18,6 +18,18 @@
 
 #define TLC_HIDDEN __attribute__((visibility("hidden")))
 
+enum {
+    TLC_GRAPHS = 64,                /* executable graphs kept per context (LRU) */
+    TLC_BLAS_WORKSPACE = 32 << 20   /* bytes */
+};
+
+typedef struct tlc_graph {
+    int64_t key[TL_CUDA_GRAPH_KEY_MAX];
+    int n_key;
+    cudaGraphExec_t exec; /* NULL until the key's second run */
+    uint64_t used;        /* LRU clock */
+} tlc_graph;
+
 struct tl_cuda {
     int device;
     cudaStream_t stream;
@@ -32,6 +44,12 @@ struct tl_cuda {
     size_t smp_bytes;
     void *att_part;      /* split decode attention partials (attention.cu) */
     size_t att_part_bytes;
+    void *blas_ws;       /* cuBLAS workspace, set explicitly so a capture never allocates one */
+    /* graph.cu */
+    int graphs_on, capturing;
+    tlc_graph graphs[TLC_GRAPHS];
+    int n_graphs;
+    uint64_t graph_clock;
 };
 
 /* Records "call failed at file:line: detail" and returns code. */

@@ -96,6 +96,37 @@ TL_CUDA_API int tl_cuda_copy(tl_cuda *c, void *dst, const void *src, size_t byte
 /* Waits for all work on the context's stream. */
 TL_CUDA_API int tl_cuda_sync(tl_cuda *c);
 
+/* ---- CUDA graphs ---------------------------------------------------------- */
+
+#define TL_CUDA_GRAPH_KEY_MAX 16
+typedef int (*tl_cuda_enqueue_fn)(void *arg);
+
+/* Runs fn(arg), which enqueues work on c's stream through the launchers,
+ * through a CUDA graph when graphs are on (tl_cuda_graph_enable; off in a
+ * new context): the first run of a key is eager, the second is captured,
+ * and every later one replays the capture with one launch. The key
+ * (n_key <= TL_CUDA_GRAPH_KEY_MAX int64s) must determine every host value
+ * fn passes to a launcher: pointers, sizes, grid shapes. Device memory fn's
+ * kernels read may change between runs; a replay reads it as it is then.
+ * fn must not wait for the device or allocate when called with a key seen
+ * before. If a capture fails, graphs turn off for the context and the work
+ * runs eagerly. Returns fn's result or a launch failure. */
+TL_CUDA_API int tl_cuda_graph_run(tl_cuda *c, const int64_t *key, int n_key, tl_cuda_enqueue_fn fn, void *arg);
+/* Graphs on (1) or off (0; forgets them). */
+TL_CUDA_API void tl_cuda_graph_enable(tl_cuda *c, int on);
+/* Forgets every graph: call after reallocating a buffer they read. Waits for the stream. */
+TL_CUDA_API void tl_cuda_graph_reset(tl_cuda *c);
+
+typedef struct tl_cuda_graph_stats {
+    long long captures; /* graphs captured */
+    long long replays;  /* runs served by a graph */
+    long long eager;    /* runs launched one kernel at a time */
+    long long failures; /* captures that failed (graphs then turned off) */
+    char last_failure[256];
+} tl_cuda_graph_stats;
+/* Totals over every context of the process (for tests and benchmarks). */
+TL_CUDA_API void tl_cuda_graph_totals(tl_cuda_graph_stats *out);
+
 /* ---- weights -------------------------------------------------------------- */
 
 /* 1 when `type` is a weight type these kernels read. */
@@ -115,7 +146,9 @@ TL_CUDA_API int tl_cuda_dequantize_f16(tl_cuda *c, void *dst, const void *src, i
  * F32/F16/BF16). T <= 8 rows read W once per 8 rows, dequantizing on the
  * fly; larger T dequantize W into an f16 scratch (grown on demand, n_out *
  * n_in * 2 bytes; F16 weights use W directly, F32 weights run in f32) and
- * call cublasGemmEx with f16 inputs (x converted) and f32 accumulation.
+ * call cublasGemmEx with f16 inputs (x converted) and f32 accumulation; a
+ * row of x larger than 32768 in magnitude is divided by a power of two for
+ * the conversion and its output multiplied back, so it cannot overflow f16.
  * out must not alias x. */
 TL_CUDA_API int tl_cuda_matmul(tl_cuda *c, float *out, const float *x, const void *w, int type, int n_in, int n_out,
                                int T);

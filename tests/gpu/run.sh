@@ -12,7 +12,9 @@
 #   - prefill tokens/s (1,024-token prompt);
 #   - TTFT of a 1,536-token prefix + 32 tokens, miss vs hit;
 #   - the decode step's achieved weight bandwidth as a fraction of the
-#     card's peak (TL_GPU_PEAK_GBS, default 4800 for the H200).
+#     card's peak (TL_GPU_PEAK_GBS, default 4800 for the H200);
+#   - decode tokens/s with CUDA graphs (the default) over without
+#     (TINYLOOP_CUDA_GRAPHS=0), at batch 1 and 16: whether they pay off.
 # Logs go to build/gpu-*.log. Exit status 0 when every test passed.
 # Where the project cannot be built (no PCRE2 headers), it runs the
 # binaries that `make gpu-bundle` made on another machine (same CUDA major
@@ -28,7 +30,7 @@ t0=$(date +%s)
 echo "== device"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi: not available"
 
-tests="build/tests/test_cuda_ops build/tests/test_cuda_sample build/tests/test_cuda_forward build/tests/test_cuda_e2e"
+tests="build/tests/test_cuda_ops build/tests/test_cuda_graph build/tests/test_cuda_sample build/tests/test_cuda_forward build/tests/test_cuda_e2e"
 # A machine without the PCRE2 headers (or TL_GPU_NO_BUILD=1) runs binaries
 # built elsewhere with `make gpu-bundle` and carried here.
 if [ "${TL_GPU_NO_BUILD:-0}" = 1 ] ||
@@ -100,6 +102,9 @@ for b in 16 64; do
         echo "bench --batch $b failed (exit $?)" >>"$blog"
 done
 timeout 120 ./bin/tinyloop bench cache -m $small --max-seq-len 2048 >>"$blog" 2>&1 || echo "bench cache failed (exit $?)" >>"$blog"
+nglog=build/gpu-bench-nographs.log
+TINYLOOP_CUDA_GRAPHS=0 timeout 120 ./bin/tinyloop bench -m $big_q8 -m $small --batch 16 -n 64 --prompt-len 1024 >"$nglog" 2>&1 ||
+    echo "bench without graphs failed (exit $?)" >>"$nglog"
 unset TINYLOOP_BACKEND
 t3=$(date +%s)
 
@@ -110,6 +115,16 @@ grep -vE '^  radix' "$blog"
 grep -oE '^[^ ]+ .*decode +[0-9.]+ tok/s \([0-9.]+ GB/s' "$blog" | awk -v peak="$peak" '{
     n = split($0, a, " "); gbs = a[n - 1]; sub(/^\(/, "", gbs); name = a[1]
     printf "decode bandwidth %-28s %7.1f GB/s = %4.1f%% of %d GB/s\n", name, gbs, 100 * gbs / peak, peak }'
+# CUDA graphs: "decode X tok/s" (batch 1) and "batch16 decode Y tok/s", with over without
+for m in $big_q8 $small; do
+    n=$(basename "$m")
+    pick() { grep -E "^$n .*batch16 decode" "$1" | head -n 1 |
+        sed -nE 's/.* decode +([0-9.]+) tok\/s .*batch16 decode +([0-9.]+) tok\/s.*/\1 \2/p'; }
+    echo "$n $(pick "$blog") $(pick "$nglog")" | awk 'NF == 5 && $4 > 0 && $5 > 0 {
+        printf "CUDA graphs %-28s decode b1 %8.1f vs %8.1f tok/s = %.2fx, b16 %8.1f vs %8.1f = %.2fx\n",
+            $1, $2, $4, $2 / $4, $3, $5, $3 / $5 }
+        NF != 5 { printf "CUDA graphs %-28s no figures (see the bench logs)\n", $1 }'
+done
 echo "elapsed: build $((t1 - t0)) s, tests $((t2 - t1)) s, benchmarks $((t3 - t2)) s, total $((t3 - t0)) s"
 echo "$total_p passed, $total_f failed"
 [ "$total_f" = 0 ]

@@ -197,14 +197,26 @@ static void test_synthetic(void) {
     }
 }
 
-/* 4: a batch of requests with device (and host) sampling == each alone. */
+/* 4: a batch of requests with device (and host) sampling == each alone.
+ * The batch replays CUDA graphs; the requests alone run on a model with
+ * graphs off, so this also checks that a replay computes what eager
+ * launches do. */
 static void test_batch_sampling(const char *shared) {
     char path[512];
     snprintf(path, sizeof path, "%s/models/stories260K.gguf", shared);
     tl_model_params mp = tl_model_default_params();
     mp.max_seq_len = 512;
     tl_model *m = open_on(path, "cuda", 1, mp);
-    if (!m) return;
+    setenv("TINYLOOP_CUDA_GRAPHS", "0", 1);
+    tl_model *m_eager = open_on(path, "cuda", 1, mp);
+    unsetenv("TINYLOOP_CUDA_GRAPHS");
+    if (!m || !m_eager) {
+        tl_model_close(m);
+        tl_model_close(m_eager);
+        return;
+    }
+    tl_cuda_graph_stats g0;
+    tl_cuda_graph_totals(&g0);
     enum { R = 8, GEN = 40 };
     const int n_gen = quick ? 12 : GEN;
     tl_generate_params gp[R];
@@ -229,7 +241,7 @@ static void test_batch_sampling(const char *shared) {
         ref_fill_tokens(prompts[r], n_prompt[r], nv, 900 + (uint32_t)r);
         prompts[r][0] = 1;
         tl_generate_params g = gp[r];
-        n_alone[r] = tl_generate(m, prompts[r], n_prompt[r], g, alone[r], n_gen);
+        n_alone[r] = tl_generate(m_eager, prompts[r], n_prompt[r], g, alone[r], n_gen);
     }
     int ok = 1;
     for (int r = 0; r < R && ok; r++) ok = tl_request_submit(m, prompts[r], n_prompt[r], &gp[r], NULL, &ids[r]) == 0;
@@ -242,9 +254,15 @@ static void test_batch_sampling(const char *shared) {
             n_batch[r] = tl_request_take(m, ids[r], batch[r], n_gen, &fin);
             tl_request_release(m, ids[r]);
             CHECK(ref_same_ids(batch[r], n_batch[r], alone[r], n_alone[r]),
-                  "request %d (chain %d) in a batch of 8 == alone (%d vs %d tokens, first difference at %d)", r,
-                  r % 4, n_batch[r], n_alone[r], ref_first_diff(batch[r], n_batch[r], alone[r], n_alone[r]));
+                  "request %d (chain %d) in a batch of 8 with CUDA graphs == alone without (%d vs %d tokens, first "
+                  "difference at %d)",
+                  r, r % 4, n_batch[r], n_alone[r], ref_first_diff(batch[r], n_batch[r], alone[r], n_alone[r]));
         }
+        tl_cuda_graph_stats g1;
+        tl_cuda_graph_totals(&g1);
+        CHECK(g1.replays - g0.replays >= n_gen - 3 && g1.failures == g0.failures,
+              "the batch's decode steps replayed CUDA graphs (%lld replays, %lld failed captures: %s)",
+              g1.replays - g0.replays, g1.failures - g0.failures, g1.last_failure);
     }
     /* a seeded chain is reproducible and the seed matters */
     tl_generate_params g = gp[1];
@@ -255,6 +273,7 @@ static void test_batch_sampling(const char *shared) {
     CHECK(ref_same_ids(again, na, alone[1], n_alone[1]), "the same seed gives the same tokens");
     CHECK(!ref_same_ids(other, no, alone[1], n_alone[1]), "another seed gives other tokens");
     tl_model_close(m);
+    tl_model_close(m_eager);
 }
 
 static void test_kv_sizing(const char *shared) {
@@ -332,6 +351,11 @@ int main(void) {
     if (shared) test_kv_sizing(shared);
     double t4 = tl_clock();
     test_gemma();
+    tl_cuda_graph_stats gs;
+    tl_cuda_graph_totals(&gs);
+    printf("  CUDA graphs: %lld captured, %lld replays, %lld eager runs, %lld failed captures%s%s\n", gs.captures,
+           gs.replays, gs.eager, gs.failures, gs.failures ? ": " : "", gs.last_failure);
+    CHECK(gs.failures == 0, "no graph capture failed (%s)", gs.last_failure);
     printf("  time: reference %.1f s, synthetic %.1f s, batch sampling %.1f s, kv sizing %.1f s, gemma %.1f s\n",
            t1 - t0, t2 - t1, t3 - t2, t4 - t3, tl_clock() - t4);
     return test_summary();

@@ -12,6 +12,13 @@
  * direct matmul path and the decode kernel), a mixed prefill+decode batch
  * and a batch with want_logits masking one sequence.
  *
+ * CUDA graphs: every batch also runs on a second plugin context with
+ * graphs off (TINYLOOP_CUDA_GRAPHS=0). Decode steps on the first are
+ * captured and replayed (16 steps cross a block-table bucket, and odd
+ * cases split decode attention), and the two must agree bit for bit: a
+ * replay runs the same kernels, so any difference is a value the capture
+ * froze that should have been read afresh.
+ *
  * Tolerances, by NMSE = sum (gpu - cpu)^2 / sum cpu^2 over a batch's logits:
  *   1e-5  f32 weights and f32 KV (same arithmetic up to summation order)
  *   1e-3  f16 KV or quantized weights (the CPU quantizes activations to
@@ -64,6 +71,8 @@ typedef struct runner {
     tl_model *m;
     const tl_backend_ops *ops;
     void *ctx;
+    void *ctx_eager; /* the same plugin with CUDA graphs off */
+    float *eager;    /* its logits */
     tl_backend_model bm;
     int *layer_window;
     int *phys;
@@ -108,7 +117,13 @@ static int step(runner *r, tl_seq **seqs, int n_seq, int32_t *const *toks, const
     char msg[512] = "";
     rc = r->ops->forward(r->ctx, &b, gpu, msg, sizeof msg);
     CHECK(rc == 0, "%s: plugin forward failed (%d): %s", what, rc, msg);
-    return rc ? -1 : rows;
+    if (rc) return -1;
+    rc = r->ops->forward(r->ctx_eager, &b, r->eager, msg, sizeof msg);
+    CHECK(rc == 0, "%s: plugin forward without graphs failed (%d): %s", what, rc, msg);
+    if (rc) return -1;
+    CHECK(!memcmp(gpu, r->eager, (size_t)rows * r->m->hp.n_vocab * sizeof(float)),
+          "%s: logits with CUDA graphs differ from those without (T %d, %d sequences)", what, T, n_seq);
+    return rows;
 }
 
 static void compare(const tcase *tc, const float *cpu, const float *gpu, int rows, int n_vocab, const char *what,
@@ -153,9 +168,16 @@ static void run_case(const tcase *tc, int idx) {
     for (int vl = 0; vl < r.depth; vl++) r.phys[vl] = tl_model_phys_layer(m, loops, vl);
     fill_backend_model(&r, MAX_TOK);
     char msg[512] = "";
+    if (idx % 2) setenv("TINYLOOP_CUDA_ATTN_SPLIT", "32", 1); /* flash-decoding past 32 positions */
     rc = r.ops->init(&r.bm, &r.ctx, msg, sizeof msg);
     CHECK(rc == 0 && r.ctx, "%s: plugin init failed (%d): %s", tc->name, rc, msg);
-    if (rc || !r.ctx) goto out;
+    setenv("TINYLOOP_CUDA_GRAPHS", "0", 1);
+    int rc2 = r.ops->init(&r.bm, &r.ctx_eager, msg, sizeof msg);
+    CHECK(rc2 == 0 && r.ctx_eager, "%s: plugin init without graphs failed (%d): %s", tc->name, rc2, msg);
+    unsetenv("TINYLOOP_CUDA_GRAPHS");
+    unsetenv("TINYLOOP_CUDA_ATTN_SPLIT");
+    r.eager = malloc(sizeof(float) * 4 * nv);
+    if (rc || !r.ctx || rc2 || !r.ctx_eager) goto out;
 
     {
         enum { NS = 3 };
@@ -180,9 +202,10 @@ static void run_case(const tcase *tc, int idx) {
             }
         int rows = step(&r, seqs, NS, toks, n1, NULL, cpu, gpu, "prefill");
         if (rows > 0) compare(tc, cpu, gpu, rows, nv, "prefill", greedy);
-        /* 2. decode steps, teacher-forced with the CPU's greedy tokens */
+        /* 2. decode steps, teacher-forced with the CPU's greedy tokens;
+         * sequence 1 passes 32 positions (8 blocks: the table bucket grows) */
         int one[NS] = {1, 1, 1};
-        for (int st = 0; st < 6 && rows > 0; st++) {
+        for (int st = 0; st < 16 && rows > 0; st++) {
             for (int s = 0; s < NS; s++) buf[s][0] = greedy[s];
             char what[32];
             snprintf(what, sizeof what, "decode %d", st);
@@ -229,6 +252,8 @@ static void run_case(const tcase *tc, int idx) {
     }
 out:
     if (r.ctx) r.ops->free(r.ctx);
+    if (r.ctx_eager) r.ops->free(r.ctx_eager);
+    free(r.eager);
     free(r.phys);
     free(r.layer_window);
     tl_model_close(m);
@@ -266,5 +291,12 @@ int main(void) {
     cases[5].spec.seed = 9;
     int n = 6;
     for (int i = 0; i < n; i++) run_case(&cases[i], i);
+    tl_cuda_graph_stats gs;
+    tl_cuda_graph_totals(&gs);
+    printf("  CUDA graphs: %lld captured, %lld replays, %lld eager runs, %lld failed captures%s%s\n", gs.captures,
+           gs.replays, gs.eager, gs.failures, gs.failures ? ": " : "", gs.last_failure);
+    CHECK(gs.failures == 0, "a graph capture failed: %s", gs.last_failure);
+    CHECK(gs.captures >= n && gs.replays >= 12 * n, "decode steps replayed graphs (%lld captures, %lld replays)",
+          gs.captures, gs.replays);
     return test_summary();
 }

@@ -46,7 +46,6 @@ static char *stacks;
 static const std::function<void()> *cur_body;
 static std::vector<float> dyn_smem;
 static int smem_limit = 48 << 10;
-static cudaError_t last_error = cudaSuccess;
 static const char *cur_kernel = "";
 
 const dim3 &tlemu_thread_idx(void) { return tlemu_cur->tid; }
@@ -200,15 +199,50 @@ static void run_block(int n_threads) {
     }
 }
 
-void tlemu_run(const char *name, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body) {
+/* ---- streams and graphs ------------------------------------------------------- */
+
+typedef std::vector<std::function<void()>> op_list;
+
+struct tlemu_stream {
+    op_list *capture; /* non-NULL while capturing */
+    bool invalid;     /* the capture met an operation a graph cannot hold */
+};
+
+struct tlemu_graph {
+    op_list ops;
+};
+
+static thread_local tlemu_stream *capturing; /* this thread's capture (thread-local mode) */
+static cudaError_t last_error = cudaSuccess;
+
+/* An operation that may not happen during this thread's capture (a host
+ * wait, an allocation): invalidates it and reports why, as CUDA does. */
+static bool refused_in_capture(void) {
+    if (!capturing) return false;
+    capturing->invalid = true;
+    return true;
+}
+
+/* Runs op now, or records it when s is capturing. */
+static void enqueue(cudaStream_t s, std::function<void()> op) {
+    if (s && s->capture) s->capture->push_back(std::move(op));
+    else op();
+}
+
+static bool launch_ok(const char *name, dim3 grid, dim3 block, size_t smem) {
     const size_t nt = (size_t)block.x * block.y * block.z;
     if (nt == 0 || nt > MAX_THREADS || block.z > 64 || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
         grid.y > 65535 || grid.z > 65535 || (int)smem > smem_limit || smem > (227 << 10)) {
         fprintf(stderr, "cuda_emu: invalid launch of %s: grid (%u,%u,%u) block (%u,%u,%u) smem %zu (limit %d)\n",
                 name, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem, smem_limit);
         last_error = cudaErrorInvalidConfiguration;
-        return;
+        return false;
     }
+    return true;
+}
+
+static void run_grid(const char *name, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body) {
+    const size_t nt = (size_t)block.x * block.y * block.z;
     pthread_mutex_lock(&launch_mu);
     if (!stacks) {
         stacks = (char *)mmap(NULL, (size_t)MAX_THREADS * STACK, PROT_READ | PROT_WRITE,
@@ -230,6 +264,57 @@ void tlemu_run(const char *name, dim3 grid, dim3 block, size_t smem, const std::
     pthread_mutex_unlock(&launch_mu);
 }
 
+void tlemu_launch(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t s, std::function<void()> body) {
+    if (!launch_ok(name, grid, block, smem)) return; /* a bad configuration fails at launch, captured or not */
+    enqueue(s, [=]() { run_grid(name, grid, block, smem, body); });
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+    if (!s || s->capture || capturing) return cudaErrorIllegalState;
+    s->capture = new op_list;
+    s->invalid = false;
+    capturing = s;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+    *g = NULL;
+    if (!s || !s->capture || capturing != s) return cudaErrorIllegalState;
+    op_list *ops = s->capture;
+    s->capture = NULL;
+    capturing = NULL;
+    if (s->invalid) {
+        delete ops;
+        return cudaErrorStreamCaptureInvalidated;
+    }
+    *g = new tlemu_graph{std::move(*ops)};
+    delete ops;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) {
+    *e = NULL;
+    if (!g) return cudaErrorInvalidValue;
+    *e = new tlemu_graph{g->ops};
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+    if (!e) return cudaErrorInvalidValue;
+    for (const auto &op : e->ops) enqueue(s, op);
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    delete g;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+    delete e;
+    return cudaSuccess;
+}
+
 /* ---- runtime ------------------------------------------------------------------ */
 
 static size_t allocated;
@@ -242,6 +327,9 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
     default: return "unspecified launch failure";
     }
 }
@@ -253,6 +341,9 @@ const char *cudaGetErrorName(cudaError_t e) {
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
     default: return "cudaErrorLaunchFailure";
     }
 }
@@ -285,26 +376,31 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d) {
 }
 
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
     *total_b = emu_total;
     *free_b = allocated < emu_total ? emu_total - allocated : 0;
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
-    *s = (cudaStream_t)malloc(1);
+    *s = new tlemu_stream{NULL, false};
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-    free(s);
+    if (s) delete s->capture;
+    delete s;
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+    return refused_in_capture() ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
 
 /* Allocations carry their size in front, for cudaMemGetInfo. */
 cudaError_t cudaMalloc(void **p, size_t bytes) {
     *p = NULL;
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
     if (bytes > emu_total - (allocated < emu_total ? allocated : emu_total)) return cudaErrorMemoryAllocation;
     size_t *b = (size_t *)malloc(bytes + 64);
     if (!b) return cudaErrorMemoryAllocation;
@@ -315,6 +411,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
 }
 
 cudaError_t cudaFree(void *p) {
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
     if (!p) return cudaSuccess;
     size_t *b = (size_t *)((char *)p - 64);
     allocated -= b[0];
@@ -323,26 +420,30 @@ cudaError_t cudaFree(void *p) {
 }
 
 cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
+/* Freed at once: everything queued before it has already run (nothing is
+ * queued here except in a capture, where cudaFree refuses). */
 cudaError_t cudaFreeAsync(void *p, cudaStream_t) { return cudaFree(p); }
 
 cudaError_t cudaMallocHost(void **p, size_t bytes) {
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
     *p = malloc(bytes ? bytes : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
 cudaError_t cudaFreeHost(void *p) {
+    if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
     free(p);
     return cudaSuccess;
 }
 
-cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind, cudaStream_t) {
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
     if (bytes && (!dst || !src)) return cudaErrorInvalidValue;
-    memmove(dst, src, bytes);
+    enqueue(s, [=]() { memmove(dst, src, bytes); }); /* a replay reads src as it is then */
     return cudaSuccess;
 }
 
-cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t) {
-    memset(p, v, bytes);
+cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s) {
+    enqueue(s, [=]() { memset(p, v, bytes); });
     return cudaSuccess;
 }
 
@@ -354,17 +455,32 @@ cudaError_t tlemu_set_smem_limit(int bytes) {
 
 /* ---- cuBLAS ------------------------------------------------------------------ */
 
+struct tlemu_blas {
+    cudaStream_t stream;
+    void *workspace;
+};
+
 cublasStatus_t cublasCreate(cublasHandle_t *h) {
-    *h = (cublasHandle_t)malloc(1);
+    *h = new tlemu_blas{NULL, NULL};
     return CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasDestroy(cublasHandle_t h) {
-    free(h);
+    delete h;
     return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
+    h->stream = s;
+    h->workspace = NULL; /* as cuBLAS: a new stream goes back to the default workspace */
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *workspace, size_t bytes) {
+    if (bytes && !workspace) return CUBLAS_STATUS_INVALID_VALUE;
+    h->workspace = workspace;
+    return CUBLAS_STATUS_SUCCESS;
+}
 
 const char *cublasGetStatusString(cublasStatus_t s) {
     return s == CUBLAS_STATUS_SUCCESS ? "success" : s == CUBLAS_STATUS_INVALID_VALUE ? "invalid value" : "not supported";
@@ -374,17 +490,8 @@ static float load(const void *p, cudaDataType t, size_t i) {
     return t == CUDA_R_32F ? ((const float *)p)[i] : __half2float(((const __half *)p)[i]);
 }
 
-/* C (m x n, column-major, ldc) = alpha op(A) op(B) + beta C; op(A) m x k. */
-cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                            const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
-                            cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc,
-                            cublasComputeType_t compute, cublasGemmAlgo_t) {
-    if (!h || m < 0 || n < 0 || k < 0 || !A || !B || !C || !alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
-    if (lda < (ta == CUBLAS_OP_N ? m : k) || ldb < (tb == CUBLAS_OP_N ? k : n) || ldc < m || lda < 1 || ldb < 1)
-        return CUBLAS_STATUS_INVALID_VALUE;
-    if (ct != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F || at != bt) return CUBLAS_STATUS_NOT_SUPPORTED;
-    const float a = *(const float *)alpha, b = *(const float *)beta;
-    float *c = (float *)C;
+static void gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float a, const void *A,
+                 cudaDataType at, int lda, const void *B, cudaDataType bt, int ldb, float b, float *c, int ldc) {
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) {
             double s = 0;
@@ -396,5 +503,18 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
             float *o = &c[(size_t)i + (size_t)j * ldc];
             *o = (float)(a * s + (b != 0 ? b * *o : 0));
         }
+}
+
+/* C (m x n, column-major, ldc) = alpha op(A) op(B) + beta C; op(A) m x k. */
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                            cudaDataType bt, int ldb, const void *beta, void *C, cudaDataType ct, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t) {
+    if (!h || m < 0 || n < 0 || k < 0 || !A || !B || !C || !alpha || !beta) return CUBLAS_STATUS_INVALID_VALUE;
+    if (lda < (ta == CUBLAS_OP_N ? m : k) || ldb < (tb == CUBLAS_OP_N ? k : n) || ldc < m || lda < 1 || ldb < 1)
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (ct != CUDA_R_32F || compute != CUBLAS_COMPUTE_32F || at != bt) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const float a = *(const float *)alpha, b = *(const float *)beta; /* host scalars: read at the call */
+    enqueue(h->stream, [=]() { gemm(ta, tb, m, n, k, a, A, at, lda, B, bt, ldb, b, (float *)C, ldc); });
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -17,6 +17,14 @@
  * concurrent blocks (blocks never overlap here), and the device's exp/sqrt
  * rounding (the host's libm is used); tests compare with tolerances anyway.
  *
+ * Graphs: a stream between cudaStreamBeginCapture and cudaStreamEndCapture
+ * records its launches, copies, memsets and GEMMs (arguments by value, as
+ * a kernel node keeps them) instead of running them; cudaGraphLaunch
+ * replays the record. A synchronisation or an allocation while this thread
+ * captures invalidates the capture, as in CUDA's thread-local mode (the
+ * emulation also refuses cudaMallocAsync there, which CUDA would turn into
+ * a graph-owned allocation: the backend must never grow scratch in one).
+ *
  * Launch syntax: the build rewrites `kernel<<<g, b, smem, stream>>>(args)`
  * into `tlemu::launch(kernel)(g, b, smem, stream)(args)` with sed
  * (kernels/cuda/Makefile.inc). */
@@ -133,8 +141,18 @@ typedef enum cudaError {
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidDevice = 101,
     cudaErrorLaunchFailure = 719,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorIllegalState = 401,
 } cudaError_t;
 typedef struct tlemu_stream *cudaStream_t;
+typedef struct tlemu_graph *cudaGraph_t;
+typedef struct tlemu_graph *cudaGraphExec_t;
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2
+};
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 #define cudaStreamNonBlocking 0x01
@@ -164,13 +182,20 @@ cudaError_t cudaMallocHost(void **p, size_t bytes);
 cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s);
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e);
 cudaError_t tlemu_set_smem_limit(int bytes);
 template <typename F> static inline cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int bytes) {
     return tlemu_set_smem_limit(bytes);
 }
 
-/* Runs body once per thread of every block of the grid. */
-void tlemu_run(const char *name, dim3 grid, dim3 block, size_t smem, const std::function<void()> &body);
+/* Runs body once per thread of every block of the grid, or records that
+ * for a replay when the stream is capturing. */
+void tlemu_launch(const char *name, dim3 grid, dim3 block, size_t smem, cudaStream_t s, std::function<void()> body);
 
 namespace tlemu {
 template <typename... P> struct config {
@@ -178,17 +203,18 @@ template <typename... P> struct config {
     const char *name;
     dim3 g, b;
     size_t smem;
+    cudaStream_t stream;
     void operator()(P... a) const { /* the kernel's parameter types: the call converts, as a launch does */
         const std::tuple<P...> args(a...);
         void (*fn)(P...) = f;
-        tlemu_run(name, g, b, smem, [&]() { std::apply(fn, args); });
+        tlemu_launch(name, g, b, smem, stream, [fn, args]() { std::apply(fn, args); });
     }
 };
 template <typename... P> struct kernel {
     void (*f)(P...);
     const char *name;
-    config<P...> operator()(dim3 g, dim3 b, size_t smem = 0, cudaStream_t = 0) const {
-        return {f, name, g, b, smem};
+    config<P...> operator()(dim3 g, dim3 b, size_t smem = 0, cudaStream_t s = 0) const {
+        return {f, name, g, b, smem, s};
     }
 };
 template <typename... P> kernel<P...> launch(void (*f)(P...), const char *name) { return {f, name}; }
@@ -206,6 +232,7 @@ typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 cublasStatus_t cublasCreate(cublasHandle_t *h);
 cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *workspace, size_t bytes);
 const char *cublasGetStatusString(cublasStatus_t s);
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                             const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
