@@ -91,9 +91,44 @@ static __global__ void kernel_dequantize(OUT *dst, const uint8_t *src, size_t ro
     for (int e = ng * 8 + threadIdx.x; e < n; e += blockDim.x) d[e] = to_out<OUT>(load1<TYPE>(row, e));
 }
 
-static __global__ void kernel_f32_to_f16(__half *dst, const float *src, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        dst[i] = __float2half_rn(src[i]);
+/* Block r: row r of x (n floats) to f16 for the GEMM. A row whose largest
+ * magnitude exceeds TLC_F16_ROW_MAX would overflow f16 (65504) on some
+ * models' FFN activations; it is divided by a power of two scale[r] first
+ * (exact), and kernel_unscale_rows multiplies its output row back. Rows in
+ * range get scale 1 and convert exactly as a plain cast would. */
+#define TLC_F16_ROW_MAX 32768.0f
+static __global__ void kernel_rows_to_f16(__half *dst, float *scale, const float *src, int n) {
+    __shared__ float red[32];
+    const float *x = src + (size_t)blockIdx.x * n;
+    float m = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, fabsf(x[i]));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        m = threadIdx.x < (blockDim.x + 31) / 32 ? red[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (threadIdx.x == 0) red[0] = m;
+    }
+    __syncthreads();
+    m = red[0];
+    float s = 1.0f;
+    if (m > TLC_F16_ROW_MAX && isfinite(m)) { /* an inf stays inf, as on the CPU */
+        int e;
+        frexpf(m / TLC_F16_ROW_MAX, &e); /* m / MAX < 2^e */
+        s = ldexpf(1.0f, e);
+    }
+    const float inv = 1.0f / s;
+    __half *d = dst + (size_t)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = __float2half_rn(x[i] * inv);
+    if (threadIdx.x == 0) scale[blockIdx.x] = s;
+}
+
+static __global__ void kernel_unscale_rows(float *out, const float *scale, int n) {
+    const float s = scale[blockIdx.x];
+    if (s == 1.0f) return;
+    float *o = out + (size_t)blockIdx.x * n;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] *= s;
 }
 
 /* ---- launchers --------------------------------------------------------------- */
@@ -173,15 +208,18 @@ static int gemm(tl_cuda *c, float *out, const float *x, const void *w, int type,
         TLC_LAUNCHED(kernel_dequantize);
         a = w16;
     }
-    size_t nx = (size_t)T * n_in;
-    rc = tlc_scratch(c, &c->x16, &c->x16_bytes, nx * sizeof(__half));
+    /* x16 scratch: T rows of f16, then T row scales */
+    const size_t scales_off = ((size_t)T * n_in * sizeof(__half) + 255) / 256 * 256;
+    rc = tlc_scratch(c, &c->x16, &c->x16_bytes, scales_off + (size_t)T * sizeof(float));
     if (rc) return rc;
-    unsigned blocks = (unsigned)((nx + 255) / 256 < 4096 ? (nx + 255) / 256 : 4096);
-    kernel_f32_to_f16<<<blocks, 256, 0, c->stream>>>((__half *)c->x16, x, nx);
-    TLC_LAUNCHED(kernel_f32_to_f16);
+    float *scales = (float *)((char *)c->x16 + scales_off);
+    kernel_rows_to_f16<<<T, 256, 0, c->stream>>>((__half *)c->x16, scales, x, n_in);
+    TLC_LAUNCHED(kernel_rows_to_f16);
     TLC_CHECK_BLAS(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, T, n_in, &one, a, CUDA_R_16F, n_in, c->x16,
                                 CUDA_R_16F, n_in, &zero, out, CUDA_R_32F, n_out, CUBLAS_COMPUTE_32F,
                                 CUBLAS_GEMM_DEFAULT));
+    kernel_unscale_rows<<<T, 256, 0, c->stream>>>(out, scales, n_out);
+    TLC_LAUNCHED(kernel_unscale_rows);
     return TL_CUDA_OK;
 }
 

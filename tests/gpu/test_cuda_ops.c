@@ -172,6 +172,54 @@ static void test_matmul(void) {
     }
 }
 
+/* The GEMM path converts activations to f16 (max 65504): rows far beyond
+ * that (some models' FFN activations) must not overflow, rows in range
+ * must be unaffected by their neighbours, and an inf must stay visible. */
+static void test_gemm_range(void) {
+    const int n_in = 256, n_out = 67, T = 11, type = TL_TYPE_Q8_0;
+    const float row_scale[11] = {1e6f, 1, 1, 4e4f, 1, 1, 3e5f, 1, 1, 1, 2.5e9f};
+    const size_t rb = tl_row_size(type, n_in);
+    float *deq = xmalloc(sizeof(float) * n_out * n_in), *x = xmalloc(sizeof(float) * T * n_in);
+    float *ref = xmalloc(sizeof(float) * T * n_out), *got = xmalloc(sizeof(float) * T * n_out);
+    void *w = make_weights(type, n_out, n_in, deq);
+    for (int t = 0; t < T; t++) fill(x + (size_t)t * n_in, n_in, row_scale[t]);
+    for (int t = 0; t < T; t++)
+        for (int r = 0; r < n_out; r++) {
+            double acc = 0;
+            for (int i = 0; i < n_in; i++) acc += (double)deq[(size_t)r * n_in + i] * x[(size_t)t * n_in + i];
+            ref[(size_t)t * n_out + r] = (float)acc;
+        }
+    void *dw = dev_put(w, rb * n_out);
+    float *dx = dev_put(x, sizeof(float) * T * n_in), *dout = dev_put(NULL, sizeof(float) * T * n_out);
+    int rc = dw && dx && dout ? tl_cuda_matmul_path(ctx, dout, dx, dw, type, n_in, n_out, T, TL_CUDA_MM_GEMM) : -1;
+    CHECK(rc == TL_CUDA_OK, "gemm with large rows runs: %s", tl_cuda_last_error());
+    if (rc == TL_CUDA_OK && dev_get(got, dout, sizeof(float) * T * n_out) == TL_CUDA_OK)
+        for (int t = 0; t < T; t++) {
+            double e = test_nmse(got + (size_t)t * n_out, ref + (size_t)t * n_out, n_out);
+            CHECK(e < TOL_GEMM16, "gemm row %d (values up to %.0e): matches the f32 reference (nmse %.3g)", t,
+                  (double)row_scale[t], e);
+        }
+    /* an inf in row 2 makes that row non-finite; the others stay exact */
+    x[(size_t)2 * n_in + 7] = INFINITY;
+    rc = dx ? tl_cuda_upload(ctx, dx, x, sizeof(float) * T * n_in) : -1;
+    if (rc == TL_CUDA_OK) rc = tl_cuda_matmul_path(ctx, dout, dx, dw, type, n_in, n_out, T, TL_CUDA_MM_GEMM);
+    if (rc == TL_CUDA_OK && dev_get(got, dout, sizeof(float) * T * n_out) == TL_CUDA_OK) {
+        int nonfinite = 0;
+        for (int r = 0; r < n_out; r++) nonfinite += !isfinite(got[(size_t)2 * n_out + r]);
+        CHECK(nonfinite == n_out, "an inf input leaves its output row non-finite (%d of %d)", nonfinite, n_out);
+        double e = test_nmse(got + (size_t)3 * n_out, ref + (size_t)3 * n_out, n_out);
+        CHECK(e < TOL_GEMM16, "the rows beside it are unaffected (row 3 nmse %.3g)", e);
+    }
+    tl_cuda_dealloc(ctx, dw);
+    tl_cuda_dealloc(ctx, dx);
+    tl_cuda_dealloc(ctx, dout);
+    free(w);
+    free(deq);
+    free(x);
+    free(ref);
+    free(got);
+}
+
 /* ---- element-wise ------------------------------------------------------------ */
 
 static void ref_rope(float *x, int pos, int n_rot, float base, int neox, const float *ff) {
@@ -519,6 +567,7 @@ int main(int argc, char **argv) {
     if (tl_cuda_device_name(ctx, name, sizeof name) == TL_CUDA_OK) printf("device: %s\n", name);
     test_dequantize_and_get_rows();
     test_matmul();
+    test_gemm_range();
     test_elementwise();
     test_attention_kv(0);
     test_attention_kv(1);
