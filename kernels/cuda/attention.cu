@@ -214,6 +214,20 @@ static __global__ void kernel_kv_store(uint8_t *arena, size_t block_bytes, int b
 
 /* ---- launchers --------------------------------------------------------------- */
 
+/* More than 48 KiB of dynamic shared memory must be allowed per kernel and
+ * device. Done once, by the first (eager) launch: a graph capture then
+ * never meets this call. */
+template <typename K>
+static int allow_smem(tl_cuda *c, K kernel, int which, size_t smem) {
+    static int allowed[2][TLC_MAX_DEVICES];
+    if (smem <= 48 * 1024) return TL_CUDA_OK;
+    int *a = c->device < TLC_MAX_DEVICES ? &allowed[which][c->device] : NULL;
+    if (a && __atomic_load_n(a, __ATOMIC_RELAXED) >= (int)smem) return TL_CUDA_OK;
+    TLC_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (a) __atomic_store_n(a, (int)smem, __ATOMIC_RELAXED);
+    return TL_CUDA_OK;
+}
+
 extern "C" TL_CUDA_API size_t tl_cuda_kv_block_bytes(const tl_cuda_kv *kv) {
     const size_t elem = kv->kv_type == TL_CUDA_KV_F32 ? 4 : 2;
     return 2 * (size_t)kv->n_head_kv * kv->block_size * kv->head_dim * elem;
@@ -312,16 +326,12 @@ static int attention(tl_cuda *c, float *out, const float *q, int q_stride, const
     const size_t bb = tl_cuda_kv_block_bytes(kv);
     const uint8_t *a = (const uint8_t *)kv->arena;
     if (kv->kv_type == TL_CUDA_KV_F16) {
-        if (smem > 48 * 1024)
-            TLC_CHECK(cudaFuncSetAttribute(kernel_attention<__half>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)smem));
+        if ((rc = allow_smem(c, kernel_attention<__half>, 0, smem))) return rc;
         kernel_attention<__half><<<grid, 32 * ATT_WARPS, smem, c->stream>>>(
             out, q, q_stride, a, bb, kv->block_size, kv->n_head_kv, hd, group, s, window, scale, n_split, split_len,
             part);
     } else {
-        if (smem > 48 * 1024)
-            TLC_CHECK(cudaFuncSetAttribute(kernel_attention<float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)smem));
+        if ((rc = allow_smem(c, kernel_attention<float>, 1, smem))) return rc;
         kernel_attention<float><<<grid, 32 * ATT_WARPS, smem, c->stream>>>(
             out, q, q_stride, a, bb, kv->block_size, kv->n_head_kv, hd, group, s, window, scale, n_split, split_len,
             part);

@@ -20,7 +20,8 @@
 
 enum {
     TLC_GRAPHS = 64,                /* executable graphs kept per context (LRU) */
-    TLC_BLAS_WORKSPACE = 32 << 20   /* bytes */
+    TLC_BLAS_WORKSPACE = 32 << 20,  /* bytes */
+    TLC_MAX_DEVICES = 16            /* per-device state kept in statics */
 };
 
 typedef struct tlc_graph {

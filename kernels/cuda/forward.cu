@@ -371,36 +371,19 @@ int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, char *m
     p->unfinished = 1; /* cleared when the pass has synchronised */
     TRY(tl_cuda_upload(c, p->meta_d, h, total * sizeof(int32_t)));
 
-    pass ps;
-    ps.p = p;
-    ps.b = b;
-    ps.T = T;
-    ps.n_seq = n_seq;
-    ps.depth = depth;
-    ps.rows = rows;
-    ps.max_q = max_q;
-    ps.max_pos = max_pos;
-    ps.stride = (int)stride;
-    ps.o_slot = o_slot;
-    ps.o_qs = o_qs;
-    ps.o_ql = o_ql;
-    ps.o_p0 = o_p0;
-    ps.o_win = o_win;
-    ps.o_last = o_last;
-    ps.o_tab = o_tab;
-    ps.msg = msg;
-    ps.cap = cap;
+    const pass ps = {p, b, T, n_seq, depth, rows, max_q, max_pos, (int)stride, /* in field order */
+                     o_slot, o_qs, o_ql, o_p0, o_win, o_last, o_tab, msg, cap};
     if (decode) {
         /* Everything enqueue_pass freezes into a graph: the offsets above
          * follow from T, n_seq, depth and the stride; the buffers are the
          * plugin's (a reallocation forgets the graphs). */
         const int64_t key[] = {T, n_seq, depth, (int64_t)stride, max_pos, rows, layer_map_gen(p, b)};
-        rc = tl_cuda_graph_run(c, key, (int)(sizeof key / sizeof key[0]), enqueue_pass, &ps);
+        rc = tl_cuda_graph_run(c, key, (int)(sizeof key / sizeof key[0]), enqueue_pass, (void *)&ps);
         if (rc < 0) return msg && msg[0] ? rc : pl_fail(msg, cap, rc, "tl_cuda_graph_run", __FILE__, __LINE__, "%s",
                                                         tl_cuda_last_error());
         if (msg && cap) msg[0] = 0; /* a failed capture's message, when the eager rerun succeeded */
     } else {
-        rc = enqueue_pass(&ps);
+        rc = enqueue_pass((void *)&ps);
         if (rc < 0) return rc;
     }
 
