@@ -176,8 +176,7 @@ static int grow(void **p, int *cap, int need, size_t elem) {
 }
 
 int tl_backend_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
-                       int T, float *logits, const int *want_logits, const tl_backend_sample *sample,
-                       int32_t *ids_out) {
+                       int T, float *logits, const tl_forward_opts *opts) {
     struct tl_backend_state *b = m->backend;
     if (T > b->desc.max_batch_tokens)
         return tl_set_error(TL_ERR_INVALID_ARG, "%s backend: a batch of %d tokens exceeds its limit of %d",
@@ -206,17 +205,20 @@ int tl_backend_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
         b->window[i] = seqs[i]->window;
     }
     for (int vl = 0; vl < depth; vl++) b->phys[vl] = tl_model_phys_layer(m, seqs[0]->loops, vl);
-    static const int all = 1;
+    const int *want_logits = opts->want_logits;
     int *want = NULL;
-    if (!want_logits) { /* every sequence wants its logits */
+    if (!want_logits) { /* every sequence wants its logits, or none without a buffer (a resume build) */
         want = malloc((size_t)n_seq * sizeof *want);
         if (!want) return tl_set_error(TL_ERR_NOMEM, "out of memory");
-        for (int i = 0; i < n_seq; i++) want[i] = all;
+        for (int i = 0; i < n_seq; i++) want[i] = logits != NULL;
     }
     tl_backend_batch batch = {.n_seq = n_seq, .T = T, .tokens = b->tokens, .pos = b->pos, .tok_seq = b->tok_seq,
                               .block_ids = b->ids, .n_logical = b->n_logical, .window = b->window, .depth = depth,
                               .phys_layer = b->phys, .want_logits = want_logits ? want_logits : want,
-                              .sample = sample, .ids_out = ids_out};
+                              .sample = opts->sample, .ids_out = opts->ids_out,
+                              .x_in = opts->vl_begin > 0 ? opts->x_in : NULL, .vl_begin = opts->vl_begin,
+                              .x_capture = opts->vl_capture >= 0 ? opts->x_capture : NULL,
+                              .vl_capture = opts->vl_capture};
     char msg[512] = "";
     int rc = b->ops->forward(b->ctx, &batch, logits, msg, sizeof msg);
     free(want);

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TL_BACKEND_ABI 2
+#define TL_BACKEND_ABI 3
 
 /* Largest top_k a backend samples on its device; wider (or top_k 0 with a
  * temperature) rows come back as logits and are sampled on the host. */
@@ -41,8 +41,7 @@ typedef struct tl_layer {
 /* Everything a backend needs to build its copy of a model (host pointers,
  * valid while the model lives). All norm vectors are f32 and final (any
  * architecture offset already applied). Calls come from one thread at a
- * time (the engine's compute lock). Resume handles (hidden-state input
- * and capture) stay on the CPU path. */
+ * time (the engine's compute lock). */
 typedef struct tl_backend_model {
     int abi;                       /* TL_BACKEND_ABI */
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot;
@@ -87,6 +86,15 @@ typedef struct tl_backend_batch {
      * hold every row). */
     const struct tl_backend_sample *sample;
     int32_t *ids_out;              /* (rows) */
+    /* Resume handles (looped models). x_in non-NULL: the pass starts at
+     * virtual layer vl_begin from these (T, n_embd) host hidden states
+     * instead of the token embeddings (tokens still give the positions'
+     * ids). x_capture non-NULL: the hidden states entering virtual layer
+     * vl_capture (< depth) are copied there, (T, n_embd). */
+    const float *x_in;
+    int vl_begin;
+    float *x_capture;
+    int vl_capture;
 } tl_backend_batch;
 
 /* The engine's sampling chain (sampler.c) for one row, the random draw

@@ -460,13 +460,7 @@ int tl_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const i
     if ((rc = scratch_reserve(m, T, n_seq))) return rc;
     if ((rc = reserve_blocks(m, seqs, n_tokens, n_seq))) return rc;
     if (m->backend) {
-        if (opts->vl_begin > 0 || opts->vl_capture >= 0) {
-            for (int i = 0; i < n_seq; i++) tl_block_table_truncate(&seqs[i]->bt, &m->kv, seqs[i]->n_pos);
-            return tl_set_error(TL_ERR_UNSUPPORTED, "resume handles are not supported on the %s backend",
-                                tl_backend_name(m));
-        }
-        rc = tl_backend_forward(m, seqs, tokens, n_tokens, n_seq, T, logits, opts->want_logits, opts->sample,
-                                opts->ids_out);
+        rc = tl_backend_forward(m, seqs, tokens, n_tokens, n_seq, T, logits, opts);
         if (rc) {
             for (int i = 0; i < n_seq; i++) tl_block_table_truncate(&seqs[i]->bt, &m->kv, seqs[i]->n_pos);
             return rc;

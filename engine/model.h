@@ -101,9 +101,10 @@ int tl_backend_sample_k(const tl_model *m);
 void tl_backend_attach_pool(tl_model *m);
 void tl_backend_close(tl_model *m);
 const char *tl_backend_name(const tl_model *m);
+struct tl_forward_opts;
+/* One pass on the backend; opts as tl_forward's (want_logits, resume, sampling). */
 int tl_backend_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
-                       int T, float *logits, const int *want_logits, const tl_backend_sample *sample,
-                       int32_t *ids_out);
+                       int T, float *logits, const struct tl_forward_opts *opts);
 
 /* chat.c */
 void tl_chat_detect(tl_model *m);

@@ -196,14 +196,22 @@ static int enqueue_pass(void *arg) {
     const int32_t *d = p->meta_d;
     const int32_t *tok_d = d, *pos_d = d + T; /* o_tok = 0, o_pos = T */
 
-    /* Embeddings. */
-    TRY(tl_cuda_get_rows(c, p->x, p->tok_embd.d, p->tok_embd.type, D, p->n_vocab, tok_d, T));
-    if (p->embd_scale) TRY(scale(c, p->x, sqrtf((float)D), (int64_t)T * D));
+    /* Embeddings, or a resume handle's hidden states entering vl_begin. */
+    int vl0 = 0;
+    if (b->x_in) {
+        TRY(tl_cuda_upload(c, p->x, b->x_in, (size_t)T * D * sizeof(float)));
+        vl0 = b->vl_begin;
+    } else {
+        TRY(tl_cuda_get_rows(c, p->x, p->tok_embd.d, p->tok_embd.type, D, p->n_vocab, tok_d, T));
+        if (p->embd_scale) TRY(scale(c, p->x, sqrtf((float)D), (int64_t)T * D));
+    }
 
     const int decode = T == ps->n_seq;
     const float att_scale = 1.0f / sqrtf((float)hd);
     const float eps = p->norm_eps;
-    for (int vl = 0; vl < ps->depth; vl++) {
+    for (int vl = vl0; vl < ps->depth; vl++) {
+        if (b->x_capture && vl == b->vl_capture) /* a resume build: never inside a graph */
+            TRY(tl_cuda_download(c, b->x_capture, p->x, (size_t)T * D * sizeof(float)));
         const int L = b->phys_layer[vl];
         const dev_layer *ly = &p->layers[L];
         const int window = p->layer_window[L];
@@ -286,6 +294,9 @@ int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, char *m
     tl_cuda *c = p->c;
     const int bs = p->kv.block_size;
 
+    REQ(!b->x_in || (b->vl_begin >= 0 && b->vl_begin < depth), "vl_begin %d outside [0, %d)", b->vl_begin, depth);
+    REQ(!b->x_capture || (b->vl_capture >= 0 && b->vl_capture < depth), "vl_capture %d outside [0, %d)",
+        b->vl_capture, depth);
     for (int vl = 0; vl < depth; vl++)
         REQ(b->phys_layer[vl] >= 0 && b->phys_layer[vl] < p->n_layer,
             "virtual layer %d maps to physical layer %d of %d",
@@ -373,7 +384,7 @@ int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, char *m
 
     const pass ps = {p, b, T, n_seq, depth, rows, max_q, max_pos, (int)stride, /* in field order */
                      o_slot, o_qs, o_ql, o_p0, o_win, o_last, o_tab, msg, cap};
-    if (decode) {
+    if (decode && !b->x_in && !b->x_capture) {
         /* Everything enqueue_pass freezes into a graph: the offsets above
          * follow from T, n_seq, depth and the stride; the buffers are the
          * plugin's (a reallocation forgets the graphs). */

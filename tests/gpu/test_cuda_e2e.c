@@ -197,6 +197,59 @@ static void test_synthetic(void) {
     }
 }
 
+/* Resume handles on the GPU: the prelude's hidden states come back from the
+ * device once, and generation at any depth starts from them there. Exact
+ * mode: equal tokens to plain generation at that depth, and (at the
+ * default depth) to the CPU's resume up to near-ties. */
+static void test_resume(void) {
+    tm_spec s = tm_default_spec();
+    s.n_layer = 4;
+    s.loop_start = 1;
+    s.loop_end = 3;
+    s.loop_default = 2;
+    s.n_ctx = 256;
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/tl_cuda_resume_%d.gguf", (int)getpid());
+    if (tm_write(&s, path) != 0) {
+        CHECK(0, "resume model: tm_write");
+        return;
+    }
+    tl_model_params mp = tl_model_default_params();
+    mp.kv_block_size = 16;
+    tl_model *gx = open_on(path, "cuda", 1, mp), *cpu = open_on(path, "cpu", 0, mp);
+    unlink(path);
+    enum { N = 37, GEN = 10 };
+    int32_t t[N], plain[GEN], res[GEN], cres[GEN];
+    tl_prefix *h = NULL, *ch = NULL;
+    if (gx && cpu) {
+        ref_fill_tokens(t, N, tl_model_n_vocab(gx), 4242);
+        CHECK(tl_resume_build(gx, t, N, &h) == TL_OK, "resume handle built on the GPU (%s)", tl_last_error());
+        CHECK(tl_resume_build(cpu, t, N, &ch) == TL_OK, "resume handle built on the CPU (%s)", tl_last_error());
+    }
+    for (int k = 1; h && ch && k <= (quick ? 3 : 4); k++) {
+        tl_generate_params gp = tl_generate_default_params();
+        gp.max_tokens = GEN;
+        gp.ignore_eos = 1;
+        gp.loops = k;
+        int nr = tl_resume_generate(gx, h, gp, res, GEN);
+        int nc = tl_resume_generate(cpu, ch, gp, cres, GEN);
+        gp.no_cache = 1;
+        int np = tl_generate(gx, t, N, gp, plain, GEN);
+        CHECK(nr == GEN && ref_same_ids(res, nr, plain, np),
+              "GPU resume at loops %d == GPU plain generation (%d tokens, first difference at %d): %s", k, nr,
+              ref_first_diff(res, nr, plain, np), nr < 0 ? tl_last_error() : "");
+        if (k == s.loop_default) { /* margin_at measures at the model's default depth */
+            char what[96];
+            snprintf(what, sizeof what, "GPU resume at loops %d == CPU resume", k);
+            check_same_or_tie(cpu, t, N, cres, nc, res, nr, what);
+        }
+    }
+    tl_prefix_free(h);
+    tl_prefix_free(ch);
+    tl_model_close(gx);
+    tl_model_close(cpu);
+}
+
 /* 4: a batch of requests with device (and host) sampling == each alone.
  * The batch replays CUDA graphs; the requests alone run on a model with
  * graphs off, so this also checks that a replay computes what eager
@@ -345,6 +398,7 @@ int main(void) {
     if (shared) test_reference(shared);
     double t1 = tl_clock();
     test_synthetic();
+    test_resume();
     double t2 = tl_clock();
     if (shared) test_batch_sampling(shared);
     double t3 = tl_clock();
