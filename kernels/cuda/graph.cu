@@ -28,7 +28,7 @@ static void forget(tl_cuda *c, int i) {
 }
 
 extern "C" TL_CUDA_API void tl_cuda_graph_reset(tl_cuda *c) {
-    if (!c || !c->n_graphs) return;
+    if (!c || !c->n_graphs || c->capturing) return; /* in a capture: the table stays as the capture found it */
     cudaSetDevice(c->device);
     /* a replay may still be running: its executable graph outlives it */
     if (cudaStreamSynchronize(c->stream) != cudaSuccess) (void)cudaGetLastError();
