@@ -275,21 +275,26 @@ int main(void) {
     tm_arch_cases(arch, names);
     /* the four architectures (llama in f32 with f32 KV: the tight check;
      * the loop model at depth 5 over 3 layers), llama with f16 weights and
-     * gemma3 in f32; even cases also get a request cache_window */
-    tcase cases[6] = {
+     * gemma3 in f32, and head_dim 256; even cases also get a request cache_window */
+    tcase cases[7] = {
         {.name = names[0], .spec = arch[0], .kv_type = TL_KV_F32, .tol = 1e-5},
         {.name = "llama f16/kv f16", .spec = arch[0], .kv_type = TL_KV_F16, .tol = 1e-3},
         {.name = names[1], .spec = arch[1], .kv_type = TL_KV_F16, .loops = 2, .tol = 1e-3},
         {.name = names[2], .spec = arch[2], .kv_type = TL_KV_F16, .tol = 1e-3},
         {.name = names[3], .spec = arch[3], .kv_type = TL_KV_F16, .tol = 1e-3},
         {.name = "gemma3 swa f32/kv f32", .spec = tm_default_spec(), .kv_type = TL_KV_F32, .tol = 1e-5},
+        {.name = "llama head_dim 256", .spec = arch[0], .kv_type = TL_KV_F16, .tol = 1e-3},
     };
     cases[1].spec.type = TL_TYPE_F16;
     cases[5].spec.gemma3 = 1;
     cases[5].spec.sliding_window = 8;
     cases[5].spec.n_layer = 6;
     cases[5].spec.seed = 9;
-    int n = 6;
+    /* one head of 256: attention needs more than 48 KiB of shared memory (Gemma 3's size) */
+    cases[6].spec.n_embd = 256;
+    cases[6].spec.n_head = 1;
+    cases[6].spec.n_head_kv = 1;
+    int n = 7;
     for (int i = 0; i < n; i++) run_case(&cases[i], i);
     tl_cuda_graph_stats gs;
     tl_cuda_graph_totals(&gs);
