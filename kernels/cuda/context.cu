@@ -118,7 +118,7 @@ extern "C" int tlc_scratch(tl_cuda *c, void **buf, size_t *cap, size_t bytes) {
     if (c->capturing)
         return tlc_fail(TL_CUDA_ERR_ARG, "tlc_scratch", __FILE__, __LINE__,
                         "scratch of %zu bytes must grow to %zu inside a graph capture", *cap, bytes);
-    tl_cuda_graph_reset(c);
+    if (buf != &c->smp) tl_cuda_graph_reset(c); /* sampling runs after a replay, never inside one */
     if (*buf) {
         TLC_CHECK(cudaFreeAsync(*buf, c->stream));
         *buf = NULL;

@@ -155,21 +155,28 @@ static int table_bucket(int n) {
     return n <= b ? b : (n + 63) / 64 * 64;
 }
 
-/* A number that changes whenever the batch maps its virtual layers to
- * physical ones differently (a decode graph holds the layers' weights). */
-static int64_t layer_map_gen(plugin *p, const tl_backend_batch *b) {
-    if (p->graph_map && p->graph_map_len == b->depth &&
-        !memcmp(p->graph_map, b->phys_layer, (size_t)b->depth * sizeof(int)))
-        return p->graph_map_gen;
-    int *m = (int *)realloc(p->graph_map, (size_t)b->depth * sizeof(int));
-    if (m) {
-        memcpy(m, b->phys_layer, (size_t)b->depth * sizeof(int));
-        p->graph_map = m;
-        p->graph_map_len = b->depth;
-    } else {
-        p->graph_map_len = -1; /* never matches: a new number every step */
+/* The number standing for the batch's virtual-to-physical layer map in a
+ * decode graph's key (the graph holds those layers' weights). Requests at
+ * different loop depths alternate maps; each keeps its number while it is
+ * among the last TL_CUDA_LAYER_MAPS seen, so their graphs stay usable. */
+static int64_t layer_map_id(plugin *p, const tl_backend_batch *b) {
+    const size_t bytes = (size_t)b->depth * sizeof(int);
+    for (int i = 0; i < p->n_maps; i++)
+        if (p->map_len[i] == b->depth && !memcmp(p->maps[i], b->phys_layer, bytes)) return p->map_id[i];
+    int *m = (int *)malloc(bytes);
+    if (!m) return -1 - p->next_map_id++; /* unremembered: a number no later step gets */
+    memcpy(m, b->phys_layer, bytes);
+    int i;
+    if (p->n_maps < TL_CUDA_LAYER_MAPS) {
+        i = p->n_maps++;
+    } else { /* the oldest goes; its graphs age out of the LRU */
+        i = p->map_victim++ % TL_CUDA_LAYER_MAPS;
+        free(p->maps[i]);
     }
-    return ++p->graph_map_gen;
+    p->maps[i] = m;
+    p->map_len[i] = b->depth;
+    p->map_id[i] = p->next_map_id++;
+    return p->map_id[i];
 }
 
 /* One forward pass's device work, from the uploaded metadata to the
@@ -388,7 +395,7 @@ int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, char *m
         /* Everything enqueue_pass freezes into a graph: the offsets above
          * follow from T, n_seq, depth and the stride; the buffers are the
          * plugin's (a reallocation forgets the graphs). */
-        const int64_t key[] = {T, n_seq, depth, (int64_t)stride, max_pos, rows, layer_map_gen(p, b)};
+        const int64_t key[] = {T, n_seq, depth, (int64_t)stride, max_pos, rows, layer_map_id(p, b)};
         rc = tl_cuda_graph_run(c, key, (int)(sizeof key / sizeof key[0]), enqueue_pass, (void *)&ps);
         if (rc < 0) return msg && msg[0] ? rc : pl_fail(msg, cap, rc, "tl_cuda_graph_run", __FILE__, __LINE__, "%s",
                                                         tl_cuda_last_error());

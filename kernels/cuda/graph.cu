@@ -11,9 +11,10 @@
  * A key is run eagerly the first time it is seen (that also grows any
  * scratch buffer it needs, which a capture must not do), captured and
  * replayed from the second time on. Graphs are kept in a small LRU table;
- * growing a scratch buffer forgets them all (they point at the old one).
- * If a capture fails, graphs are turned off for the context, the step runs
- * eagerly, and the reason is kept for tl_cuda_graph_totals. */
+ * growing a scratch buffer they read forgets them all (they point at the
+ * old one). If a capture fails where eager launches of the same work
+ * succeed, graphs are turned off for the context and the reason is kept
+ * for tl_cuda_graph_totals; a step that fails eagerly too just fails. */
 #include <stdio.h>
 #include <string.h>
 
@@ -84,43 +85,65 @@ static int run_eager(tl_cuda_enqueue_fn fn, void *arg) {
     return fn(arg);
 }
 
+static int find(const tl_cuda *c, const int64_t *key, int n_key) {
+    for (int i = 0; i < c->n_graphs; i++)
+        if (c->graphs[i].n_key == n_key && !memcmp(c->graphs[i].key, key, (size_t)n_key * sizeof *key)) return i;
+    return -1;
+}
+
+static void remember(tl_cuda *c, const int64_t *key, int n_key) {
+    if (c->n_graphs == TLC_GRAPHS) {
+        int lru = 0;
+        for (int i = 1; i < c->n_graphs; i++)
+            if (c->graphs[i].used < c->graphs[lru].used) lru = i;
+        forget(c, lru);
+    }
+    tlc_graph *e = &c->graphs[c->n_graphs++];
+    memset(e, 0, sizeof *e);
+    memcpy(e->key, key, (size_t)n_key * sizeof *key);
+    e->n_key = n_key;
+    e->used = ++c->graph_clock;
+}
+
 extern "C" TL_CUDA_API int tl_cuda_graph_run(tl_cuda *c, const int64_t *key, int n_key, tl_cuda_enqueue_fn fn,
                                              void *arg) {
     TLC_ARG(c && fn && key && n_key > 0 && n_key <= TL_CUDA_GRAPH_KEY_MAX, "bad arguments (n_key %d)", n_key);
     TLC_ARG(!c->capturing, "tl_cuda_graph_run inside a capture");
     if (!c->graphs_on) return run_eager(fn, arg);
     TLC_BIND(c);
-    tlc_graph *e = NULL;
-    for (int i = 0; i < c->n_graphs && !e; i++)
-        if (c->graphs[i].n_key == n_key && !memcmp(c->graphs[i].key, key, (size_t)n_key * sizeof *key))
-            e = &c->graphs[i];
-    if (!e) { /* first sight: eager, and remembered */
-        if (c->n_graphs == TLC_GRAPHS) {
-            int lru = 0;
-            for (int i = 1; i < c->n_graphs; i++)
-                if (c->graphs[i].used < c->graphs[lru].used) lru = i;
-            forget(c, lru);
-        }
-        e = &c->graphs[c->n_graphs++];
-        memset(e, 0, sizeof *e);
-        memcpy(e->key, key, (size_t)n_key * sizeof *key);
-        e->n_key = n_key;
-        e->used = ++c->graph_clock;
-        return run_eager(fn, arg);
+    int i = find(c, key, n_key);
+    if (i < 0) { /* first sight: eager; a step that failed is not a shape worth keeping */
+        const int rc = run_eager(fn, arg);
+        if (rc == TL_CUDA_OK) remember(c, key, n_key); /* after: the run may have reset the table */
+        return rc;
     }
-    e->used = ++c->graph_clock;
-    if (!e->exec) {
+    c->graphs[i].used = ++c->graph_clock;
+    if (!c->graphs[i].exec) {
         cudaGraphExec_t exec = NULL;
         if (capture(c, &exec, fn, arg) < 0) {
+            char why[sizeof total_last_failure];
+            snprintf(why, sizeof why, "%s", tl_cuda_last_error());
+            const int rc = run_eager(fn, arg); /* nothing of the failed capture ran */
+            if (rc < 0) { /* the step fails by itself: not the capture's doing */
+                if ((i = find(c, key, n_key)) >= 0) forget(c, i);
+                return rc;
+            }
+            /* eager launches do what the capture could not: graphs cannot hold this work */
             __atomic_add_fetch(&total_failures, 1, __ATOMIC_RELAXED);
-            snprintf(total_last_failure, sizeof total_last_failure, "%s", tl_cuda_last_error());
+            snprintf(total_last_failure, sizeof total_last_failure, "%s", why);
             tl_cuda_graph_enable(c, 0);
-            return run_eager(fn, arg); /* nothing of the failed capture ran */
+            return TL_CUDA_OK;
         }
-        e->exec = exec;
+        /* upload now, so the first replay does not pay for it */
+        const cudaError_t ue = cudaGraphUpload(exec, c->stream);
+        if (ue != cudaSuccess) {
+            cudaGraphExecDestroy(exec);
+            TLC_CHECK(ue);
+        }
+        c->graphs[i].exec = exec;
         __atomic_add_fetch(&total_captures, 1, __ATOMIC_RELAXED);
     }
-    TLC_CHECK(cudaGraphLaunch(e->exec, c->stream));
+    TLC_CHECK(cudaGraphLaunch(c->graphs[i].exec, c->stream));
     __atomic_add_fetch(&total_replays, 1, __ATOMIC_RELAXED);
     return TL_CUDA_OK;
 }

@@ -218,7 +218,7 @@ static void pl_free(void *ctx) {
     free(p->up);
     free(p->layers);
     free(p->layer_window);
-    free(p->graph_map);
+    for (int i = 0; i < p->n_maps; i++) free(p->maps[i]);
     pinned_free(p->meta_h);
     pinned_free(p->smp_rows);
     pinned_free(p->smp_pen);

@@ -25,6 +25,8 @@ TLC_HIDDEN int pl_fail(char *msg, size_t cap, int rc, const char *call, const ch
 
 /* ---- state ------------------------------------------------------------------ */
 
+enum { TL_CUDA_LAYER_MAPS = 8 };
+
 typedef struct dev_w {
     const void *d;   /* device, packed */
     const void *d16; /* device f16 copy for the GEMM path, or NULL */
@@ -72,9 +74,11 @@ typedef struct plugin {
     int32_t *smp_pen;
     int smp_rows_cap, smp_pen_cap;
     int unfinished; /* a forward failed after enqueuing work that may still read the staging */
-    /* the virtual-to-physical layer map decode graphs were captured with */
-    int *graph_map, graph_map_len;
-    int64_t graph_map_gen;
+    /* virtual-to-physical layer maps seen by decode steps (one per loop
+     * depth in use), each with a number that stands for it in graph keys */
+    int *maps[TL_CUDA_LAYER_MAPS], map_len[TL_CUDA_LAYER_MAPS];
+    int64_t map_id[TL_CUDA_LAYER_MAPS], next_map_id;
+    int n_maps, map_victim;
 } plugin;
 
 /* Page-locked host memory (NULL on failure) and its release. */

@@ -202,11 +202,10 @@ static void test_synthetic(void) {
  * mode: equal tokens to plain generation at that depth, and (at the
  * default depth) to the CPU's resume up to near-ties. */
 static void test_resume(void) {
-    tm_spec s = tm_default_spec();
-    s.n_layer = 4;
-    s.loop_start = 1;
-    s.loop_end = 3;
-    s.loop_default = 2;
+    tm_spec specs[TM_ARCH_CASES];
+    const char *names[TM_ARCH_CASES];
+    tm_arch_cases(specs, names);
+    tm_spec s = specs[1]; /* the looped llama: layers 1-2 repeat, default depth 2 */
     s.n_ctx = 256;
     char path[128];
     snprintf(path, sizeof path, "/tmp/tl_cuda_resume_%d.gguf", (int)getpid());

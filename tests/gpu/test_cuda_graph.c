@@ -32,13 +32,15 @@ typedef struct job {
     int T;
     float eps;
     int wait_inside; /* a host wait in the middle: no capture can hold it */
+    int broken;      /* a launcher refuses its arguments, eagerly as in a capture */
 } job;
 
 static int enqueue(void *arg) {
     const job *j = (const job *)arg;
     int rc = tl_cuda_rmsnorm(ctx, j->y, j->x, j->norm_w, j->T, N_IN, j->eps);
     if (rc == TL_CUDA_OK && j->wait_inside) rc = tl_cuda_sync(ctx);
-    if (rc == TL_CUDA_OK) rc = tl_cuda_matmul(ctx, j->out, j->y, j->w, TL_TYPE_Q8_0, N_IN, N_OUT, j->T);
+    if (rc == TL_CUDA_OK)
+        rc = tl_cuda_matmul(ctx, j->out, j->y, j->w, j->broken ? 99 : TL_TYPE_Q8_0, N_IN, N_OUT, j->T);
     return rc;
 }
 
@@ -103,7 +105,7 @@ int main(void) {
           "weights: %s", tl_cuda_last_error());
     static float got[MAX_T * N_OUT], want[MAX_T * N_OUT];
     const size_t bytes12 = sizeof(float) * 12 * N_OUT;
-    job j = {x_d, nw_d, w_d, y_d, out_d, 12, 1e-5f, 0};
+    job j = {x_d, nw_d, w_d, y_d, out_d, 12, 1e-5f, 0, 0};
     tl_cuda_graph_stats s0, d;
 
     /* Graphs are off in a new context: every run is eager. */
@@ -187,7 +189,45 @@ int main(void) {
           "the 64 most recent keys replayed, the 16 evicted ran eagerly (%lld captures, %lld replays, %lld eager)",
           d.captures, d.replays, d.eager);
 
-    /* 5. a host wait inside a capture: the capture fails, graphs turn off, the work runs eagerly */
+    /* 5. a step that fails by itself fails each time, and graphs stay on */
+    tl_cuda_graph_totals(&s0);
+    j.broken = 1;
+    int fails = 0;
+    for (int i = 0; i < 3; i++) fails += tl_cuda_graph_run(ctx, (const int64_t[]){40}, 1, enqueue, &j) == TL_CUDA_ERR_ARG;
+    j.broken = 0;
+    CHECK(fails == 3 && strstr(tl_cuda_last_error(), "99"), "a broken step fails every time, naming the type: %s",
+          tl_cuda_last_error());
+    new_input(&j);
+    graph(&j, 41, got);
+    graph(&j, 41, got);
+    eager(&j, want);
+    d = delta(&s0);
+    CHECK(d.failures == 0 && d.captures == 1 && !memcmp(got, want, bytes12),
+          "graphs stay on after it (%lld failures, %lld captures)", d.failures, d.captures);
+
+    /* 6. the sampler's scratch growing does not forget graphs (no graph reads it) */
+    {
+        enum { NV = 5000 };
+        float *logits = malloc(sizeof(float) * NV), *vals = dev_floats(8);
+        for (int i = 0; i < NV; i++) logits[i] = frand();
+        float *dl = dev_floats(NV);
+        void *ids = NULL;
+        tl_cuda_alloc(ctx, 8 * sizeof(int32_t), &ids);
+        tl_cuda_graph_totals(&s0);
+        CHECK(dl && ids && tl_cuda_upload(ctx, dl, logits, sizeof(float) * NV) == 0 &&
+                  tl_cuda_topk(ctx, vals, (int32_t *)ids, dl, 1, NV, 8) == TL_CUDA_OK,
+              "top-k over %d logits: %s", NV, tl_cuda_last_error());
+        graph(&j, 41, got);
+        d = delta(&s0);
+        CHECK(d.replays == 1 && d.eager == 0, "key 41 still replays after the sampler's scratch grew (%lld eager)",
+              d.eager);
+        tl_cuda_dealloc(ctx, dl);
+        tl_cuda_dealloc(ctx, vals);
+        tl_cuda_dealloc(ctx, ids);
+        free(logits);
+    }
+
+    /* 7. a host wait inside a capture: the capture fails, graphs turn off, the work runs eagerly */
     tl_cuda_graph_totals(&s0);
     j.wait_inside = 1;
     new_input(&j);
@@ -205,7 +245,7 @@ int main(void) {
     d = delta(&s0);
     CHECK(d.captures == 0 && d.replays == 0, "graphs stay off after a failed capture (%lld captures)", d.captures);
 
-    /* 6. bad arguments */
+    /* 8. bad arguments */
     int64_t keys[TL_CUDA_GRAPH_KEY_MAX + 1] = {0};
     CHECK(tl_cuda_graph_run(ctx, keys, 0, enqueue, &j) == TL_CUDA_ERR_ARG, "an empty key is refused");
     CHECK(tl_cuda_graph_run(ctx, keys, TL_CUDA_GRAPH_KEY_MAX + 1, enqueue, &j) == TL_CUDA_ERR_ARG &&

@@ -299,6 +299,8 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned lon
     return cudaSuccess;
 }
 
+cudaError_t cudaGraphUpload(cudaGraphExec_t e, cudaStream_t) { return e ? cudaSuccess : cudaErrorInvalidValue; }
+
 cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
     if (!e) return cudaErrorInvalidValue;
     for (const auto &op : e->ops) enqueue(s, op);
