@@ -139,10 +139,18 @@ static int bench_one(const char *path, tl_model_params mp, int n_gen, int prompt
     const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     /* A decode step reads every weight once: weight bytes x steps/s is the
      * bandwidth it achieves (a lower bound; KV reads come on top). */
+    char where[96]; /* what ran it: the CPU's threads and ISA, or the plugin (and its graphs setting) */
+    if (strcmp(info.backend, "cpu") == 0) {
+        snprintf(where, sizeof where, "cpu, %d threads, %s", info.n_threads, info.isa);
+    } else {
+        const char *g = getenv("TINYLOOP_CUDA_GRAPHS");
+        snprintf(where, sizeof where, "%s%s", info.backend,
+                 strcmp(info.backend, "cuda") ? "" : g && !strcmp(g, "0") ? ", graphs off" : ", graphs on");
+    }
     printf("%-34s %5.1f MiB  prefill(%d) %9.1f tok/s  decode %8.1f tok/s (%.1f GB/s of weights)  batch%d decode "
-           "%9.1f tok/s  batch/single %.2fx  requests%d %9.1f tok/s  [%s, %d threads, %s]\n",
+           "%9.1f tok/s  batch/single %.2fx  requests%d %9.1f tok/s  [%s]\n",
            name, (double)info.weight_bytes / (1 << 20), prompt_len, pf, dec, (double)info.weight_bytes * dec / 1e9,
-           batch, bat, bat / dec, batch, srv, info.backend, info.n_threads, info.isa);
+           batch, bat, bat / dec, batch, srv, where);
     rc = 0;
     goto out;
 fail:
