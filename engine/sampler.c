@@ -39,7 +39,8 @@ int tl_sampler_init(tl_sampler *s, const tl_sampling_params *p, int n_vocab) {
     s->idx = malloc((size_t)n_vocab * sizeof *s->idx);
     s->val = malloc((size_t)n_vocab * sizeof *s->val);
     s->pairs = malloc((size_t)n_vocab * sizeof(tl_cand));
-    if (!s->idx || !s->val || !s->pairs) {
+    s->pen = malloc((size_t)n_vocab * sizeof *s->pen);
+    if (!s->idx || !s->val || !s->pairs || !s->pen) {
         tl_sampler_free(s);
         return tl_set_error(TL_ERR_NOMEM, "out of memory for a sampler over %d tokens", n_vocab);
     }
@@ -50,13 +51,17 @@ void tl_sampler_free(tl_sampler *s) {
     free(s->idx);
     free(s->val);
     free(s->pairs);
+    free(s->pen);
     s->pairs = NULL;
+    s->pen = NULL;
     s->idx = NULL;
     s->val = NULL;
 }
 
 float tl_sampler_uniform(uint64_t *rng) { return next_f32(rng); }
 
+/* Each distinct token of the window once, as llama.cpp penalises them
+ * (idx marks the ones seen). */
 int tl_sampler_penalty_ids(tl_sampler *s, const int32_t *hist, int n, int32_t *out) {
     const tl_sampling_params *p = &s->p;
     if (p->repeat_penalty == 1.0f || p->repeat_last_n == 0 || n == 0) return 0;
@@ -71,19 +76,13 @@ int tl_sampler_penalty_ids(tl_sampler *s, const int32_t *hist, int n, int32_t *o
 }
 
 static void apply_penalty(tl_sampler *s, float *logits, const int32_t *hist, int n) {
-    const tl_sampling_params *p = &s->p;
-    if (p->repeat_penalty == 1.0f || p->repeat_last_n == 0 || n == 0) return;
-    int from = p->repeat_last_n < 0 || p->repeat_last_n > n ? 0 : n - p->repeat_last_n;
-    /* Penalise each distinct token once, as llama.cpp does: mark with idx. */
-    for (int i = from; i < n; i++) s->idx[hist[i]] = -1;
-    for (int i = from; i < n; i++) {
-        int id = hist[i];
-        if (s->idx[id] != -1) continue;
-        s->idx[id] = 0;
-        logits[id] = logits[id] <= 0 ? logits[id] * p->repeat_penalty : logits[id] / p->repeat_penalty;
+    const float rp = s->p.repeat_penalty;
+    const int k = tl_sampler_penalty_ids(s, hist, n, s->pen);
+    for (int i = 0; i < k; i++) {
+        const int id = s->pen[i];
+        logits[id] = logits[id] <= 0 ? logits[id] * rp : logits[id] / rp;
     }
 }
-
 
 static int cmp_desc(const void *a, const void *b) {
     const tl_cand *x = a, *y = b;

@@ -18,6 +18,7 @@ typedef struct tl_sampler {
     int32_t *idx;   /* (n_vocab) candidate ids */
     float *val;     /* (n_vocab) candidate logits / probabilities */
     tl_cand *pairs; /* (n_vocab) sort scratch */
+    int32_t *pen;   /* (n_vocab) the distinct tokens the penalty applies to */
 } tl_sampler;
 
 /* Validates params (message names the bad field) and allocates scratch. */
