@@ -53,6 +53,13 @@ struct tl_cuda {
     uint64_t graph_clock;
 };
 
+/* Blocks of 256 threads for a grid-stride loop over n elements (at least
+ * 1, at most 8192: each thread then takes several). */
+static inline unsigned tlc_grid_for(int64_t n) {
+    const int64_t b = (n + 255) / 256;
+    return (unsigned)(b < 8192 ? (b > 0 ? b : 1) : 8192);
+}
+
 /* Records "call failed at file:line: detail" and returns code. */
 extern "C" TLC_HIDDEN int tlc_fail(int code, const char *call, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -101,6 +108,36 @@ extern "C" TLC_HIDDEN int tlc_scratch(tl_cuda *c, void **buf, size_t *cap, size_
     do {                                                                                              \
         if (!(cond)) return tlc_fail(TL_CUDA_ERR_ARG, __func__, __FILE__, __LINE__, __VA_ARGS__);    \
     } while (0)
+
+/* ---- reductions -------------------------------------------------------------- */
+
+/* Sum, or maximum when MAX, of v over a block of blockDim.x threads (a
+ * multiple of 32, <= 1024); every thread gets the result. red: 32 floats
+ * of shared memory. (For a maximum, the padding 0 must be neutral: values
+ * >= 0, such as magnitudes.) */
+template <bool MAX> static __device__ __forceinline__ float tlc_block_reduce(float v, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? fmaxf(v, w) : v + w;
+    }
+    __syncthreads(); /* red may still be read from a previous call */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    const int nw = blockDim.x >> 5;
+    v = threadIdx.x < nw ? red[threadIdx.x] : 0.0f;
+    if (warp == 0) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float w = __shfl_xor_sync(0xffffffffu, v, o);
+            v = MAX ? fmaxf(v, w) : v + w;
+        }
+        if (lane == 0) red[0] = v;
+    }
+    __syncthreads();
+    return red[0];
+}
 
 /* ---- dequantization: 8 consecutive elements (8-aligned) of a row --------- */
 

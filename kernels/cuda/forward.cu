@@ -39,21 +39,16 @@ static __global__ void kernel_scale(float *x, float s, int64_t n) {
         x[i] *= s;
 }
 
-static unsigned grid_for(int64_t n) {
-    int64_t b = (n + 255) / 256;
-    return (unsigned)(b < 1 ? 1 : b > 4096 ? 4096 : b);
-}
-
 static int add_bias(tl_cuda *c, float *x, const float *b, int n_rows, int n) {
     if (n_rows <= 0 || n <= 0) return TL_CUDA_OK;
-    kernel_add_bias<<<grid_for((int64_t)n_rows * n), 256, 0, c->stream>>>(x, b, n_rows, n);
+    kernel_add_bias<<<tlc_grid_for((int64_t)n_rows * n), 256, 0, c->stream>>>(x, b, n_rows, n);
     TLC_LAUNCHED(kernel_add_bias);
     return TL_CUDA_OK;
 }
 
 static int scale(tl_cuda *c, float *x, float s, int64_t n) {
     if (n <= 0) return TL_CUDA_OK;
-    kernel_scale<<<grid_for(n), 256, 0, c->stream>>>(x, s, n);
+    kernel_scale<<<tlc_grid_for(n), 256, 0, c->stream>>>(x, s, n);
     TLC_LAUNCHED(kernel_scale);
     return TL_CUDA_OK;
 }
@@ -364,10 +359,10 @@ int pl_forward(void *ctx, const tl_backend_batch *b, float *logits_host, char *m
         for (int vl = 0; vl < depth; vl++)
             h[o_slot + (size_t)vl * T + t] = b->block_ids[s][(size_t)(pos / bs) * depth + vl] * bs + pos % bs;
     }
-    int max_q = 0, rows = 0, max_pos = 0;
-    for (int t = 0; t < T; t++)
+    /* decode: a bound on the positions, fixed with the bucket */
+    int max_q = 0, rows = 0, max_pos = decode ? nl * bs : 0;
+    for (int t = 0; !decode && t < T; t++)
         if (b->pos[t] + 1 > max_pos) max_pos = b->pos[t] + 1;
-    if (decode) max_pos = nl * bs; /* a bound on the positions, fixed with the bucket */
     for (int t = 0, s = 0; s < n_seq; s++) {
         const int t0 = t;
         while (t < T && b->tok_seq[t] == s) t++;

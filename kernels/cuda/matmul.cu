@@ -102,16 +102,7 @@ static __global__ void kernel_rows_to_f16(__half *dst, float *scale, const float
     const float *x = src + (size_t)blockIdx.x * n;
     float m = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, fabsf(x[i]));
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        m = threadIdx.x < (blockDim.x + 31) / 32 ? red[threadIdx.x] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        if (threadIdx.x == 0) red[0] = m;
-    }
-    __syncthreads();
-    m = red[0];
+    m = tlc_block_reduce<true>(m, red);
     float s = 1.0f;
     if (m > TLC_F16_ROW_MAX && isfinite(m)) { /* an inf stays inf, as on the CPU */
         int e;

@@ -5,32 +5,13 @@
 
 #include "cuda_impl.h"
 
-/* Sum over a block of `blockDim.x` (a multiple of 32, <= 1024) threads. */
-static __device__ float block_sum(float v, float *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads(); /* red may still be read from a previous call */
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    const int nw = blockDim.x >> 5;
-    v = threadIdx.x < nw ? red[threadIdx.x] : 0.0f;
-    if (warp == 0) {
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-        if (lane == 0) red[0] = v;
-    }
-    __syncthreads();
-    return red[0];
-}
-
 static __global__ void kernel_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * n;
     float *o = out + (size_t)blockIdx.x * n;
     float s = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) s = fmaf(xr[i], xr[i], s);
-    s = block_sum(s, red);
+    s = tlc_block_reduce<false>(s, red);
     const float scale = 1.0f / sqrtf(s / n + eps); /* as forward.c (rsqrtf is off by up to 2 ulp) */
     for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = (xr[i] * scale) * w[i];
 }
@@ -109,11 +90,6 @@ static __global__ void kernel_argmax(int32_t *ids, const float *x, int n) {
 
 /* ---- launchers --------------------------------------------------------------- */
 
-static unsigned grid_for(int64_t n) {
-    int64_t b = (n + 255) / 256;
-    return (unsigned)(b < 8192 ? (b > 0 ? b : 1) : 8192);
-}
-
 extern "C" TL_CUDA_API int tl_cuda_rmsnorm(tl_cuda *c, float *out, const float *x, const float *w, int n_rows, int n,
                                            float eps) {
     TLC_ARG(c && out && x && w && n_rows >= 0 && n > 0, "bad arguments (n_rows %d, n %d)", n_rows, n);
@@ -147,7 +123,7 @@ template <int ACT> static int binary(tl_cuda *c, float *out, const float *a, con
     TLC_ARG(c && out && a && b && n >= 0, "bad arguments");
     if (n == 0) return TL_CUDA_OK;
     TLC_BIND(c);
-    kernel_binary<ACT><<<grid_for(n), 256, 0, c->stream>>>(out, a, b, n);
+    kernel_binary<ACT><<<tlc_grid_for(n), 256, 0, c->stream>>>(out, a, b, n);
     TLC_LAUNCHED(kernel_binary);
     return TL_CUDA_OK;
 }

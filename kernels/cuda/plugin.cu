@@ -47,19 +47,30 @@ static int track(plugin *p, const void *host, size_t bytes, void *dev) {
     return 0;
 }
 
-/* Device buffer of `bytes`, zeroed, freed with the plugin. */
-static int dev_alloc(plugin *p, size_t bytes, void **out, const char *what, char *msg, size_t cap) {
+/* A device buffer of `bytes` in the allocation list (freed with the
+ * plugin); host: the data it will hold a copy of (shared by a later
+ * upload of the same data), or NULL. Failures name `what`. */
+static int dev_tracked(plugin *p, const void *host, size_t bytes, void **out, const char *what, char *msg,
+                       size_t cap) {
     *out = NULL;
-    if (bytes == 0) bytes = 256;
-    int rc = tl_cuda_alloc(p->c, bytes, out);
+    void *d = NULL;
+    int rc = tl_cuda_alloc(p->c, bytes, &d);
     if (rc < 0)
         return pl_fail(msg, cap, rc, "tl_cuda_alloc", __FILE__, __LINE__, "%s: %zu bytes (%.1f MiB): %s", what, bytes,
                        bytes / 1048576.0, tl_cuda_last_error());
-    if (track(p, NULL, bytes, *out)) {
-        tl_cuda_dealloc(p->c, *out);
-        *out = NULL;
+    if (track(p, host, bytes, d)) {
+        tl_cuda_dealloc(p->c, d);
         return pl_fail(msg, cap, TL_CUDA_ERR_NOMEM, "realloc", __FILE__, __LINE__, "host allocation list");
     }
+    *out = d;
+    return 0;
+}
+
+/* Device buffer of `bytes`, zeroed, freed with the plugin. */
+static int dev_alloc(plugin *p, size_t bytes, void **out, const char *what, char *msg, size_t cap) {
+    if (bytes == 0) bytes = 256;
+    int rc = dev_tracked(p, NULL, bytes, out, what, msg, cap);
+    if (rc) return rc;
     cudaError_t e = cudaMemsetAsync(*out, 0, bytes, p->c->stream);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -78,14 +89,8 @@ static int dev_upload(plugin *p, const void *host, size_t bytes, void **out, con
             return 0;
         }
     void *d = NULL;
-    int rc = tl_cuda_alloc(p->c, bytes, &d);
-    if (rc < 0)
-        return pl_fail(msg, cap, rc, "tl_cuda_alloc", __FILE__, __LINE__, "%s: %zu bytes (%.1f MiB): %s", what, bytes,
-                       bytes / 1048576.0, tl_cuda_last_error());
-    if (track(p, host, bytes, d)) {
-        tl_cuda_dealloc(p->c, d);
-        return pl_fail(msg, cap, TL_CUDA_ERR_NOMEM, "realloc", __FILE__, __LINE__, "host allocation list");
-    }
+    int rc = dev_tracked(p, host, bytes, &d, what, msg, cap);
+    if (rc) return rc;
     rc = tl_cuda_upload(p->c, d, host, bytes);
     if (rc < 0)
         return pl_fail(msg, cap, rc, "tl_cuda_upload", __FILE__, __LINE__, "%s: %s", what, tl_cuda_last_error());
@@ -162,19 +167,8 @@ static int make_f16_copies(plugin *p, char *msg, size_t cap) {
         for (int j = 0; j < i && !w->d16; j++)
             if (ws[j]->d == w->d) w->d16 = ws[j]->d16; /* one tensor behind two names */
         if (w->d16) continue;
-        const size_t bytes = (size_t)w->n_out * w->n_in * 2;
         void *d = NULL;
-        rc = tl_cuda_alloc(p->c, bytes, &d);
-        if (rc < 0) {
-            rc = pl_fail(msg, cap, rc, "tl_cuda_alloc", __FILE__, __LINE__, "f16 weight copy of %zu bytes: %s", bytes,
-                         tl_cuda_last_error());
-            break;
-        }
-        if (track(p, NULL, bytes, d)) {
-            tl_cuda_dealloc(p->c, d);
-            rc = pl_fail(msg, cap, TL_CUDA_ERR_NOMEM, "realloc", __FILE__, __LINE__, "host allocation list");
-            break;
-        }
+        if ((rc = dev_tracked(p, NULL, (size_t)w->n_out * w->n_in * 2, &d, "f16 weight copy", msg, cap))) break;
         rc = tl_cuda_dequantize_f16(p->c, d, w->d, w->type, w->n_out, w->n_in);
         if (rc < 0)
             rc = pl_fail(msg, cap, rc, "tl_cuda_dequantize_f16", __FILE__, __LINE__, "%s", tl_cuda_last_error());
@@ -361,22 +355,15 @@ static int init_inner(plugin *p, const tl_backend_model *m, char *msg, size_t ca
     /* KV slots (block * block_size + row) are int32 on the device */
     REQ((int64_t)p->kv_blocks * m->kv_block_size <= INT32_MAX, "%d KV blocks of %d positions exceed 2^31 slots",
         p->kv_blocks, m->kv_block_size);
-    const size_t arena = bb * (size_t)p->kv_blocks;
     {
         size_t wbytes = 0;
         for (int i = 0; i < p->n_up; i++) wbytes += p->up[i].bytes;
+        char what[160];
+        snprintf(what, sizeof what, "KV arena of %d blocks x %zu bytes (caller sized %zu bytes) next to %.1f MiB of "
+                 "weights", p->kv_blocks, bb, m->kv_mem, wbytes / 1048576.0);
         void *a = NULL;
-        int r = tl_cuda_alloc(p->c, arena, &a);
-        if (r < 0)
-            return pl_fail(msg, cap, r, "tl_cuda_alloc", __FILE__, __LINE__,
-                           "KV arena: %d blocks x %zu bytes = %zu bytes (%.1f MiB; caller sized %zu bytes) does not "
-                           "fit next to %.1f MiB of weights: %s",
-                           p->kv_blocks, bb, arena, arena / 1048576.0, m->kv_mem, wbytes / 1048576.0,
-                           tl_cuda_last_error());
-        if (track(p, NULL, arena, a)) {
-            tl_cuda_dealloc(p->c, a);
-            return pl_fail(msg, cap, TL_CUDA_ERR_NOMEM, "realloc", __FILE__, __LINE__, "host allocation list");
-        }
+        int r = dev_tracked(p, NULL, bb * (size_t)p->kv_blocks, &a, what, msg, cap);
+        if (r) return r;
         p->kv.arena = a;
     }
 

@@ -109,8 +109,10 @@ typedef int (*tl_cuda_enqueue_fn)(void *arg);
  * fn passes to a launcher: pointers, sizes, grid shapes. Device memory fn's
  * kernels read may change between runs; a replay reads it as it is then.
  * fn must not wait for the device or allocate when called with a key seen
- * before. If a capture fails, graphs turn off for the context and the work
- * runs eagerly. Returns fn's result or a launch failure. */
+ * before. If a capture fails where eager launches of the same work
+ * succeed, graphs turn off for the context and the work runs eagerly; work
+ * that fails eagerly too returns its error. Returns fn's result or a
+ * launch failure. */
 TL_CUDA_API int tl_cuda_graph_run(tl_cuda *c, const int64_t *key, int n_key, tl_cuda_enqueue_fn fn, void *arg);
 /* Graphs on (1) or off (0; forgets them). */
 TL_CUDA_API void tl_cuda_graph_enable(tl_cuda *c, int on);
