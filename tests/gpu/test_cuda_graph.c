@@ -14,12 +14,7 @@
 static tl_cuda *ctx;
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
-static float frand(void) { /* uniform in [-1, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 40) * (1.0 / (1 << 23)) - 1.0);
-}
+static float frand(void) { return gpu_frand(&rng_state); }
 
 enum { N_IN = 64, N_OUT = 48, MAX_T = 40 };
 

@@ -19,12 +19,7 @@ static tl_cuda *ctx;
 #define TOL_ENGINE 5e-3  /* vs the CPU engine's dot (activations quantized to Q8) */
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static float frand(void) { /* uniform in [-1, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((rng_state >> 40) * (1.0 / (1 << 23)) - 1.0);
-}
+static float frand(void) { return gpu_frand(&rng_state); }
 static void fill(float *x, size_t n, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = frand() * scale;
 }

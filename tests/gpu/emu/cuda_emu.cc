@@ -322,33 +322,34 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
 static size_t allocated;
 static const size_t emu_total = (size_t)4 << 30; /* what the emulated device claims to have */
 
-const char *cudaGetErrorString(cudaError_t e) {
-    switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
-    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
-    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
-    default: return "unspecified launch failure";
-    }
+/* Each code's name and message, as the CUDA runtime words them; the last
+ * entry stands for any other code. */
+static const struct {
+    cudaError_t code;
+    const char *name, *text;
+} errors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration", "invalid configuration argument"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+};
+enum { N_ERRORS = sizeof errors / sizeof errors[0] };
+
+static int error_index(cudaError_t e) {
+    for (int i = 0; i < N_ERRORS - 1; i++)
+        if (errors[i].code == e) return i;
+    return N_ERRORS - 1;
 }
 
-const char *cudaGetErrorName(cudaError_t e) {
-    switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
-    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
-    case cudaErrorIllegalState: return "cudaErrorIllegalState";
-    default: return "cudaErrorLaunchFailure";
-    }
-}
+const char *cudaGetErrorString(cudaError_t e) { return errors[error_index(e)].text; }
+const char *cudaGetErrorName(cudaError_t e) { return errors[error_index(e)].name; }
 
 cudaError_t cudaGetLastError(void) {
     cudaError_t e = last_error;
