@@ -249,6 +249,7 @@ int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int 
         pthread_mutex_unlock(&p->mu);
         node = tl_sched_cache_prefix(m, ns, eff, window, tokens, n, tenant);
         if (node && tl_pool_add_built(p, tokens, n, eff, window, node) < 0) node = NULL;
+        tl_radix_namespace_release(&m->cache, ns);
     }
     tl_sched_compute_unlock(m);
     return node ? n : 0;

@@ -74,6 +74,7 @@ int tl_prefix_build(tl_model *m, const int32_t *tokens, int n, int loops, int wi
     int ns = tl_sched_namespace(m, h->loops, window, 0);
     h->node = ns < 0 ? NULL : tl_sched_cache_prefix(m, ns, h->loops, window, tokens, n, 0);
     if (h->node) h->node->pin++;
+    if (ns >= 0) tl_radix_namespace_release(&m->cache, ns);
     tl_sched_compute_unlock(m);
     if (!h->node) {
         rc = tl_last_error_code() < 0 ? tl_last_error_code() : TL_ERR_NOMEM;

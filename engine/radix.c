@@ -2,6 +2,7 @@
 #include "radix.h"
 
 #include <assert.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,25 +72,69 @@ static void kid_remove(tl_radix_node *n, tl_radix_node *k) {
 
 static int ns_depth(const tl_radix *t, int ns) { return t->ns[ns].depth; }
 
-/* Grows the per-tenant tables to cover tenant; -1 on no memory. */
-static int tenant_slot(tl_radix *t, int tenant) {
-    if (tenant < 0) return -1;
-    if (tenant < t->n_tenants) return 0;
-    int n = t->n_tenants ? t->n_tenants : 8;
-    while (n <= tenant) n *= 2;
-    int32_t *u = realloc(t->usage, (size_t)n * sizeof *u);
-    if (!u) return -1;
-    t->usage = u;
-    int32_t *b = realloc(t->budget, (size_t)n * sizeof *b);
-    if (!b) return -1;
-    t->budget = b;
-    for (int i = t->n_tenants; i < n; i++) t->usage[i] = t->budget[i] = 0;
-    t->n_tenants = n;
-    return 0;
+/* ---- per-tenant accounting: open addressing, deleted when empty -------------------- */
+
+static uint32_t tenant_hash(int tenant) { return (uint32_t)tenant * 2654435761u; }
+
+static tl_radix_tenant *tenant_find(const tl_radix *t, int tenant) {
+    if (!t->cap_tenants || tenant < 0) return NULL;
+    uint32_t mask = (uint32_t)t->cap_tenants - 1;
+    for (uint32_t i = tenant_hash(tenant) & mask;; i = (i + 1) & mask) {
+        tl_radix_tenant *e = &t->tenants[i];
+        if (e->tenant == tenant) return e;
+        if (e->tenant < 0) return NULL;
+    }
+}
+
+static tl_radix_tenant *tenant_put(tl_radix_tenant *tab, int cap, int tenant) {
+    uint32_t mask = (uint32_t)cap - 1, i = tenant_hash(tenant) & mask;
+    while (tab[i].tenant >= 0) i = (i + 1) & mask;
+    tab[i] = (tl_radix_tenant){.tenant = tenant};
+    return &tab[i];
+}
+
+/* The tenant's entry, created on first use; NULL on no memory. */
+static tl_radix_tenant *tenant_get(tl_radix *t, int tenant) {
+    if (tenant < 0) return NULL;
+    tl_radix_tenant *e = tenant_find(t, tenant);
+    if (e) return e;
+    if ((t->n_tenants + 1) * 2 > t->cap_tenants) {
+        int cap = t->cap_tenants ? t->cap_tenants * 2 : 16;
+        tl_radix_tenant *tab = malloc((size_t)cap * sizeof *tab);
+        if (!tab) return NULL;
+        for (int i = 0; i < cap; i++) tab[i].tenant = -1;
+        for (int i = 0; i < t->cap_tenants; i++)
+            if (t->tenants[i].tenant >= 0) *tenant_put(tab, cap, t->tenants[i].tenant) = t->tenants[i];
+        free(t->tenants);
+        t->tenants = tab;
+        t->cap_tenants = cap;
+    }
+    t->n_tenants++;
+    return tenant_put(t->tenants, t->cap_tenants, tenant);
+}
+
+/* Deletes an entry holding neither usage nor budget (backward-shift
+ * deletion keeps every probe chain intact without tombstones). */
+static void tenant_maybe_drop(tl_radix *t, tl_radix_tenant *e) {
+    if (e->usage != 0 || e->budget != 0) return;
+    uint32_t mask = (uint32_t)t->cap_tenants - 1, i = (uint32_t)(e - t->tenants);
+    for (uint32_t j = (i + 1) & mask; t->tenants[j].tenant >= 0; j = (j + 1) & mask) {
+        uint32_t home = tenant_hash(t->tenants[j].tenant) & mask;
+        /* j's entry may fill the hole at i unless its home lies in (i, j] */
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            t->tenants[i] = t->tenants[j];
+            i = j;
+        }
+    }
+    t->tenants[i].tenant = -1;
+    t->n_tenants--;
 }
 
 static void charge(tl_radix *t, const tl_radix_node *n, int blocks) {
-    if (n->tenant >= 0 && n->tenant < t->n_tenants) t->usage[n->tenant] += blocks;
+    tl_radix_tenant *e = blocks > 0 ? tenant_get(t, n->tenant) : tenant_find(t, n->tenant);
+    if (!e) return;
+    e->usage += blocks;
+    tenant_maybe_drop(t, e);
 }
 
 static void node_release_blocks(tl_radix *t, tl_radix_node *n) {
@@ -104,6 +149,7 @@ static void node_release_blocks(tl_radix *t, tl_radix_node *n) {
 static void node_free(tl_radix *t, tl_radix_node *n) {
     if (n->n_tokens) {
         t->n_nodes--;
+        t->ns[n->ns].n_nodes--;
         t->cached_tokens -= n->n_tokens;
     }
     node_release_blocks(t, n);
@@ -126,29 +172,123 @@ int tl_radix_init(tl_radix *t, tl_kv_pool *kv) {
 }
 
 void tl_radix_destroy(tl_radix *t) {
-    for (int i = 0; i < t->n_ns; i++) free_subtree(t, t->ns[i].root);
+    for (int i = 0; i < t->n_ns; i++)
+        if (t->ns[i].root) free_subtree(t, t->ns[i].root);
     free(t->ns);
-    free(t->usage);
-    free(t->budget);
+    free(t->ns_free);
+    free(t->ns_map);
+    free(t->tenants);
     memset(t, 0, sizeof *t);
 }
 
+/* ---- namespaces: a hash map from key to slot; a slot is freed with its last node --- */
+
+static uint32_t ns_hash(int loops, int cache_window, uint64_t salt) {
+    uint64_t h = salt ^ ((uint64_t)(uint32_t)loops << 32) ^ (uint64_t)(uint32_t)cache_window * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 33;
+    h *= 0xFF51AFD7ED558CCDull;
+    h ^= h >> 33;
+    return (uint32_t)h;
+}
+
+static uint32_t ns_home(const tl_radix *t, int slot) {
+    const tl_radix_ns *k = &t->ns[slot];
+    return ns_hash(k->loops, k->cache_window, k->salt) & ((uint32_t)t->cap_ns_map - 1);
+}
+
+static void ns_map_put(int *map, int cap, uint32_t h, int slot) {
+    uint32_t mask = (uint32_t)cap - 1, i = h & mask;
+    while (map[i] >= 0) i = (i + 1) & mask;
+    map[i] = slot;
+}
+
+static int ns_map_grow(tl_radix *t) {
+    int cap = t->cap_ns_map ? t->cap_ns_map * 2 : 16;
+    int *map = malloc((size_t)cap * sizeof *map);
+    if (!map) return -1;
+    for (int i = 0; i < cap; i++) map[i] = -1;
+    for (int i = 0; i < t->cap_ns_map; i++) {
+        int slot = t->ns_map[i];
+        if (slot >= 0) {
+            const tl_radix_ns *k = &t->ns[slot];
+            ns_map_put(map, cap, ns_hash(k->loops, k->cache_window, k->salt), slot);
+        }
+    }
+    free(t->ns_map);
+    t->ns_map = map;
+    t->cap_ns_map = cap;
+    return 0;
+}
+
+static void ns_map_remove(tl_radix *t, int slot) {
+    uint32_t mask = (uint32_t)t->cap_ns_map - 1, i = ns_home(t, slot);
+    while (t->ns_map[i] != slot) i = (i + 1) & mask;
+    for (uint32_t j = (i + 1) & mask; t->ns_map[j] >= 0; j = (j + 1) & mask) {
+        uint32_t home = ns_home(t, t->ns_map[j]);
+        if (((j - home) & mask) >= ((j - i) & mask)) {
+            t->ns_map[i] = t->ns_map[j];
+            i = j;
+        }
+    }
+    t->ns_map[i] = -1;
+}
+
+/* Frees the namespace once it has neither nodes nor holds. Its root goes
+ * with it, so callers walking up from a leaf stop before the root. */
+static void ns_maybe_free(tl_radix *t, int ns) {
+    tl_radix_ns *k = &t->ns[ns];
+    if (!k->root || k->n_nodes > 0 || k->holds > 0) return;
+    assert(k->root->n_kids == 0);
+    ns_map_remove(t, ns);
+    free(k->root->kids);
+    free(k->root);
+    k->root = NULL;
+    t->ns_free[t->n_ns_free++] = ns; /* room reserved when the slot was made */
+    t->n_ns_live--;
+}
+
 int tl_radix_namespace(tl_radix *t, int loops, int cache_window, uint64_t salt, int depth) {
-    for (int i = 0; i < t->n_ns; i++)
-        if (t->ns[i].loops == loops && t->ns[i].cache_window == cache_window && t->ns[i].salt == salt) return i;
-    if (t->n_ns == t->cap_ns) {
+    if (t->cap_ns_map) {
+        uint32_t mask = (uint32_t)t->cap_ns_map - 1;
+        for (uint32_t i = ns_hash(loops, cache_window, salt) & mask; t->ns_map[i] >= 0; i = (i + 1) & mask) {
+            tl_radix_ns *k = &t->ns[t->ns_map[i]];
+            if (k->loops == loops && k->cache_window == cache_window && k->salt == salt) {
+                k->holds++;
+                return t->ns_map[i];
+            }
+        }
+    }
+    if ((t->n_ns_live + 1) * 2 > t->cap_ns_map && ns_map_grow(t)) return -1;
+    int slot;
+    if (t->n_ns_free == 0 && t->n_ns == t->cap_ns) {
         int cap = t->cap_ns ? t->cap_ns * 2 : 4;
         tl_radix_ns *ns = realloc(t->ns, (size_t)cap * sizeof *ns);
         if (!ns) return -1;
         t->ns = ns;
+        int *fr = realloc(t->ns_free, (size_t)cap * sizeof *fr);
+        if (!fr) return -1;
+        t->ns_free = fr;
         t->cap_ns = cap;
     }
     tl_radix_node *root = calloc(1, sizeof *root);
     if (!root) return -1;
-    root->ns = t->n_ns;
-    t->ns[t->n_ns] = (tl_radix_ns){.loops = loops, .cache_window = cache_window, .salt = salt, .depth = depth, .root = root};
-    return t->n_ns++;
+    slot = t->n_ns_free > 0 ? t->ns_free[--t->n_ns_free] : t->n_ns++;
+    root->ns = slot;
+    t->ns[slot] = (tl_radix_ns){.loops = loops, .cache_window = cache_window, .salt = salt, .depth = depth,
+                                .root = root, .holds = 1};
+    ns_map_put(t->ns_map, t->cap_ns_map, ns_hash(loops, cache_window, salt), slot);
+    t->n_ns_live++;
+    return slot;
 }
+
+void tl_radix_namespace_release(tl_radix *t, int ns) {
+    if (ns < 0 || ns >= t->n_ns || !t->ns[ns].root) return;
+    assert(t->ns[ns].holds > 0);
+    t->ns[ns].holds--;
+    ns_maybe_free(t, ns);
+}
+
+int tl_radix_namespace_count(const tl_radix *t) { return t->n_ns_live; }
 
 static void touch(tl_radix *t, tl_radix_node *n) {
     n->last_access = ++t->clock;
@@ -248,9 +388,10 @@ static tl_radix_node *node_new(tl_radix *t, int ns, const int32_t *tokens, int n
     }
     k->last_access = ++t->clock;
     k->id = ++t->next_id;
-    k->tenant = tenant_slot(t, tenant) == 0 ? tenant : 0;
+    k->tenant = tenant >= 0 ? tenant : 0;
     charge(t, k, k->n_lb * depth);
     t->n_nodes++;
+    t->ns[ns].n_nodes++;
     t->cached_tokens += n;
     return k;
 }
@@ -343,12 +484,15 @@ tl_radix_node *tl_radix_insert(tl_radix *t, int ns, const int32_t *tokens, int n
 
 static void remove_leaf(tl_radix *t, tl_radix_node *n) {
     assert(n->n_kids == 0 && n->lock == 0 && n->pin == 0 && n->parent);
+    int ns = n->ns;
     kid_remove(n->parent, n);
     node_free(t, n);
+    ns_maybe_free(t, ns);
 }
 
 static int over_budget(const tl_radix *t, int tenant) {
-    return tenant >= 0 && tenant < t->n_tenants && t->budget[tenant] > 0 && t->usage[tenant] > t->budget[tenant];
+    const tl_radix_tenant *e = tenant_find(t, tenant);
+    return e && e->budget > 0 && e->usage > e->budget;
 }
 
 static double score_of(const tl_radix *t, const tl_radix_node *n) {
@@ -394,7 +538,8 @@ int tl_radix_evict(tl_radix *t, int need) {
             free(c.s);
             break;
         }
-        for (int i = 0; i < t->n_ns; i++) collect(t, t->ns[i].root, &c);
+        for (int i = 0; i < t->n_ns; i++)
+            if (t->ns[i].root) collect(t, t->ns[i].root, &c);
         if (c.n == 0) {
             free(c.v);
             free(c.s);
@@ -421,13 +566,16 @@ int tl_radix_evict(tl_radix *t, int need) {
 }
 
 int tl_radix_set_budget(tl_radix *t, int tenant, int max_blocks) {
-    if (tenant_slot(t, tenant)) return -1;
-    t->budget[tenant] = max_blocks > 0 ? max_blocks : 0;
+    tl_radix_tenant *e = max_blocks > 0 ? tenant_get(t, tenant) : tenant_find(t, tenant);
+    if (!e) return max_blocks > 0 ? -1 : 0;
+    e->budget = max_blocks > 0 ? max_blocks : 0;
+    tenant_maybe_drop(t, e);
     return 0;
 }
 
 int tl_radix_tenant_usage(const tl_radix *t, int tenant) {
-    return tenant >= 0 && tenant < t->n_tenants ? t->usage[tenant] : 0;
+    const tl_radix_tenant *e = tenant_find(t, tenant);
+    return e ? e->usage : 0;
 }
 
 static void collect_tenant(tl_radix_node *n, int tenant, tl_radix_node **best) {
@@ -444,7 +592,8 @@ static void collect_tenant(tl_radix_node *n, int tenant, tl_radix_node **best) {
 void tl_radix_enforce_budget(tl_radix *t, int tenant) {
     while (over_budget(t, tenant)) {
         tl_radix_node *victim = NULL;
-        for (int i = 0; i < t->n_ns; i++) collect_tenant(t->ns[i].root, tenant, &victim);
+        for (int i = 0; i < t->n_ns; i++)
+            if (t->ns[i].root) collect_tenant(t->ns[i].root, tenant, &victim);
         if (!victim) return;
         t->evictions++;
         t->evicted_tokens += victim->n_tokens;
@@ -455,7 +604,9 @@ void tl_radix_enforce_budget(tl_radix *t, int tenant) {
 void tl_radix_prune(tl_radix *t, tl_radix_node *n) {
     while (n && n->parent && n->n_kids == 0 && n->lock == 0 && n->pin == 0) {
         tl_radix_node *p = n->parent;
+        int at_root = p->parent == NULL; /* the root is freed with its namespace after its last node */
         remove_leaf(t, n);
+        if (at_root) break;
         n = p;
     }
 }
@@ -468,5 +619,74 @@ static void walk(tl_radix_node *n, const tl_radix_ns *ns, void (*fn)(const tl_ra
 }
 
 void tl_radix_walk(tl_radix *t, void (*fn)(const tl_radix_node *, const tl_radix_ns *, void *), void *ud) {
-    for (int i = 0; i < t->n_ns; i++) walk(t->ns[i].root, &t->ns[i], fn, ud);
+    for (int i = 0; i < t->n_ns; i++)
+        if (t->ns[i].root) walk(t->ns[i].root, &t->ns[i], fn, ud);
+}
+
+/* ---- consistency (tests) --------------------------------------------------------------- */
+
+static int64_t count_nodes(const tl_radix_node *n) {
+    int64_t c = n->parent ? 1 : 0;
+    for (int i = 0; i < n->cap_kids; i++)
+        if (n->kids[i]) c += count_nodes(n->kids[i]);
+    return c;
+}
+
+/* acc[0]: a tenant; acc[1] += the blocks its nodes hold. */
+static void sum_tenant(const tl_radix_node *n, const tl_radix_ns *ns, void *ud) {
+    int64_t *acc = ud;
+    if (n->tenant == (int)acc[0]) acc[1] += (int64_t)n->n_lb * ns->depth;
+}
+
+int tl_radix_check(tl_radix *t, char *msg, size_t cap) {
+    int live = 0, mapped = 0;
+    for (int i = 0; i < t->n_ns; i++) {
+        const tl_radix_ns *k = &t->ns[i];
+        if (!k->root) continue;
+        live++;
+        int64_t n = count_nodes(k->root);
+        if (n != k->n_nodes) {
+            snprintf(msg, cap, "namespace %d counts %lld nodes but holds %lld", i, (long long)k->n_nodes,
+                     (long long)n);
+            return -1;
+        }
+        if (n == 0 && k->holds == 0) {
+            snprintf(msg, cap, "namespace %d (salt %llu) has no nodes and no holds but was not freed", i,
+                     (unsigned long long)k->salt);
+            return -1;
+        }
+        uint32_t mask = (uint32_t)t->cap_ns_map - 1, j = ns_home(t, i);
+        while (t->ns_map[j] >= 0 && t->ns_map[j] != i) j = (j + 1) & mask;
+        if (t->ns_map[j] != i) {
+            snprintf(msg, cap, "namespace %d (salt %llu) is not found by its key", i, (unsigned long long)k->salt);
+            return -1;
+        }
+    }
+    for (int j = 0; j < t->cap_ns_map; j++) mapped += t->ns_map[j] >= 0;
+    if (live != t->n_ns_live || mapped != live) {
+        snprintf(msg, cap, "%d live namespaces, %d counted, %d in the map", live, t->n_ns_live, mapped);
+        return -1;
+    }
+    int entries = 0;
+    for (int j = 0; j < t->cap_tenants; j++) {
+        const tl_radix_tenant *e = &t->tenants[j];
+        if (e->tenant < 0) continue;
+        entries++;
+        if (tenant_find(t, e->tenant) != e) {
+            snprintf(msg, cap, "tenant %d is not found by its id", e->tenant);
+            return -1;
+        }
+        int64_t acc[2] = {e->tenant, 0};
+        tl_radix_walk(t, sum_tenant, acc);
+        if (acc[1] != e->usage || (e->usage == 0 && e->budget == 0)) {
+            snprintf(msg, cap, "tenant %d has usage %d (nodes hold %lld) and budget %d", e->tenant, e->usage,
+                     (long long)acc[1], e->budget);
+            return -1;
+        }
+    }
+    if (entries != t->n_tenants) {
+        snprintf(msg, cap, "%d tenant entries, %d counted", entries, t->n_tenants);
+        return -1;
+    }
+    return 0;
 }

@@ -31,6 +31,7 @@
 #ifndef TL_RADIX_H
 #define TL_RADIX_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kv_blocks.h"
@@ -60,8 +61,18 @@ typedef struct tl_radix_ns {
     int loops, cache_window;
     uint64_t salt;
     int depth;              /* virtual layers: blocks per logical block */
-    tl_radix_node *root;
+    tl_radix_node *root;    /* NULL: a free slot */
+    int64_t n_nodes;        /* nodes below root */
+    int holds;              /* users keeping the index (requests, registrations) */
 } tl_radix_ns;
+
+/* Per-tenant accounting: an open-addressing map from tenant id to its block
+ * references and budget. An entry with neither is deleted, so the map's
+ * size follows the tenants that hold cache, not every id ever seen. */
+typedef struct tl_radix_tenant {
+    int tenant;             /* -1: empty slot */
+    int32_t usage, budget;
+} tl_radix_tenant;
 
 /* Scores an evictable leaf; the lowest score is evicted first. */
 typedef double (*tl_evict_score_fn)(const tl_radix_node *n, uint64_t now, void *ud);
@@ -75,8 +86,11 @@ typedef struct tl_evict_weights {
 
 struct tl_radix {
     tl_kv_pool *kv;
-    tl_radix_ns *ns;
-    int n_ns, cap_ns;
+    tl_radix_ns *ns;        /* slots; index = namespace id, stable while it lives */
+    int n_ns, cap_ns;       /* slots in use or freed (n_ns), allocated (cap_ns) */
+    int *ns_free, n_ns_free; /* freed slot indexes, reused first */
+    int *ns_map, cap_ns_map; /* open addressing: key -> slot (-1 empty) */
+    int n_ns_live;
     uint64_t clock;
     tl_evict_weights weights;
     tl_evict_score_fn score;  /* NULL: the weights */
@@ -85,15 +99,22 @@ struct tl_radix {
     int64_t n_nodes, cached_tokens, evictions, evicted_tokens;
     int64_t next_id;
     /* per-tenant block references held by nodes, and budgets (0 = none) */
-    int32_t *usage, *budget;
-    int n_tenants;
+    tl_radix_tenant *tenants;
+    int cap_tenants, n_tenants;
 };
 
 int tl_radix_init(tl_radix *t, tl_kv_pool *kv);
 void tl_radix_destroy(tl_radix *t);
 
-/* Namespace index for a key, created on first use (-1: out of memory). */
+/* Namespace index for a key, created on first use, with a hold the caller
+ * gives back with tl_radix_namespace_release (-1: out of memory). Found by
+ * a hash probe. A namespace lives while it has nodes or holds: when its
+ * last node goes and nobody holds it, its slot is freed and may be reused
+ * for another key, so an index is only kept while holding it. */
 int tl_radix_namespace(tl_radix *t, int loops, int cache_window, uint64_t salt, int depth);
+void tl_radix_namespace_release(tl_radix *t, int ns);
+/* Live namespaces (statistics, tests). */
+int tl_radix_namespace_count(const tl_radix *t);
 
 /* Longest match of tokens[0..n) (at most max_len) in namespace ns. Returns
  * the matched length; *node receives the node containing the last matched
@@ -121,7 +142,8 @@ int tl_radix_share(tl_radix *t, tl_radix_node *node, int len, tl_block_table *bt
 tl_radix_node *tl_radix_insert(tl_radix *t, int ns, const int32_t *tokens, int n, const tl_block_table *bt,
                                int tenant);
 
-/* Sets a tenant's budget in block references (0 = none); -1 on no memory. */
+/* Sets a tenant's budget in block references (0 = none); -1 on no memory.
+ * Any tenant id >= 0 works: the accounting is a hash map. */
 int tl_radix_set_budget(tl_radix *t, int tenant, int max_blocks);
 int tl_radix_tenant_usage(const tl_radix *t, int tenant);
 /* Evicts the tenant's own unlocked, unpinned leaves (LRU) while it is over
@@ -136,6 +158,12 @@ int tl_radix_evict(tl_radix *t, int blocks_needed);
 /* Removes the chain of unlocked, unpinned leaves ending at node (used when
  * a pool drops an entry: its KV is released unless something else holds it). */
 void tl_radix_prune(tl_radix *t, tl_radix_node *node);
+
+/* Checks the namespace and tenant tables against the tree (tests): each
+ * namespace's node count, no empty unheld namespace, every key found by
+ * its hash, each tenant's usage equal to its nodes' blocks, no empty
+ * tenant entry. Returns 0, or -1 with a message in msg. */
+int tl_radix_check(tl_radix *t, char *msg, size_t cap);
 
 /* Calls fn on every node (depth first), for statistics and tests. */
 void tl_radix_walk(tl_radix *t, void (*fn)(const tl_radix_node *n, const tl_radix_ns *ns, void *ud), void *ud);

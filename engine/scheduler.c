@@ -15,6 +15,8 @@
 #include "util.h"
 
 #define PREFILL_BUDGET 512
+/* A queued request gains one priority level per this many steps waited. */
+#define AGING_STEPS 64
 
 int tl_sched_init(tl_model *m) {
     tl_sched *s = calloc(1, sizeof *s);
@@ -22,6 +24,7 @@ int tl_sched_init(tl_model *m) {
     m->sched = s;
     s->next_id = 1;
     s->prefill_budget = PREFILL_BUDGET;
+    s->aging_steps = AGING_STEPS;
     s->max_queue = 1024;
     s->notify_rd = s->notify_wr = s->notify_ext = -1;
     pthread_mutex_init(&s->mu, NULL);
@@ -90,6 +93,7 @@ void tl_sched_detach_pool(tl_model *m, tl_pool *pool) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* The caller holds the namespace until tl_radix_namespace_release. */
 int tl_sched_namespace(tl_model *m, int loops, int window, uint64_t salt) {
     int eff = tl_model_effective_loops(m, loops);
     int ns = tl_radix_namespace(&m->cache, eff, window, salt, tl_model_depth(m, eff));
@@ -142,6 +146,10 @@ static void request_stop(tl_model *m, tl_request *r, int insert) {
         tl_radix_lock(r->locked, -1);
         r->locked = NULL;
     }
+    if (r->ns >= 0) { /* after the insert: an emptied namespace can go */
+        tl_radix_namespace_release(&m->cache, r->ns);
+        r->ns = -1;
+    }
 }
 
 static void request_free(tl_model *m, tl_request *r) {
@@ -193,6 +201,7 @@ int tl_request_submit(tl_model *m, const int32_t *prompt, int n_prompt, const tl
     if (rc) return rc;
     if (p->loops < 0) return tl_set_error(TL_ERR_INVALID_ARG, "loops %d must be >= 0", p->loops);
     if (p->cache_window < 0) return tl_set_error(TL_ERR_INVALID_ARG, "cache_window %d must be >= 0", p->cache_window);
+    if (p->tenant < 0) return tl_set_error(TL_ERR_INVALID_ARG, "tenant %d must be >= 0", p->tenant);
     if (pool && (rc = tl_pool_bind(pool, m))) return rc;
     tl_sampler probe;
     if ((rc = tl_sampler_init(&probe, &p->sampling, 1))) return rc; /* validates the sampling fields */
@@ -303,6 +312,7 @@ static int admit(tl_model *m, tl_request *r) {
         int ns0 = tl_sched_namespace(m, r->p.loops, r->p.cache_window, 0);
         tl_radix_node *n0 = NULL;
         int L0 = ns0 >= 0 ? tl_radix_match(&m->cache, ns0, r->tokens, r->n_prompt, r->n_prompt - 1, &n0) : 0;
+        tl_radix_namespace_release(&m->cache, ns0); /* n0 stays: its nodes keep ns0 alive */
         /* the deepest shareable node whose tokens all matched */
         for (; n0 && n0->parent; n0 = n0->parent)
             if (n0->shareable > 0 && n0->start + n0->n_tokens <= L0) break;
@@ -598,7 +608,15 @@ static int prompt_blocks(const tl_model *m, const tl_request *r) {
     return need + (r->seq->n_pos % bs ? bt->depth : 0); /* the copied tail block */
 }
 
-/* Admits queued requests by priority, then submission order, while their
+/* Priority plus one level per aging_steps steps waited: a steady stream of
+ * higher-priority requests delays a low-priority one, but cannot keep it out
+ * forever (the clock starts when admission first sees it). */
+static int64_t effective_priority(const tl_sched *s, tl_request *r) {
+    if (!r->queued_step) r->queued_step = s->steps;
+    return (int64_t)r->p.priority + (s->steps - r->queued_step) / s->aging_steps;
+}
+
+/* Admits queued requests by effective priority, then submission order, while their
  * prompts fit in KV memory (evicting unused cache); the rest wait. A
  * request that cannot fit even with nothing else running fails. */
 static void admit_queued(tl_model *m) {
@@ -609,7 +627,8 @@ static void admit_queued(tl_model *m) {
         tl_request *best = NULL;
         for (int i = 0; i < s->n; i++) {
             tl_request *r = s->reqs[i];
-            if (r->state == TL_REQ_QUEUED && (!best || r->p.priority > best->p.priority)) best = r;
+            if (r->state == TL_REQ_QUEUED && (!best || effective_priority(s, r) > effective_priority(s, best)))
+                best = r;
         }
         if (!best) return;
         int rc = admit(m, best);
@@ -642,6 +661,7 @@ static void admit_queued(tl_model *m) {
 
 int tl_sched_step(tl_model *m) {
     tl_sched *s = m->sched;
+    s->steps++;
     merge_and_reap(m);
     admit_queued(m);
     /* One pass per distinct loop depth among running requests. */
@@ -866,8 +886,7 @@ int tl_model_get_stats(const tl_model *m, tl_cache_stats *o) {
 
 int tl_model_set_tenant_budget(tl_model *m, int tenant, int max_blocks) {
     if (!m || !m->sched) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
-    if (tenant < 0 || tenant > 1 << 20)
-        return tl_set_error(TL_ERR_INVALID_ARG, "tenant %d must be in [0, %d]", tenant, 1 << 20);
+    if (tenant < 0) return tl_set_error(TL_ERR_INVALID_ARG, "tenant %d must be >= 0", tenant);
     if (max_blocks < 0) return tl_set_error(TL_ERR_INVALID_ARG, "max_blocks %d must be >= 0", max_blocks);
     tl_sched_compute_lock(m);
     int rc = tl_radix_set_budget(&m->cache, tenant, max_blocks);
@@ -951,6 +970,8 @@ int tl_sched_check_invariants(tl_model *m, const int32_t *extra, int n_extra) {
     }
     if (!rc && used + kv->n_free != kv->n_blocks)
         rc = tl_set_error(TL_ERR_STATE, "%d used + %d free != %d blocks", used, kv->n_free, kv->n_blocks);
+    char msg[256];
+    if (!rc && tl_radix_check(&m->cache, msg, sizeof msg)) rc = tl_set_error(TL_ERR_STATE, "%s", msg);
     free(c.count);
     return rc;
 }

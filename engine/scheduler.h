@@ -25,6 +25,7 @@ typedef struct tl_request {
     tl_pool *reg_pool;       /* a registration (tl_pool_register_submit): prefill, then pin here */
     int reg_orphan;          /* a registration whose pool was freed: prefill and cache unpinned */
     int news;                /* tokens or a state change since the last notification */
+    int64_t queued_step;     /* scheduler step it was first considered for admission (aging) */
 } tl_request;
 
 /* Locking (see engine.c): `mu` guards the request lists, the fields
@@ -58,6 +59,8 @@ typedef struct tl_sched {
     uint64_t *dev_rng;       /* each row's generator after its draw, kept if the token is */
     int dev_rows_cap, dev_pen_cap;
     int prefill_budget;      /* prompt tokens per step across requests */
+    int64_t steps;           /* steps taken (the aging clock) */
+    int aging_steps;         /* steps waited per priority level gained (> 0) */
     tl_pool **pools;         /* pools bound to this model, detached on close */
     int n_pools, cap_pools;
     tl_cache_stats st;       /* counters (the block fields are filled on read) */
@@ -80,7 +83,8 @@ int tl_sched_wait_news(tl_model *m, int64_t id);
 /* engine.c: runs one request to completion while the engine thread steps. */
 int tl_engine_wait_run(tl_model *m, int64_t id, int32_t *out, int cap);
 
-/* Namespace for (loops, window, salt) at the model's depth for loops. */
+/* Namespace for (loops, window, salt) at the model's depth for loops, held
+ * by the caller until tl_radix_namespace_release. */
 int tl_sched_namespace(tl_model *m, int loops, int window, uint64_t salt);
 /* Runs one request to completion, stepping the whole scheduler. Returns
  * generated count or an error; out receives the generated tokens. */

@@ -363,7 +363,9 @@ int tl_model_get_stats(const tl_model *model, tl_cache_stats *out);
 int tl_model_set_evict_weights(tl_model *model, double recency, double hits, double tokens, double depth);
 /* Per-tenant KV budget in blocks (0 = none). A tenant over its budget has
  * its own unpinned cache entries evicted first, so one tenant's burst does
- * not flush another tenant's cache; pinned entries are never evicted. */
+ * not flush another tenant's cache; pinned entries are never evicted. Any
+ * tenant id >= 0 works; the engine keeps an entry only while the tenant has
+ * a budget or cached blocks. */
 int tl_model_set_tenant_budget(tl_model *model, int tenant, int max_blocks);
 
 /* One radix-tree node, for policies, shadow eviction and the REPL. */

@@ -195,6 +195,7 @@ int main(void) {
                 int ns = tl_sched_namespace(m, e->loops, e->window, 0);
                 if (tl_radix_match(&m->cache, ns, e->t, e->n, e->n, NULL) != e->n && bad_pin++ < 3)
                     printf("  op %d: a pinned entry of %d tokens is no longer fully cached\n", op, e->n);
+                tl_radix_namespace_release(&m->cache, ns); /* an emptied namespace is then freed */
             }
         }
     }
