@@ -446,6 +446,39 @@ static void drop_behind_window(tl_model *m, tl_request *r) {
     if (lb_end >= 2) tl_block_table_drop_before(&r->seq->bt, &m->kv, lb_end);
 }
 
+/* Priority plus one level per aging_steps steps waited: a steady stream of
+ * higher-priority requests delays a low-priority one, but cannot keep it out
+ * forever (the clock starts when admission first sees it). */
+static int64_t effective_priority(const tl_sched *s, tl_request *r) {
+    if (!r->queued_step) r->queued_step = s->steps;
+    return (int64_t)r->p.priority + (s->steps - r->queued_step) / s->aging_steps;
+}
+
+/* Moves batch entry v to the end (the entry a failed pass drops). */
+static void batch_swap_last(tl_request **rq, tl_seq **seqs, const int32_t **toks, int *ntok, int *want,
+                            int *prompt_part, int v, int nb) {
+    int l = nb - 1;
+    if (v == l) return;
+    tl_request *r = rq[v];
+    rq[v] = rq[l];
+    rq[l] = r;
+    tl_seq *q = seqs[v];
+    seqs[v] = seqs[l];
+    seqs[l] = q;
+    const int32_t *t = toks[v];
+    toks[v] = toks[l];
+    toks[l] = t;
+    int x = ntok[v];
+    ntok[v] = ntok[l];
+    ntok[l] = x;
+    x = want[v];
+    want[v] = want[l];
+    want[l] = x;
+    x = prompt_part[v];
+    prompt_part[v] = prompt_part[l];
+    prompt_part[l] = x;
+}
+
 /* One forward pass over the running requests of one loop depth. */
 static int run_group(tl_model *m, int loops) {
     tl_sched *s = m->sched;
@@ -513,7 +546,14 @@ static int run_group(tl_model *m, int loops) {
         if (dropped) continue;
         /* A request still in its prompt goes back to the queue while others
          * run (admission retries it when blocks free up); one that has
-         * produced tokens, or that is alone, fails with the error. */
+         * produced tokens, or that is alone, fails with the error. Of those
+         * still in their prompt, the lowest effective priority goes back
+         * (the youngest among equals), so admission's order holds. */
+        int v = nb - 1;
+        for (int i = nb - 2; i >= 0; i--)
+            if (rq[i]->n_gen == 0 && (rq[v]->n_gen > 0 || effective_priority(s, rq[i]) < effective_priority(s, rq[v])))
+                v = i;
+        batch_swap_last(rq, seqs, toks, ntok, want, prompt_part, v, nb);
         tl_request *victim = rq[nb - 1];
         if (victim->n_gen == 0 && nb > 1) requeue(m, victim);
         else fail(m, victim, rc, tl_last_error());
@@ -606,14 +646,6 @@ static int prompt_blocks(const tl_model *m, const tl_request *r) {
     int bs = m->kv.block_size;
     int need = ((r->n_prompt + bs - 1) / bs - bt->n_logical) * bt->depth;
     return need + (r->seq->n_pos % bs ? bt->depth : 0); /* the copied tail block */
-}
-
-/* Priority plus one level per aging_steps steps waited: a steady stream of
- * higher-priority requests delays a low-priority one, but cannot keep it out
- * forever (the clock starts when admission first sees it). */
-static int64_t effective_priority(const tl_sched *s, tl_request *r) {
-    if (!r->queued_step) r->queued_step = s->steps;
-    return (int64_t)r->p.priority + (s->steps - r->queued_step) / s->aging_steps;
 }
 
 /* Admits queued requests by effective priority, then submission order, while their
