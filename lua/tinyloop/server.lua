@@ -268,11 +268,71 @@ end
 
 -- ---- init ----------------------------------------------------------------------------------
 
+-- Why the engine is not up (nil once it is), and when the next load is
+-- tried: /health reports both. A model that fails to load (a file not yet
+-- in place, memory short) is retried with doubling delays, so a worker
+-- started too early recovers instead of answering 503 until restarted.
+local load_state = { attempts = 0 }
+
+
+local function open_engine(opts, msl)
+    load_state.attempts = load_state.attempts + 1
+    local ok, m = pcall(tl.Model, cfg.model, { max_seq_len = msl, kv_mem = opts.kv_mem,
+        n_threads = opts.n_threads })
+    if not ok then
+        return nil, "cannot open model " .. cfg.model .. ": " .. tostring(m)
+    end
+    local e, err = eng.start(m, { max_queue = opts.max_queue, sock_dir = opts.sock_dir })
+    if not e then
+        m:close()
+        return nil, err
+    end
+    model, engine = m, e
+    cfg.model_name = opts.model_name or cfg.model:match("([^/]+)%.gguf$") or cfg.model
+    local pol = opts.tenants_policy or os.getenv("TINYLOOP_TENANTS_POLICY")
+    if pol and pol ~= "" then
+        local pok, perr = start_policy(pol)
+        if not pok then
+            ngx_log(ERR, "tinyloop: tenants policy ", pol, ": ", perr)
+        end
+    end
+    load_state.reason, load_state.next_at = nil, nil
+    return true
+end
+
+
+local function load_with_retry(opts, msl)
+    local ok, err = open_engine(opts, msl)
+    if ok then
+        if load_state.attempts > 1 then
+            ngx_log(ngx.NOTICE, "tinyloop: model ", cfg.model, " loaded on attempt ", load_state.attempts)
+        end
+        return
+    end
+    local delay = math.min(cfg.model_retry_min * 2 ^ (load_state.attempts - 1), cfg.model_retry_max)
+    update_time()
+    load_state.reason, load_state.next_at = err, ngx_now() + delay
+    ngx_log(ERR, "tinyloop: ", err, "; retry ", load_state.attempts + 1, " in ", delay, " s")
+    local tok, terr = ngx.timer.at(delay, function(premature)
+        if not premature and not engine then
+            load_with_retry(opts, msl)
+        end
+    end)
+    if not tok then
+        ngx_log(ERR, "tinyloop: cannot schedule the model retry: ", terr)
+        load_state.next_at = nil
+    end
+end
+
+
 -- init_worker(opts): opts.model (GGUF path; default $TINYLOOP_MODEL), max_seq_len
 -- ($TINYLOOP_MAX_SEQ_LEN), kv_mem, n_threads, max_queue, model_name, instance
 -- ($TINYLOOP_INSTANCE), tenants (table or Lua file; $TINYLOOP_TENANTS),
 -- tenants_policy (a tenants policy file, hot-reloaded; $TINYLOOP_TENANTS_POLICY),
--- retry_after (seconds, 503s), max_tokens_cap (default completion length for chat).
+-- retry_after (seconds, 503s), max_tokens_cap (default completion length for chat),
+-- model_retry_min / model_retry_max (seconds between load attempts after a
+-- failure: doubling from 1 up to 30), max_tenants (tenants this worker keeps
+-- ids and pinned system prompts for, least recently used dropped; 1024).
 -- $TINYLOOP_MAX_QUEUE and $TINYLOOP_KV_MEM override max_queue and kv_mem.
 function _M.init_worker(opts)
     opts = opts or {}
@@ -281,11 +341,17 @@ function _M.init_worker(opts)
     cfg.instance = opts.instance or os.getenv("TINYLOOP_INSTANCE") or "tinyloop"
     cfg.retry_after = opts.retry_after or 1
     cfg.max_tokens_cap = opts.max_tokens_cap or 256
+    cfg.model_retry_min = opts.model_retry_min or 1
+    cfg.model_retry_max = opts.model_retry_max or 30
+    cfg.max_tenants = opts.max_tenants or 1024
     opts.max_queue = tonumber(os.getenv("TINYLOOP_MAX_QUEUE") or "") or opts.max_queue
     opts.kv_mem = tonumber(os.getenv("TINYLOOP_KV_MEM") or "") or opts.kv_mem
     local msl = opts.max_seq_len or tonumber(os.getenv("TINYLOOP_MAX_SEQ_LEN") or "")
+    default_gp = C.tl_generate_default_params()
+    tok_buf = ffi_new("int32_t[?]", TOK_CAP)
     if not cfg.model then
-        ngx_log(ERR, "tinyloop: no model (set TINYLOOP_MODEL or pass model =)")
+        load_state.reason = "no model configured (set TINYLOOP_MODEL or pass model =)"
+        ngx_log(ERR, "tinyloop: ", load_state.reason)
         return
     end
     local t = opts.tenants or os.getenv("TINYLOOP_TENANTS")
@@ -296,29 +362,7 @@ function _M.init_worker(opts)
             ngx_log(ERR, "tinyloop: ", err)
         end
     end
-    local ok, m = pcall(tl.Model, cfg.model, { max_seq_len = msl, kv_mem = opts.kv_mem,
-        n_threads = opts.n_threads })
-    if not ok then
-        ngx_log(ERR, "tinyloop: cannot open model ", cfg.model, ": ", m)
-        return
-    end
-    model = m
-    cfg.model_name = opts.model_name or cfg.model:match("([^/]+)%.gguf$") or cfg.model
-    local e, err = eng.start(model, { max_queue = opts.max_queue, sock_dir = opts.sock_dir })
-    if not e then
-        ngx_log(ERR, "tinyloop: ", err)
-        return
-    end
-    engine = e
-    local pol = opts.tenants_policy or os.getenv("TINYLOOP_TENANTS_POLICY")
-    if pol and pol ~= "" then
-        local pok, perr = start_policy(pol)
-        if not pok then
-            ngx_log(ERR, "tinyloop: tenants policy ", pol, ": ", perr)
-        end
-    end
-    default_gp = C.tl_generate_default_params()
-    tok_buf = ffi_new("int32_t[?]", TOK_CAP)
+    load_with_retry(opts, msl)
 end
 
 
@@ -671,14 +715,21 @@ function _M.models()
 end
 
 
+-- Without an engine: 503 with why (the load error: it names the model file,
+-- which an operator needs and a client learns nothing from) and seconds to
+-- the next load attempt.
 function _M.health()
     local st = engine and engine:stats()
     local status = engine and 200 or 503
+    update_time()
     json_reply(status, cjson.encode({
         status = engine and "ok" or "unavailable", instance = cfg.instance, in_flight = in_flight,
         queued = st and st.requests_queued or 0, running = st and st.requests_active or 0,
         notify = engine and engine.notify_mode or cjson.null, pid = ngx.worker.pid(),
         policy = policy_rt and policy_rt.current and policy_rt.current.version or cjson.null,
+        reason = not engine and (load_state.reason or "the model is loading") or nil,
+        retry_in = not engine and load_state.next_at
+            and math.floor(math.max(0, load_state.next_at - ngx_now()) * 10 + 0.5) / 10 or nil,
     }))
 end
 

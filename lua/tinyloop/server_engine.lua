@@ -149,17 +149,28 @@ function _M:wake_all()
 end
 
 
+-- Whether the notifier has work: the engine runs, and the worker is not
+-- exiting or still has requests in flight. On a reload (SIGHUP) the old
+-- worker keeps serving its streams until they end; without the notifier
+-- they would only be woken by their 1 s wait.
+function _M:notifier_alive()
+    return self.running and (self.n_waiters > 0 or not ngx.worker.exiting())
+end
+
+
 -- The background timer: reads ids (8 bytes each, host order), wakes their
 -- waiters; on a read timeout wakes everyone (ids may have been dropped).
+-- It reconnects in place after a socket error: in an exiting worker a new
+-- timer would only run with premature = true.
 function _M._notifier(premature, self)
-    if premature or not self.running then
+    if premature and self.n_waiters == 0 or not self.running then
         return
     end
     local sock, err = self:connect_notify()
     if not sock then
         ngx_log(ERR, "tinyloop notifier: ", err, "; polling every ", self.poll, " s")
         self.notify_mode = "poll"
-        while self.running and not ngx.worker.exiting() do
+        while self:notifier_alive() do
             self:wake_all()
             ngx.sleep(0.005)
         end
@@ -168,7 +179,7 @@ function _M._notifier(premature, self)
     ngx_log(INFO, "tinyloop notifier: ", self.notify_mode)
     sock:settimeouts(1000, 1000, self.poll * 1000)
     local rest = ""
-    while self.running and not ngx.worker.exiting() do
+    while self:notifier_alive() do
         local data, rerr = sock:receiveany(65536)
         if data then
             if rest ~= "" then
@@ -193,10 +204,14 @@ function _M._notifier(premature, self)
         else
             ngx_log(WARN, "tinyloop notifier: ", rerr, "; reconnecting")
             sock:close()
-            if self.running and not ngx.worker.exiting() then
-                ngx.timer.at(0, _M._notifier, self)
+            self:wake_all()
+            ngx.sleep(0.01)
+            sock = self:notifier_alive() and self:connect_notify()
+            if not sock then
+                return self:notifier_alive() and _M._notifier(false, self)
             end
-            return
+            sock:settimeouts(1000, 1000, self.poll * 1000)
+            rest = ""
         end
     end
     sock:close()
