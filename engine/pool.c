@@ -61,20 +61,26 @@ static void drop_entry(tl_pool *p, int i) {
     memset(&p->e[p->n], 0, sizeof p->e[p->n]);
 }
 
-void tl_pool_free(tl_pool *p) {
-    if (!p) return;
+void tl_pool_free_held(tl_pool *p) {
     tl_model *m = p->model;
-    if (m) tl_sched_compute_lock(m);
     pthread_mutex_lock(&p->mu);
     while (p->n) drop_entry(p, p->n - 1);
     pthread_mutex_unlock(&p->mu);
-    if (m) {
-        tl_sched_detach_pool(m, p);
-        tl_sched_compute_unlock(m);
-    }
+    if (m) tl_sched_detach_pool(m, p);
     pthread_mutex_destroy(&p->mu);
     free(p->e);
     free(p);
+}
+
+void tl_pool_free(tl_pool *p) {
+    if (!p) return;
+    tl_model *m = p->model;
+    /* An engine thread holds the compute lock for whole steps: it frees the
+     * pool between two, so a caller on an event loop never waits for one. */
+    if (m && tl_sched_defer_pool_free(m, p)) return;
+    if (m) tl_sched_compute_lock(m);
+    tl_pool_free_held(p);
+    if (m) tl_sched_compute_unlock(m);
 }
 
 void tl_pool_detach_model(tl_pool *p) {

@@ -36,6 +36,7 @@ int tl_sched_init(tl_model *m) {
 }
 
 static void request_free(tl_model *m, tl_request *r);
+static void free_dying_pools(tl_sched *s);
 
 void tl_sched_free(tl_model *m) {
     tl_sched *s = m->sched;
@@ -43,6 +44,8 @@ void tl_sched_free(tl_model *m) {
     tl_engine_stop(m);
     for (int i = 0; i < s->n; i++) request_free(m, s->reqs[i]);
     for (int i = 0; i < s->n_in; i++) request_free(m, s->incoming[i]);
+    free_dying_pools(s);
+    free(s->dying);
     free(s->incoming);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->compute_mu);
@@ -59,6 +62,40 @@ void tl_sched_free(tl_model *m) {
     tl_sampler_free(&s->smp);
     free(s);
     m->sched = NULL;
+}
+
+int tl_sched_defer_pool_free(tl_model *m, tl_pool *pool) {
+    tl_sched *s = m->sched;
+    int deferred = 0;
+    pthread_mutex_lock(&s->mu);
+    if (s->engine_running && s->n_dying == s->cap_dying) {
+        int cap = s->cap_dying ? s->cap_dying * 2 : 8;
+        tl_pool **v = realloc(s->dying, (size_t)cap * sizeof *v);
+        if (v) {
+            s->dying = v;
+            s->cap_dying = cap;
+        }
+    }
+    if (s->engine_running && s->n_dying < s->cap_dying) {
+        s->dying[s->n_dying++] = pool;
+        s->flags_pending = 1; /* wakes the engine; merge_and_reap frees it */
+        pthread_cond_signal(&s->cv);
+        deferred = 1;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return deferred;
+}
+
+/* Frees the pools handed over by tl_sched_defer_pool_free (compute lock held). */
+static void free_dying_pools(tl_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    while (s->n_dying > 0) {
+        tl_pool *p = s->dying[--s->n_dying];
+        pthread_mutex_unlock(&s->mu); /* detach takes mu itself */
+        tl_pool_free_held(p);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 void tl_sched_attach_pool(tl_model *m, tl_pool *pool) {
@@ -614,9 +651,10 @@ static void merge_and_reap(tl_model *m) {
         m->cache.weights = s->weights;
         s->weights_pending = 0;
     }
-    int pending = s->flags_pending;
+    int pending = s->flags_pending, dying = s->n_dying;
     s->flags_pending = 0;
     pthread_mutex_unlock(&s->mu);
+    if (dying) free_dying_pools(s);
     if (!pending) return;
     for (int i = 0; i < s->n; i++) {
         tl_request *r = s->reqs[i];

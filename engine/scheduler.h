@@ -63,6 +63,8 @@ typedef struct tl_sched {
     int aging_steps;         /* steps waited per priority level gained (> 0) */
     tl_pool **pools;         /* pools bound to this model, detached on close */
     int n_pools, cap_pools;
+    tl_pool **dying;         /* pools freed while the engine ran, freed by it (guarded by mu) */
+    int n_dying, cap_dying;
     tl_cache_stats st;       /* counters (the block fields are filled on read) */
 } tl_sched;
 
@@ -98,6 +100,11 @@ tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window,
 int tl_sched_check_tokens(const tl_model *m, const int32_t *tokens, int n);
 int tl_sched_check_prompt(const tl_model *m, const int32_t *prompt, int n_prompt, int max_tokens);
 
+/* Hands pool to the engine thread to free between steps; 0 when no engine
+ * runs (or no memory): the caller frees it under the compute lock. */
+int tl_sched_defer_pool_free(tl_model *m, tl_pool *pool);
+/* pool.c: frees a pool; the caller holds the compute lock. */
+void tl_pool_free_held(tl_pool *pool);
 void tl_sched_attach_pool(tl_model *m, tl_pool *pool);
 void tl_sched_detach_pool(tl_model *m, tl_pool *pool);
 /* pool.c: the argument checks of register and register_submit (binds the

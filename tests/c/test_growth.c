@@ -1,9 +1,12 @@
 /* test_growth.c - what a server that derives tenants and salts from request
  * data must not grow without bound: cache namespaces are found by hash and
  * freed with their last node, tenant ids work far past 2^20 and their
- * accounting goes with their cache, and a low-priority request is admitted
- * while higher-priority ones keep arriving (aging). */
+ * accounting goes with their cache, a pool freed while the engine steps is
+ * freed by the engine (the caller never waits for a step), and a
+ * low-priority request is admitted while higher-priority ones keep
+ * arriving (aging). */
 #include <limits.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 #include <unistd.h>
@@ -270,10 +273,68 @@ static void test_aging(void) {
     CHECK(done > 0, "the priority-2 requests still went first for a while (%d before it)", done);
 }
 
+/* ---- freeing a pool never waits for an engine step ----------------------------------------- */
+
+static volatile int pool_freed;
+
+static void *free_pool_thread(void *p) {
+    tl_pool_free(p);
+    pool_freed = 1;
+    return NULL;
+}
+
+static int pinned_nodes(tl_model *m) {
+    tl_cache_node nodes[256];
+    int n = tl_model_cache_nodes(m, nodes, 256), pinned = 0;
+    for (int i = 0; i < n && i < 256; i++) pinned += nodes[i].pinned;
+    return pinned;
+}
+
+static void test_pool_free_deferred(void) {
+    tl_model *m = open_model("poolfree", 0);
+    if (!m) return;
+    int32_t prompt[20];
+    for (int j = 0; j < 20; j++) prompt[j] = 3 + j * 5;
+    tl_pool *pool;
+    tl_pool_new(1, &pool);
+    tl_pool_set_salt(pool, 42);
+    CHECK(tl_pool_register(m, pool, prompt, 20, 0, 0) == 20, "a salted pool entry registers");
+    CHECK(pinned_nodes(m) == 1, "its node is pinned (%d)", pinned_nodes(m));
+    tl_engine_start(m, 0);
+    tl_sched_compute_lock(m); /* stands for a long engine step */
+    pthread_t th;
+    pool_freed = 0;
+    pthread_create(&th, NULL, free_pool_thread, pool);
+    for (int i = 0; i < 500 && !pool_freed; i++) usleep(10000);
+    CHECK(pool_freed, "tl_pool_free returns while the engine holds the compute lock (an event loop never waits)");
+    tl_sched_compute_unlock(m);
+    pthread_join(th, NULL);
+    int pinned = 1;
+    for (int i = 0; i < 500 && pinned; i++) {
+        pinned = pinned_nodes(m);
+        if (pinned) usleep(10000);
+    }
+    CHECK(pinned == 0, "the engine unpins the freed pool's entry between steps (%d pinned)", pinned);
+    tl_engine_stop(m);
+    tl_radix_evict(&m->cache, m->kv.n_blocks);
+    CHECK(tl_radix_namespace_count(&m->cache) == 0, "its namespace goes with its last node (%d left)",
+          tl_radix_namespace_count(&m->cache));
+    invariants_ok(m, "after a deferred pool free");
+    /* handed over just before the engine stops: the model's close frees it */
+    tl_pool_new(1, &pool);
+    tl_pool_register(m, pool, prompt, 20, 0, 0);
+    tl_engine_start(m, 0);
+    tl_sched_compute_lock(m);
+    tl_pool_free(pool);
+    tl_sched_compute_unlock(m);
+    tl_model_close(m); /* ASan: nothing leaks */
+}
+
 int main(void) {
     test_namespace_table();
     test_namespaces_freed();
     test_big_tenant_ids();
+    test_pool_free_deferred();
     test_aging();
     return test_summary();
 }
