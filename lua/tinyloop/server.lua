@@ -15,6 +15,7 @@ local tl = require "tinyloop"
 local eng = require "tinyloop.server_engine"
 local oa = require "tinyloop.server_openai"
 local metrics = require "tinyloop.server_metrics"
+local lru = require "tinyloop.lru"
 
 local C = require("tinyloop.lib").load()
 local ffi_new = ffi.new
@@ -123,21 +124,36 @@ end
 -- lua_shared_dict version counter; every worker syncs from the dict, so an
 -- edit reloads in all workers, and a broken edit keeps the old version.
 local policy_rt = nil
-local tids, n_tids = {}, 0
+local tids, n_tids = nil, 0 -- tenant name -> { tid, budget }, bounded (new_tenant_tables)
+local pinned = nil          -- pinned system prompts, bounded the same way (below)
 
 
--- The small integer C uses for a tenant (stable within this worker).
+-- A tenant dropped from the table (the least recently seen, once
+-- cfg.max_tenants are known): its budget goes; its cached blocks stay
+-- charged to its old id until evicted, and it gets a new id if it returns.
+local function drop_tenant(_, t)
+    if t.budget and model then
+        C.tl_model_set_tenant_budget(model.h, t.tid, 0)
+    end
+end
+
+
+-- The integer C uses for a tenant (stable while the tenant stays in the
+-- table). Ids are not reused (a returning tenant must not inherit another's
+-- cached blocks); after 2^31 - 2 of them they wrap, long after the old
+-- holders' cache is gone.
 local function tid_of(id, budget)
-    local t = tids[id]
+    local t = tids:get(id)
     if not t then
-        n_tids = n_tids + 1
-        t = n_tids
-        tids[id] = t
+        n_tids = n_tids % 2147483646 + 1
+        t = { tid = n_tids }
+        tids:set(id, t)
         if budget and budget > 0 and model then
-            C.tl_model_set_tenant_budget(model.h, t, budget)
+            C.tl_model_set_tenant_budget(model.h, t.tid, budget)
+            t.budget = budget
         end
     end
-    return t
+    return t.tid
 end
 
 
@@ -227,12 +243,30 @@ end
 -- without waiting: the engine thread runs the prefill as a request, so the
 -- event loop never computes. Once pinned, the prompt survives eviction; the
 -- radix cache serves it to every request that starts with it either way.
-local pinned = {}   -- key -> { pool, id } (id nil once the registration ended)
+-- At most cfg.max_tenants prompts stay pinned: the least recently used one
+-- is released (its pool freed by the engine between steps, unpinning the
+-- entry, which the cache then evicts like any other), so a policy deriving
+-- tenants from request data cannot grow pools without bound.
+local function unpin(_, p)
+    if p.id and model then
+        model:release_request(p.id) -- cancels a registration still in flight
+    end
+    if p.pool then
+        p.pool:free()
+    end
+end
+
+
+local function new_tenant_tables(cap)
+    tids = lru.new(cap, drop_tenant)
+    pinned = lru.new(cap, unpin) -- key -> { pool, id } (id nil once the registration ended)
+end
+new_tenant_tables(1024)
 
 
 function pin_system_prompt(tenant)
     local key = tenant.name .. "\0" .. tostring(tenant.salt) .. "\0" .. tenant.system
-    local p = pinned[key]
+    local p = pinned:get(key)
     if p then
         if p.id and model:request_state(p.id) ~= "queued" and model:request_state(p.id) ~= "running" then
             model:release_request(p.id) -- the registration ended: forget its request
@@ -254,13 +288,13 @@ function pin_system_prompt(tenant)
         local text = model:chat_format({ { role = "system", content = tenant.system } }, { add_assistant = false })
         local toks = model:tokenize(text, { parse_special = true })
         if #toks == 0 or #toks >= model.max_seq_len then
-            pinned[key] = { pool = pool }
+            pinned:set(key, { pool = pool })
             return
         end
-        pinned[key] = { pool = pool, id = model:register_prefix_async(pool, toks) }
+        pinned:set(key, { pool = pool, id = model:register_prefix_async(pool, toks) })
     end)
     if not ok then
-        pinned[key] = {} -- do not retry on every request
+        pinned:set(key, {}) -- do not retry on every request
         ngx_log(ngx.WARN, "tinyloop: cannot pin the system prompt of tenant ", tenant.name, ": ", tostring(err))
     end
 end
@@ -343,7 +377,13 @@ function _M.init_worker(opts)
     cfg.max_tokens_cap = opts.max_tokens_cap or 256
     cfg.model_retry_min = opts.model_retry_min or 1
     cfg.model_retry_max = opts.model_retry_max or 30
-    cfg.max_tenants = opts.max_tenants or 1024
+    local mt = opts.max_tenants or os.getenv("TINYLOOP_MAX_TENANTS")
+    cfg.max_tenants = tonumber(mt) or 1024
+    if mt and not (tonumber(mt) and cfg.max_tenants >= 1 and cfg.max_tenants % 1 == 0) then
+        ngx_log(ERR, "tinyloop: max_tenants must be an integer >= 1, got ", tostring(mt), "; using 1024")
+        cfg.max_tenants = 1024
+    end
+    new_tenant_tables(cfg.max_tenants)
     opts.max_queue = tonumber(os.getenv("TINYLOOP_MAX_QUEUE") or "") or opts.max_queue
     opts.kv_mem = tonumber(os.getenv("TINYLOOP_KV_MEM") or "") or opts.kv_mem
     local msl = opts.max_seq_len or tonumber(os.getenv("TINYLOOP_MAX_SEQ_LEN") or "")
@@ -740,6 +780,7 @@ function _M.metrics()
     ngx.print(metrics.render(st, {
         in_flight = in_flight,
         policy_reloads = reload_counter and reload_counter() or 0,
+        pinned_pools = pinned:count(), tenant_ids = tids:count(),
     }))
 end
 

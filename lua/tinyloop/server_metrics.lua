@@ -73,7 +73,7 @@ local HELP = {
 
 
 -- render(stats, extra) -> text. stats: engine snapshot (server_engine:stats());
--- extra: { policy_reloads =, in_flight =, notify_mode = }.
+-- extra: { policy_reloads =, in_flight =, notify_mode =, pinned_pools =, tenant_ids = }.
 function _M.render(st, extra)
     local out = {}
     local function add(s)
@@ -138,6 +138,10 @@ function _M.render(st, extra)
     metric("tinyloop_requests_in_flight", "gauge", "HTTP generation requests in flight.", extra.in_flight)
     metric("tinyloop_policy_reloads_total", "counter", "Policy reloads applied in this worker.",
         extra.policy_reloads)
+    metric("tinyloop_pinned_pools", "gauge", "Tenant system prompts pinned (bounded by max_tenants).",
+        extra.pinned_pools)
+    metric("tinyloop_tenant_ids", "gauge", "Tenants with an engine id in this worker (bounded by max_tenants).",
+        extra.tenant_ids)
     return concat(out, "\n") .. "\n"
 end
 
