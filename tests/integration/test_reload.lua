@@ -149,8 +149,9 @@ local ok_run, run_err = pcall(function()
     local j = h and h.json or {}
     print("  /health while missing: " .. tostring(h and h.body))
     check("/health answers 503 while the model is missing", h and h.status == 503, h and h.body)
-    check("/health says why and when it retries", type(j.reason) == "string" and j.reason:find("late-model.gguf", 1, true)
-        and type(j.retry_in) == "number" and j.retry_in >= 0, h and h.body)
+    check("/health says why and when it retries", type(j.reason) == "string"
+        and j.reason:find("late-model.gguf", 1, true) and type(j.retry_in) == "number" and j.retry_in >= 0,
+        h and h.body)
     local c = T.post(port, "/v1/completions", { prompt = "Once", max_tokens = 4 })
     check("a completion is refused with 503 and Retry-After meanwhile", c and c.status == 503
         and c.headers["retry-after"], c and c.body)
