@@ -2,7 +2,10 @@
  *
  * Locks: `mu` (short: request lists and the fields callers read) and
  * `compute_mu` (held for a whole step, or by synchronous calls that touch
- * the KV pool or the radix tree). Lock order: compute_mu before mu. No
+ * the KV pool or the radix tree). Lock order: compute_mu before mu. What a
+ * request handler calls never waits on compute_mu: changes to state the
+ * step owns (tenant budgets, the notification descriptor, freeing a pool)
+ * are messages the engine applies between steps. No
  * callback ever leaves the engine: news goes out as request ids written
  * to a pipe that an event loop (nginx cosocket, poll) can wait on. */
 #include <errno.h>
@@ -51,13 +54,21 @@ int tl_engine_notify_attach(tl_model *m, int fd) {
     int dup_fd = -1;
     if (fd >= 0 && (dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
         return tl_set_error(TL_ERR_IO, "cannot duplicate descriptor %d: %s", fd, strerror(errno));
-    /* Swap under the compute lock: the engine writes between steps only. */
-    pthread_mutex_lock(&s->compute_mu);
+    /* The engine swaps it in between steps: a caller never waits for a
+     * step (it writes after each one, so the swap needs no lock). */
+    tl_sched_msg msg = {.kind = TL_MSG_NOTIFY, .fd = dup_fd};
+    int rc = tl_sched_post_msg(m, &msg);
+    if (rc == 1) return TL_OK;
+    if (dup_fd >= 0) close(dup_fd);
+    return rc < 0 ? rc : tl_set_error(TL_ERR_STATE, "no engine thread is running");
+}
+
+/* Swaps in an attached descriptor (the stepping thread, between steps). */
+void tl_engine_set_notify_ext(tl_model *m, int fd) {
+    tl_sched *s = m->sched;
     int old = s->notify_ext;
-    __atomic_store_n(&s->notify_ext, dup_fd, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&s->compute_mu);
-    if (old >= 0) close(old);
-    return TL_OK;
+    __atomic_store_n(&s->notify_ext, fd, __ATOMIC_RELEASE);
+    if (old >= 0 && old != fd) close(old);
 }
 
 static void *engine_main(void *p) {
@@ -71,7 +82,8 @@ static void *engine_main(void *p) {
         pthread_mutex_unlock(&s->compute_mu);
         notify(m, &st);
         pthread_mutex_lock(&s->mu);
-        while (!s->stop && active <= 0 && s->n_in == 0 && !s->flags_pending && !s->weights_pending)
+        while (!s->stop && active <= 0 && s->n_in == 0 && !s->flags_pending && !s->weights_pending &&
+               s->n_msgs == 0)
             pthread_cond_wait(&s->cv, &s->mu);
         int stop = s->stop;
         pthread_mutex_unlock(&s->mu);
@@ -119,7 +131,10 @@ void tl_engine_stop(tl_model *m) {
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
     pthread_mutex_lock(&s->mu);
-    s->engine_running = 0;
+    s->engine_running = 0; /* messages posted from now on are applied by their callers */
+    pthread_mutex_unlock(&s->mu);
+    tl_sched_apply_msgs(m); /* those that came after the last step */
+    pthread_mutex_lock(&s->mu);
     close(s->notify_rd);
     close(s->notify_wr);
     if (s->notify_ext >= 0) close(s->notify_ext);

@@ -27,6 +27,18 @@ typedef struct tl_request {
     int news;                /* tokens or a state change since the last notification */
 } tl_request;
 
+/* A change asked for from a thread that must not wait for a step (a
+ * request handler): queued under `mu` and applied by the stepping thread
+ * between steps (tl_sched_apply_msgs), never under the caller's thread
+ * waiting on compute_mu. */
+enum { TL_MSG_BUDGET = 1, TL_MSG_NOTIFY = 2, TL_MSG_POOL_FREE = 3 };
+typedef struct tl_sched_msg {
+    int kind;
+    int tenant, max_blocks;  /* TL_MSG_BUDGET */
+    int fd;                  /* TL_MSG_NOTIFY: the engine's dup, -1 detaches */
+    tl_pool *pool;           /* TL_MSG_POOL_FREE */
+} tl_sched_msg;
+
 /* Locking (see engine.c): `mu` guards the request lists, the fields
  * take/get_info read, and the flags; `compute_mu` is held by whoever steps
  * or otherwise touches the KV pool and the radix tree. Without the engine
@@ -47,6 +59,8 @@ typedef struct tl_sched {
     int notify_ext;          /* attached descriptor (dup owned by the engine), -1 = none */
     tl_cache_stats snap;     /* statistics published after each engine step */
     int weights_pending;
+    tl_sched_msg *msgs;      /* pending messages (guarded by mu) */
+    int n_msgs, cap_msgs;
     tl_evict_weights weights;
     int64_t next_id;
     tl_sampler smp;          /* shared scratch; per-request rng swapped in */
@@ -71,6 +85,17 @@ int tl_sched_step(tl_model *m);
 /* Statistics computed now (the caller holds compute_mu). */
 void tl_sched_stats_now(const tl_model *m, tl_cache_stats *o);
 
+/* Applies the queued messages in order (the caller holds compute_mu, or no
+ * engine thread runs). */
+void tl_sched_apply_msgs(tl_model *m);
+/* Queues msg for the engine thread and returns 1, or returns 0 with
+ * nothing queued when no engine thread runs (the caller applies it
+ * itself); TL_ERR_NOMEM when the queue cannot grow. */
+int tl_sched_post_msg(tl_model *m, const tl_sched_msg *msg);
+/* pool.c: frees the pool now (the caller holds compute_mu, or no engine
+ * thread runs). */
+void tl_pool_free_now(tl_pool *pool);
+
 /* engine.c: compute lock for calls that touch the KV pool or tree while an
  * engine thread may be stepping; waits for a step boundary. */
 void tl_sched_compute_lock(tl_model *m);
@@ -79,6 +104,8 @@ void tl_sched_compute_unlock(tl_model *m);
 int tl_sched_wait_news(tl_model *m, int64_t id);
 /* engine.c: runs one request to completion while the engine thread steps. */
 int tl_engine_wait_run(tl_model *m, int64_t id, int32_t *out, int cap);
+/* engine.c: swaps in the attached notification descriptor (closing the old). */
+void tl_engine_set_notify_ext(tl_model *m, int fd);
 
 /* Namespace for (loops, window, salt) at the model's depth for loops. */
 int tl_sched_namespace(tl_model *m, int loops, int window, uint64_t salt);
