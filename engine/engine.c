@@ -4,8 +4,9 @@
  * `compute_mu` (held for a whole step, or by synchronous calls that touch
  * the KV pool or the radix tree). Lock order: compute_mu before mu. What a
  * request handler calls never waits on compute_mu: changes to state the
- * step owns (tenant budgets, the notification descriptor, freeing a pool)
- * are messages the engine applies between steps. No
+ * step owns (tenant budgets, freeing a pool) are messages the engine
+ * applies between steps, and the attached notification descriptor has a
+ * lock of its own (`ext_mu`, held around one non-blocking write). No
  * callback ever leaves the engine: news goes out as request ids written
  * to a pipe that an event loop (nginx cosocket, poll) can wait on. */
 #include <errno.h>
@@ -42,8 +43,11 @@ static void notify(tl_model *m, const tl_cache_stats *st) {
     /* A full pipe drops ids (EAGAIN): readers poll what they wait for. */
     if (n && write(s->notify_wr, ids, (size_t)n * sizeof *ids) < 0 && errno != EAGAIN) {
     }
-    int ext = __atomic_load_n(&s->notify_ext, __ATOMIC_ACQUIRE);
-    if (n && ext >= 0 && write(ext, ids, (size_t)n * sizeof *ids) < 0 && errno != EAGAIN) {
+    if (n) {
+        pthread_mutex_lock(&s->ext_mu);
+        if (s->notify_ext >= 0 && write(s->notify_ext, ids, (size_t)n * sizeof *ids) < 0 && errno != EAGAIN) {
+        }
+        pthread_mutex_unlock(&s->ext_mu);
     }
 }
 
@@ -54,21 +58,15 @@ int tl_engine_notify_attach(tl_model *m, int fd) {
     int dup_fd = -1;
     if (fd >= 0 && (dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
         return tl_set_error(TL_ERR_IO, "cannot duplicate descriptor %d: %s", fd, strerror(errno));
-    /* The engine swaps it in between steps: a caller never waits for a
-     * step (it writes after each one, so the swap needs no lock). */
-    tl_sched_msg msg = {.kind = TL_MSG_NOTIFY, .fd = dup_fd};
-    int rc = tl_sched_post_msg(m, &msg);
-    if (rc == 1) return TL_OK;
-    if (dup_fd >= 0) close(dup_fd);
-    return rc < 0 ? rc : tl_set_error(TL_ERR_STATE, "no engine thread is running");
-}
-
-/* Swaps in an attached descriptor (the stepping thread, between steps). */
-void tl_engine_set_notify_ext(tl_model *m, int fd) {
-    tl_sched *s = m->sched;
+    /* ext_mu, not compute_mu: it is held only around the engine's
+     * non-blocking write, so a handler never waits for a step, and once
+     * this returns the old descriptor gets no more writes. */
+    pthread_mutex_lock(&s->ext_mu);
     int old = s->notify_ext;
-    __atomic_store_n(&s->notify_ext, fd, __ATOMIC_RELEASE);
-    if (old >= 0 && old != fd) close(old);
+    s->notify_ext = dup_fd;
+    pthread_mutex_unlock(&s->ext_mu);
+    if (old >= 0) close(old);
+    return TL_OK;
 }
 
 static void *engine_main(void *p) {

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "util.h"
 
@@ -27,6 +26,7 @@ int tl_sched_init(tl_model *m) {
     s->notify_rd = s->notify_wr = s->notify_ext = -1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->compute_mu, NULL);
+    pthread_mutex_init(&s->ext_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->done_cv, NULL);
     tl_sampling_params greedy = {.top_p = 1.0f, .repeat_penalty = 1.0f};
@@ -41,12 +41,12 @@ void tl_sched_free(tl_model *m) {
     tl_engine_stop(m);
     tl_sched_apply_msgs(m); /* any posted while the engine stopped */
     free(s->msgs);
-    if (s->notify_ext >= 0) close(s->notify_ext);
     for (int i = 0; i < s->n; i++) request_free(m, s->reqs[i]);
     for (int i = 0; i < s->n_in; i++) request_free(m, s->incoming[i]);
     free(s->incoming);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->compute_mu);
+    pthread_mutex_destroy(&s->ext_mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->done_cv);
     for (int i = 0; i < s->n_pools; i++) tl_pool_detach_model(s->pools[i]);
@@ -956,7 +956,6 @@ void tl_sched_apply_msgs(tl_model *m) {
     for (int i = 0; i < n; i++) {
         const tl_sched_msg *g = &v[i];
         if (g->kind == TL_MSG_BUDGET) apply_budget(m, g->tenant, g->max_blocks); /* no memory: the old budget stays */
-        else if (g->kind == TL_MSG_NOTIFY) tl_engine_set_notify_ext(m, g->fd);
         else if (g->kind == TL_MSG_POOL_FREE) tl_pool_free_now(g->pool);
     }
     free(v);

@@ -31,11 +31,10 @@ typedef struct tl_request {
  * request handler): queued under `mu` and applied by the stepping thread
  * between steps (tl_sched_apply_msgs), never under the caller's thread
  * waiting on compute_mu. */
-enum { TL_MSG_BUDGET = 1, TL_MSG_NOTIFY = 2, TL_MSG_POOL_FREE = 3 };
+enum { TL_MSG_BUDGET = 1, TL_MSG_POOL_FREE = 2 };
 typedef struct tl_sched_msg {
     int kind;
     int tenant, max_blocks;  /* TL_MSG_BUDGET */
-    int fd;                  /* TL_MSG_NOTIFY: the engine's dup, -1 detaches */
     tl_pool *pool;           /* TL_MSG_POOL_FREE */
 } tl_sched_msg;
 
@@ -57,6 +56,7 @@ typedef struct tl_sched {
     int engine_running, stop;
     int notify_rd, notify_wr;
     int notify_ext;          /* attached descriptor (dup owned by the engine), -1 = none */
+    pthread_mutex_t ext_mu;  /* guards notify_ext: held around one non-blocking write */
     tl_cache_stats snap;     /* statistics published after each engine step */
     int weights_pending;
     tl_sched_msg *msgs;      /* pending messages (guarded by mu) */
@@ -104,8 +104,6 @@ void tl_sched_compute_unlock(tl_model *m);
 int tl_sched_wait_news(tl_model *m, int64_t id);
 /* engine.c: runs one request to completion while the engine thread steps. */
 int tl_engine_wait_run(tl_model *m, int64_t id, int32_t *out, int cap);
-/* engine.c: swaps in the attached notification descriptor (closing the old). */
-void tl_engine_set_notify_ext(tl_model *m, int fd);
 
 /* Namespace for (loops, window, salt) at the model's depth for loops. */
 int tl_sched_namespace(tl_model *m, int loops, int window, uint64_t salt);

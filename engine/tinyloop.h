@@ -238,9 +238,10 @@ int tl_request_get_info(const tl_model *model, int64_t id, tl_request_info *out)
  * on every call on the model may come from any thread: submit, take,
  * cancel, release and get_info never wait for a forward pass (they take a
  * short lock); tl_model_get_stats reads a snapshot published after each
- * step; tl_model_set_tenant_budget, tl_engine_notify_attach and
- * tl_pool_free post a message the engine applies at its next step
- * boundary, so they do not wait either; the synchronous calls (generate, generate_with_pool, register,
+ * step; tl_model_set_tenant_budget and tl_pool_free post a message the
+ * engine applies at its next step boundary, and tl_engine_notify_attach
+ * waits at most for one non-blocking write, so they do not wait either;
+ * the synchronous calls (generate, generate_with_pool, register,
  * prefix handles) wait for the engine. tl_model_step is refused.
  *
  * After each step the engine writes the 8-byte id (int64, host order) of
@@ -261,8 +262,9 @@ void tl_engine_stop(tl_model *model);
 int tl_engine_notify_fd(const tl_model *model);
 /* Also writes the ids to fd (e.g. a connected AF_UNIX socket an nginx
  * cosocket reads; the caller sets O_NONBLOCK). The engine keeps its own
- * dup of fd (the caller may close fd at once), swaps it in at its next
- * step boundary and closes it in tl_engine_stop; fd < 0 detaches. Returns
+ * dup of fd (the caller may close fd at once) and closes it in
+ * tl_engine_stop; fd < 0 detaches (no write reaches the old descriptor
+ * after the call returns). Never waits for a step. Returns
  * TL_ERR_STATE without a running engine. */
 int tl_engine_notify_attach(tl_model *model, int fd);
 
