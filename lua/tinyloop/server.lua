@@ -485,14 +485,14 @@ local function run(r)
                 if at then
                     -- usage counts the tokens up to the one that completes
                     -- the stop string, not those the engine made after it
-                    local stop_end, k = at + len - 1, 0
+                    local stop_end, upto = at + len - 1, 0
                     if stop_end > raw_before then
-                        k = 1
-                        while ends[k] < stop_end do
-                            k = k + 1
+                        upto = 1
+                        while ends[upto] < stop_end do
+                            upto = upto + 1
                         end
                     end
-                    n_tok = n_before + k
+                    n_tok = n_before + upto
                     out = all:sub(before + 1, at - 1)
                     if at - 1 < before then
                         -- the stop began inside held-back text

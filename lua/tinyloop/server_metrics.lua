@@ -70,7 +70,7 @@ local HELP = {
     tinyloop_requests_cancelled_total = { "counter", "Requests cancelled because the client went away." },
     tinyloop_stop_string_finishes_total = { "counter", "Requests that ended at one of their stop strings." },
     tinyloop_requests_failed_total = { "counter",
-        "Generation requests that failed after submission, by endpoint and reason (a stream ends with an error event)." },
+        "Generation requests that failed after submission, by endpoint and reason (streams end with an error event)." },
     tinyloop_requests_rejected_total = { "counter", "Requests refused with 503 (queue full)." },
 }
 

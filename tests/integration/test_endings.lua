@@ -150,7 +150,8 @@ local ok_run, run_err = pcall(function()
     -- the deadline ends the request half-way through its 400 tokens.
     local tport = T.free_port()
     local tsrv, terr = T.start{ name = "timeout", conf = conf, port = tport, env = env("timeout"),
-        subst = { { "init_worker%({ max_queue = 256 }%)", "init_worker({ max_queue = 256, request_timeout = 1e-6 })" } } }
+        subst = { { "init_worker%({ max_queue = 256 }%)",
+            "init_worker({ max_queue = 256, request_timeout = 1e-6 })" } } }
     if check("an instance with a tiny request timeout starts", tsrv, terr) then
         local t = T.post(tport, "/v1/completions", { prompt = "Once upon a time", max_tokens = 400,
             temperature = 0, stream = true }) or {}
