@@ -133,8 +133,11 @@ local function tid_of(id, budget)
         n_tids = n_tids + 1
         t = n_tids
         tids[id] = t
-        if budget and budget > 0 and model then
-            C.tl_model_set_tenant_budget(model.h, t, budget)
+        if type(budget) == "number" and budget > 0 and model then
+            -- posts a message the engine applies between steps: never waits for one
+            if C.tl_model_set_tenant_budget(model.h, t, math.min(math.floor(budget), 2 ^ 31 - 1)) ~= 0 then
+                ngx_log(ngx.WARN, "tinyloop: kv_budget of tenant ", id, ": ", require("tinyloop.lib").last_error())
+            end
         end
     end
     return t

@@ -8,7 +8,9 @@
 -- It prints p50 / p99 / max. The goal is p99 under 50 ms; the test asserts
 -- only p99 < 250 ms and every probe answered, which a loaded CI machine
 -- (2 cores shared with other builds) holds: each probe is a sub-millisecond
--- handler, so p99 above 250 ms means the event loop stalled.
+-- handler, so p99 above 250 ms means the event loop stalled. The max shows
+-- single stalls (a large prompt tokenized on the event loop: 0.5 s of CPU
+-- for 875 KB of stories260K text, seconds on a loaded machine).
 package.path = debug.getinfo(1, "S").source:sub(2):match("^(.*/)") .. "?.lua;" .. package.path
 local T = require "lib"
 local cjson = require "cjson.safe"
@@ -17,7 +19,7 @@ local wait = require "posix.sys.wait"
 local check = T.check
 
 local P99_BOUND = 0.250
-local PROBE_FOR = 4.0   -- seconds of probing
+local PROBE_FOR = 6.0   -- seconds of probing (the load runs in its first 3)
 
 local src = T.read(T.ROOT .. "/lua/policies/tenants.lua")
 if not src or not pcall(require, "posix.sys.wait") then
