@@ -555,9 +555,6 @@ local function run(r)
 end
 
 
-local ERR_KV_FULL = -6
-
-
 -- The HTTP status, code and param of a failed generation (r.error set).
 -- KV exhaustion is 503 (retry later) unless the request could not fit
 -- even alone (then 400: lower max_tokens); the request timeout is 504.
@@ -565,7 +562,7 @@ local function failure_status(r)
     if r.timed_out then
         return 504, "request_timeout"
     end
-    if r.error_rc == ERR_KV_FULL then
+    if r.error_rc == eng.ERR_KV_FULL then
         if (r.n_completion or 0) == 0 and r.error:find("nothing else running", 1, true) then
             return 400, "kv_capacity_exceeded", "max_tokens"
         end
