@@ -602,15 +602,17 @@ static void merge_and_reap(tl_model *m) {
 }
 
 /* Blocks a request may still allocate before it ends: the logical blocks
- * of prompt + max_tokens (a sliding window holds at most its window's,
- * one prefill chunk and the blocks awaiting release), less those its table
- * holds, plus a private copy of a shared partial block it will write. */
+ * of prompt + max_tokens, less those its table holds, plus a private copy
+ * of a shared partial block it will write. A sliding window holds at most
+ * its window and one prefill chunk, plus the blocks awaiting release:
+ * (window + chunk) / block_size + 3. */
 static int blocks_to_come(const tl_model *m, const tl_request *r) {
     const tl_block_table *bt = &r->seq->bt;
     int bs = m->kv.block_size;
     int final = (r->n_prompt + r->p.max_tokens + bs - 1) / bs - bt->n_released;
     if (r->p.cache_window > 0) {
-        int most = (r->p.cache_window + m->sched->prefill_budget + bs - 1) / bs + 3;
+        int chunk = r->n_prompt < m->sched->prefill_budget ? r->n_prompt : m->sched->prefill_budget;
+        int most = (r->p.cache_window + chunk + bs - 1) / bs + 3;
         if (final > most) final = most;
     }
     int need = final - (bt->n_logical - bt->n_released);

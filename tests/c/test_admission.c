@@ -116,6 +116,25 @@ int main(void) {
     CHECK(rc == TL_ERR_KV_FULL && strstr(tl_last_error(), "max_tokens 150") && strstr(tl_last_error(), "22 blocks"),
           "the error names max_tokens and the blocks it needs (%s)", tl_last_error());
     tl_request_release(model, id);
+
+    /* the same completion with a 16-token window holds about 6 logical
+     * blocks at a time (it releases what the window passed): admitted */
+    big.cache_window = 16;
+    CHECK(tl_request_submit(model, p, PROMPT, &big, NULL, &id) == TL_OK, "a windowed request is accepted");
+    int got = 0;
+    for (int i = 0; i < 400; i++) {
+        tl_request_get_info(model, id, &info);
+        if (info.state >= TL_REQ_DONE) break;
+        tl_model_step(model);
+        int n = tl_request_take(model, id, out + got, 150 - got, &fin);
+        if (n > 0) got += n;
+    }
+    tl_request_get_info(model, id, &info);
+    CHECK(info.state == TL_REQ_DONE && info.n_generated == 150,
+          "a sliding window's reservation is bounded by its window: 150 tokens in a 128-position arena (state %d, "
+          "%d generated, error %d)",
+          info.state, info.n_generated, info.error);
+    tl_request_release(model, id);
     tl_model_step(model);
     tl_model_get_stats(model, &st);
     CHECK(tl_sched_check_invariants(model, NULL, 0) == 0 && st.requests_active == 0,
