@@ -622,6 +622,23 @@ static int blocks_to_come(const tl_model *m, const tl_request *r) {
     return (need + cow) * bt->depth;
 }
 
+/* Under KV pressure the running requests' locks on their matched cache
+ * paths go, and also's: a request holds references on every block it
+ * uses, so its lock only keeps the tree from evicting (run_group does the
+ * same mid-step). Returns whether any lock was dropped. */
+static int drop_path_locks(tl_model *m, tl_request *also) {
+    int dropped = 0;
+    for (int i = 0; i < m->sched->n; i++) {
+        tl_request *r = m->sched->reqs[i];
+        if (r->locked && (r->state == TL_REQ_RUNNING || r == also)) {
+            tl_radix_lock(r->locked, -1);
+            r->locked = NULL;
+            dropped = 1;
+        }
+    }
+    return dropped;
+}
+
 /* Admits queued requests by priority, then submission order, while the
  * blocks they may need through max_tokens fit in KV memory next to what
  * the running requests still may need (evicting unused cache): a request
@@ -649,6 +666,7 @@ static void admit_queued(tl_model *m) {
         }
         int need = blocks_to_come(m, best);
         if (need + reserved > m->kv.n_free) tl_radix_evict(&m->cache, need + reserved);
+        if (need + reserved > m->kv.n_free && drop_path_locks(m, best)) tl_radix_evict(&m->cache, need + reserved);
         if (need + reserved > m->kv.n_free) {
             if (running == 0) {
                 char msg[256];
