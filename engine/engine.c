@@ -2,7 +2,11 @@
  *
  * Locks: `mu` (short: request lists and the fields callers read) and
  * `compute_mu` (held for a whole step, or by synchronous calls that touch
- * the KV pool or the radix tree). Lock order: compute_mu before mu. No
+ * the KV pool or the radix tree). Lock order: compute_mu before mu. What a
+ * request handler calls never waits on compute_mu: changes to state the
+ * step owns (tenant budgets, freeing a pool) are messages the engine
+ * applies between steps, and the attached notification descriptor has a
+ * lock of its own (`ext_mu`, held around one non-blocking write). No
  * callback ever leaves the engine: news goes out as request ids written
  * to a pipe that an event loop (nginx cosocket, poll) can wait on. */
 #include <errno.h>
@@ -39,8 +43,11 @@ static void notify(tl_model *m, const tl_cache_stats *st) {
     /* A full pipe drops ids (EAGAIN): readers poll what they wait for. */
     if (n && write(s->notify_wr, ids, (size_t)n * sizeof *ids) < 0 && errno != EAGAIN) {
     }
-    int ext = __atomic_load_n(&s->notify_ext, __ATOMIC_ACQUIRE);
-    if (n && ext >= 0 && write(ext, ids, (size_t)n * sizeof *ids) < 0 && errno != EAGAIN) {
+    if (n) {
+        pthread_mutex_lock(&s->ext_mu);
+        if (s->notify_ext >= 0 && write(s->notify_ext, ids, (size_t)n * sizeof *ids) < 0 && errno != EAGAIN) {
+        }
+        pthread_mutex_unlock(&s->ext_mu);
     }
 }
 
@@ -51,11 +58,13 @@ int tl_engine_notify_attach(tl_model *m, int fd) {
     int dup_fd = -1;
     if (fd >= 0 && (dup_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
         return tl_set_error(TL_ERR_IO, "cannot duplicate descriptor %d: %s", fd, strerror(errno));
-    /* Swap under the compute lock: the engine writes between steps only. */
-    pthread_mutex_lock(&s->compute_mu);
+    /* ext_mu, not compute_mu: it is held only around the engine's
+     * non-blocking write, so a handler never waits for a step, and once
+     * this returns the old descriptor gets no more writes. */
+    pthread_mutex_lock(&s->ext_mu);
     int old = s->notify_ext;
-    __atomic_store_n(&s->notify_ext, dup_fd, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&s->compute_mu);
+    s->notify_ext = dup_fd;
+    pthread_mutex_unlock(&s->ext_mu);
     if (old >= 0) close(old);
     return TL_OK;
 }
@@ -71,7 +80,8 @@ static void *engine_main(void *p) {
         pthread_mutex_unlock(&s->compute_mu);
         notify(m, &st);
         pthread_mutex_lock(&s->mu);
-        while (!s->stop && active <= 0 && s->n_in == 0 && !s->flags_pending && !s->weights_pending)
+        while (!s->stop && active <= 0 && s->n_in == 0 && !s->flags_pending && !s->weights_pending &&
+               s->n_msgs == 0)
             pthread_cond_wait(&s->cv, &s->mu);
         int stop = s->stop;
         pthread_mutex_unlock(&s->mu);
@@ -119,7 +129,10 @@ void tl_engine_stop(tl_model *m) {
     pthread_mutex_unlock(&s->mu);
     pthread_join(s->thread, NULL);
     pthread_mutex_lock(&s->mu);
-    s->engine_running = 0;
+    s->engine_running = 0; /* messages posted from now on are applied by their callers */
+    pthread_mutex_unlock(&s->mu);
+    tl_sched_apply_msgs(m); /* those that came after the last step */
+    pthread_mutex_lock(&s->mu);
     close(s->notify_rd);
     close(s->notify_wr);
     if (s->notify_ext >= 0) close(s->notify_ext);

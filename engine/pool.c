@@ -61,7 +61,7 @@ static void drop_entry(tl_pool *p, int i) {
     memset(&p->e[p->n], 0, sizeof p->e[p->n]);
 }
 
-void tl_pool_free_held(tl_pool *p) {
+void tl_pool_free_now(tl_pool *p) {
     tl_model *m = p->model;
     pthread_mutex_lock(&p->mu);
     while (p->n) drop_entry(p, p->n - 1);
@@ -75,12 +75,18 @@ void tl_pool_free_held(tl_pool *p) {
 void tl_pool_free(tl_pool *p) {
     if (!p) return;
     tl_model *m = p->model;
-    /* An engine thread holds the compute lock for whole steps: it frees the
-     * pool between two, so a caller on an event loop never waits for one. */
-    if (m && tl_sched_defer_pool_free(m, p)) return;
-    if (m) tl_sched_compute_lock(m);
-    tl_pool_free_held(p);
-    if (m) tl_sched_compute_unlock(m);
+    if (!m) {
+        tl_pool_free_now(p);
+        return;
+    }
+    /* Unpinning touches the tree the engine steps over: with an engine
+     * thread the pool goes between steps, so a caller (a Lua finalizer in
+     * a request handler) never waits for a forward pass. */
+    tl_sched_msg msg = {.kind = TL_MSG_POOL_FREE, .pool = p};
+    if (tl_sched_post_msg(m, &msg) == 1) return;
+    tl_sched_compute_lock(m);
+    tl_pool_free_now(p);
+    tl_sched_compute_unlock(m);
 }
 
 void tl_pool_detach_model(tl_pool *p) {

@@ -29,6 +29,7 @@ int tl_sched_init(tl_model *m) {
     s->notify_rd = s->notify_wr = s->notify_ext = -1;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->compute_mu, NULL);
+    pthread_mutex_init(&s->ext_mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->done_cv, NULL);
     tl_sampling_params greedy = {.top_p = 1.0f, .repeat_penalty = 1.0f};
@@ -36,19 +37,19 @@ int tl_sched_init(tl_model *m) {
 }
 
 static void request_free(tl_model *m, tl_request *r);
-static void free_dying_pools(tl_sched *s);
 
 void tl_sched_free(tl_model *m) {
     tl_sched *s = m->sched;
     if (!s) return;
     tl_engine_stop(m);
+    tl_sched_apply_msgs(m); /* any posted while the engine stopped */
+    free(s->msgs);
     for (int i = 0; i < s->n; i++) request_free(m, s->reqs[i]);
     for (int i = 0; i < s->n_in; i++) request_free(m, s->incoming[i]);
-    free_dying_pools(s);
-    free(s->dying);
     free(s->incoming);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->compute_mu);
+    pthread_mutex_destroy(&s->ext_mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->done_cv);
     for (int i = 0; i < s->n_pools; i++) tl_pool_detach_model(s->pools[i]);
@@ -64,57 +65,30 @@ void tl_sched_free(tl_model *m) {
     m->sched = NULL;
 }
 
-int tl_sched_defer_pool_free(tl_model *m, tl_pool *pool) {
-    tl_sched *s = m->sched;
-    int deferred = 0;
-    pthread_mutex_lock(&s->mu);
-    if (s->engine_running && s->n_dying == s->cap_dying) {
-        int cap = s->cap_dying ? s->cap_dying * 2 : 8;
-        tl_pool **v = realloc(s->dying, (size_t)cap * sizeof *v);
-        if (v) {
-            s->dying = v;
-            s->cap_dying = cap;
-        }
-    }
-    if (s->engine_running && s->n_dying < s->cap_dying) {
-        s->dying[s->n_dying++] = pool;
-        s->flags_pending = 1; /* wakes the engine; merge_and_reap frees it */
-        pthread_cond_signal(&s->cv);
-        deferred = 1;
-    }
-    pthread_mutex_unlock(&s->mu);
-    return deferred;
-}
-
-/* Frees the pools handed over by tl_sched_defer_pool_free (compute lock held). */
-static void free_dying_pools(tl_sched *s) {
-    pthread_mutex_lock(&s->mu);
-    while (s->n_dying > 0) {
-        tl_pool *p = s->dying[--s->n_dying];
-        pthread_mutex_unlock(&s->mu); /* detach takes mu itself */
-        tl_pool_free_held(p);
-        pthread_mutex_lock(&s->mu);
-    }
-    pthread_mutex_unlock(&s->mu);
-}
-
+/* The list changes from the caller's thread (a first register binds) and
+ * from the stepping thread (a pool freed between steps): under mu. */
 void tl_sched_attach_pool(tl_model *m, tl_pool *pool) {
     tl_sched *s = m->sched;
+    pthread_mutex_lock(&s->mu);
     if (s->n_pools == s->cap_pools) {
         int cap = s->cap_pools ? s->cap_pools * 2 : 4;
         tl_pool **p = realloc(s->pools, (size_t)cap * sizeof *p);
-        if (!p) return; /* the pool then is not detached on close: the model outlives it in practice */
+        if (!p) { /* the pool then is not detached on close: the model outlives it in practice */
+            pthread_mutex_unlock(&s->mu);
+            return;
+        }
         s->pools = p;
         s->cap_pools = cap;
     }
     s->pools[s->n_pools++] = pool;
+    pthread_mutex_unlock(&s->mu);
 }
 
 void tl_sched_detach_pool(tl_model *m, tl_pool *pool) {
     tl_sched *s = m->sched;
+    pthread_mutex_lock(&s->mu);
     for (int i = 0; i < s->n_pools; i++)
         if (s->pools[i] == pool) s->pools[i--] = s->pools[--s->n_pools];
-    pthread_mutex_lock(&s->mu);
     /* requests in flight stop counting against a freed pool; its pending
      * registrations still cache their prefix, unpinned */
     for (int k = 0; k < 2; k++) {
@@ -651,10 +625,9 @@ static void merge_and_reap(tl_model *m) {
         m->cache.weights = s->weights;
         s->weights_pending = 0;
     }
-    int pending = s->flags_pending, dying = s->n_dying;
+    int pending = s->flags_pending;
     s->flags_pending = 0;
     pthread_mutex_unlock(&s->mu);
-    if (dying) free_dying_pools(s);
     if (!pending) return;
     for (int i = 0; i < s->n; i++) {
         tl_request *r = s->reqs[i];
@@ -678,21 +651,57 @@ static void merge_and_reap(tl_model *m) {
     }
 }
 
-/* Blocks a request still needs for its prompt, after its cached prefix. */
-static int prompt_blocks(const tl_model *m, const tl_request *r) {
+/* Blocks a request may still allocate before it ends: the logical blocks
+ * of prompt + max_tokens, less those its table holds, plus a private copy
+ * of a shared partial block it will write. A sliding window holds at most
+ * its window and one prefill chunk, plus the blocks awaiting release:
+ * (window + chunk) / block_size + 3. */
+static int blocks_to_come(const tl_model *m, const tl_request *r) {
     const tl_block_table *bt = &r->seq->bt;
     int bs = m->kv.block_size;
-    int need = ((r->n_prompt + bs - 1) / bs - bt->n_logical) * bt->depth;
-    return need + (r->seq->n_pos % bs ? bt->depth : 0); /* the copied tail block */
+    int final = (r->n_prompt + r->p.max_tokens + bs - 1) / bs - bt->n_released;
+    if (r->p.cache_window > 0) {
+        int chunk = r->n_prompt < m->sched->prefill_budget ? r->n_prompt : m->sched->prefill_budget;
+        int most = (r->p.cache_window + chunk + bs - 1) / bs + 3;
+        if (final > most) final = most;
+    }
+    int need = final - (bt->n_logical - bt->n_released);
+    if (need < 0) need = 0;
+    int lb = r->seq->n_pos / bs;
+    int cow = lb < bt->n_logical && bt->ids[lb * bt->depth] >= 0 && m->kv.refcnt[bt->ids[lb * bt->depth]] > 1;
+    return (need + cow) * bt->depth;
 }
 
-/* Admits queued requests by effective priority, then submission order, while their
- * prompts fit in KV memory (evicting unused cache); the rest wait. A
- * request that cannot fit even with nothing else running fails. */
+/* Under KV pressure the running requests' locks on their matched cache
+ * paths go, and also's: a request holds references on every block it
+ * uses, so its lock only keeps the tree from evicting (run_group does the
+ * same mid-step). Returns whether any lock was dropped. */
+static int drop_path_locks(tl_model *m, tl_request *also) {
+    int dropped = 0;
+    for (int i = 0; i < m->sched->n; i++) {
+        tl_request *r = m->sched->reqs[i];
+        if (r->locked && (r->state == TL_REQ_RUNNING || r == also)) {
+            tl_radix_lock(r->locked, -1);
+            r->locked = NULL;
+            dropped = 1;
+        }
+    }
+    return dropped;
+}
+
+/* Admits queued requests by effective priority (aged), then submission order, while the
+ * blocks they may need through max_tokens fit in KV memory next to what
+ * the running requests still may need (evicting unused cache): a request
+ * admitted never runs out of KV half-way. The rest wait. A request that
+ * cannot fit even with nothing else running fails. */
 static void admit_queued(tl_model *m) {
     tl_sched *s = m->sched;
-    int running = 0;
-    for (int i = 0; i < s->n; i++) running += s->reqs[i]->state == TL_REQ_RUNNING;
+    int running = 0, reserved = 0;
+    for (int i = 0; i < s->n; i++)
+        if (s->reqs[i]->state == TL_REQ_RUNNING && s->reqs[i]->seq) {
+            running++;
+            reserved += blocks_to_come(m, s->reqs[i]);
+        }
     for (;;) {
         tl_request *best = NULL;
         for (int i = 0; i < s->n; i++) {
@@ -706,14 +715,16 @@ static void admit_queued(tl_model *m) {
             fail(m, best, rc, tl_last_error());
             continue;
         }
-        int need = prompt_blocks(m, best);
-        if (need > m->kv.n_free) tl_radix_evict(&m->cache, need);
-        if (need > m->kv.n_free) {
+        int need = blocks_to_come(m, best);
+        if (need + reserved > m->kv.n_free) tl_radix_evict(&m->cache, need + reserved);
+        if (need + reserved > m->kv.n_free && drop_path_locks(m, best)) tl_radix_evict(&m->cache, need + reserved);
+        if (need + reserved > m->kv.n_free) {
             if (running == 0) {
                 char msg[256];
                 snprintf(msg, sizeof msg,
-                         "KV cache full: a prompt of %d tokens needs %d blocks, %d of %d free with nothing else running",
-                         best->n_prompt, need, m->kv.n_free, m->kv.n_blocks);
+                         "KV cache full: a prompt of %d tokens + max_tokens %d needs %d blocks, %d of %d free with "
+                         "nothing else running",
+                         best->n_prompt, best->p.max_tokens, need, m->kv.n_free, m->kv.n_blocks);
                 fail(m, best, TL_ERR_KV_FULL, msg); /* still QUEUED: fail() counts it out */
                 continue;
             }
@@ -726,12 +737,14 @@ static void admit_queued(tl_model *m) {
         s->n_queued--;
         pthread_mutex_unlock(&s->mu);
         running++;
+        reserved += need;
     }
 }
 
 int tl_sched_step(tl_model *m) {
     tl_sched *s = m->sched;
     s->steps++;
+    tl_sched_apply_msgs(m);
     merge_and_reap(m);
     admit_queued(m);
     /* One pass per distinct loop depth among running requests. */
@@ -954,15 +967,69 @@ int tl_model_get_stats(const tl_model *m, tl_cache_stats *o) {
     return TL_OK;
 }
 
+/* Caller holds compute_mu (or no engine runs). */
+static int apply_budget(tl_model *m, int tenant, int max_blocks) {
+    if (tl_radix_set_budget(&m->cache, tenant, max_blocks))
+        return tl_set_error(TL_ERR_NOMEM, "out of memory for tenant budgets");
+    tl_radix_enforce_budget(&m->cache, tenant);
+    return TL_OK;
+}
+
 int tl_model_set_tenant_budget(tl_model *m, int tenant, int max_blocks) {
     if (!m || !m->sched) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
     if (tenant < 0) return tl_set_error(TL_ERR_INVALID_ARG, "tenant %d must be >= 0", tenant);
     if (max_blocks < 0) return tl_set_error(TL_ERR_INVALID_ARG, "max_blocks %d must be >= 0", max_blocks);
+    /* With an engine thread the change waits for the step boundary, not
+     * the caller: a handler setting a tenant's budget on its first request
+     * must not stall the event loop for a whole step. */
+    tl_sched_msg msg = {.kind = TL_MSG_BUDGET, .tenant = tenant, .max_blocks = max_blocks};
+    int rc = tl_sched_post_msg(m, &msg);
+    if (rc) return rc < 0 ? rc : TL_OK;
     tl_sched_compute_lock(m);
-    int rc = tl_radix_set_budget(&m->cache, tenant, max_blocks);
-    if (rc == 0) tl_radix_enforce_budget(&m->cache, tenant);
+    rc = apply_budget(m, tenant, max_blocks);
     tl_sched_compute_unlock(m);
-    return rc ? tl_set_error(TL_ERR_NOMEM, "out of memory for tenant budgets") : TL_OK;
+    return rc;
+}
+
+int tl_sched_post_msg(tl_model *m, const tl_sched_msg *msg) {
+    tl_sched *s = m->sched;
+    pthread_mutex_lock(&s->mu);
+    int rc = 0;
+    if (s->engine_running) {
+        if (s->n_msgs == s->cap_msgs) {
+            int cap = s->cap_msgs ? s->cap_msgs * 2 : 8;
+            tl_sched_msg *v = realloc(s->msgs, (size_t)cap * sizeof *v);
+            if (v) {
+                s->msgs = v;
+                s->cap_msgs = cap;
+            }
+        }
+        if (s->n_msgs < s->cap_msgs) {
+            s->msgs[s->n_msgs++] = *msg;
+            pthread_cond_signal(&s->cv);
+            rc = 1;
+        } else {
+            rc = TL_ERR_NOMEM;
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc == TL_ERR_NOMEM ? tl_set_error(rc, "out of memory for an engine message") : rc;
+}
+
+void tl_sched_apply_msgs(tl_model *m) {
+    tl_sched *s = m->sched;
+    pthread_mutex_lock(&s->mu);
+    tl_sched_msg *v = s->msgs;
+    int n = s->n_msgs;
+    s->msgs = NULL;
+    s->n_msgs = s->cap_msgs = 0;
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < n; i++) {
+        const tl_sched_msg *g = &v[i];
+        if (g->kind == TL_MSG_BUDGET) apply_budget(m, g->tenant, g->max_blocks); /* no memory: the old budget stays */
+        else if (g->kind == TL_MSG_POOL_FREE) tl_pool_free_now(g->pool);
+    }
+    free(v);
 }
 
 int tl_model_tenant_blocks(tl_model *m, int tenant) {

@@ -28,6 +28,17 @@ typedef struct tl_request {
     int64_t queued_step;     /* scheduler step it was first considered for admission (aging) */
 } tl_request;
 
+/* A change asked for from a thread that must not wait for a step (a
+ * request handler): queued under `mu` and applied by the stepping thread
+ * between steps (tl_sched_apply_msgs), never under the caller's thread
+ * waiting on compute_mu. */
+enum { TL_MSG_BUDGET = 1, TL_MSG_POOL_FREE = 2 };
+typedef struct tl_sched_msg {
+    int kind;
+    int tenant, max_blocks;  /* TL_MSG_BUDGET */
+    tl_pool *pool;           /* TL_MSG_POOL_FREE */
+} tl_sched_msg;
+
 /* Locking (see engine.c): `mu` guards the request lists, the fields
  * take/get_info read, and the flags; `compute_mu` is held by whoever steps
  * or otherwise touches the KV pool and the radix tree. Without the engine
@@ -46,8 +57,11 @@ typedef struct tl_sched {
     int engine_running, stop;
     int notify_rd, notify_wr;
     int notify_ext;          /* attached descriptor (dup owned by the engine), -1 = none */
+    pthread_mutex_t ext_mu;  /* guards notify_ext: held around one non-blocking write */
     tl_cache_stats snap;     /* statistics published after each engine step */
     int weights_pending;
+    tl_sched_msg *msgs;      /* pending messages (guarded by mu) */
+    int n_msgs, cap_msgs;
     tl_evict_weights weights;
     int64_t next_id;
     tl_sampler smp;          /* shared scratch; per-request rng swapped in */
@@ -63,8 +77,6 @@ typedef struct tl_sched {
     int aging_steps;         /* steps waited per priority level gained (> 0) */
     tl_pool **pools;         /* pools bound to this model, detached on close */
     int n_pools, cap_pools;
-    tl_pool **dying;         /* pools freed while the engine ran, freed by it (guarded by mu) */
-    int n_dying, cap_dying;
     tl_cache_stats st;       /* counters (the block fields are filled on read) */
 } tl_sched;
 
@@ -75,6 +87,17 @@ void tl_sched_free(tl_model *m);
 int tl_sched_step(tl_model *m);
 /* Statistics computed now (the caller holds compute_mu). */
 void tl_sched_stats_now(const tl_model *m, tl_cache_stats *o);
+
+/* Applies the queued messages in order (the caller holds compute_mu, or no
+ * engine thread runs). */
+void tl_sched_apply_msgs(tl_model *m);
+/* Queues msg for the engine thread and returns 1, or returns 0 with
+ * nothing queued when no engine thread runs (the caller applies it
+ * itself); TL_ERR_NOMEM when the queue cannot grow. */
+int tl_sched_post_msg(tl_model *m, const tl_sched_msg *msg);
+/* pool.c: frees the pool now (the caller holds compute_mu, or no engine
+ * thread runs). */
+void tl_pool_free_now(tl_pool *pool);
 
 /* engine.c: compute lock for calls that touch the KV pool or tree while an
  * engine thread may be stepping; waits for a step boundary. */
@@ -100,11 +123,6 @@ tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window,
 int tl_sched_check_tokens(const tl_model *m, const int32_t *tokens, int n);
 int tl_sched_check_prompt(const tl_model *m, const int32_t *prompt, int n_prompt, int max_tokens);
 
-/* Hands pool to the engine thread to free between steps; 0 when no engine
- * runs (or no memory): the caller frees it under the compute lock. */
-int tl_sched_defer_pool_free(tl_model *m, tl_pool *pool);
-/* pool.c: frees a pool; the caller holds the compute lock. */
-void tl_pool_free_held(tl_pool *pool);
 void tl_sched_attach_pool(tl_model *m, tl_pool *pool);
 void tl_sched_detach_pool(tl_model *m, tl_pool *pool);
 /* pool.c: the argument checks of register and register_submit (binds the

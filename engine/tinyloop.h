@@ -238,15 +238,21 @@ int tl_request_get_info(const tl_model *model, int64_t id, tl_request_info *out)
  * on every call on the model may come from any thread: submit, take,
  * cancel, release and get_info never wait for a forward pass (they take a
  * short lock); tl_model_get_stats reads a snapshot published after each
- * step; the synchronous calls (generate, generate_with_pool, register,
+ * step; tl_model_set_tenant_budget and tl_pool_free post a message the
+ * engine applies at its next step boundary, and tl_engine_notify_attach
+ * waits at most for one non-blocking write, so they do not wait either;
+ * the synchronous calls (generate, generate_with_pool, register,
  * prefix handles) wait for the engine. tl_model_step is refused.
  *
  * After each step the engine writes the 8-byte id (int64, host order) of
  * every request with news (new tokens or an end) to the notification
  * descriptor; the reader then pulls with tl_request_take. If the reader
  * falls behind and the pipe is full, ids are dropped: poll what you wait
- * for now and then. Admission queues requests while KV blocks are short;
- * more than max_queue waiting requests make submit fail with TL_ERR_BUSY. */
+ * for now and then. Admission reserves the KV blocks a request may need
+ * through max_tokens next to what running requests may still take, and
+ * queues requests that do not fit, so none runs out of KV half-way (one
+ * that cannot fit even alone fails with TL_ERR_KV_FULL before it
+ * generates); more than max_queue waiting requests make submit fail with TL_ERR_BUSY. */
 
 int tl_engine_start(tl_model *model, int max_queue);   /* max_queue <= 0: 1024 */
 /* Stops the thread after its current step; requests stay and can be
@@ -256,7 +262,9 @@ void tl_engine_stop(tl_model *model);
 int tl_engine_notify_fd(const tl_model *model);
 /* Also writes the ids to fd (e.g. a connected AF_UNIX socket an nginx
  * cosocket reads; the caller sets O_NONBLOCK). The engine keeps its own
- * dup of fd and closes it in tl_engine_stop; fd < 0 detaches. Returns
+ * dup of fd (the caller may close fd at once) and closes it in
+ * tl_engine_stop; fd < 0 detaches (no write reaches the old descriptor
+ * after the call returns). Never waits for a step. Returns
  * TL_ERR_STATE without a running engine. */
 int tl_engine_notify_attach(tl_model *model, int fd);
 
@@ -277,6 +285,8 @@ int tl_engine_notify_attach(tl_model *model, int fd);
 enum tl_pool_policy { TL_POOL_EVICT_SHORTEST = 0, TL_POOL_EVICT_LRU = 1, TL_POOL_EVICT_COST = 2 };
 
 int tl_pool_new(int capacity, tl_pool **out);
+/* The handle is invalid once this returns; with an engine thread running
+ * on its model the entries are unpinned at the next step boundary. */
 void tl_pool_free(tl_pool *pool);
 int tl_pool_size(const tl_pool *pool);
 int64_t tl_pool_total_cached_tokens(const tl_pool *pool);
@@ -365,7 +375,9 @@ int tl_model_set_evict_weights(tl_model *model, double recency, double hits, dou
  * its own unpinned cache entries evicted first, so one tenant's burst does
  * not flush another tenant's cache; pinned entries are never evicted. Any
  * tenant id >= 0 works; the engine keeps an entry only while the tenant has
- * a budget or cached blocks. */
+ * a budget or cached blocks. With an engine thread the budget applies at the
+ * next step boundary (the call returns at once; if memory for it runs out
+ * then, the old budget stays); without one, before the call returns. */
 int tl_model_set_tenant_budget(tl_model *model, int tenant, int max_blocks);
 
 /* One radix-tree node, for policies, shadow eviction and the REPL. */

@@ -148,9 +148,13 @@ local function tid_of(id, budget)
         n_tids = n_tids % 2147483646 + 1
         t = { tid = n_tids }
         tids:set(id, t)
-        if budget and budget > 0 and model then
-            C.tl_model_set_tenant_budget(model.h, t.tid, budget)
-            t.budget = budget
+        if type(budget) == "number" and budget > 0 and model then
+            -- posts a message the engine applies between steps: never waits for one
+            if C.tl_model_set_tenant_budget(model.h, t.tid, math.min(math.floor(budget), 2 ^ 31 - 1)) ~= 0 then
+                ngx_log(ngx.WARN, "tinyloop: kv_budget of tenant ", id, ": ", require("tinyloop.lib").last_error())
+            else
+                t.budget = budget
+            end
         end
     end
     return t.tid
@@ -367,6 +371,7 @@ end
 -- model_retry_min / model_retry_max (seconds between load attempts after a
 -- failure: doubling from 1 up to 30), max_tenants (tenants this worker keeps
 -- ids and pinned system prompts for, least recently used dropped; 1024).
+-- request_timeout (seconds from arrival to the last token; 600).
 -- $TINYLOOP_MAX_QUEUE and $TINYLOOP_KV_MEM override max_queue and kv_mem.
 function _M.init_worker(opts)
     opts = opts or {}
@@ -496,16 +501,16 @@ local function fill_params(o, tenant)
 end
 
 
--- Longest stop string found in text -> its start, or nil.
+-- The first stop string found in text -> its start and length, or nil.
 local function find_stop(text, stops, from)
-    local best
+    local best, len
     for i = 1, #stops do
         local a = text:find(stops[i], from, true)
-        if a and (not best or a < best) then
-            best = a
+        if a and (not best or a < best or (a == best and #stops[i] < len)) then
+            best, len = a, #stops[i]
         end
     end
-    return best
+    return best, len
 end
 
 
@@ -527,6 +532,7 @@ local function run(r)
     end
     local n_tok, last, first = 0, nil, true
     local all = ""
+    local raw = 0          -- bytes of every piece so far (all, then pending)
     local deadline = r.t0 + (cfg.request_timeout or 600)
     while true do
         local n, fin_or_err, rc = engine:take(id, tok_buf, TOK_CAP)
@@ -546,10 +552,15 @@ local function run(r)
                 end
             end
             last = now
-            local parts = {}
+            local parts, ends = {}, {}
+            local raw_before = raw
             for i = 0, n - 1 do
-                parts[#parts + 1] = model:piece(tok_buf[i])
+                local piece = model:piece(tok_buf[i])
+                parts[i + 1] = piece
+                raw = raw + #piece
+                ends[i + 1] = raw
             end
+            local n_before = n_tok
             n_tok = n_tok + n
             pending = pending .. concat(parts)
             local k = C.tl_utf8_complete_prefix(pending, #pending)
@@ -558,8 +569,18 @@ local function run(r)
             if r.stop then
                 local before = #all
                 all = all .. out
-                local at = find_stop(all, r.stop, math.max(1, before - hold))
+                local at, len = find_stop(all, r.stop, math.max(1, before - hold))
                 if at then
+                    -- usage counts the tokens up to the one that completes
+                    -- the stop string, not those the engine made after it
+                    local stop_end, upto = at + len - 1, 0
+                    if stop_end > raw_before then
+                        upto = 1
+                        while ends[upto] < stop_end do
+                            upto = upto + 1
+                        end
+                    end
+                    n_tok = n_before + upto
                     out = all:sub(before + 1, at - 1)
                     if at - 1 < before then
                         -- the stop began inside held-back text
@@ -595,7 +616,8 @@ local function run(r)
         end
         if ngx_now() > deadline then
             engine:cancel(id)
-            r.error = "request timed out"
+            r.error = format("request timed out after %g s", cfg.request_timeout or 600)
+            r.timed_out = true
             break
         end
         sema:wait(1)
@@ -615,6 +637,23 @@ local function run(r)
     else
         r.finish = r.stopped and "stop" or "length"
     end
+end
+
+
+-- The HTTP status, code and param of a failed generation (r.error set).
+-- KV exhaustion is 503 (retry later) unless the request could not fit
+-- even alone (then 400: lower max_tokens); the request timeout is 504.
+local function failure_status(r)
+    if r.timed_out then
+        return 504, "request_timeout"
+    end
+    if r.error_rc == eng.ERR_KV_FULL then
+        if (r.n_completion or 0) == 0 and r.error:find("nothing else running", 1, true) then
+            return 400, "kv_capacity_exceeded", "max_tokens"
+        end
+        return 503, "kv_cache_full"
+    end
+    return 500, "engine_error"
 end
 
 
@@ -654,7 +693,9 @@ local function generate(endpoint, chat)
     local n = #ids
     local msl = model.max_seq_len
     if o.max_tokens_default then
-        o.max_tokens = math.max(1, min(tenant.max_tokens or cfg.max_tokens_cap, cfg.max_tokens_cap, msl - n))
+        -- completions default to OpenAI's 16; chat (unlimited at OpenAI) to the cap
+        o.max_tokens = math.max(1, min(o.max_tokens or cfg.max_tokens_cap, tenant.max_tokens or cfg.max_tokens_cap,
+            cfg.max_tokens_cap, msl - n))
     elseif tenant.max_tokens and o.max_tokens > tenant.max_tokens then
         return fail(endpoint, 400, format("Invalid value for 'max_tokens': %d exceeds this tenant's limit of %d.",
             o.max_tokens, tenant.max_tokens), "max_tokens", "invalid_value")
@@ -719,8 +760,25 @@ local function generate(endpoint, chat)
         ngx_log(ERR, "tinyloop: request failed: ", err)
         r.error = tostring(err)
     end
-    if r.error and not (o.stream and r.first_sent) then
-        return fail(endpoint, 500, "generation failed: " .. r.error, nil, "engine_error")
+    if r.error then
+        -- A failure is never reported as a success: before the first byte
+        -- an error status; mid-stream (the 200 header is gone) an error
+        -- event in the OpenAI shape and no [DONE]. Both count as failed.
+        local status, code, param = failure_status(r)
+        local msg = "generation failed: " .. r.error
+        metrics.inc(format('tinyloop_requests_failed_total{endpoint="%s",reason="%s"}', endpoint, code))
+        if not (o.stream and r.first_sent) then
+            return fail(endpoint, status, msg, param, code,
+                status == 503 and { ["Retry-After"] = cfg.retry_after } or nil)
+        end
+        metrics.request(endpoint, status)
+        metrics.inc("tinyloop_completion_tokens_total", r.n_completion)
+        ngx_print("data: ", oa.error_body(status, msg, param, code), "\n\n")
+        ngx_flush(true)
+        return
+    end
+    if r.stopped then
+        metrics.inc("tinyloop_stop_string_finishes_total")
     end
     metrics.inc("tinyloop_prompt_tokens_total", r.n_prompt)
     metrics.inc("tinyloop_completion_tokens_total", r.n_completion)

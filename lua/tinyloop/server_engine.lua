@@ -30,6 +30,7 @@ local mt = { __index = _M }
 
 _M.ERR_BUSY = -10
 _M.ERR_TOO_LONG = -7
+_M.ERR_KV_FULL = -6
 _M.ERR_INVALID_ARG = -1
 
 pcall(ffi.cdef, [[

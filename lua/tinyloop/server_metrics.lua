@@ -67,7 +67,10 @@ local HELP = {
     tinyloop_prompt_tokens_total = { "counter", "Prompt tokens of finished requests." },
     tinyloop_completion_tokens_total = { "counter", "Generated tokens returned to clients." },
     tinyloop_cached_prompt_tokens_total = { "counter", "Prompt tokens served from the prefix cache." },
-    tinyloop_requests_cancelled_total = { "counter", "Requests cancelled (client gone, stop string)." },
+    tinyloop_requests_cancelled_total = { "counter", "Requests cancelled because the client went away." },
+    tinyloop_stop_string_finishes_total = { "counter", "Requests that ended at one of their stop strings." },
+    tinyloop_requests_failed_total = { "counter",
+        "Generation requests that failed after submission, by endpoint and reason (streams end with an error event)." },
     tinyloop_requests_rejected_total = { "counter", "Requests refused with 503 (queue full)." },
 }
 

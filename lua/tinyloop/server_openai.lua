@@ -17,7 +17,7 @@ local json_encode = cjson.encode
 local ERR_TYPES = {
     [400] = "invalid_request_error", [401] = "invalid_request_error", [404] = "invalid_request_error",
     [405] = "invalid_request_error", [413] = "invalid_request_error", [429] = "rate_limit_error",
-    [500] = "server_error", [503] = "server_error",
+    [500] = "server_error", [503] = "server_error", [504] = "server_error",
 }
 
 
