@@ -122,7 +122,7 @@ end
 M.alive = alive
 
 
--- start{ name, conf = path of a template, port, env = { K = V }, subst = { {from, to} } }
+-- start{ name, conf = path of a template, port, env = { K = V }, subst = { {from, to} }, bare }
 -- -> server { name, port, pid, prefix, env, user } | nil, err. Waits for /health (engine) or the port.
 -- The prefix comes from tests/tools/nginx_prefix.sh, which makes the checkout
 -- readable by the workers from any directory (see there); env values that are
@@ -138,8 +138,11 @@ function M.start(o)
             args[#args + 1] = string.format("'%s=%s'", k, env[k])
         end
     end
-    local p = io.popen(string.format("sh '%s/tests/tools/nginx_prefix.sh' '%s' '%s' %s",
-        M.ROOT, M.ROOT, prefix, table.concat(args, " ")))
+    -- bare: an installed tree (test_install.lua): the prefix gets logs/ and
+    -- tmp/ only, and the conf names where the code is.
+    local p = io.popen(o.bare and string.format("mkdir -p '%s/logs' '%s/tmp' && chmod 755 '%s'", prefix, prefix, prefix)
+        or string.format("sh '%s/tests/tools/nginx_prefix.sh' '%s' '%s' %s",
+            M.ROOT, M.ROOT, prefix, table.concat(args, " ")))
     local user_line = ""
     for line in p:lines() do
         local u = line:match("^user (.+)$")
