@@ -148,6 +148,11 @@ repl: deps all
 deps:
 	@sh tests/deps.sh
 
+# A bounded soak of one engine (loopback, stories260K): SOAK_SECONDS (150),
+# SOAK_CLIENTS (64); prints requests/s, TTFT p50/p99, errors by kind.
+soak: deps all
+	timeout 660 luajit tests/tools/soak.lua
+
 # make install [PREFIX=/usr/local] [DESTDIR=]: the library, header, tinyloop.pc,
 # the CLI, the Lua modules where LuaJIT/OpenResty look (LUADIR), the policies
 # and examples (DATADIR). With the default layout tinyloop.lib finds the

@@ -86,7 +86,8 @@ local function serve_once(tag, tree, model, want_user)
     local P = private_lib(tree, model)
     local port = T.free_port()
     local srv, err = P.start{ name = tag, conf = tree .. "/examples/nginx.conf", port = port,
-        env = { TINYLOOP_MODEL = model, TINYLOOP_MAX_SEQ_LEN = 256, TINYLOOP_INSTANCE = tag, TINYLOOP_BACKEND = "cpu" } }
+        env = { TINYLOOP_MODEL = model, TINYLOOP_MAX_SEQ_LEN = 256, TINYLOOP_INSTANCE = tag,
+            TINYLOOP_BACKEND = "cpu" } }
     if not check(tag .. ": the engine starts and /health answers 200", srv, err) then
         P.stop_all()
         return
@@ -95,8 +96,8 @@ local function serve_once(tag, tree, model, want_user)
     local uids = worker_uids(srv.pid)
     check(tag .. ": no worker runs as root", no_root_worker(uids), table.concat(uids, ","))
     if want_user then
-        check(tag .. ": the workers run as " .. want_user, srv.user == "user " .. want_user .. " " .. want_user .. ";\n",
-            srv.user)
+        local want = "user " .. want_user .. " " .. want_user .. ";\n"
+        check(tag .. ": the workers run as " .. want_user, srv.user == want, srv.user)
     else
         check(tag .. ": nginx.conf sets no user (nobody)", srv.user == "", srv.user)
     end
@@ -111,8 +112,8 @@ local function serve_sh_once(tag, dir, tree, model, as_user)
     local log = dir .. "/serve-" .. tag .. ".log"
     local pidfile = dir .. "/serve-" .. tag .. ".pid"
     local run = as_user and string.format("setpriv --reuid=%s --regid=%s --init-groups -- ", as_user, as_user) or ""
-    sh(string.format("sh -c 'echo $$ > %s; exec env MODEL=%s PORT=%d TINYLOOP_BACKEND=cpu MAX_SEQ_LEN=256 %s sh %s/tests/tools/serve.sh' >%s 2>&1 &",
-        pidfile, model, port, run, tree, log))
+    sh(string.format("sh -c 'echo $$ > %s; exec env MODEL=%s PORT=%d TINYLOOP_BACKEND=cpu MAX_SEQ_LEN=256 "
+        .. "%s sh %s/tests/tools/serve.sh' >%s 2>&1 &", pidfile, model, port, run, tree, log))
     local pid
     for _ = 1, 100 do
         pid = tonumber(T.read(pidfile) or "")
