@@ -140,11 +140,16 @@ function M.start(o)
     end
     -- bare: an installed tree (test_install.lua): the prefix gets logs/ and
     -- tmp/ only, and the conf names where the code is.
-    local p = io.popen(o.bare and string.format("mkdir -p '%s/logs' '%s/tmp' && chmod 755 '%s'", prefix, prefix, prefix)
-        or string.format("sh '%s/tests/tools/nginx_prefix.sh' '%s' '%s' %s",
-            M.ROOT, M.ROOT, prefix, table.concat(args, " ")))
+    local setup = prefix .. "/setup.out"
+    local ok = os.execute(o.bare and string.format("mkdir -p '%s/logs' '%s/tmp' && chmod 755 '%s' >'%s'",
+        prefix, prefix, prefix, setup)
+        or string.format("sh '%s/tests/tools/nginx_prefix.sh' '%s' '%s' %s >'%s'",
+            M.ROOT, M.ROOT, prefix, table.concat(args, " "), setup))
+    if not (ok == true or ok == 0) then
+        return nil, "nginx_prefix.sh failed for " .. prefix
+    end
     local user_line = ""
-    for line in p:lines() do
+    for line in (read(setup) or ""):gmatch("[^\n]+") do
         local u = line:match("^user (.+)$")
         local k, v = line:match("^([%w_]+)=(.*)$")
         if u then
@@ -152,9 +157,6 @@ function M.start(o)
         elseif k then
             env[k] = v
         end
-    end
-    if not p:close() then
-        return nil, "nginx_prefix.sh failed for " .. prefix
     end
     local conf = user_line .. assert(read(o.conf))
     conf = conf:gsub("listen 127%.0%.0%.1:%d+", "listen 127.0.0.1:" .. o.port, 1)

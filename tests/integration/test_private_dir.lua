@@ -59,15 +59,16 @@ end
 
 
 -- A copy of what serving needs (lua/, the library, examples, the tools and
--- the test library) and the model as ../shared, under a fresh 0700 directory.
+-- the test library) and the model as ../shared, under a fresh 0700 directory;
+-- the model's own mode is 0600 (a hard link would not make it readable).
 local function private_copy()
     local dir = assert(stdlib.mkdtemp((os.getenv("TMPDIR") or "/tmp") .. "/tl-private.XXXXXX"))
     local tree = dir .. "/tinyloop"
     local ok = sh(string.format("chmod 700 '%s' && mkdir -p '%s/build' '%s/tests/integration' '%s/shared/models'"
         .. " && cp -R '%s/lua' '%s/examples' '%s/' && cp '%s/build/libtinyloop.so' '%s/build/'"
         .. " && cp -R '%s/tests/tools' '%s/tests/' && cp '%s/tests/integration/lib.lua' '%s/tests/integration/'"
-        .. " && cp '%s' '%s/shared/models/model.gguf'",
-        dir, tree, tree, dir, T.ROOT, T.ROOT, tree, T.ROOT, tree, T.ROOT, tree, T.ROOT, tree, T.MODEL, dir))
+        .. " && cp '%s' '%s/shared/models/model.gguf' && chmod 600 '%s/shared/models/model.gguf'",
+        dir, tree, tree, dir, T.ROOT, T.ROOT, tree, T.ROOT, tree, T.ROOT, tree, T.ROOT, tree, T.MODEL, dir, dir))
     assert(ok, "cannot copy the tree into " .. dir)
     return dir, tree, dir .. "/shared/models/model.gguf"
 end

@@ -62,11 +62,13 @@ if [ -n "${TINYLOOP_WORKER_USER:-}" ]; then
 fi
 
 # can_read USER PATH...: every PATH readable by USER (with its groups).
+# (sh has no locals: the loop variable must not be one the callers use.)
 can_read() {
-    u=$1
+    cr_user=$1
     shift
-    for p in "$@"; do
-        setpriv --reuid="$u" --regid="$(id -g "$u")" --init-groups -- test -r "$p" 2>/dev/null || return 1
+    for cr_path in "$@"; do
+        setpriv --reuid="$cr_user" --regid="$(id -g "$cr_user")" --init-groups -- test -r "$cr_path" 2>/dev/null \
+            || return 1
     done
 }
 
