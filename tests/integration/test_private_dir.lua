@@ -94,6 +94,9 @@ local function serve_once(tag, tree, model, want_user)
         return
     end
     check(tag .. ": a completion is served", completion(port))
+    local models = T.request(port, "GET", "/v1/models", nil, nil, 5)
+    local id = models and models.json and models.json.data and models.json.data[1] and models.json.data[1].id
+    check(tag .. ": the model keeps its name (/v1/models)", id == "model", models and models.body)
     local uids = worker_uids(srv.pid)
     check(tag .. ": no worker runs as root", no_root_worker(uids), table.concat(uids, ","))
     if want_user then

@@ -21,7 +21,7 @@
 #   2. the checkout's owner (not root) reads everything -> "user OWNER GROUP"
 #   3. otherwise a staged copy: lua/ and build/libtinyloop*.so copied into
 #      PREFIX, and each unreadable file hard-linked (or copied) into
-#      PREFIX/files with mode 0644; edits to the originals (policy hot reload)
+#      PREFIX/files/NAME/ with mode 0644; edits to the originals (policy hot reload)
 #      are then not seen.
 # TINYLOOP_WORKER_USER=NAME (e.g. root) skips the choice: "user NAME GROUP"
 # with symlinks, for a private checkout whose policies must hot-reload.
@@ -121,9 +121,10 @@ for a in "$@"; do
         echo "$name=$PREFIX/lua/${p#"$ROOT"/lua/}"
         continue ;;
     esac
-    mkdir -p "$PREFIX/files"
-    chmod 755 "$PREFIX/files"
-    dst="$PREFIX/files/$name-$(basename "$p")"
+    # One folder per variable keeps the file's name (the model's id is its basename).
+    mkdir -p "$PREFIX/files/$name"
+    chmod 755 "$PREFIX/files" "$PREFIX/files/$name"
+    dst="$PREFIX/files/$name/$(basename "$p")"
     # A hard link costs nothing for a large model, but keeps the file's own
     # mode: it must be readable by others, else a copy.
     if ! { ln "$p" "$dst" 2>/dev/null && can_read nobody "$dst"; }; then
