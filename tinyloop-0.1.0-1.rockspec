@@ -19,6 +19,8 @@ An inference engine in C (GGUF models, a radix-tree prefix cache, a
 continuous-batching scheduler) with LuaJIT FFI bindings and an
 OpenAI-compatible server embedded in OpenResty/nginx.]],
     homepage = "https://github.com/tinyloop/tinyloop",
+    -- No license field: the project has not declared one (`luarocks lint`
+    -- asks for it; `luarocks make` does not).
 }
 dependencies = {
     "lua == 5.1",
