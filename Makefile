@@ -21,7 +21,7 @@ DEFAULT_MODEL := $(or $(TINYLOOP_MODELS),$(HOME)/.cache/tinyloop/models)/gemma-3
 MODEL   ?= $(DEFAULT_MODEL)
 SMALL_MODEL := ../shared/models/stories260K.gguf
 
-.PHONY: all test test-c test-asan fuzz bench run repl serve model clean deps
+.PHONY: all test test-c test-asan fuzz bench run repl serve model clean deps install uninstall soak
 all: build/libtinyloop.so build/libtinyloop.a bin/tinyloop $(TOOLS) lua/tinyloop/cdef.lua
 
 # The CUDA kernels (build/libtinyloop-cuda.so, `make test-cuda`) when nvcc
@@ -147,6 +147,47 @@ repl: deps all
 
 deps:
 	@sh tests/deps.sh
+
+# A bounded soak of one engine (loopback, stories260K): SOAK_SECONDS (150),
+# SOAK_CLIENTS (64); prints requests/s, TTFT p50/p99, errors by kind.
+soak: deps all
+	timeout 660 luajit tests/tools/soak.lua
+
+# make install [PREFIX=/usr/local] [DESTDIR=]: the library, header, tinyloop.pc,
+# the CLI, the Lua modules where LuaJIT/OpenResty look (LUADIR), the policies
+# and examples (DATADIR). With the default layout tinyloop.lib finds the
+# library from the Lua files (LUADIR/../../../../lib), so a DESTDIR tree works
+# where it lies. The rockspec (tinyloop-*.rockspec) calls this with its dirs.
+PREFIX     ?= /usr/local
+BINDIR     ?= $(PREFIX)/bin
+LIBDIR     ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+LUADIR     ?= $(PREFIX)/share/lua/5.1
+DATADIR    ?= $(PREFIX)/share/tinyloop
+INSTALL_LUA  = $(sort $(wildcard lua/tinyloop/*.lua lua/tinyloop/*/*.lua) lua/tinyloop/cdef.lua)
+INSTALL_DATA = $(wildcard lua/policies/*.lua examples/*.conf examples/*.lua examples/README.md examples/policies/*)
+
+install: build/libtinyloop.so build/libtinyloop.a bin/tinyloop lua/tinyloop/cdef.lua
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR)/pkgconfig $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(DATADIR)
+	install -m 755 bin/tinyloop $(DESTDIR)$(BINDIR)/tinyloop
+	install -m 755 build/libtinyloop.so $(DESTDIR)$(LIBDIR)/libtinyloop.so
+	if [ -f build/libtinyloop-cuda.so ]; then install -m 755 build/libtinyloop-cuda.so $(DESTDIR)$(LIBDIR)/; fi
+	install -m 644 build/libtinyloop.a $(DESTDIR)$(LIBDIR)/libtinyloop.a
+	install -m 644 engine/tinyloop.h $(DESTDIR)$(INCLUDEDIR)/tinyloop.h
+	sed -e 's#^prefix=.*#prefix=$(PREFIX)#' -e 's#^libdir=.*#libdir=$(LIBDIR)#' \
+	    -e 's#^includedir=.*#includedir=$(INCLUDEDIR)#' \
+	    bindings/tinyloop.pc > $(DESTDIR)$(LIBDIR)/pkgconfig/tinyloop.pc
+	for f in $(INSTALL_LUA); do install -D -m 644 $$f $(DESTDIR)$(LUADIR)/$${f#lua/}; done
+	for f in $(INSTALL_DATA); do install -D -m 644 $$f $(DESTDIR)$(DATADIR)/$${f#lua/}; done
+	sed -e 's#^\( *lua_package_path \).*#\1"$(LUADIR)/?.lua;$(LUADIR)/?/init.lua;;";#' \
+	    examples/nginx.conf > $(DESTDIR)$(DATADIR)/examples/nginx.conf
+	sed -e 's#^\( *lua_package_path \).*#\1"$(LUADIR)/?.lua;$(LUADIR)/?/init.lua;;";#' \
+	    examples/nginx-front.conf > $(DESTDIR)$(DATADIR)/examples/nginx-front.conf
+
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/tinyloop $(DESTDIR)$(LIBDIR)/libtinyloop.so $(DESTDIR)$(LIBDIR)/libtinyloop-cuda.so \
+	    $(DESTDIR)$(LIBDIR)/libtinyloop.a $(DESTDIR)$(LIBDIR)/pkgconfig/tinyloop.pc $(DESTDIR)$(INCLUDEDIR)/tinyloop.h
+	rm -rf $(DESTDIR)$(LUADIR)/tinyloop $(DESTDIR)$(DATADIR)
 
 clean:
 	rm -rf build bin lua/tinyloop/cdef.lua

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the Debian packages tinyloop's build and tests need, when run as
 # root; otherwise prints the one apt-get line to run. Quiet when all present.
-PKGS="gcc g++ make libc6-dev clang libclang-rt-14-dev libpcre2-dev python3 python3-pip luajit2 lua-busted lua-cjson lua-check lua-readline tmux nginx libnginx-mod-http-lua lua-resty-core lua-posix"
+PKGS="gcc g++ make libc6-dev clang libclang-rt-14-dev libpcre2-dev python3 python3-pip luajit2 lua-busted lua-cjson lua-check lua-readline pkg-config tmux nginx libnginx-mod-http-lua lua-resty-core lua-posix"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

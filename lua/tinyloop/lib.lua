@@ -9,8 +9,11 @@
 -- Search order when no library is loaded yet: the explicit path given to
 -- load(), $TINYLOOP_LIB, build/libtinyloop.so of the source tree this file
 -- sits in (../../build relative to lua/tinyloop/), libtinyloop.so next to
--- this file, then the system library path (ffi.load("tinyloop")). A failure
--- lists every path tried and why each failed.
+-- this file, the `make install` layout (PREFIX/lib from
+-- PREFIX/share/lua/5.1/tinyloop/, so a DESTDIR copy works where it lies),
+-- package.cpath (a LuaRocks tree's lib/lua/5.1), then the system library
+-- path (ffi.load("tinyloop")). A failure lists every path tried and why
+-- each failed.
 local ffi = require "ffi"
 
 local ffi_string = ffi.string
@@ -72,6 +75,11 @@ function _M.candidates(explicit)
     if dir then
         list[#list + 1] = { "source tree", dir .. "/../../build/libtinyloop.so" }
         list[#list + 1] = { "next to the Lua files", dir .. "/libtinyloop.so" }
+        list[#list + 1] = { "installed prefix", dir .. "/../../../../lib/libtinyloop.so" }
+    end
+    local rock = package.searchpath("libtinyloop", package.cpath)
+    if rock then
+        list[#list + 1] = { "package.cpath", rock }
     end
     list[#list + 1] = { "system library path", nil }
     return list

@@ -122,20 +122,50 @@ end
 M.alive = alive
 
 
--- start{ name, conf = path of a template, port, env = { K = V }, subst = { {from, to} } }
--- -> server { name, port, pid, prefix } | nil, err. Waits for /health (engine) or the port.
+-- start{ name, conf = path of a template, port, env = { K = V }, subst = { {from, to} }, bare }
+-- -> server { name, port, pid, prefix, env, user } | nil, err. Waits for /health (engine) or the port.
+-- The prefix comes from tests/tools/nginx_prefix.sh, which makes the checkout
+-- readable by the workers from any directory (see there); env values that are
+-- paths of files may come back staged.
 function M.start(o)
     local prefix = M.tmpdir() .. "/" .. o.name
-    os.execute(string.format("rm -rf '%s' && mkdir -p '%s/logs' '%s/tmp' && ln -s '%s/lua' '%s/build' '%s/'",
-        prefix, prefix, prefix, M.ROOT, M.ROOT, prefix))
-    local conf = assert(read(o.conf))
+    os.execute(string.format("rm -rf '%s' && mkdir -p '%s'", prefix, prefix))
+    local env = {}
+    local args = {}
+    for k, v in pairs(o.env or {}) do
+        env[k] = tostring(v)
+        if env[k]:sub(1, 1) == "/" then
+            args[#args + 1] = string.format("'%s=%s'", k, env[k])
+        end
+    end
+    -- bare: an installed tree (test_install.lua): the prefix gets logs/ and
+    -- tmp/ only, and the conf names where the code is.
+    local setup = prefix .. "/setup.out"
+    local ok = os.execute(o.bare and string.format("mkdir -p '%s/logs' '%s/tmp' && chmod 755 '%s' >'%s'",
+        prefix, prefix, prefix, setup)
+        or string.format("sh '%s/tests/tools/nginx_prefix.sh' '%s' '%s' %s >'%s'",
+            M.ROOT, M.ROOT, prefix, table.concat(args, " "), setup))
+    if not (ok == true or ok == 0) then
+        return nil, "nginx_prefix.sh failed for " .. prefix
+    end
+    local user_line = ""
+    for line in (read(setup) or ""):gmatch("[^\n]+") do
+        local u = line:match("^user (.+)$")
+        local k, v = line:match("^([%w_]+)=(.*)$")
+        if u then
+            user_line = "user " .. u .. ";\n"
+        elseif k then
+            env[k] = v
+        end
+    end
+    local conf = user_line .. assert(read(o.conf))
     conf = conf:gsub("listen 127%.0%.0%.1:%d+", "listen 127.0.0.1:" .. o.port, 1)
     for _, s in ipairs(o.subst or {}) do
         conf = conf:gsub(s[1], s[2])
     end
     write(prefix .. "/nginx.conf", conf)
     local envs = {}
-    for k, v in pairs(o.env or {}) do
+    for k, v in pairs(env) do
         envs[#envs + 1] = string.format("%s='%s'", k, v)
     end
     local cmd = string.format("env %s nginx -p '%s' -c '%s/nginx.conf' >'%s/logs/start.log' 2>&1",
@@ -154,7 +184,7 @@ function M.start(o)
     if not pid then
         return nil, "no pid file in " .. prefix
     end
-    local srv = { name = o.name, port = o.port, pid = pid, prefix = prefix }
+    local srv = { name = o.name, port = o.port, pid = pid, prefix = prefix, env = env, user = user_line }
     servers[#servers + 1] = srv
     local path = o.health or "/health"
     local deadline = M.now() + 20

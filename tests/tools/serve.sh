@@ -15,13 +15,23 @@ command -v nginx >/dev/null || { echo "serve.sh: nginx not installed (sh tests/d
 MODEL=$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")
 PREFIX=$(mktemp -d "${TMPDIR:-/tmp}/tinyloop-serve.XXXXXX")
 trap 'rm -rf "$PREFIX"' EXIT INT TERM
-chmod 755 "$PREFIX"   # nginx workers run as nobody when started by root
-mkdir -p "$PREFIX/logs" "$PREFIX/tmp"
-ln -s "$ROOT/lua" "$ROOT/build" "$PREFIX/"
-sed -e "s/127\.0\.0\.1:8080/127.0.0.1:$PORT/" -e 's/^daemon on;/daemon off;/' \
-    -e 's#^error_log logs/error.log warn;#error_log stderr warn;#' \
-    "$ROOT/examples/nginx.conf" > "$PREFIX/nginx.conf"
-export TINYLOOP_MODEL="$MODEL"
+# Workers started by root run as nobody: nginx_prefix.sh makes the checkout,
+# the model and the tenant files readable to them (or picks the owner).
+set -- "TINYLOOP_MODEL=$MODEL"
+for v in TINYLOOP_TENANTS TINYLOOP_TENANTS_POLICY; do
+    eval "p=\${$v:-}"
+    [ -n "$p" ] && set -- "$@" "$v=$(cd "$(dirname "$p")" && pwd)/$(basename "$p")"
+done
+SETUP=$(sh "$ROOT/tests/tools/nginx_prefix.sh" "$ROOT" "$PREFIX" "$@")
+while IFS= read -r line; do
+    case $line in TINYLOOP_*=*) export "$line" ;; esac
+done <<EOF
+$SETUP
+EOF
+{ echo "$SETUP" | sed -n 's/^user \(.*\)$/user \1;/p'
+  sed -e "s/127\.0\.0\.1:8080/127.0.0.1:$PORT/" -e 's/^daemon on;/daemon off;/' \
+    -e 's#^error_log logs/error.log warn;#error_log stderr warn;#' "$ROOT/examples/nginx.conf"
+} > "$PREFIX/nginx.conf"
 export TINYLOOP_MAX_SEQ_LEN="${MAX_SEQ_LEN:-}"
 export TINYLOOP_INSTANCE="${INSTANCE:-serve}"
 URL="http://127.0.0.1:$PORT"
