@@ -165,8 +165,8 @@ local ok_run, run_err = pcall(function()
     err_case("a hex number is not JSON: 400", 400, '{"prompt":"hi","max_tokens":0x10}', nil, "invalid_json")
     err_case("a temperature of 1e999 (inf) is 400 naming temperature", 400,
         '{"prompt":"hi","max_tokens":4,"temperature":1e999}', "temperature")
-    err_case("top_k 1e15 is 400 naming top_k (no wrap in the C int)", 400, '{"prompt":"hi","max_tokens":4,"top_k":1e15}',
-        "top_k")
+    err_case("top_k 1e15 is 400 naming top_k (no wrap in the C int)", 400,
+        '{"prompt":"hi","max_tokens":4,"top_k":1e15}', "top_k")
     err_case("max_tokens 2^31 is 400 naming max_tokens", 400, '{"prompt":"hi","max_tokens":2147483648}', "max_tokens")
     err_case("top_k 1.5 is 400 naming top_k", 400, '{"prompt":"hi","max_tokens":4,"top_k":1.5}', "top_k")
     err_case("a NUL inside chat content is 400 naming the message", 400,
