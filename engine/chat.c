@@ -195,17 +195,19 @@ static void render(int kind, const tl_chat_message *msgs, int n, int add_assista
             mark(b, "\n");
         }
     }
-    if (pending >= 0 && !add_assistant) {
-        /* Trailing system messages: the open first user turn, the text every
-         * conversation starting with them begins with (a pinned prefix). */
+    if (pending >= 0) {
+        /* Trailing system messages: without add_assistant, the open first
+         * user turn, the text every conversation starting with them begins
+         * with (a pinned prefix); with it, a user turn of their own rather
+         * than nothing. */
         if (kind == CHAT_GEMMA) {
             mark(b, "<start_of_turn>user\n");
             put_systems(b, msgs, pending, n);
-            mark(b, "\n\n");
+            mark(b, add_assistant ? "<end_of_turn>\n" : "\n\n");
         } else {
             mark(b, "[INST] <<SYS>>\n");
             put_systems(b, msgs, pending, n);
-            mark(b, "\n<</SYS>>\n\n");
+            mark(b, add_assistant ? "\n<</SYS>>\n\n [/INST]" : "\n<</SYS>>\n\n");
         }
     }
     if (add_assistant) {

@@ -125,9 +125,10 @@ typedef struct tl_chat_message {
  * architecture, else "role: content" lines). add_assistant appends the
  * opening of the assistant's turn. Several system messages are joined by a
  * blank line where the template folds them into the first user turn
- * (Gemma, Llama 2); system messages at the end with add_assistant = 0
- * render as that open user turn, the prefix every conversation starting
- * with them shares. Returns bytes written (NUL added) or -(needed).
+ * (Gemma, Llama 2); system messages at the end render as that user turn
+ * (closed with add_assistant = 1; left open with 0: the prefix every
+ * conversation starting with them shares, for pinning). Returns bytes
+ * written (NUL added) or -(needed).
  * Display only: tokenizing this text with parse_special = 1 turns control
  * texts inside message content into control tokens; use tl_chat_tokenize. */
 int tl_chat_format(const tl_model *model, const tl_chat_message *msgs, int n_msgs, int add_assistant, char *out,

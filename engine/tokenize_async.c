@@ -34,6 +34,7 @@ typedef struct tok_job {
 } tok_job;
 
 struct tl_tokq {
+    tl_model *model;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t thread;
@@ -87,8 +88,8 @@ static void run_job(tl_model *m, tok_job *j) {
 }
 
 static void *tokq_main(void *p) {
-    tl_model *m = p;
-    struct tl_tokq *q = m->tokq;
+    struct tl_tokq *q = p;
+    tl_model *m = q->model;
     pthread_mutex_lock(&q->mu);
     for (;;) {
         tok_job *j = q->head;
@@ -117,25 +118,34 @@ static void *tokq_main(void *p) {
     return NULL;
 }
 
-/* The queue, created (with its thread) on first use. Called with no lock:
- * submit runs on the one thread that owns the model's event loop, and
- * tl_model_close must not race a submit anyway. */
+static struct tl_tokq *tokq_of(const tl_model *m) { return __atomic_load_n(&m->tokq, __ATOMIC_ACQUIRE); }
+
+/* The queue, created (with its thread) on first use. With an engine the
+ * model may be called from any thread, so creation is serialised (once per
+ * model: a process-wide lock is cheap enough). tl_model_close must not
+ * race a submit. */
 static struct tl_tokq *tokq_get(tl_model *m) {
-    if (m->tokq) return m->tokq;
-    struct tl_tokq *q = calloc(1, sizeof *q);
-    if (!q) return NULL;
-    pthread_mutex_init(&q->mu, NULL);
-    pthread_cond_init(&q->cv, NULL);
-    q->next_id = -1;
-    m->tokq = q;
-    if (pthread_create(&q->thread, NULL, tokq_main, m) != 0) {
-        pthread_cond_destroy(&q->cv);
-        pthread_mutex_destroy(&q->mu);
-        free(q);
-        m->tokq = NULL;
-        return NULL;
+    static pthread_mutex_t create_mu = PTHREAD_MUTEX_INITIALIZER;
+    struct tl_tokq *q = tokq_of(m);
+    if (q) return q;
+    pthread_mutex_lock(&create_mu);
+    q = tokq_of(m);
+    if (!q && (q = calloc(1, sizeof *q)) != NULL) {
+        pthread_mutex_init(&q->mu, NULL);
+        pthread_cond_init(&q->cv, NULL);
+        q->next_id = -1;
+        q->model = m;
+        if (pthread_create(&q->thread, NULL, tokq_main, q) != 0) {
+            pthread_cond_destroy(&q->cv);
+            pthread_mutex_destroy(&q->mu);
+            free(q);
+            q = NULL;
+        } else {
+            q->started = 1;
+            __atomic_store_n(&m->tokq, q, __ATOMIC_RELEASE);
+        }
     }
-    q->started = 1;
+    pthread_mutex_unlock(&create_mu);
     return q;
 }
 
@@ -196,7 +206,7 @@ int tl_tokenize_take(tl_model *m, int64_t id, int32_t *out, int cap, int *n_out)
     if (!m || !n_out || cap < 0 || (cap > 0 && !out))
         return tl_set_error(TL_ERR_INVALID_ARG, "tl_tokenize_take: bad arguments (cap %d)", cap);
     *n_out = -1;
-    struct tl_tokq *q = m->tokq;
+    struct tl_tokq *q = tokq_of(m);
     if (!q) return tl_set_error(TL_ERR_INVALID_ARG, "no tokenize job %lld", (long long)id);
     pthread_mutex_lock(&q->mu);
     tok_job *j = find(q, id);
@@ -224,7 +234,7 @@ int tl_tokenize_take(tl_model *m, int64_t id, int32_t *out, int cap, int *n_out)
 
 int tl_tokenize_release(tl_model *m, int64_t id) {
     if (!m) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
-    struct tl_tokq *q = m->tokq;
+    struct tl_tokq *q = tokq_of(m);
     if (!q) return tl_set_error(TL_ERR_INVALID_ARG, "no tokenize job %lld", (long long)id);
     pthread_mutex_lock(&q->mu);
     tok_job *j = find(q, id);

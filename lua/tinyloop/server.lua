@@ -397,9 +397,11 @@ local max_token_bytes = nil
 local function byte_bound(bytes, limit, what, field)
     max_token_bytes = max_token_bytes or C.tl_model_max_token_bytes(model.h)
     if max_token_bytes > 0 and bytes > limit * max_token_bytes then
-        return format("This model's maximum context length is %d tokens. However, your %s has %d bytes, more "
-            .. "than %d tokens can hold (no token of this model covers more than %d bytes). Please reduce the "
-            .. "length of the %s.", limit, what, bytes, limit, max_token_bytes, what), field
+        local whose = limit < model.max_seq_len and "This tenant's prompt limit"
+            or "This model's maximum context length"
+        return format("%s is %d tokens. However, your %s has %d bytes, more than %d tokens can hold (no token of "
+            .. "this model covers more than %d bytes). Please reduce the length of the %s.", whose, limit, what,
+            bytes, limit, max_token_bytes, what), field
     end
 end
 
@@ -429,11 +431,22 @@ end
 
 -- BOS (as the vocab says) and the tenant's system prompt followed by a blank
 -- line: what /v1/completions puts before a tenant's prompt, as a table.
+-- Memoized per prompt text (bounded: cleared when full), since every
+-- completion of the tenant needs it.
+local prefix_memo, n_prefix_memo = {}, 0
 function system_prefix_ids(system)
-    local ids = model:tokenize(system .. "\n\n", { add_special = true })
+    local ids = prefix_memo[system]
+    if ids then
+        return ids
+    end
+    ids = model:tokenize(system .. "\n\n", { add_special = true })
     if #ids > 1 and ids[#ids] == model.eos then
         ids[#ids] = nil
     end
+    if n_prefix_memo >= 256 then
+        prefix_memo, n_prefix_memo = {}, 0
+    end
+    prefix_memo[system], n_prefix_memo = ids, n_prefix_memo + 1
     return ids
 end
 

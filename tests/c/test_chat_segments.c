@@ -8,6 +8,7 @@
  * markers (once as control tokens, once as user-defined ones), llama.cpp's
  * llama-spm, phi-3 and gpt-2 test vocabs, and the Gemma 3 model when it is
  * in ~/.cache/tinyloop/models. */
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 #include <unistd.h>
@@ -196,6 +197,105 @@ static void check_injection(const char *name, tl_model *m) {
     tl_model_set_chat_template(m, "plain");
 }
 
+static int wait_job(tl_model *m, int64_t id, int32_t *out, int cap, int *n) {
+    for (int i = 0; i < 20000; i++) {
+        int rc = tl_tokenize_take(m, id, out, cap, n);
+        if (rc != TL_OK || *n >= 0) return rc;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return TL_ERR_STATE;
+}
+
+/* Random conversations whose content is built from marker fragments, whole
+ * markers and random bytes: the ids never hold more of any marker than the
+ * same conversation with harmless content. */
+static void check_random_injection(const char *name, tl_model *m) {
+    static const char *bits[] = {"<|im_start|>", "<|im_end|>", "<start_of_turn>", "<end_of_turn>", "<|eot_id|>",
+                                 "<|start_header_id|>", "<s>", "</s>", "<|endoftext|>", "<|end|>", "<|user|>",
+                                 "<|", "|>", "im_", "start", "<", ">", "\n", " ", "system", "user", "hi"};
+    enum { N_WHOLE = 11 }; /* the first N_WHOLE bits are whole markers */
+    int nb = (int)(sizeof bits / sizeof *bits), bad = 0, runs = 0;
+    srand(11);
+    int marker_ids[N_WHOLE], n_ids = 0;
+    for (int k = 0; k < N_WHOLE; k++) {
+        int id = single_id(m, bits[k]);
+        if (id >= 0) marker_ids[n_ids++] = id;
+    }
+    for (int it = 0; it < 600; it++) {
+        tl_model_set_chat_template(m, TEMPLATES[it % N_TEMPLATES]);
+        char content[3][256];
+        for (int c = 0; c < 3; c++) {
+            size_t len = 0;
+            int parts = rand() % 12;
+            for (int p = 0; p < parts; p++) {
+                const char *piece = bits[rand() % nb];
+                char byte[2] = {(char)(1 + rand() % 255), 0};
+                if (rand() % 5 == 0) piece = byte;
+                size_t pl = strlen(piece);
+                if (len + pl >= sizeof content[c]) break;
+                memcpy(content[c] + len, piece, pl);
+                len += pl;
+            }
+            content[c][len] = 0;
+        }
+        const char *roles[] = {"system", "user", "assistant"};
+        tl_chat_message evil[3], good[3];
+        for (int c = 0; c < 3; c++) {
+            evil[c] = (tl_chat_message){roles[(c + it) % 3], content[c]};
+            good[c] = (tl_chat_message){roles[(c + it) % 3], "x"};
+        }
+        int ne, ng;
+        int32_t *ie = chat_tok(m, evil, 3, it & 1, &ne), *ig = chat_tok(m, good, 3, it & 1, &ng);
+        for (int k = 0; k < n_ids; k++)
+            if (count_id(ie, ne, marker_ids[k]) != count_id(ig, ng, marker_ids[k])) bad++;
+        runs++;
+        free(ie);
+        free(ig);
+    }
+    CHECK(n_ids > 0 && bad == 0, "%s: %d random conversations of marker fragments add no marker token (%d bad)",
+          name, runs, bad);
+    tl_model_set_chat_template(m, "plain");
+}
+
+/* Jobs submitted and taken from several threads at once (the engine lets
+ * any thread call): every job gets the ids of its own text. */
+typedef struct job_thread {
+    tl_model *m;
+    int seed, bad;
+} job_thread;
+
+static void *job_thread_main(void *p) {
+    job_thread *jt = p;
+    for (int i = 0; i < 20; i++) {
+        char text[128];
+        snprintf(text, sizeof text, "thread %d job %d: the cat <|im_end|> sat %d", jt->seed, i, jt->seed * i);
+        int32_t want[256], got[256];
+        int nw = tl_tokenize(jt->m, text, (int)strlen(text), 1, 0, want, 256), n = -1;
+        int64_t id;
+        if (tl_tokenize_submit(jt->m, text, (int)strlen(text), 1, 0, &id) != TL_OK ||
+            wait_job(jt->m, id, got, 256, &n) != TL_OK || n != nw || memcmp(got, want, (size_t)n * sizeof *got))
+            jt->bad++;
+    }
+    return NULL;
+}
+
+static void check_jobs_threads(const char *name, tl_model *m) {
+    pthread_t th[4];
+    job_thread jt[4];
+    for (int i = 0; i < 4; i++) {
+        jt[i] = (job_thread){m, i + 1, 0};
+        pthread_create(&th[i], NULL, job_thread_main, &jt[i]);
+    }
+    int bad = 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        bad += jt[i].bad;
+    }
+    CHECK(bad == 0, "%s: 4 threads x 20 jobs submitted and taken concurrently all get their own ids (%d bad)", name,
+          bad);
+}
+
 /* ---- pinned system prompts ------------------------------------------------------------- */
 
 /* The ids of [system] alone (add_assistant 0) against [system, user]: for
@@ -246,6 +346,10 @@ static void check_system_folding(tl_model *m) {
     CHECK(!strcmp(s, "<start_of_turn>user\nOPERATOR\n\n"),
           "gemma: a trailing system message renders as the open user turn (got '%s')", s);
     free(s);
+    s = format(m, msgs, 1, 1);
+    CHECK(!strcmp(s, "<start_of_turn>user\nOPERATOR<end_of_turn>\n<start_of_turn>model\n"),
+          "gemma: a conversation of one system message is not dropped (got '%s')", s);
+    free(s);
     tl_model_set_chat_template(m, "llama2");
     s = format(m, msgs, 3, 1);
     CHECK(strstr(s, "<<SYS>>\nOPERATOR\n\nCLIENT\n<</SYS>>\n\nhi [/INST]") != NULL,
@@ -281,16 +385,6 @@ static void check_max_token_bytes(const char *name, tl_model *m) {
 }
 
 /* ---- tokenize jobs --------------------------------------------------------------------- */
-
-static int wait_job(tl_model *m, int64_t id, int32_t *out, int cap, int *n) {
-    for (int i = 0; i < 20000; i++) {
-        int rc = tl_tokenize_take(m, id, out, cap, n);
-        if (rc != TL_OK || *n >= 0) return rc;
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-    }
-    return TL_ERR_STATE;
-}
 
 static void check_jobs(const char *name, tl_model *m) {
     size_t len = 200 * 1024;
@@ -357,7 +451,10 @@ static void run_vocab(const char *name, const char *path, int injection, int exa
         return;
     }
     check_benign(name, m);
-    if (injection) check_injection(name, m);
+    if (injection) {
+        check_injection(name, m);
+        check_random_injection(name, m);
+    }
     check_pinned_prefix(name, m, exact_gemma);
     check_max_token_bytes(name, m);
     tl_model_close(m);
@@ -376,9 +473,11 @@ int main(void) {
             check_benign(name, m);
             check_injection(name, m);
             check_pinned_prefix(name, m, 0);
+            check_random_injection(name, m);
             if (ty == 3) {
                 check_system_folding(m);
                 check_jobs(name, m);
+                check_jobs_threads(name, m);
             }
             tl_model_close(m); /* with jobs pending */
         }
