@@ -21,7 +21,7 @@ local lib = require "tinyloop.lib"
 local semaphore = require "ngx.semaphore"
 
 local C = lib.load()
-local ffi_new, ffi_cast, ffi_string, ffi_copy = ffi.new, ffi.cast, ffi.string, ffi.copy
+local ffi_new, ffi_cast, ffi_copy = ffi.new, ffi.cast, ffi.copy
 local tonumber, pairs, setmetatable = tonumber, pairs, setmetatable
 local ngx_log, ERR, WARN, INFO = ngx.log, ngx.ERR, ngx.WARN, ngx.INFO
 
@@ -346,33 +346,6 @@ function _M:tokenize(what, opts)
         return nil, err, rc
     end
     return ids, n
-end
-
-
--- chat_format(msgs) -> text | nil, err: msgs = { { role =, content = }, ... }
-local chat_buf, chat_cap = nil, 0
-function _M:chat_format(msgs)
-    local n = #msgs
-    local arr = ffi_new("tl_chat_message[?]", n)
-    for i = 1, n do
-        -- the strings stay alive in msgs while the pointers are used
-        local r, c = msgs[i].role, msgs[i].content
-        arr[i - 1].role = r
-        arr[i - 1].content = c
-    end
-    local need = 4096
-    for _ = 1, 2 do
-        if chat_cap < need then
-            chat_cap = need
-            chat_buf = ffi_new("char[?]", chat_cap)
-        end
-        local w = C.tl_chat_format(self.h, arr, n, 1, chat_buf, chat_cap)
-        if w >= 0 then
-            return ffi_string(chat_buf, w)
-        end
-        need = -w + 1
-    end
-    return nil, "chat format failed: " .. lib.last_error()
 end
 
 
