@@ -456,15 +456,22 @@ local function tokenize(o, tenant, chat)
     local limit = math.min(model.max_seq_len, tenant.max_prompt or model.max_seq_len)
     local ids, n, err
     if o.messages then
-        local bytes = 0
+        -- content bytes bound the tokens from below; each turn (not system,
+        -- which some templates fold) renders at least one token of its own
+        local bytes, turns = 0, 0
         for i = 1, #o.messages do
             bytes = bytes + #o.messages[i].content
+            turns = turns + (o.messages[i].role ~= "system" and 1 or 0)
         end
         err = byte_bound(bytes, limit, "prompt", "messages")
+        if not err and turns > limit then
+            err = format("The prompt has %d turns, more than the %d tokens it may hold.", turns, limit)
+        end
         if err then
             return nil, err, "messages", "context_length_exceeded"
         end
-        if bytes <= (cfg.tokenize_inline_bytes or 4096) then
+        -- the rendered text is longer by the template's markers
+        if bytes + 32 * #o.messages <= (cfg.tokenize_inline_bytes or 4096) then
             local ok
             ok, ids, n = pcall(model.chat_tokenize, model, o.messages, { as_cdata = true })
             if not ok then

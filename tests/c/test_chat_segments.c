@@ -457,6 +457,7 @@ static void run_vocab(const char *name, const char *path, int injection, int exa
     }
     check_pinned_prefix(name, m, exact_gemma);
     check_max_token_bytes(name, m);
+    check_jobs_threads(name, m);
     tl_model_close(m);
 }
 

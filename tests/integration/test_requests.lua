@@ -151,6 +151,14 @@ local ok_run, run_err = pcall(function()
     check("a 1 MB chat message is refused by its size, naming messages", r.status == 400 and r.json
         and r.json.error.code == "context_length_exceeded" and r.json.error.param == "messages", r.body:sub(1, 200))
     check("the refusal comes before tokenizing (well under the ~1 s a megabyte takes)", t_reject < 0.5, t_reject)
+    local empties = {}
+    for i = 1, 600 do
+        empties[i] = { role = "user", content = "" }
+    end
+    r = post("/v1/chat/completions", { messages = empties, max_tokens = 4 })
+    check("600 empty turns (no content bytes) are refused before rendering them: 400 naming the turns",
+        r.status == 400 and r.json and r.json.error.code == "context_length_exceeded"
+        and r.json.error.message:find("600 turns", 1, true), r.body)
 
     -- ---- 12: validation ---------------------------------------------------------------------------
     local function err_case(name, status, body, param, code, path)
