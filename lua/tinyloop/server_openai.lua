@@ -262,6 +262,8 @@ end
 
 
 local ROLES = { system = true, user = true, assistant = true, developer = true }
+-- name (a participant's name) is accepted and not rendered; tool calls are not supported
+local MESSAGE_FIELDS = { role = true, content = true, name = true }
 
 
 -- chat_request(body) -> opts | nil, message, field. opts.messages is a list of
@@ -285,6 +287,12 @@ function _M.chat_request(body)
         local field = format("messages[%d]", i - 1)
         if type(e) ~= "table" then
             return bad(field, "expected an object")
+        end
+        for k, v in pairs(e) do
+            if not MESSAGE_FIELDS[k] or (k == "name" and type(v) ~= "string") then
+                return nil, format("Unrecognized or unsupported message field '%s.%s'.", field, tostring(k)),
+                    field .. "." .. tostring(k)
+            end
         end
         if type(e.role) ~= "string" or not ROLES[e.role] then
             return bad(field .. ".role", "expected one of system, user, assistant")

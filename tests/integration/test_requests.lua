@@ -180,6 +180,11 @@ local ok_run, run_err = pcall(function()
     err_case("a NUL inside chat content is 400 naming the message", 400,
         '{"messages":[{"role":"user","content":"hi\\u0000 hidden"}],"max_tokens":4}', "messages[0].content", nil,
         "/v1/chat/completions")
+    err_case("an unsupported message field (tool_calls) is 400 naming it", 400,
+        '{"messages":[{"role":"assistant","content":"x","tool_calls":[]},{"role":"user","content":"hi"}],'
+        .. '"max_tokens":4}', "messages[0].tool_calls", nil, "/v1/chat/completions")
+    err_case("a message name is accepted", 200,
+        '{"messages":[{"role":"user","content":"hi","name":"bob"}],"max_tokens":2}', nil, nil, "/v1/chat/completions")
     err_case("logprobs is refused with 400 naming it (chat)", 400,
         '{"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"logprobs":true}', "logprobs", nil,
         "/v1/chat/completions")
