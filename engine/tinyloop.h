@@ -153,7 +153,8 @@ int tl_model_max_token_bytes(const tl_model *model);
  * when it ends, its id is written to the engine's notification descriptors
  * like a request's (without an engine, poll). Job ids are negative, so they
  * never equal a request id. Text and messages are copied at submit. Jobs
- * live until taken or released; closing the model frees them all. */
+ * live until taken or released; closing the model frees them all. Submit
+ * fails with TL_ERR_BUSY while 64 jobs wait to run. */
 int tl_tokenize_submit(tl_model *model, const char *text, int len, int add_special, int parse_special,
                        int64_t *id_out);
 int tl_chat_tokenize_submit(tl_model *model, const tl_chat_message *msgs, int n_msgs, int add_assistant,

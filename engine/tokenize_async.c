@@ -19,6 +19,10 @@
 
 enum { JOB_QUEUED, JOB_RUNNING, JOB_DONE, JOB_FAILED };
 
+/* Jobs waiting to run before submit answers TL_ERR_BUSY: each holds a copy
+ * of its input (a megabyte, say), so a flood must not queue without end. */
+#define TOKQ_MAX_QUEUED 64
+
 typedef struct tok_job {
     int64_t id;
     int state, released;
@@ -40,6 +44,7 @@ struct tl_tokq {
     pthread_t thread;
     int started, stop;
     tok_job *head, *tail;    /* every live job, oldest first */
+    int n_queued;
     int64_t next_id;         /* counts down from -1 */
 };
 
@@ -100,6 +105,7 @@ static void *tokq_main(void *p) {
             continue;
         }
         j->state = JOB_RUNNING;
+        q->n_queued--;
         pthread_mutex_unlock(&q->mu);
         run_job(m, j);
         pthread_mutex_lock(&q->mu);
@@ -156,6 +162,13 @@ static int enqueue(tl_model *m, tok_job *j, int64_t *id_out) {
         return tl_set_error(TL_ERR_NOMEM, "cannot start the tokenizer thread");
     }
     pthread_mutex_lock(&q->mu);
+    if (q->n_queued >= TOKQ_MAX_QUEUED) {
+        pthread_mutex_unlock(&q->mu);
+        job_free(j);
+        return tl_set_error(TL_ERR_BUSY, "the tokenizer queue is full (%d jobs waiting); retry later",
+                            TOKQ_MAX_QUEUED);
+    }
+    q->n_queued++;
     j->id = q->next_id--;
     if (q->tail) q->tail->next = j;
     else q->head = j;
@@ -241,6 +254,7 @@ int tl_tokenize_release(tl_model *m, int64_t id) {
     if (j && j->state == JOB_RUNNING) {
         j->released = 1; /* the thread frees it when it ends */
     } else if (j) {
+        if (j->state == JOB_QUEUED) q->n_queued--;
         unlink_job(q, j);
         job_free(j);
     }

@@ -416,7 +416,7 @@ local function ids_from_table(t, from)
 end
 
 
--- Text ids (cdata, n) | nil, message: inline or as a tokenize job.
+-- Text ids (cdata, n) | nil, message, rc: inline or as a tokenize job.
 local function text_ids(text, add_special)
     if #text <= (cfg.tokenize_inline_bytes or 4096) then
         local ok, ids, n = pcall(model.tokenize, model, text, { add_special = add_special, as_cdata = true })
@@ -451,10 +451,20 @@ function system_prefix_ids(system)
 end
 
 
--- tokenize(o, tenant) -> ids (int32_t cdata), n | nil, message, field, code
+-- A failed tokenize job: 503 when the tokenizer queue is full, else 400.
+local function job_failed(message, rc, field)
+    if rc == eng.ERR_BUSY then
+        metrics.inc("tinyloop_requests_rejected_total")
+        return nil, "The server is overloaded; retry later. (" .. message .. ")", nil, "server_overloaded", 503
+    end
+    return nil, message, field, "invalid_value"
+end
+
+
+-- tokenize(o, tenant) -> ids (int32_t cdata), n | nil, message, field, code [, status]
 local function tokenize(o, tenant, chat)
     local limit = math.min(model.max_seq_len, tenant.max_prompt or model.max_seq_len)
-    local ids, n, err
+    local ids, n, err, rc
     if o.messages then
         -- content bytes bound the tokens from below; each turn (not system,
         -- which some templates fold) renders at least one token of its own
@@ -478,10 +488,10 @@ local function tokenize(o, tenant, chat)
                 return nil, tostring(ids), "messages", "invalid_value"
             end
         else
-            ids, n = engine:tokenize(o.messages, { chat = true })
+            ids, n, rc = engine:tokenize(o.messages, { chat = true })
         end
         if not ids then
-            return nil, n, "messages", "invalid_value"
+            return job_failed(n, rc, "messages")
         end
         return ids, n
     end
@@ -502,9 +512,9 @@ local function tokenize(o, tenant, chat)
         end
         -- with a tenant prefix, the prompt is tokenized as it would be alone
         -- (no BOS: the prefix has it), so the prefix's ids stay a prefix
-        ids, n = text_ids(o.prompt, not prefix)
+        ids, n, rc = text_ids(o.prompt, not prefix)
         if not ids then
-            return nil, n, "prompt", "invalid_value"
+            return job_failed(n, rc, "prompt")
         end
     end
     if prefix then
@@ -709,9 +719,10 @@ local function generate(endpoint, chat)
     elseif tenant.system then
         pin_system_prompt(tenant, "completion")
     end
-    local arr, n, tfield, tcode = tokenize(o, tenant, chat)
+    local arr, n, tfield, tcode, tstatus2 = tokenize(o, tenant, chat)
     if not arr then
-        return fail(endpoint, 400, n, tfield, tcode or "invalid_value")
+        return fail(endpoint, tstatus2 or 400, n, tfield, tcode or "invalid_value",
+            tstatus2 and { ["Retry-After"] = cfg.retry_after })
     end
     local msl = model.max_seq_len
     if o.max_tokens_default then

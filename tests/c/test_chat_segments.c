@@ -435,6 +435,19 @@ static void check_jobs(const char *name, tl_model *m) {
         CHECK(rc == TL_OK && tl_tokenize_release(m, id) == TL_OK, "%s: job %d is released", name, i);
     }
     CHECK(tl_tokenize_release(m, 12345) == TL_ERR_INVALID_ARG, "%s: releasing an unknown job is an error", name);
+    /* a flood: the queue takes 64 waiting jobs, then says busy */
+    int64_t flood[80];
+    int n_ok = 0, n_busy = 0;
+    for (int i = 0; i < 80; i++) {
+        rc = tl_tokenize_submit(m, text, (int)len, 1, 0, &flood[n_ok]);
+        if (rc == TL_OK) n_ok++;
+        else n_busy += rc == TL_ERR_BUSY && strstr(tl_last_error(), "64 jobs") != NULL;
+    }
+    CHECK(n_busy > 0 && n_ok + n_busy == 80 && n_ok >= 64,
+          "%s: 80 jobs at once: %d queued, %d refused busy naming the limit", name, n_ok, n_busy);
+    for (int i = 0; i < n_ok; i++) tl_tokenize_release(m, flood[i]);
+    rc = tl_tokenize_submit(m, "abc", 3, 1, 0, &id);
+    CHECK(rc == TL_OK && tl_tokenize_release(m, id) == TL_OK, "%s: released jobs free the queue again", name);
     for (int i = 0; i < 4; i++) tl_tokenize_submit(m, text, (int)len, 1, 0, &id);
     free(chat);
     free(got);
