@@ -7,6 +7,8 @@
  * "role: content" transcript, which base models continue sensibly (the
  * Gemma 3 270M base model answers in it, and echoes Gemma turn markers it
  * was not tuned on). tl_model_set_chat_template overrides the choice. */
+#include <assert.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,9 +30,16 @@ void tl_chat_detect(tl_model *m) {
         else if (t && strstr(t, "[INST]")) m->chat_kind = CHAT_LLAMA2;
         free(t);
     }
-    /* End of generation: EOS plus the turn-closing control tokens. */
+    /* End of generation: EOS plus the turn-closing control tokens. Every
+     * template marker is also kept, so that message content can never
+     * become one, even where a vocab types it user-defined. */
     static const char *eog_texts[] = {"<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|eom_id|>"};
+    static const char *marker_texts[] = {"<start_of_turn>", "<end_of_turn>", "<|im_start|>", "<|im_end|>",
+                                         "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                                         "<|begin_of_text|>", "<|end_of_text|>", "<|eom_id|>", "<|endoftext|>",
+                                         "<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<s>", "</s>"};
     m->n_eog = 0;
+    m->n_chat_markers = 0;
     int eos = tl_tokenizer_eos(m->tok);
     if (eos >= 0) m->eog[m->n_eog++] = eos;
     int nv = tl_tokenizer_n_vocab(m->tok);
@@ -40,6 +49,9 @@ void tl_chat_detect(tl_model *m) {
         const char *text = tl_tokenizer_token_text(m->tok, id);
         for (size_t k = 0; k < sizeof eog_texts / sizeof *eog_texts; k++)
             if (text && !strcmp(text, eog_texts[k]) && id != eos) m->eog[m->n_eog++] = id;
+        for (size_t k = 0; k < sizeof marker_texts / sizeof *marker_texts; k++)
+            if (text && !strcmp(text, marker_texts[k]) && m->n_chat_markers < TL_MAX_CHAT_MARKERS)
+                m->chat_markers[m->n_chat_markers++] = id;
     }
 }
 
@@ -64,25 +76,55 @@ int tl_model_is_eog(const tl_model *m, int id) {
     return 0;
 }
 
-typedef struct {
+/* The rendering target: text into out (counting past cap, for -(needed)),
+ * and, when spans is set, the byte ranges the template itself wrote
+ * (markers), which are the only places control tokens may come from. */
+typedef struct sbuf {
     char *out;
     int cap, len;
+    tl_tok_span *spans; /* NULL: no recording */
+    int n_spans, spans_cap, oom;
 } sbuf;
 
-static void put(sbuf *b, const char *s) {
-    int n = (int)strlen(s);
+static void put_n(sbuf *b, const char *s, int n, int marker) {
+    if (n <= 0) return;
     if (b->len + n < b->cap) memcpy(b->out + b->len, s, (size_t)n);
+    if (marker && b->spans) {
+        tl_tok_span *last = b->n_spans ? &b->spans[b->n_spans - 1] : NULL;
+        if (last && last->off + last->len == (size_t)b->len) {
+            last->len += (size_t)n;
+        } else if (b->n_spans < b->spans_cap) {
+            b->spans[b->n_spans++] = (tl_tok_span){(size_t)b->len, (size_t)n};
+        } else {
+            b->oom = 1;
+        }
+    }
     b->len += n;
 }
+
+/* Message content: never becomes control tokens. */
+static void put(sbuf *b, const char *s) { put_n(b, s, (int)strlen(s), 0); }
+/* The template's own text (turn markers, role headers). */
+static void mark(sbuf *b, const char *s) { put_n(b, s, (int)strlen(s), 1); }
 
 static const char *role_name(int kind, const char *role) {
     if (kind == CHAT_GEMMA && !strcmp(role, "assistant")) return "model";
     return role;
 }
 
-int tl_chat_format(const tl_model *m, const tl_chat_message *msgs, int n, int add_assistant, char *out, int cap) {
-    if (!m || (n > 0 && !msgs) || n < 0 || cap < 0 || (cap > 0 && !out))
-        return tl_set_error(TL_ERR_INVALID_ARG, "tl_chat_format: bad arguments (n %d, cap %d)", n, cap);
+/* System messages not yet written (Gemma and Llama 2 fold them into the
+ * first user turn), joined by blank lines: msgs[from, to) with role system. */
+static void put_systems(sbuf *b, const tl_chat_message *msgs, int from, int to) {
+    int first = 1;
+    for (int j = from; j < to; j++) {
+        if (strcmp(msgs[j].role, "system")) continue;
+        if (!first) mark(b, "\n\n");
+        put(b, msgs[j].content);
+        first = 0;
+    }
+}
+
+static int check_messages(const tl_chat_message *msgs, int n) {
     for (int i = 0; i < n; i++) {
         const char *r = msgs[i].role;
         if (!r || !msgs[i].content)
@@ -91,73 +133,158 @@ int tl_chat_format(const tl_model *m, const tl_chat_message *msgs, int n, int ad
             return tl_set_error(TL_ERR_INVALID_ARG, "message %d has role '%s' (expected system, user or assistant)", i,
                                 r);
     }
-    sbuf b = {out, cap, 0};
-    int kind = m->chat_kind;
-    const char *pending_system = NULL; /* Gemma and Llama 2 fold the system prompt into the first user turn */
+    return TL_OK;
+}
+
+static void render(int kind, const tl_chat_message *msgs, int n, int add_assistant, sbuf *b) {
+    int pending = -1; /* first unwritten system message (Gemma, Llama 2) */
     for (int i = 0; i < n; i++) {
         const char *role = msgs[i].role, *c = msgs[i].content;
         switch (kind) {
         case CHAT_GEMMA:
         case CHAT_LLAMA2:
             if (!strcmp(role, "system")) {
-                pending_system = c;
+                if (pending < 0) pending = i;
                 break;
             }
             if (kind == CHAT_GEMMA) {
-                put(&b, "<start_of_turn>");
-                put(&b, role_name(kind, role));
-                put(&b, "\n");
-                if (pending_system && !strcmp(role, "user")) {
-                    put(&b, pending_system);
-                    put(&b, "\n\n");
-                    pending_system = NULL;
+                mark(b, "<start_of_turn>");
+                mark(b, role_name(kind, role));
+                mark(b, "\n");
+                if (pending >= 0 && !strcmp(role, "user")) {
+                    put_systems(b, msgs, pending, i);
+                    mark(b, "\n\n");
+                    pending = -1;
                 }
-                put(&b, c);
-                put(&b, "<end_of_turn>\n");
+                put(b, c);
+                mark(b, "<end_of_turn>\n");
             } else if (!strcmp(role, "user")) {
-                put(&b, "[INST] ");
-                if (pending_system) {
-                    put(&b, "<<SYS>>\n");
-                    put(&b, pending_system);
-                    put(&b, "\n<</SYS>>\n\n");
-                    pending_system = NULL;
+                mark(b, "[INST] ");
+                if (pending >= 0) {
+                    mark(b, "<<SYS>>\n");
+                    put_systems(b, msgs, pending, i);
+                    mark(b, "\n<</SYS>>\n\n");
+                    pending = -1;
                 }
-                put(&b, c);
-                put(&b, " [/INST]");
+                put(b, c);
+                mark(b, " [/INST]");
             } else {
-                put(&b, " ");
-                put(&b, c);
-                put(&b, " </s>");
+                mark(b, " ");
+                put(b, c);
+                mark(b, " </s>");
             }
             break;
         case CHAT_CHATML:
-            put(&b, "<|im_start|>");
-            put(&b, role);
-            put(&b, "\n");
-            put(&b, c);
-            put(&b, "<|im_end|>\n");
+            mark(b, "<|im_start|>");
+            mark(b, role);
+            mark(b, "\n");
+            put(b, c);
+            mark(b, "<|im_end|>\n");
             break;
         case CHAT_LLAMA3:
-            put(&b, "<|start_header_id|>");
-            put(&b, role);
-            put(&b, "<|end_header_id|>\n\n");
-            put(&b, c);
-            put(&b, "<|eot_id|>");
+            mark(b, "<|start_header_id|>");
+            mark(b, role);
+            mark(b, "<|end_header_id|>\n\n");
+            put(b, c);
+            mark(b, "<|eot_id|>");
             break;
         default:
-            put(&b, role);
-            put(&b, ": ");
-            put(&b, c);
-            put(&b, "\n");
+            mark(b, role);
+            mark(b, ": ");
+            put(b, c);
+            mark(b, "\n");
+        }
+    }
+    if (pending >= 0) {
+        /* Trailing system messages: without add_assistant, the open first
+         * user turn, the text every conversation starting with them begins
+         * with (a pinned prefix); with it, a user turn of their own rather
+         * than nothing. */
+        if (kind == CHAT_GEMMA) {
+            mark(b, "<start_of_turn>user\n");
+            put_systems(b, msgs, pending, n);
+            mark(b, add_assistant ? "<end_of_turn>\n" : "\n\n");
+        } else {
+            mark(b, "[INST] <<SYS>>\n");
+            put_systems(b, msgs, pending, n);
+            mark(b, add_assistant ? "\n<</SYS>>\n\n [/INST]" : "\n<</SYS>>\n\n");
         }
     }
     if (add_assistant) {
-        if (kind == CHAT_GEMMA) put(&b, "<start_of_turn>model\n");
-        else if (kind == CHAT_CHATML) put(&b, "<|im_start|>assistant\n");
-        else if (kind == CHAT_LLAMA3) put(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-        else if (kind == CHAT_PLAIN) put(&b, "assistant:");
+        if (kind == CHAT_GEMMA) mark(b, "<start_of_turn>model\n");
+        else if (kind == CHAT_CHATML) mark(b, "<|im_start|>assistant\n");
+        else if (kind == CHAT_LLAMA3) mark(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        else if (kind == CHAT_PLAIN) mark(b, "assistant:");
     }
+}
+
+int tl_chat_format(const tl_model *m, const tl_chat_message *msgs, int n, int add_assistant, char *out, int cap) {
+    if (!m || (n > 0 && !msgs) || n < 0 || cap < 0 || (cap > 0 && !out))
+        return tl_set_error(TL_ERR_INVALID_ARG, "tl_chat_format: bad arguments (n %d, cap %d)", n, cap);
+    int rc = check_messages(msgs, n);
+    if (rc) return rc;
+    sbuf b = {out, cap, 0, NULL, 0, 0, 0};
+    render(m->chat_kind, msgs, n, add_assistant, &b);
     if (b.len >= cap) return -(b.len + 1);
     out[b.len] = 0;
     return b.len;
 }
+
+void tl_chat_rendered_free(tl_chat_rendered *r) {
+    if (!r) return;
+    free(r->text);
+    free(r->markers);
+    memset(r, 0, sizeof *r);
+}
+
+int tl_chat_render(const tl_model *m, const tl_chat_message *msgs, int n, int add_assistant, tl_chat_rendered *r) {
+    memset(r, 0, sizeof *r);
+    if (!m || (n > 0 && !msgs) || n < 0)
+        return tl_set_error(TL_ERR_INVALID_ARG, "tl_chat_tokenize: bad arguments (n %d)", n);
+    int rc = check_messages(msgs, n);
+    if (rc) return rc;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += strlen(msgs[i].content) + 64;
+    if (total >= (size_t)INT_MAX / 2)
+        return tl_set_error(TL_ERR_INVALID_ARG, "tl_chat_tokenize: %zu bytes of messages is too long", total);
+    sbuf b = {NULL, 0, 0, NULL, 0, 0, 0};
+    render(m->chat_kind, msgs, n, add_assistant, &b); /* measure */
+    /* each message writes at most 6 marker runs, the ending 2 more */
+    b.spans_cap = 6 * n + 8;
+    b.cap = b.len + 1;
+    b.out = malloc((size_t)b.cap);
+    b.spans = malloc((size_t)b.spans_cap * sizeof *b.spans);
+    if (!b.out || !b.spans) {
+        free(b.out);
+        free(b.spans);
+        return tl_set_error(TL_ERR_NOMEM, "tl_chat_tokenize: out of memory for %d bytes", b.cap);
+    }
+    b.len = 0;
+    render(m->chat_kind, msgs, n, add_assistant, &b);
+    assert(!b.oom && b.len < b.cap);
+    b.out[b.len] = 0;
+    r->text = b.out;
+    r->len = (size_t)b.len;
+    r->markers = b.spans;
+    r->n_markers = b.n_spans;
+    return TL_OK;
+}
+
+int tl_chat_encode_rendered(const tl_model *m, const tl_chat_rendered *r, int32_t *out, int cap) {
+    return tl_tokenizer_encode_marked(m->tok, r->text, r->len, 1, r->markers, r->n_markers, m->chat_markers,
+                                      m->n_chat_markers, out, cap);
+}
+
+int tl_chat_tokenize(const tl_model *m, const tl_chat_message *msgs, int n, int add_assistant, int32_t *out,
+                     int cap) {
+    if (cap < 0 || (cap > 0 && !out))
+        return tl_set_error(TL_ERR_INVALID_ARG, "tl_chat_tokenize: bad arguments (cap %d)", cap);
+    tl_chat_rendered r;
+    int rc = tl_chat_render(m, msgs, n, add_assistant, &r);
+    if (rc) return rc;
+    rc = tl_chat_encode_rendered(m, &r, out, cap);
+    tl_chat_rendered_free(&r);
+    return rc;
+}
+
+int tl_model_max_token_bytes(const tl_model *m) { return m ? tl_tokenizer_max_token_bytes(m->tok) : 0; }

@@ -159,3 +159,18 @@ int tl_engine_wait_run(tl_model *m, int64_t id, int32_t *out, int cap) {
         if (rc) return rc;
     }
 }
+
+void tl_engine_post_ids(tl_model *m, const int64_t *ids, int n) {
+    tl_sched *s = m->sched;
+    if (!s || n <= 0) return;
+    /* Under mu: tl_engine_stop closes the pipe under it. */
+    pthread_mutex_lock(&s->mu);
+    if (s->engine_running) {
+        if (write(s->notify_wr, ids, (size_t)n * sizeof *ids) < 0 && errno != EAGAIN) {
+        }
+        int ext = __atomic_load_n(&s->notify_ext, __ATOMIC_ACQUIRE);
+        if (ext >= 0 && write(ext, ids, (size_t)n * sizeof *ids) < 0 && errno != EAGAIN) {
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+}

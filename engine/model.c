@@ -344,6 +344,7 @@ fail:;
 
 void tl_model_close(tl_model *m) {
     if (!m) return;
+    tl_tokq_free(m); /* its thread reads the vocab and posts through the engine */
     tl_sched_free(m); /* requests and pools let go of the cache first */
     tl_radix_destroy(&m->cache);
     tl_forward_free(m);

@@ -60,6 +60,10 @@ struct tl_model {
 #define TL_MAX_EOG 8
     int eog[TL_MAX_EOG];        /* end-of-generation ids: EOS and turn-closing tokens */
     int n_eog;
+#define TL_MAX_CHAT_MARKERS 24
+    int32_t chat_markers[TL_MAX_CHAT_MARKERS]; /* template marker ids content may never become */
+    int n_chat_markers;
+    struct tl_tokq *tokq;       /* tokenize_async.c: jobs off the caller's thread */
 
     struct tl_backend_state *backend; /* NULL: the CPU (backend.c) */
     tl_threadpool *tp;
@@ -108,6 +112,21 @@ int tl_backend_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
 
 /* chat.c */
 void tl_chat_detect(tl_model *m);
+/* A conversation rendered with its template: text and the byte ranges the
+ * template wrote (markers). Owned by the struct; free with _free. */
+typedef struct tl_chat_rendered {
+    char *text;
+    size_t len;
+    tl_tok_span *markers;
+    int n_markers;
+} tl_chat_rendered;
+int tl_chat_render(const tl_model *m, const tl_chat_message *msgs, int n, int add_assistant, tl_chat_rendered *r);
+/* Tokenizes a rendered conversation (BOS as the vocab says); as tl_chat_tokenize. */
+int tl_chat_encode_rendered(const tl_model *m, const tl_chat_rendered *r, int32_t *out, int cap);
+void tl_chat_rendered_free(tl_chat_rendered *r);
+
+/* tokenize_async.c: stops the tokenizer thread and frees every job. */
+void tl_tokq_free(tl_model *m);
 int tl_model_is_eog(const tl_model *m, int id);
 
 /* forward.c */

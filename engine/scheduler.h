@@ -107,6 +107,9 @@ void tl_sched_compute_unlock(tl_model *m);
 int tl_sched_wait_news(tl_model *m, int64_t id);
 /* engine.c: runs one request to completion while the engine thread steps. */
 int tl_engine_wait_run(tl_model *m, int64_t id, int32_t *out, int cap);
+/* engine.c: writes ids to the notification descriptors (no-op without an
+ * engine); for news that does not come from a step (tokenize jobs). */
+void tl_engine_post_ids(tl_model *m, const int64_t *ids, int n);
 
 /* Namespace for (loops, window, salt) at the model's depth for loops, held
  * by the caller until tl_radix_namespace_release. */

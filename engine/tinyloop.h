@@ -123,10 +123,50 @@ typedef struct tl_chat_message {
 /* Renders messages with the model's chat template (recognised from
  * tokenizer.chat_template: Gemma, ChatML, Llama 3, Llama 2; else by
  * architecture, else "role: content" lines). add_assistant appends the
- * opening of the assistant's turn. Tokenize the result with
- * parse_special = 1. Returns bytes written (NUL added) or -(needed). */
+ * opening of the assistant's turn. Several system messages are joined by a
+ * blank line where the template folds them into the first user turn
+ * (Gemma, Llama 2); system messages at the end render as that user turn
+ * (closed with add_assistant = 1; left open with 0: the prefix every
+ * conversation starting with them shares, for pinning). Returns bytes
+ * written (NUL added) or -(needed).
+ * Display only: tokenizing this text with parse_special = 1 turns control
+ * texts inside message content into control tokens; use tl_chat_tokenize. */
 int tl_chat_format(const tl_model *model, const tl_chat_message *msgs, int n_msgs, int add_assistant, char *out,
                    int cap);
+/* Renders and tokenizes messages (BOS as the vocab says): only the
+ * template's own markers become control tokens; message content is
+ * tokenized as with parse_special = 0 and never becomes a template marker
+ * (no forged turns). For content without control-token texts the ids equal
+ * tokenizing tl_chat_format's text with parse_special = 1. Returns ids
+ * written, or -(needed) when cap is too small. */
+int tl_chat_tokenize(const tl_model *model, const tl_chat_message *msgs, int n_msgs, int add_assistant,
+                     int32_t *out, int cap);
+/* Bytes of the vocab's longest token text. No token covers more input bytes
+ * (aside from whitespace a phi-3 special token strips), so text of B bytes
+ * gives at least B / this many tokens: a server can refuse text longer than
+ * max_seq_len x this before tokenizing it. */
+int tl_model_max_token_bytes(const tl_model *model);
+
+/* Tokenization off the caller's thread, for event loops: a job runs on the
+ * model's tokenizer thread (started at the first job; the tokenizer is
+ * immutable, so this is safe alongside the engine and other callers) and,
+ * when it ends, its id is written to the engine's notification descriptors
+ * like a request's (without an engine, poll). Job ids are negative, so they
+ * never equal a request id. Text and messages are copied at submit. Jobs
+ * live until taken or released; closing the model frees them all. Submit
+ * fails with TL_ERR_BUSY while 64 jobs wait to run. */
+int tl_tokenize_submit(tl_model *model, const char *text, int len, int add_special, int parse_special,
+                       int64_t *id_out);
+int tl_chat_tokenize_submit(tl_model *model, const tl_chat_message *msgs, int n_msgs, int add_assistant,
+                            int64_t *id_out);
+/* Polls job id. Running: TL_OK with *n_out = -1. Done: *n_out = its id
+ * count; if cap >= *n_out the ids are copied to out, the job is freed and
+ * TL_OK returned, else TL_ERR_BUFFER (the job stays). A failed job returns
+ * its error (message in tl_last_error()) and is freed. Unknown id:
+ * TL_ERR_INVALID_ARG. */
+int tl_tokenize_take(tl_model *model, int64_t id, int32_t *out, int cap, int *n_out);
+/* Forgets a job (a running one is freed when it ends). */
+int tl_tokenize_release(tl_model *model, int64_t id);
 /* The format in use ("plain", "gemma", "chatml", "llama3", "llama2") and
  * an override by name (TL_ERR_INVALID_ARG for an unknown name). */
 const char *tl_model_chat_template(const tl_model *model);

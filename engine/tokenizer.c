@@ -284,6 +284,8 @@ tl_tokenizer *tl_tokenizer_load(const gguf_file *f) {
     for (int i = 0; i < t->n_special; i++) t->special[i] = sp[i].id;
     free(sp);
     apply_phi3_strip(t, f);
+    for (int i = 0; i < t->n_vocab; i++)
+        if (t->len[i] > t->max_len) t->max_len = t->len[i];
 
     static const char hex[] = "0123456789ABCDEF";
     for (int b = 0; b < 256; b++) {
@@ -344,27 +346,52 @@ static int ids_push(ids_vec *o, int32_t id) {
 }
 int tok_ids_push(ids_vec *o, int32_t id) { return ids_push(o, id); }
 
-/* A piece of the input: raw text [off, off+len) or one special token. */
+/* A piece of the input: raw text [off, off+len) or one special token. Raw
+ * text is either marker text, where control tokens may be matched, or
+ * content, where only user-defined tokens (not forbidden ones) may be. */
+enum { FRAG_MARKER = -1, FRAG_CONTENT = -2 };
 typedef struct frag {
-    int32_t id; /* -1: raw text */
+    int32_t id; /* >= 0: a special token; else FRAG_MARKER or FRAG_CONTENT */
     size_t off, len;
 } frag;
 
+/* Which specials may match in content: neither control/unknown ones (as
+ * parse_special = 0) nor the ids a chat template uses as markers. */
+typedef struct special_filter {
+    const int32_t *forbid;
+    int n_forbid;
+} special_filter;
+
+static int content_may_match(const tl_tokenizer *t, const special_filter *f, int id) {
+    if (t->type[id] == TL_TOK_CONTROL || t->type[id] == TL_TOK_UNKNOWN) return 0;
+    for (int i = 0; f && i < f->n_forbid; i++)
+        if (f->forbid[i] == id) return 0;
+    return 1;
+}
+
 static int is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+
+/* Which specials a partition pass matches: all (content fragments only
+ * those content may hold), only those content may not hold (control
+ * tokens and markers: the marker pass), or only those content may hold
+ * (user-defined: the pass over whole runs of raw text). */
+enum { MATCH_ALL, MATCH_MARKERS, MATCH_CONTENT };
 
 /* Splits raw fragments around every special-token text, longest texts
  * first (llama.cpp's tokenizer_st_partition). `a` holds n fragments; `b` is
- * scratch of the same capacity; returns the new count, result in *a. */
-static size_t partition(const tl_tokenizer *t, const char *text, frag **a, frag **b, size_t n, int parse_special) {
+ * scratch of the same capacity; returns the new count, result in *a.
+ * Content fragments only split where content_may_match allows. */
+static size_t partition(const tl_tokenizer *t, const char *text, frag **a, frag **b, size_t n,
+                        const special_filter *filter, int match) {
     for (int s = 0; s < t->n_special; s++) {
         int id = t->special[s];
-        int ty = t->type[id];
-        if (!parse_special && (ty == TL_TOK_CONTROL || ty == TL_TOK_UNKNOWN)) continue;
+        int in_content = content_may_match(t, filter, id);
+        if ((match == MATCH_MARKERS && in_content) || (match == MATCH_CONTENT && !in_content)) continue;
         const char *st = tok_text(t, id);
         size_t sl = t->len[id], m = 0;
         frag *in = *a, *out = *b;
         for (size_t i = 0; i < n; i++) {
-            if (in[i].id >= 0) {
+            if (in[i].id >= 0 || (in[i].id == FRAG_CONTENT && !in_content)) {
                 out[m++] = in[i];
                 continue;
             }
@@ -372,13 +399,13 @@ static size_t partition(const tl_tokenizer *t, const char *text, frag **a, frag 
             const char *hit;
             while (pos < end && (hit = memmem(text + pos, end - pos, st, sl)) != NULL) {
                 size_t at = (size_t)(hit - text);
-                if (at > pos) out[m++] = (frag){-1, pos, at - pos};
+                if (at > pos) out[m++] = (frag){in[i].id, pos, at - pos};
                 out[m++] = (frag){id, 0, 0};
                 pos = at + sl;
                 if (t->rstrip[id])
                     while (pos < end && is_space(text[pos])) pos++;
             }
-            if (pos < end) out[m++] = (frag){-1, pos, end - pos};
+            if (pos < end) out[m++] = (frag){in[i].id, pos, end - pos};
         }
         *a = out;
         *b = in;
@@ -544,10 +571,14 @@ static int spm_encode(const tl_tokenizer *t, spm_work *w, const char *s, size_t 
     return TL_OK;
 }
 
+/* Encodes text cut into initial raw fragments: n_marked marker ranges
+ * (sorted, disjoint) and content around them; with markers == NULL the
+ * whole text is one fragment, marker text when parse_special. */
 static int encode_all(const tl_tokenizer *t, const char *text, size_t len, int add_special, int parse_special,
-                      ids_vec *o) {
+                      const tl_tok_span *markers, int n_markers, const special_filter *filter, ids_vec *o) {
     int rc = TL_OK;
-    size_t nf_cap = 2 * len + 1; /* specials are >= 1 byte: raw, special, raw, ... */
+    /* specials are >= 1 byte: each initial fragment splits into raw, special, raw, ... */
+    size_t nf_cap = 2 * len + 2 * (size_t)n_markers + 2;
     frag *fa = malloc(nf_cap * sizeof *fa), *fb = malloc(nf_cap * sizeof *fb);
     spm_work w = {0};
     tok_bpe_work *bw = NULL;
@@ -556,9 +587,33 @@ static int encode_all(const tl_tokenizer *t, const char *text, size_t len, int a
         goto out;
     }
     size_t nf = 0;
-    if (len) {
-        fa[0] = (frag){-1, 0, len};
-        nf = partition(t, text, &fa, &fb, 1, parse_special);
+    if (markers) {
+        size_t pos = 0;
+        for (int k = 0; k < n_markers; k++) {
+            if (markers[k].off > pos) fa[nf++] = (frag){FRAG_CONTENT, pos, markers[k].off - pos};
+            if (markers[k].len) fa[nf++] = (frag){FRAG_MARKER, markers[k].off, markers[k].len};
+            pos = markers[k].off + markers[k].len;
+        }
+        if (pos < len) fa[nf++] = (frag){FRAG_CONTENT, pos, len - pos};
+    } else if (len) {
+        fa[nf++] = (frag){parse_special ? FRAG_MARKER : FRAG_CONTENT, 0, len};
+    }
+    if (markers && nf) {
+        /* Markers first, inside the template's own text only; then the
+         * tokens content may hold over whole runs of raw text, so that one
+         * (Gemma's "   ") may span a marker's end and the content's start
+         * as it would in the whole text. */
+        nf = partition(t, text, &fa, &fb, nf, filter, MATCH_MARKERS);
+        size_t m = 0;
+        for (size_t i = 0; i < nf; i++) {
+            if (m && fa[i].id < 0 && fa[m - 1].id < 0 && fa[m - 1].off + fa[m - 1].len == fa[i].off)
+                fa[m - 1].len += fa[i].len;
+            else
+                fa[m++] = fa[i];
+        }
+        nf = partition(t, text, &fa, &fb, m, filter, MATCH_CONTENT);
+    } else if (nf) {
+        nf = partition(t, text, &fa, &fb, nf, filter, MATCH_ALL);
     }
     if (add_special && t->add_bos && t->bos >= 0 && (rc = ids_push(o, t->bos))) goto out;
     int prev_special = 1; /* the dummy prefix goes at the start and after every special token */
@@ -568,12 +623,13 @@ static int encode_all(const tl_tokenizer *t, const char *text, size_t len, int a
             prev_special = 1;
             continue;
         }
+        size_t off = fa[i].off, end = fa[i].off + fa[i].len;
         switch (t->kind) {
         case TOK_SPM:
-            rc = spm_encode(t, &w, text + fa[i].off, fa[i].len, t->add_space_prefix && prev_special, o);
+            rc = spm_encode(t, &w, text + off, end - off, t->add_space_prefix && prev_special, o);
             break;
         case TOK_BPE:
-            rc = tok_bpe_encode(t, &bw, text + fa[i].off, fa[i].len, o);
+            rc = tok_bpe_encode(t, &bw, text + off, end - off, o);
             break;
         default:
             assert(0);
@@ -589,6 +645,19 @@ out:
     return rc;
 }
 
+static int encode_out(ids_vec *o, int rc, int32_t *out, int cap) {
+    if (rc == TL_OK) {
+        /* at most 3*len + a few ids, far below INT_MAX given TOK_MAX_TEXT */
+        rc = (int)o->n;
+        if (o->n > (size_t)cap)
+            rc = -rc;
+        else if (o->n)
+            memcpy(out, o->v, o->n * sizeof *out);
+    }
+    free(o->v);
+    return rc;
+}
+
 int tl_tokenizer_encode(const tl_tokenizer *t, const char *text, size_t len, int add_special, int parse_special,
                         int32_t *out, int cap) {
     if (!t || (!text && len) || (!out && cap > 0) || cap < 0)
@@ -597,18 +666,36 @@ int tl_tokenizer_encode(const tl_tokenizer *t, const char *text, size_t len, int
         return tl_set_error(TL_ERR_INVALID_ARG, "tl_tokenizer_encode: text of %zu bytes exceeds %zu", len,
                             TOK_MAX_TEXT);
     ids_vec o = {0};
-    int rc = encode_all(t, text, len, add_special, parse_special, &o);
-    if (rc == TL_OK) {
-        /* at most 3*len + a few ids, far below INT_MAX given TOK_MAX_TEXT */
-        rc = (int)o.n;
-        if (o.n > (size_t)cap)
-            rc = -rc;
-        else if (o.n)
-            memcpy(out, o.v, o.n * sizeof *out);
-    }
-    free(o.v);
-    return rc;
+    int rc = encode_all(t, text, len, add_special, parse_special, NULL, 0, NULL, &o);
+    return encode_out(&o, rc, out, cap);
 }
+
+int tl_tokenizer_encode_marked(const tl_tokenizer *t, const char *text, size_t len, int add_special,
+                               const tl_tok_span *markers, int n_markers, const int32_t *forbid, int n_forbid,
+                               int32_t *out, int cap) {
+    if (!t || (!text && len) || (!out && cap > 0) || cap < 0 || n_markers < 0 || (n_markers && !markers) ||
+        n_forbid < 0 || (n_forbid && !forbid))
+        return tl_set_error(TL_ERR_INVALID_ARG,
+                            "tl_tokenizer_encode_marked: bad arguments (len %zu, %d markers, cap %d)", len,
+                            n_markers, cap);
+    if (len > TOK_MAX_TEXT)
+        return tl_set_error(TL_ERR_INVALID_ARG, "tl_tokenizer_encode_marked: text of %zu bytes exceeds %zu", len,
+                            TOK_MAX_TEXT);
+    for (int k = 0; k < n_markers; k++) {
+        size_t from = k ? markers[k - 1].off + markers[k - 1].len : 0;
+        if (markers[k].off < from || markers[k].len > len || markers[k].off > len - markers[k].len)
+            return tl_set_error(TL_ERR_INVALID_ARG,
+                                "tl_tokenizer_encode_marked: marker %d [%zu, +%zu) is out of order or past %zu bytes",
+                                k, markers[k].off, markers[k].len, len);
+    }
+    static const tl_tok_span no_markers = {0, 0};
+    special_filter filter = {forbid, n_forbid};
+    ids_vec o = {0};
+    int rc = encode_all(t, text, len, add_special, 0, n_markers ? markers : &no_markers, n_markers, &filter, &o);
+    return encode_out(&o, rc, out, cap);
+}
+
+int tl_tokenizer_max_token_bytes(const tl_tokenizer *t) { return t ? (int)t->max_len : 0; }
 
 /* ------------------------------------------------------------------------ */
 /* decoding                                                                 */

@@ -46,6 +46,27 @@ const char *tl_tokenizer_token_text(const tl_tokenizer *t, int id);
 int tl_tokenizer_encode(const tl_tokenizer *t, const char *text, size_t len,
                         int add_special, int parse_special, int32_t *out, int cap);
 
+/* A byte range [off, off + len) of an input text. */
+typedef struct tl_tok_span {
+    size_t off, len;
+} tl_tok_span;
+
+/* Tokenizes text in which only the `markers` ranges (sorted, disjoint; a
+ * chat template's own turn markers) may become control tokens. The rest is
+ * content: tokenized as with parse_special = 0, and none of the `forbid`
+ * ids (user-defined tokens a template uses as markers) may appear in it.
+ * Raw text on both sides of a range boundary is encoded as one run, so
+ * text whose content holds no special-token text gets exactly the ids of
+ * tl_tokenizer_encode(parse_special = 1). Returns as tl_tokenizer_encode. */
+int tl_tokenizer_encode_marked(const tl_tokenizer *t, const char *text, size_t len, int add_special,
+                               const tl_tok_span *markers, int n_markers, const int32_t *forbid, int n_forbid,
+                               int32_t *out, int cap);
+
+/* Bytes of the longest token text. No token covers more input bytes (a
+ * SentencePiece space is 3 bytes in the text, a BPE byte 1 or 2), so text
+ * of B bytes gives at least B / this many tokens. */
+int tl_tokenizer_max_token_bytes(const tl_tokenizer *t);
+
 /* Appends the text piece of one token to out (at most cap bytes). Control
  * tokens give "" (unless render_special), byte tokens their raw byte, the
  * SentencePiece space marker becomes ' '. Returns bytes written, or

@@ -38,6 +38,7 @@ struct tl_tokenizer {
     uint32_t slot_mask;
     int32_t *special;   /* control/user-defined/unknown ids, longest text first */
     int n_special;
+    uint32_t max_len;   /* longest token text: no token covers more input bytes */
     struct tok_bpe *bpe; /* kind TOK_BPE only */
 };
 

@@ -39,10 +39,11 @@ local tenants = {
       questions = { "What is the largest planet in the solar system?", "Why does the moon shine at night?" } },
 }
 
--- Register each tenant's system prompt once: its rendered turn, tokenized.
+-- Register each tenant's system prompt once: its rendered turn, tokenized
+-- (chat_tokenize of the system message alone is a prefix of every
+-- conversation that starts with it).
 for _, t in ipairs(tenants) do
-    local text = model:chat_format({ { role = "system", content = t.system } }, { add_assistant = false })
-    t.prefix = model:tokenize(text, { parse_special = true })
+    t.prefix = model:chat_tokenize({ { role = "system", content = t.system } }, { add_assistant = false })
     local n = model:register_prefix(pool, t.prefix)
     print(("tenant %-8s system prompt: %d tokens cached"):format(t.id, n))
 end
@@ -50,12 +51,8 @@ end
 -- One chat turn: the tenant's prefix + the new user turn; streamed so the
 -- first token's time is measured and the answer stops at the next turn.
 local function ask(t, question, opts)
-    local turn = model:chat_format({ { role = "user", content = question } })
-    local prompt = {}
-    for i, tok in ipairs(t.prefix) do prompt[i] = tok end
-    for _, tok in ipairs(model:tokenize(turn, { add_special = false, parse_special = true })) do
-        prompt[#prompt + 1] = tok
-    end
+    local prompt = model:chat_tokenize({ { role = "system", content = t.system },
+        { role = "user", content = question } })
     local o = { max_tokens = 48, temperature = 0, pool = pool }
     for k, v in pairs(opts or {}) do o[k] = v end
     if o.no_cache then o.pool = nil end

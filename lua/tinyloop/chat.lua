@@ -13,31 +13,78 @@ function _M.install(Model, deps)
     local C, closed, bad, raise_rc, opt_table, char_vla =
         deps.C, deps.closed, deps.bad, deps.raise_rc, deps.opt_table, deps.char_vla
 
+    -- The messages as a tl_chat_message array (the strings stay alive through
+    -- `messages` while the array is used).
+    local function c_messages(fname, messages)
+        if type(messages) ~= "table" or #messages == 0 then
+            bad(fname, "messages", "expected a non-empty array of { role =, content = }")
+        end
+        local n = #messages
+        local msgs = ffi_new("tl_chat_message[?]", n)
+        for i = 1, n do
+            local m = messages[i]
+            if type(m) ~= "table" or type(m.role) ~= "string" or type(m.content) ~= "string" then
+                bad(fname, "messages[" .. i .. "]", "expected { role = string, content = string }")
+            end
+            if m.content:find("\0", 1, true) then
+                bad(fname, "messages[" .. i .. "].content", "contains a NUL byte")
+            end
+            msgs[i - 1].role = m.role
+            msgs[i - 1].content = m.content
+        end
+        return msgs, n
+    end
+
+
+    -- chat_tokenize(messages [, { add_assistant = true, as_cdata }]) -> ids of
+    -- the conversation in the model's chat template, BOS as the vocab says.
+    -- Only the template's own markers become control tokens: content such as
+    -- "<end_of_turn>" stays text, so a message cannot forge a turn. The safe
+    -- way to prompt with messages (chat_format + tokenize is for display).
+    function Model:chat_tokenize(messages, opts)
+        local h = self.h or closed("chat_tokenize", 2)
+        local o = opt_table("chat_tokenize", opts, 2)
+        local add = o.add_assistant
+        if add == nil then
+            add = true
+        end
+        local msgs, n = c_messages("chat_tokenize", messages)
+        local need = C.tl_chat_tokenize(h, msgs, n, add and 1 or 0, nil, 0)
+        if need >= 0 then
+            need = -need -- nothing to write (0 ids)
+        elseif need >= -10 then
+            -- a status code, or a need of 1..10 ids: ask again with room
+            need = -16
+        end
+        local buf = ffi_new("int32_t[?]", -need)
+        local got = C.tl_chat_tokenize(h, msgs, n, add and 1 or 0, buf, -need)
+        if got < 0 then
+            raise_rc(got, "chat_tokenize", 2)
+        end
+        if o.as_cdata then
+            return buf, got
+        end
+        local t = {}
+        for i = 0, got - 1 do
+            t[i + 1] = buf[i]
+        end
+        return t
+    end
+
+
     -- chat_format(messages [, { add_assistant = true }]) -> text rendered with
     -- the model's chat template (see chat_template()); messages are
-    -- { role = "system" | "user" | "assistant", content = "..." }. Tokenize the
-    -- result with { parse_special = true }.
+    -- { role = "system" | "user" | "assistant", content = "..." }. For display
+    -- and logs: to prompt, use chat_tokenize (tokenizing this text with
+    -- parse_special = true lets message content forge control tokens).
     function Model:chat_format(messages, opts)
         local h = self.h or closed("chat_format", 2)
-        if type(messages) ~= "table" or #messages == 0 then
-            bad("chat_format", "messages", "expected a non-empty array of { role =, content = }")
-        end
         local o = opt_table("chat_format", opts, 2)
         local add = o.add_assistant
         if add == nil then
             add = true
         end
-        local n = #messages
-        -- The strings stay alive through `messages` for the duration of the call.
-        local msgs = ffi_new("tl_chat_message[?]", n)
-        for i = 1, n do
-            local m = messages[i]
-            if type(m) ~= "table" or type(m.role) ~= "string" or type(m.content) ~= "string" then
-                bad("chat_format", "messages[" .. i .. "]", "expected { role = string, content = string }")
-            end
-            msgs[i - 1].role = m.role
-            msgs[i - 1].content = m.content
-        end
+        local msgs, n = c_messages("chat_format", messages)
         local need = C.tl_chat_format(h, msgs, n, add and 1 or 0, nil, 0)
         if need >= 0 then
             need = -(need + 1)
@@ -81,7 +128,7 @@ function _M.install(Model, deps)
     function Model:chat(messages, opts)
         local _ = self.h or closed("chat", 2)
         local o = opt_table("chat", opts, 2)
-        local prompt = self:tokenize(self:chat_format(messages), { parse_special = true })
+        local prompt = self:chat_tokenize(messages)
         local stops = {}
         for i, s in ipairs(o.stop or {}) do
             stops[i] = s

@@ -418,6 +418,7 @@ function Model:info()
         kv_blocks_total = i.kv_blocks_total, kv_blocks_free = i.kv_blocks_free,
         weight_bytes = tonumber(i.weight_bytes), kv_bytes = tonumber(i.kv_bytes),
         isa = i.isa ~= nil and ffi_string(i.isa) or nil,
+        max_token_bytes = C.tl_model_max_token_bytes(h),
     }
 end
 

@@ -74,7 +74,7 @@ local function load_tenants(t)
         out[key] = {
             name = v.name or key, id = v.id or n, priority = v.priority or 0,
             salt = v.salt or (v.isolate == false and 0 or tonumber(ngx.crc32_long(v.name or key))),
-            system = v.system,
+            system = v.system, allow_system = v.allow_system,
         }
     end
     return out
@@ -187,6 +187,7 @@ local function policy_resolve(key, headers)
     return {
         name = id, id = tid_of(id, t.kv_budget), salt = salt, priority = t.priority or 0,
         system = type(system) == "string" and system ~= "" and system or nil,
+        allow_system = t.allow_system,
         max_tokens = type(t.limits) == "table" and t.limits.max_tokens or nil,
         max_prompt = type(t.limits) == "table" and t.limits.max_prompt or nil,
         policy_version = version,
@@ -268,8 +269,15 @@ end
 new_tenant_tables(1024)
 
 
-function pin_system_prompt(tenant)
-    local key = tenant.name .. "\0" .. tostring(tenant.salt) .. "\0" .. tenant.system
+-- kind "chat" pins the system turn as chat requests render it (the same
+-- tl_chat_tokenize path, so the ids are a prefix of theirs); "completion"
+-- pins the raw prefix /v1/completions puts before the prompt.
+local system_prefix_ids -- defined with tokenize() below
+
+
+function pin_system_prompt(tenant, kind)
+    kind = kind or "chat"
+    local key = kind .. "\0" .. tenant.name .. "\0" .. tostring(tenant.salt) .. "\0" .. tenant.system
     local p = pinned:get(key)
     if p then
         if p.id and model:request_state(p.id) ~= "queued" and model:request_state(p.id) ~= "running" then
@@ -289,8 +297,12 @@ function pin_system_prompt(tenant)
         if tenant.id and tenant.id > 0 then
             pool:set_tenant(tenant.id)
         end
-        local text = model:chat_format({ { role = "system", content = tenant.system } }, { add_assistant = false })
-        local toks = model:tokenize(text, { parse_special = true })
+        local toks
+        if kind == "chat" then
+            toks = model:chat_tokenize({ { role = "system", content = tenant.system } }, { add_assistant = false })
+        else
+            toks = system_prefix_ids(tenant.system)
+        end
         if #toks == 0 or #toks >= model.max_seq_len then
             pinned:set(key, { pool = pool })
             return
@@ -319,6 +331,12 @@ local function open_engine(opts, msl)
         n_threads = opts.n_threads })
     if not ok then
         return nil, "cannot open model " .. cfg.model .. ": " .. tostring(m)
+    end
+    if opts.chat_template then
+        local tok, terr = pcall(m.set_chat_template, m, opts.chat_template)
+        if not tok then
+            ngx_log(ERR, "tinyloop: chat_template: ", terr)
+        end
     end
     local e, err = eng.start(m, { max_queue = opts.max_queue, sock_dir = opts.sock_dir })
     if not e then
@@ -372,6 +390,9 @@ end
 -- failure: doubling from 1 up to 30), max_tenants (tenants this worker keeps
 -- ids and pinned system prompts for, least recently used dropped; 1024).
 -- request_timeout (seconds from arrival to the last token; 600).
+-- chat_template (force "gemma", "chatml", "llama3", "llama2" or "plain"),
+-- tokenize_inline_bytes (prompts up to this size tokenize in the handler, larger
+-- ones on the tokenizer thread; default 4096).
 -- $TINYLOOP_MAX_QUEUE and $TINYLOOP_KV_MEM override max_queue and kv_mem.
 function _M.init_worker(opts)
     opts = opts or {}
@@ -453,29 +474,150 @@ local function read_body()
 end
 
 
-local function tokenize(o)
+-- ---- tokenization ----------------------------------------------------------------------------
+--
+-- Text is refused by its size before it is tokenized: no token covers more
+-- than max_token_bytes input bytes, so text longer than the token limit x
+-- that cannot fit. What passes is tokenized inline when small, else on the
+-- model's tokenizer thread (server_engine tokenize), so a megabyte of prompt
+-- never stalls this worker's event loop. Chat messages go through
+-- tl_chat_tokenize: only the template's markers become control tokens.
+local max_token_bytes = nil
+
+
+local function byte_bound(bytes, limit, what, field)
+    max_token_bytes = max_token_bytes or C.tl_model_max_token_bytes(model.h)
+    if max_token_bytes > 0 and bytes > limit * max_token_bytes then
+        local whose = limit < model.max_seq_len and "This tenant's prompt limit"
+            or "This model's maximum context length"
+        return format("%s is %d tokens. However, your %s has %d bytes, more than %d tokens can hold (no token of "
+            .. "this model covers more than %d bytes). Please reduce the length of the %s.", whose, limit, what,
+            bytes, limit, max_token_bytes, what), field
+    end
+end
+
+
+local function ids_from_table(t, from)
+    local n = #t - from + 1
+    local arr = ffi_new("int32_t[?]", math.max(n, 1))
+    for i = from, #t do
+        arr[i - from] = t[i]
+    end
+    return arr, n
+end
+
+
+-- Text ids (cdata, n) | nil, message, rc: inline or as a tokenize job.
+local function text_ids(text, add_special)
+    if #text <= (cfg.tokenize_inline_bytes or 4096) then
+        local ok, ids, n = pcall(model.tokenize, model, text, { add_special = add_special, as_cdata = true })
+        if not ok then
+            return nil, tostring(ids)
+        end
+        return ids, n
+    end
+    return engine:tokenize(text, { add_special = add_special })
+end
+
+
+-- BOS (as the vocab says) and the tenant's system prompt followed by a blank
+-- line: what /v1/completions puts before a tenant's prompt, as a table.
+-- Memoized per prompt text (bounded: cleared when full), since every
+-- completion of the tenant needs it.
+local prefix_memo, n_prefix_memo = {}, 0
+function system_prefix_ids(system)
+    local ids = prefix_memo[system]
+    if ids then
+        return ids
+    end
+    ids = model:tokenize(system .. "\n\n", { add_special = true })
+    if #ids > 1 and ids[#ids] == model.eos then
+        ids[#ids] = nil
+    end
+    if n_prefix_memo >= 256 then
+        prefix_memo, n_prefix_memo = {}, 0
+    end
+    prefix_memo[system], n_prefix_memo = ids, n_prefix_memo + 1
+    return ids
+end
+
+
+-- A failed tokenize job: 503 when the tokenizer queue is full, else 400.
+local function job_failed(message, rc, field)
+    if rc == eng.ERR_BUSY then
+        metrics.inc("tinyloop_requests_rejected_total")
+        return nil, "The server is overloaded; retry later. (" .. message .. ")", nil, "server_overloaded", 503
+    end
+    return nil, message, field, "invalid_value"
+end
+
+
+-- tokenize(o, tenant) -> ids (int32_t cdata), n | nil, message, field, code [, status]
+local function tokenize(o, tenant, chat)
+    local limit = math.min(model.max_seq_len, tenant.max_prompt or model.max_seq_len)
+    local ids, n, err, rc
+    if o.messages then
+        -- content bytes bound the tokens from below; each turn (not system,
+        -- which some templates fold) renders at least one token of its own
+        local bytes, turns = 0, 0
+        for i = 1, #o.messages do
+            bytes = bytes + #o.messages[i].content
+            turns = turns + (o.messages[i].role ~= "system" and 1 or 0)
+        end
+        err = byte_bound(bytes, limit, "prompt", "messages")
+        if not err and turns > limit then
+            err = format("The prompt has %d turns, more than the %d tokens it may hold.", turns, limit)
+        end
+        if err then
+            return nil, err, "messages", "context_length_exceeded"
+        end
+        -- the rendered text is longer by the template's markers
+        if bytes + 32 * #o.messages <= (cfg.tokenize_inline_bytes or 4096) then
+            local ok
+            ok, ids, n = pcall(model.chat_tokenize, model, o.messages, { as_cdata = true })
+            if not ok then
+                return nil, tostring(ids), "messages", "invalid_value"
+            end
+        else
+            ids, n, rc = engine:tokenize(o.messages, { chat = true })
+        end
+        if not ids then
+            return job_failed(n, rc, "messages")
+        end
+        return ids, n
+    end
+    local prefix = not chat and tenant.system and system_prefix_ids(tenant.system)
     if o.prompt_ids then
-        local ids = o.prompt_ids
-        for i = 1, #ids do
-            if ids[i] >= model.n_vocab then
+        local p = o.prompt_ids
+        for i = 1, #p do
+            if p[i] >= model.n_vocab then
                 return nil, format("Invalid value for 'prompt': token %d at index %d is outside the vocab [0, %d)",
-                    ids[i], i - 1, model.n_vocab), "prompt"
+                    p[i], i - 1, model.n_vocab), "prompt", "invalid_value"
             end
         end
-        return ids
-    end
-    if o.messages then
-        local text, err = engine:chat_format(o.messages)
-        if not text then
-            return nil, err, "messages"
+        ids, n = ids_from_table(p, prefix and p[1] == model.bos and 2 or 1)
+    else
+        err = byte_bound(#o.prompt, limit, "prompt", "prompt")
+        if err then
+            return nil, err, "prompt", "context_length_exceeded"
         end
-        local ids = model:tokenize(text, { add_special = true, parse_special = true })
-        if ids[2] == model.bos and ids[1] == model.bos then
-            table.remove(ids, 1)
+        -- with a tenant prefix, the prompt is tokenized as it would be alone
+        -- (no BOS: the prefix has it), so the prefix's ids stay a prefix
+        ids, n, rc = text_ids(o.prompt, not prefix)
+        if not ids then
+            return job_failed(n, rc, "prompt")
         end
-        return ids
     end
-    return model:tokenize(o.prompt, { add_special = true })
+    if prefix then
+        local np = #prefix
+        local all = ffi_new("int32_t[?]", np + n)
+        for i = 1, np do
+            all[i - 1] = prefix[i]
+        end
+        ffi.copy(all + np, ids, n * 4)
+        ids, n = all, np + n
+    end
+    return ids, n
 end
 
 
@@ -682,15 +824,31 @@ local function generate(endpoint, chat)
     if not o then
         return fail(endpoint, 400, verr, field, field and "invalid_value")
     end
-    if tenant.system and chat and o.messages[1].role ~= "system" then
-        table.insert(o.messages, 1, { role = "system", content = tenant.system })
-        pin_system_prompt(tenant)
+    if o.model and o.model ~= cfg.model_name then
+        return fail(endpoint, 404, format("The model '%s' does not exist; this server serves '%s'.", o.model,
+            cfg.model_name), "model", "model_not_found")
     end
-    local ids, terr2, tfield = tokenize(o)
-    if not ids then
-        return fail(endpoint, 400, terr2, tfield, "invalid_value")
+    if chat then
+        -- The operator's system prompt stays first; a client's system
+        -- messages follow it, or are refused where the tenant says so.
+        for i, m in ipairs(o.messages) do
+            if m.role == "system" and tenant.allow_system == false then
+                return fail(endpoint, 400, "System messages are not allowed for this API key.",
+                    format("messages[%d].role", i - 1), "system_not_allowed")
+            end
+        end
+        if tenant.system then
+            table.insert(o.messages, 1, { role = "system", content = tenant.system })
+            pin_system_prompt(tenant, "chat")
+        end
+    elseif tenant.system then
+        pin_system_prompt(tenant, "completion")
     end
-    local n = #ids
+    local arr, n, tfield, tcode, tstatus2 = tokenize(o, tenant, chat)
+    if not arr then
+        return fail(endpoint, tstatus2 or 400, n, tfield, tcode or "invalid_value",
+            tstatus2 and { ["Retry-After"] = cfg.retry_after })
+    end
     local msl = model.max_seq_len
     if o.max_tokens_default then
         -- completions default to OpenAI's 16; chat (unlimited at OpenAI) to the cap
@@ -709,10 +867,6 @@ local function generate(endpoint, chat)
             .. "requested %d tokens (%d in the prompt, %d for the completion). Please reduce the "
             .. "length of the prompt or the completion.", msl, n + o.max_tokens, n, o.max_tokens),
             chat and "messages" or "prompt", "context_length_exceeded")
-    end
-    local arr = ffi_new("int32_t[?]", n)
-    for i = 1, n do
-        arr[i - 1] = ids[i]
     end
     local id, serr, rc = engine:submit(arr, n, fill_params(o, tenant))
     if not id then

@@ -21,7 +21,7 @@ local lib = require "tinyloop.lib"
 local semaphore = require "ngx.semaphore"
 
 local C = lib.load()
-local ffi_new, ffi_cast, ffi_string, ffi_copy = ffi.new, ffi.cast, ffi.string, ffi.copy
+local ffi_new, ffi_cast, ffi_copy = ffi.new, ffi.cast, ffi.copy
 local tonumber, pairs, setmetatable = tonumber, pairs, setmetatable
 local ngx_log, ERR, WARN, INFO = ngx.log, ngx.ERR, ngx.WARN, ngx.INFO
 
@@ -297,30 +297,71 @@ function _M:stop()
 end
 
 
--- chat_format(msgs) -> text | nil, err: msgs = { { role =, content = }, ... }
-local chat_buf, chat_cap = nil, 0
-function _M:chat_format(msgs)
-    local n = #msgs
-    local arr = ffi_new("tl_chat_message[?]", n)
-    for i = 1, n do
-        -- the strings stay alive in msgs while the pointers are used
-        local r, c = msgs[i].role, msgs[i].content
-        arr[i - 1].role = r
-        arr[i - 1].content = c
-    end
-    local need = 4096
-    for _ = 1, 2 do
-        if chat_cap < need then
-            chat_cap = need
-            chat_buf = ffi_new("char[?]", chat_cap)
+-- ---- tokenization off the event loop -------------------------------------------------------
+
+local job_out = ffi_new("int64_t[1]")
+local n_out = ffi_new("int[1]")
+local TL_ERR_BUFFER = -8
+
+
+-- tokenize(what, opts) -> ids (int32_t cdata), n | nil, message, rc. what is a
+-- text, or with opts.chat a list of { role, content } (rendered with the
+-- model's template; only its markers become control tokens). opts:
+-- add_special, parse_special (text). The job runs on the model's tokenizer
+-- thread; this handler sleeps on its semaphore until the notifier (or the
+-- poll) wakes it, so the event loop stays free. If the handler dies while
+-- waiting, the job is released when its guard is collected.
+function _M:tokenize(what, opts)
+    opts = opts or {}
+    local h = self.h
+    local rc
+    if opts.chat then
+        local n = #what
+        local arr = ffi_new("tl_chat_message[?]", n)
+        for i = 1, n do
+            arr[i - 1].role = what[i].role
+            arr[i - 1].content = what[i].content
         end
-        local w = C.tl_chat_format(self.h, arr, n, 1, chat_buf, chat_cap)
-        if w >= 0 then
-            return ffi_string(chat_buf, w)
-        end
-        need = -w + 1
+        rc = C.tl_chat_tokenize_submit(h, arr, n, 1, job_out)
+    else
+        rc = C.tl_tokenize_submit(h, what, #what, opts.add_special == false and 0 or 1,
+            opts.parse_special and 1 or 0, job_out)
     end
-    return nil, "chat format failed: " .. lib.last_error()
+    if rc ~= 0 then
+        return nil, lib.last_error(), rc
+    end
+    local id = tonumber(job_out[0])
+    local waiters = self.waiters
+    local sema = semaphore.new(0)
+    waiters[id] = sema
+    local guard = ffi.gc(ffi_new("char[1]"), function()
+        waiters[id] = nil
+        C.tl_tokenize_release(h, id)
+    end)
+    local ids, n, err
+    while true do
+        rc = C.tl_tokenize_take(h, id, nil, 0, n_out)
+        n = n_out[0]
+        if rc == TL_ERR_BUFFER then
+            ids = ffi_new("int32_t[?]", n)
+            rc = C.tl_tokenize_take(h, id, ids, n, n_out)
+        end
+        if rc ~= 0 then
+            err = lib.last_error()
+            break
+        end
+        if n >= 0 then
+            ids = ids or ffi_new("int32_t[1]")
+            break
+        end
+        sema:wait(self.poll)
+    end
+    ffi.gc(guard, nil) -- the job is gone (taken, or freed with its error)
+    waiters[id] = nil
+    if err then
+        return nil, err, rc
+    end
+    return ids, n
 end
 
 

@@ -10,6 +10,12 @@ local ngx_time = ngx.time
 local _M = {}
 
 local json_encode = cjson.encode
+-- Request bodies go through an instance of their own that refuses NaN,
+-- Infinity and hex numbers (cjson accepts them by default); other users
+-- of cjson keep its defaults.
+local decoder = cjson.new()
+decoder.decode_invalid_numbers(false)
+local INT_MAX = 2 ^ 31 - 1
 
 
 -- ---- errors ----------------------------------------------------------------------------
@@ -50,6 +56,17 @@ local function is_int(v)
 end
 
 
+-- A number that is neither NaN nor infinite (1e999 decodes to inf).
+local function is_finite(v)
+    return type(v) == "number" and v == v and v > -math.huge and v < math.huge
+end
+
+
+local function given(v)
+    return v ~= nil and v ~= cjson.null
+end
+
+
 local function bad(field, what)
     return nil, format("Invalid value for '%s': %s", field, what), field
 end
@@ -62,8 +79,8 @@ local function sampling(body, o, max_default)
         v = body.max_completion_tokens
     end
     if v ~= nil and v ~= cjson.null then
-        if not is_int(v) or v < 1 then
-            return bad("max_tokens", "expected an integer >= 1, got " .. tostring(v))
+        if not is_int(v) or v < 1 or v > INT_MAX then
+            return bad("max_tokens", "expected an integer in [1, 2147483647], got " .. tostring(v))
         end
         o.max_tokens = v
     else
@@ -72,7 +89,7 @@ local function sampling(body, o, max_default)
     end
     v = body.temperature
     if v ~= nil and v ~= cjson.null then
-        if type(v) ~= "number" or v < 0 or v > 2 then
+        if not is_finite(v) or v < 0 or v > 2 then
             return bad("temperature", "expected a number in [0, 2], got " .. tostring(v))
         end
         o.temperature = v
@@ -81,15 +98,15 @@ local function sampling(body, o, max_default)
     end
     v = body.top_p
     if v ~= nil and v ~= cjson.null then
-        if type(v) ~= "number" or v <= 0 or v > 1 then
+        if not is_finite(v) or v <= 0 or v > 1 then
             return bad("top_p", "expected a number in (0, 1], got " .. tostring(v))
         end
         o.top_p = v
     end
     v = body.top_k
     if v ~= nil and v ~= cjson.null then
-        if not is_int(v) or v < 0 then
-            return bad("top_k", "expected an integer >= 0, got " .. tostring(v))
+        if not is_int(v) or v < 0 or v > INT_MAX then
+            return bad("top_k", "expected an integer in [0, 2147483647], got " .. tostring(v))
         end
         o.top_k = v
     end
@@ -125,8 +142,12 @@ local function sampling(body, o, max_default)
         end
         o.stream = v
     end
-    if type(body.stream_options) == "table" and body.stream_options.include_usage == true then
-        o.include_usage = true
+    v = body.stream_options
+    if given(v) then
+        if type(v) ~= "table" or (given(v.include_usage) and type(v.include_usage) ~= "boolean") then
+            return bad("stream_options", "expected { include_usage = boolean }")
+        end
+        o.include_usage = v.include_usage == true
     end
     v = body.user
     if v ~= nil and v ~= cjson.null and type(v) ~= "string" then
@@ -135,7 +156,7 @@ local function sampling(body, o, max_default)
     o.user = v
     v = body.n
     if v ~= nil and v ~= cjson.null and v ~= 1 then
-        return bad("n", "only n = 1 is supported")
+        return bad("n", "only n = 1 is supported, got " .. tostring(v))
     end
     v = body.model
     if v ~= nil and v ~= cjson.null and type(v) ~= "string" then
@@ -146,12 +167,52 @@ local function sampling(body, o, max_default)
 end
 
 
+-- Fields a request may carry. true: supported. A function: accepted
+-- only with the value it approves (OpenAI's default, a no-op here); any
+-- other value is refused naming the field rather than silently ignored.
+local function is_false(v) return v == false end
+local function is_zero(v) return v == 0 end
+local function is_empty(v) return type(v) == "table" and next(v) == nil end
+local COMMON = {
+    model = true, max_tokens = true, max_completion_tokens = true, temperature = true, top_p = true,
+    top_k = true, seed = true, stop = true, stream = true, stream_options = true, user = true, n = true,
+    presence_penalty = is_zero, frequency_penalty = is_zero, logit_bias = is_empty,
+}
+local FIELDS = {
+    completion = setmetatable({ prompt = true, echo = is_false, suffix = function() return false end,
+        best_of = function(v) return v == 1 end, logprobs = function() return false end }, { __index = COMMON }),
+    chat = setmetatable({ messages = true, logprobs = is_false, top_logprobs = function() return false end,
+        tools = is_empty, tool_choice = function(v) return v == "none" end,
+        parallel_tool_calls = function(v) return type(v) == "boolean" end,
+        response_format = function(v) return type(v) == "table" and v.type == "text" end,
+    }, { __index = COMMON }),
+}
+
+
+-- Unknown and unsupported fields -> nil, message, field.
+local function check_fields(body, kind)
+    local known = FIELDS[kind]
+    for k, v in pairs(body) do
+        local rule = type(k) == "string" and known[k]
+        if not rule then
+            return nil, format("Unrecognized request argument supplied: %s", tostring(k)), tostring(k)
+        end
+        if rule ~= true and given(v) and not rule(v) then
+            return nil, format("Unsupported value for '%s': this server does not implement it (got %s).", k,
+                type(v) == "table" and "an object" or tostring(v)), k
+        end
+    end
+    return true
+end
+_M.check_fields = check_fields
+
+
 -- decode(raw) -> body table | nil, message
 function _M.decode(raw)
     if raw == nil or raw == "" then
         return nil, "We could not parse the JSON body of your request: the body is empty."
     end
-    local body, err = cjson.decode(raw)
+    local body, err = decoder.decode(raw)
     if body == nil then
         return nil, "We could not parse the JSON body of your request: " .. tostring(err)
     end
@@ -166,6 +227,10 @@ end
 -- a string or opts.prompt_ids a table of token ids.
 function _M.completion_request(body)
     local o = {}
+    local fok, ferr, ffield = check_fields(body, "completion")
+    if not fok then
+        return nil, ferr, ffield
+    end
     local p = body.prompt
     if p == nil or p == cjson.null then
         return nil, "Missing required parameter: 'prompt'.", "prompt"
@@ -197,12 +262,18 @@ end
 
 
 local ROLES = { system = true, user = true, assistant = true, developer = true }
+-- name (a participant's name) is accepted and not rendered; tool calls are not supported
+local MESSAGE_FIELDS = { role = true, content = true, name = true }
 
 
 -- chat_request(body) -> opts | nil, message, field. opts.messages is a list of
 -- { role, content } with string contents.
 function _M.chat_request(body)
     local o = {}
+    local fok, ferr, ffield = check_fields(body, "chat")
+    if not fok then
+        return nil, ferr, ffield
+    end
     local m = body.messages
     if m == nil or m == cjson.null then
         return nil, "Missing required parameter: 'messages'.", "messages"
@@ -216,6 +287,12 @@ function _M.chat_request(body)
         local field = format("messages[%d]", i - 1)
         if type(e) ~= "table" then
             return bad(field, "expected an object")
+        end
+        for k, v in pairs(e) do
+            if not MESSAGE_FIELDS[k] or (k == "name" and type(v) ~= "string") then
+                return nil, format("Unrecognized or unsupported message field '%s.%s'.", field, tostring(k)),
+                    field .. "." .. tostring(k)
+            end
         end
         if type(e.role) ~= "string" or not ROLES[e.role] then
             return bad(field .. ".role", "expected one of system, user, assistant")
@@ -234,6 +311,11 @@ function _M.chat_request(body)
         end
         if type(c) ~= "string" then
             return bad(field .. ".content", "expected a string")
+        end
+        local nul = c:find("\0", 1, true)
+        if nul then
+            -- C strings would end there and silently drop the rest
+            return bad(field .. ".content", format("contains a NUL byte (at byte %d)", nul - 1))
         end
         msgs[i] = { role = e.role == "developer" and "system" or e.role, content = c }
     end

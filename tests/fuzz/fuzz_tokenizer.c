@@ -10,6 +10,8 @@
  *     but falcon, which lacks 14 control characters) and valid UTF-8 input,
  *     decoded again and compared with the input: without parse_special the
  *     round trip is exact;
+ *   - encoded with marker spans taken from its bytes (chat segments): ids in
+ *     range, and without spans exactly the parse_special 0 ids;
  *   - read as little-endian int32 ids (modulo n_vocab), decoded and rendered
  *     piece by piece, the pieces streamed through tl_utf8_complete_prefix.
  * A broken invariant aborts, so libFuzzer reports it like a crash.
@@ -167,6 +169,39 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (lossless[v] && valid && !ps && ((size_t)dl != size || memcmp(text, data, size) != 0)) abort();
             stream(t, ids, m, lossless[v] ? text : NULL, dl); /* SPM's decode strips the dummy-prefix space */
             free(text);
+            free(ids);
+        }
+
+        /* marked encoding (chat segments): marker spans from the input's
+         * bytes; ids in range, and with no marker at all exactly the ids of
+         * encoding the text with parse_special 0 */
+        {
+            tl_tok_span spans[4];
+            int ns = size ? data[0] % 5 : 0;
+            size_t pos = 0;
+            for (int k = 0; k < ns && size; k++) {
+                size_t off = pos + (size_t)data[(k + 1) % size] % (size - pos + 1);
+                size_t len = (size_t)data[(k + 2) % size] % (size - off + 1);
+                spans[k] = (tl_tok_span){off, len};
+                pos = off + len;
+            }
+            int32_t forbid[1] = {tl_tokenizer_bos(t)};
+            int n = tl_tokenizer_encode_marked(t, (const char *)data, size, 1, spans, ns, forbid, 1, NULL, 0);
+            int cap = n < 0 ? -n : n;
+            int32_t *ids = malloc(((size_t)cap + 1) * sizeof *ids);
+            if (!ids) return 0;
+            int m = n < 0 ? tl_tokenizer_encode_marked(t, (const char *)data, size, 1, spans, ns, forbid, 1, ids, cap)
+                          : n;
+            if (m != cap) abort();
+            for (int i = 0; i < m; i++)
+                if (ids[i] < 0 || ids[i] >= nv) abort();
+            if (ns == 0) {
+                int32_t *plain = malloc(((size_t)cap + 1) * sizeof *plain);
+                if (plain && (tl_tokenizer_encode(t, (const char *)data, size, 1, 0, plain, cap) != m ||
+                              memcmp(plain, ids, (size_t)m * sizeof *ids) != 0))
+                    abort();
+                free(plain);
+            }
             free(ids);
         }
 

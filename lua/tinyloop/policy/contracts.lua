@@ -117,6 +117,9 @@ function _M.check_tenant(t)
     if t.pool ~= nil and type(t.pool) ~= "string" then
         return where .. "pool must be a string"
     end
+    if t.allow_system ~= nil and type(t.allow_system) ~= "boolean" then
+        return where .. "allow_system must be a boolean"
+    end
     if t.limits ~= nil then
         if type(t.limits) ~= "table" then
             return where .. "limits must be a table"
