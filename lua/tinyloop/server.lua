@@ -725,10 +725,12 @@ local function metrics_allowed()
 end
 
 
-function _M.health()
+-- health(opts): opts.details = true shows the details without the key (for
+-- a location on a private listener, see examples/nginx.conf).
+function _M.health(opts)
     local up = engine ~= nil and not auth_broken
     local status = up and 200 or 503
-    if not (cfg.metrics_key and metrics_allowed()) then
+    if not (opts and opts.details) and not (cfg.metrics_key and metrics_allowed()) then
         return json_reply(status, cjson.encode({ status = up and "ok" or "unavailable" }))
     end
     local st = engine and engine:stats()
