@@ -6,7 +6,6 @@
 -- one is set.
 package.path = debug.getinfo(1, "S").source:sub(2):match("^(.*/)") .. "?.lua;" .. package.path
 local T = require "lib"
-local cjson = require "cjson.safe"
 local check = T.check
 
 local conf = T.ROOT .. "/examples/nginx.conf"
