@@ -183,18 +183,18 @@ function compile_checked(src, name, opts)
     -- Snapshot: functions and a plain copy of the data (no metatables), so
     -- later changes to the policy's table do not change this version.
     local fns, data = {}, {}
-    local k, v = next(p)
-    while k ~= nil do
-        if type(v) == "function" then
-            fns[k] = v
-        elseif type(k) == "string" then
-            local c, why = plain(v, nil, true)
-            if why then
-                return nil, format("%s: %s holds %s (policy data must be plain)", name, k, why)
+    local key, val = next(p)
+    while key ~= nil do
+        if type(val) == "function" then
+            fns[key] = val
+        elseif type(key) == "string" then
+            local c, bad = plain(val, nil, true)
+            if bad then
+                return nil, format("%s: %s holds %s (policy data must be plain)", name, key, bad)
             end
-            data[k] = c
+            data[key] = c
         end
-        k, v = next(p, k)
+        key, val = next(p, key)
     end
     local v = setmetatable({}, version_mt)
     fields_of[v] = {

@@ -149,6 +149,20 @@ end
         T.stop(osrv)
     end
 
+    -- a policy whose self_test would run for minutes inside a C pattern function
+    local slow = T.tmpdir() .. "/tenants-slow.lua"
+    T.write(slow, (src:gsub("function P%.self_test%(%)", "function P.self_test()\n"
+        .. "    assert(('a'):rep(1500):find('.-.-.-b') == nil)", 1)))
+    local wport = T.free_port()
+    local wsrv, werr = T.start{ name = "slow-policy", conf = conf, port = wport, health = "/v1/models",
+        env = env("slow-policy", { TINYLOOP_TENANTS_POLICY = slow }) }
+    if check("a worker whose tenants policy hangs at load starts anyway (the load has limits)", wsrv, werr) then
+        r = ask(wport, { Authorization = "Bearer sk-acme" })
+        check("its requests are refused (503) and the log says why", r.status == 503
+            and T.error_log(wsrv):find("instruction limit", 1, true), r.body)
+        T.stop(wsrv)
+    end
+
     local bad_tenants = T.tmpdir() .. "/tenants-broken.lua"
     T.write(bad_tenants, 'return { ["sk-a"] = "not a table" }\n')
     local bport = T.free_port()
