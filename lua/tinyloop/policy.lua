@@ -10,9 +10,10 @@
 -- built-in check of the contract on sample inputs -- every step under an
 -- instruction limit, a memory cap and a time budget (a debug count hook
 -- owned by the runtime, JIT off for the policy's code so the hook fires,
--- bounded pattern functions and string builders; see .sandbox), with plain
--- data in and out -- and only then swaps the new version in. A file that fails any step is rejected with a logged reason
--- (file:line: message) and the previous version keeps serving.
+-- bounded pattern functions and string builders; see .sandbox), with
+-- plain data in and out -- and only then swaps the new version in. A file
+-- that fails any step is rejected with a logged reason (file:line:
+-- message) and the previous version keeps serving.
 --
 --   local policy = require "tinyloop.policy"
 --   local rt = policy.Runtime{ path = "lua/policies/routing.lua", kind = "routing" }
