@@ -125,6 +125,23 @@ return P
         T.stop(ssrv)
     end
 
+    -- ---- examples/nginx.conf's private listener, uncommented ---------------------------------------
+    local pport, mport = T.free_port(), T.free_port()
+    local psrv, perr = T.start{ name = "private", conf = conf, port = pport,
+        env = env("private", { TINYLOOP_TENANTS_POLICY = path }),
+        subst = { { "\n        # (location = /metrics { return 404; })", "\n        %1" },
+            { "\n    # ", "\n    " }, { "127%.0%.0%.1:9145", "127.0.0.1:" .. mport } } }
+    if check("the example's private metrics listener starts when uncommented", psrv, perr) then
+        r = T.request(pport, "GET", "/metrics") or {}
+        check("/metrics is not served on the public address", r.status == 404, r.status)
+        r = T.request(mport, "GET", "/metrics") or {}
+        check("/metrics is served on the private address", r.status == 200
+            and (r.body or ""):find("tinyloop_requests_in_flight", 1, true), r.status)
+        r = T.request(mport, "GET", "/health") or {}
+        check("/health on the private address has the details", r.json and type(r.json.pid) == "number", r.body)
+        T.stop(psrv)
+    end
+
     -- ---- configurations that fail to load refuse requests ---------------------------------------
     local old = T.tmpdir() .. "/tenants-impersonation.lua"
     T.write(old, (src:gsub("function P%.resolve%(req%).-\nend\n", [[
