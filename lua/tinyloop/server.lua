@@ -170,6 +170,9 @@ end
 
 
 local function policy_resolve(key, headers)
+    if not policy_rt.current then
+        return nil, "The tenants policy did not load; no request is served.", 503
+    end
     local v = policy_rt:acquire()
     local ok, t = v:call("resolve", { api_key = key, headers = headers })
     local version = v.version
@@ -231,13 +234,16 @@ local function start_policy(path)
         return nil, "the policy runtime is not available: " .. tostring(policy)
     end
     check_tenant = policy.check_tenant
+    -- lazy: a file that does not load leaves no version, and requests are
+    -- refused (503) until a good version loads here or is published.
     local rok, rt = pcall(policy.Runtime, { path = path, kind = "tenants", interval_ms = 500,
-        name = "tenants", log = function(msg)
+        name = "tenants", lazy = true, log = function(msg)
             ngx_log(msg:find("rejected", 1, true) and ngx.WARN or ngx.NOTICE, msg)
         end })
     if not rok then
         return nil, rt
     end
+    rt:reload()
     policy_rt = rt
     resolver = policy_resolve
     reload_counter = function()
@@ -728,7 +734,7 @@ end
 -- health(opts): opts.details = true shows the details without the key (for
 -- a location on a private listener, see examples/nginx.conf).
 function _M.health(opts)
-    local up = engine ~= nil and not auth_broken
+    local up = engine ~= nil and not auth_broken and not (policy_rt and not policy_rt.current)
     local status = up and 200 or 503
     if not (opts and opts.details) and not (cfg.metrics_key and metrics_allowed()) then
         return json_reply(status, cjson.encode({ status = up and "ok" or "unavailable" }))

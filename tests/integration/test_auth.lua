@@ -163,6 +163,18 @@ end
         check("the rejection names the rule", T.error_log(osrv):find("which has an api_key", 1, true),
             T.error_log(osrv):sub(-600))
         check("/health reports the instance unavailable", (T.request(oport, "GET", "/health") or {}).status == 503)
+        T.write(old, src)
+        local served = false
+        for _ = 1, 40 do
+            if ask(oport, { Authorization = "Bearer sk-acme" }).status == 200 then
+                served = true
+                break
+            end
+            T.sleep(0.1)
+        end
+        check("once the file is fixed the worker loads it and serves", served)
+        check("and X-Tenant: acme without a key is still not acme", ask(oport, { ["X-Tenant"] = "acme" }, 100).status
+            == 400)
         T.stop(osrv)
     end
 
