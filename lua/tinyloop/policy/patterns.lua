@@ -712,7 +712,7 @@ for _, f in pairs(_M) do
     end
 end
 for _, f in ipairs { quantifiers, steps, class_end, match_bracket, single_match, max_expand, min_expand,
-                     start_capture, end_capture, match_capture, match_balance, do_match, one_capture,
+                     start_capture, end_capture, check_capture, match_capture, match_balance, do_match, one_capture,
                      captures, state, find_aux, lua_gmatch, lua_gsub, lua_plain_find, gsub_bound, number_arg, subject,
                      start_of, match_class } do
     jit.off(f, true)
