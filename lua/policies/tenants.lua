@@ -1,5 +1,6 @@
--- Tenant mapping (example and default): an API key (or the x-tenant
--- header) names a tenant; each tenant has its system prompt(s), a pool, a
+-- Tenant mapping (example and default): an API key names a tenant (the
+-- x-tenant header may only pick a tenant without an api_key: a keyed
+-- tenant is reached with its key alone, and the runtime checks that); each tenant has its system prompt(s), a pool, a
 -- cache salt (true: derived from the id, so tenants never share cached
 -- blocks), a priority, a KV budget in blocks and limits. `shared` lists the
 -- operator's prompts: cached once in a shareable pool, reused by every
@@ -32,16 +33,20 @@ end
 P.default = { id = "public", salt = true, priority = 0, kv_budget = 16, limits = { max_tokens = 32 } }
 
 function P.resolve(req)
-    local t = by_key[req.api_key or ""]
-    if not t and req.headers then
-        t = P.tenants[req.headers["x-tenant"] or ""]
+    if req.api_key then
+        return by_key[req.api_key]      -- an unknown key is refused (401), not served as public
     end
-    return t or P.default
+    local named = req.headers and P.tenants[req.headers["x-tenant"] or ""]
+    if named and not named.api_key then
+        return named
+    end
+    return P.default
 end
 
 function P.self_test()
     assert(P.resolve({ api_key = "sk-acme" }).id == "acme")
-    assert(P.resolve({ headers = { ["x-tenant"] = "globex" } }).id == "globex")
+    assert(P.resolve({ headers = { ["x-tenant"] = "globex" } }).id == "public")
+    assert(P.resolve({ api_key = "sk-nope" }) == nil)
     assert(P.resolve({}).id == "public")
 end
 

@@ -8,10 +8,12 @@
 -- getfenv, ngx, rawset, collectgarbage, coroutine; copies of string, table,
 -- math, bit), checks the kind's contract, runs the policy's self_test and a
 -- built-in check of the contract on sample inputs -- every step under an
--- instruction limit (a debug count hook owned by the runtime, JIT off for
--- the policy's code so the hook fires) -- and only then swaps the new
--- version in. A file that fails any step is rejected with a logged reason
--- (file:line: message) and the previous version keeps serving.
+-- instruction limit, a memory cap and a time budget (a debug count hook
+-- owned by the runtime, JIT off for the policy's code so the hook fires,
+-- bounded pattern functions and string builders; see .sandbox), with
+-- plain data in and out -- and only then swaps the new version in. A file
+-- that fails any step is rejected with a logged reason (file:line:
+-- message) and the previous version keeps serving.
 --
 --   local policy = require "tinyloop.policy"
 --   local rt = policy.Runtime{ path = "lua/policies/routing.lua", kind = "routing" }
@@ -36,7 +38,7 @@ local contracts_m = require "tinyloop.policy.contracts"
 
 local _M = {}
 
-local type, pairs, tostring, error, pcall = type, pairs, tostring, error, pcall
+local type, pairs, tostring, error, pcall, select, next = type, pairs, tostring, error, pcall, select, next
 local setmetatable = setmetatable
 local format = string.format
 
@@ -44,7 +46,7 @@ _M.KINDS = { routing = true, eviction = true, tenants = true }
 _M.DEFAULT_LIMIT = sandbox.DEFAULT_LIMIT
 _M.LIMIT_MSG = sandbox.LIMIT_MSG
 _M.new_env, _M.guarded = sandbox.new_env, sandbox.guarded
-local guarded = sandbox.guarded
+local guarded, plain, copy_in = sandbox.guarded, sandbox.plain, sandbox.copy_in
 for k, v in pairs(contracts_m) do
     _M[k] = v
 end
@@ -81,14 +83,39 @@ function _M.is_version(x)
 end
 
 
--- v:call(name, ...) -> ok, results... : the policy's function, guarded.
+local function plain_results(back, ok, ...)
+    if not ok then
+        return false, ...
+    end
+    local n = select("#", ...)
+    local out = {}
+    for i = 1, n do
+        local r, why = plain((select(i, ...)), back)
+        if why then
+            return false, "policy returned " .. why .. " (results must be plain data)"
+        end
+        out[i] = r
+    end
+    return true, unpack(out, 1, n)
+end
+
+
+-- v:call(name, ...) -> ok, results... | false, message: the policy's
+-- function, guarded. Arguments go in as copies without metatables; results
+-- come out as plain data (a table the policy got as an argument comes back
+-- as the caller's own table), and the message is a string.
 function Version:call(name, ...)
     local fs = fields_of[self]
     local f = fs.fns[name]
     if type(f) ~= "function" then
         return false, "policy has no function " .. tostring(name)
     end
-    return guarded(fs.limit, f, ...)
+    local back, n = {}, select("#", ...)
+    local args = { ... }
+    for i = 1, n do
+        args[i] = copy_in(args[i], back)
+    end
+    return plain_results(back, guarded(fs.limit, f, unpack(args, 1, n)))
 end
 
 
@@ -104,12 +131,25 @@ function Version:has(name)
 end
 
 
+local function what(x)
+    return type(x) == "string" and x or type(x)     -- never tostring() a policy's table in host code
+end
+
+
+local compile_checked
+
 -- compile(src, name, opts) -> version or nil, reason. opts: kind (expected
--- kind; nil accepts any), limit, serial, log.
+-- kind; nil accepts any), limit, serial, log, load_ms (wall-clock budget of
+-- the whole load: chunk, self_test and contract checks; sandbox.LOAD_MS).
 function _M.compile(src, name, opts)
     opts = opts or {}
-    local limit = opts.limit or _M.DEFAULT_LIMIT
     name = name or "policy"
+    return sandbox.within(opts.load_ms or sandbox.LOAD_MS, compile_checked, src, name, opts)
+end
+
+
+function compile_checked(src, name, opts)
+    local limit = opts.limit or _M.DEFAULT_LIMIT
     if type(src) ~= "string" then
         return nil, name .. ": no source"
     end
@@ -121,18 +161,19 @@ function _M.compile(src, name, opts)
         return nil, err
     end
     jit.off(chunk, true)     -- the count hook does not fire in compiled traces
+    sandbox.interruptible("@" .. name)
     local env = _M.new_env(opts.log)
     setfenv(chunk, env)
     local ok, p = guarded(limit, chunk)
     if not ok then
-        return nil, tostring(p)
+        return nil, p
     end
     if type(p) ~= "table" then
         return nil, name .. ": a policy must return a table, got " .. type(p)
     end
     local kind = rawget(p, "kind")
     if not _M.KINDS[kind] then
-        return nil, name .. ": kind must be \"routing\", \"eviction\" or \"tenants\", got " .. tostring(kind)
+        return nil, name .. ": kind must be \"routing\", \"eviction\" or \"tenants\", got " .. what(kind)
     end
     if opts.kind and kind ~= opts.kind then
         return nil, format("%s: expected a %s policy, got %s", name, opts.kind, kind)
@@ -141,15 +182,21 @@ function _M.compile(src, name, opts)
     if type(ver) ~= "string" and type(ver) ~= "number" then
         return nil, name .. ": version must be a string"
     end
-    -- Snapshot: functions and a deep copy of the data, so later changes to
-    -- the policy's table do not change this version.
+    -- Snapshot: functions and a plain copy of the data (no metatables), so
+    -- later changes to the policy's table do not change this version.
     local fns, data = {}, {}
-    for k, v in pairs(p) do
-        if type(v) == "function" then
-            fns[k] = v
-        elseif type(k) == "string" then
-            data[k] = deep_copy(v)
+    local key, val = next(p)
+    while key ~= nil do
+        if type(val) == "function" then
+            fns[key] = val
+        elseif type(key) == "string" then
+            local c, bad = plain(val, nil, true)
+            if bad then
+                return nil, format("%s: %s holds %s (policy data must be plain)", name, key, bad)
+            end
+            data[key] = c
         end
+        key, val = next(p, key)
     end
     local v = setmetatable({}, version_mt)
     fields_of[v] = {
@@ -189,27 +236,7 @@ local function read_file(path)
 end
 
 
-local now_ms
-do
-    local ok_ffi, ffi = pcall(require, "ffi")
-    local ok = ok_ffi and pcall(ffi.cdef, [[
-        struct tl_policy_timespec { long tv_sec; long tv_nsec; };
-        int clock_gettime(int clk, struct tl_policy_timespec *ts);
-    ]])
-    if ok then
-        local ts = ffi.new("struct tl_policy_timespec")
-        local ok2 = pcall(function() return ffi.C.clock_gettime(1, ts) end)
-        if ok2 then
-            now_ms = function()
-                ffi.C.clock_gettime(1, ts)
-                return tonumber(ts.tv_sec) * 1000 + tonumber(ts.tv_nsec) / 1e6
-            end
-        end
-    end
-    now_ms = now_ms or function()
-        return os.clock() * 1000
-    end
-end
+local now_ms = sandbox.now_ms
 _M.now_ms = now_ms
 
 
@@ -238,7 +265,8 @@ function _M.Runtime(opts)
     end
     local rt = setmetatable({
         path = opts.path, source = opts.source, kind = opts.kind, name = opts.name or opts.path or "policy",
-        interval_ms = opts.interval_ms or 1000, limit = opts.limit, log = opts.log or function() end,
+        interval_ms = opts.interval_ms or 1000, limit = opts.limit, load_ms = opts.load_ms,
+        log = opts.log or function() end,
         on_swap = opts.on_swap, on_retire = opts.on_retire, clock = opts.clock or now_ms,
         reloads_ok = 0, reloads_rejected = 0, serial = 0, current = nil, last_error = nil,
         last_check = -math.huge, refs = setmetatable({}, { __mode = "k" }), retired = {},
@@ -271,7 +299,7 @@ function Runtime:load_source(src)
     end
     self.src_seen = src
     local v, err = _M.compile(src, self.name, {
-        kind = self.kind, limit = self.limit, serial = self.serial + 1, log = self.log,
+        kind = self.kind, limit = self.limit, serial = self.serial + 1, log = self.log, load_ms = self.load_ms,
     })
     if not v then
         return self:_reject(err)

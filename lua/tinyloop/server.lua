@@ -10,6 +10,7 @@
 -- it pulls new tokens with tl_request_take and streams them out.
 -- luacheck: globals ngx
 local ffi = require "ffi"
+local bit = require "bit"
 local cjson = require "cjson.safe"
 local tl = require "tinyloop"
 local eng = require "tinyloop.server_engine"
@@ -22,6 +23,7 @@ local ffi_new = ffi.new
 local ngx_now, update_time = ngx.now, ngx.update_time
 local ngx_print, ngx_flush, ngx_log, ERR = ngx.print, ngx.flush, ngx.log, ngx.ERR
 local format, concat, tonumber, type, pcall = string.format, table.concat, tonumber, type, pcall
+local byte, bor, bxor = string.byte, bit.bor, bit.bxor
 local min = math.min
 
 local _M = { _VERSION = "0.1.0" }
@@ -52,6 +54,24 @@ local DEFAULT_TENANT = { name = "default", id = 0, salt = 0, priority = 0 }
 local tenants = nil
 local resolver = nil
 local reload_counter = nil
+-- Set when tenants are configured but did not load: every request is then
+-- refused (503) instead of falling back to open access as the default tenant.
+local auth_broken = nil
+
+
+-- same_key(a, b): compares two keys in time that depends on their length
+-- only, so a caller cannot find a key byte by byte from response times.
+local function same_key(a, b)
+    if type(a) ~= "string" or type(b) ~= "string" or #a ~= #b then
+        return false
+    end
+    local d = 0
+    for i = 1, #a do
+        d = bor(d, bxor(byte(a, i), byte(b, i)))
+    end
+    return d == 0
+end
+_M.same_key = same_key
 
 
 local function load_tenants(t)
@@ -70,6 +90,10 @@ local function load_tenants(t)
     local out = {}
     local n = 0
     for key, v in pairs(t or {}) do
+        if type(key) ~= "string" or key == "" or type(v) ~= "table" then
+            return nil, "tenants: each entry must be [\"api-key\"] = { name = ... }, got ["
+                .. tostring(key) .. "] = " .. type(v)
+        end
         n = n + 1
         out[key] = {
             name = v.name or key, id = v.id or n, priority = v.priority or 0,
@@ -92,6 +116,9 @@ end
 
 
 function _M.resolve_tenant(key, headers)
+    if auth_broken then
+        return nil, "The server's tenant configuration failed to load; no request is served.", 503
+    end
     if resolver then
         return resolver(key, headers)
     end
@@ -124,6 +151,7 @@ end
 -- lua_shared_dict version counter; every worker syncs from the dict, so an
 -- edit reloads in all workers, and a broken edit keeps the old version.
 local policy_rt = nil
+local check_tenant = nil
 local tids, n_tids = nil, 0 -- tenant name -> { tid, budget }, bounded (new_tenant_tables)
 local pinned = nil          -- pinned system prompts, bounded the same way (below)
 
@@ -162,16 +190,28 @@ end
 
 
 local function policy_resolve(key, headers)
+    if not policy_rt.current then
+        return nil, "The tenants policy did not load; no request is served.", 503
+    end
     local v = policy_rt:acquire()
     local ok, t = v:call("resolve", { api_key = key, headers = headers })
     local version = v.version
     policy_rt:release(v)
-    if not ok or type(t) ~= "table" then
-        ngx_log(ERR, "tinyloop: tenants policy resolve failed: ", tostring(t))
+    local no_key = "You didn't provide an API key. Provide it in the Authorization header (Bearer <key>)."
+    if ok and t == nil then
+        return nil, key and "Incorrect API key provided." or no_key     -- no tenant for this request
+    end
+    local bad = not ok and t or (type(t) ~= "table" and "resolve returned " .. type(t)) or check_tenant(t)
+    if bad then
+        ngx_log(ERR, "tinyloop: tenants policy resolve failed: ", bad)
         return nil, "The tenants policy failed to resolve this request.", 500
     end
-    if key and t.api_key ~= key then
-        return nil, "Incorrect API key provided."
+    -- A tenant with an api_key is reached with that key only, whatever the
+    -- policy says; a request with a key must resolve to that key's tenant.
+    if t.api_key ~= nil or key then
+        if not same_key(key, t.api_key) then
+            return nil, key and "Incorrect API key provided." or no_key
+        end
     end
     local id = tostring(t.id or "default")
     local salt = 0
@@ -214,13 +254,17 @@ local function start_policy(path)
     if not ok then
         return nil, "the policy runtime is not available: " .. tostring(policy)
     end
+    check_tenant = policy.check_tenant
+    -- lazy: a file that does not load leaves no version, and requests are
+    -- refused (503) until a good version loads here or is published.
     local rok, rt = pcall(policy.Runtime, { path = path, kind = "tenants", interval_ms = 500,
-        name = "tenants", log = function(msg)
+        name = "tenants", lazy = true, log = function(msg)
             ngx_log(msg:find("rejected", 1, true) and ngx.WARN or ngx.NOTICE, msg)
         end })
     if not rok then
         return nil, rt
     end
+    rt:reload()
     policy_rt = rt
     resolver = policy_resolve
     reload_counter = function()
@@ -349,6 +393,7 @@ local function open_engine(opts, msl)
     if pol and pol ~= "" then
         local pok, perr = start_policy(pol)
         if not pok then
+            auth_broken = perr
             ngx_log(ERR, "tinyloop: tenants policy ", pol, ": ", perr)
         end
     end
@@ -393,6 +438,7 @@ end
 -- chat_template (force "gemma", "chatml", "llama3", "llama2" or "plain"),
 -- tokenize_inline_bytes (prompts up to this size tokenize in the handler, larger
 -- ones on the tokenizer thread; default 4096).
+-- metrics_key (Bearer key for /metrics and /health details; $TINYLOOP_METRICS_KEY).
 -- $TINYLOOP_MAX_QUEUE and $TINYLOOP_KV_MEM override max_queue and kv_mem.
 function _M.init_worker(opts)
     opts = opts or {}
@@ -410,6 +456,10 @@ function _M.init_worker(opts)
         cfg.max_tenants = 1024
     end
     new_tenant_tables(cfg.max_tenants)
+    cfg.metrics_key = opts.metrics_key or os.getenv("TINYLOOP_METRICS_KEY")
+    if cfg.metrics_key == "" then
+        cfg.metrics_key = nil
+    end
     opts.max_queue = tonumber(os.getenv("TINYLOOP_MAX_QUEUE") or "") or opts.max_queue
     opts.kv_mem = tonumber(os.getenv("TINYLOOP_KV_MEM") or "") or opts.kv_mem
     local msl = opts.max_seq_len or tonumber(os.getenv("TINYLOOP_MAX_SEQ_LEN") or "")
@@ -425,6 +475,7 @@ function _M.init_worker(opts)
         local err
         tenants, err = load_tenants(t)
         if not tenants then
+            auth_broken = err
             ngx_log(ERR, "tinyloop: ", err)
         end
     end
@@ -967,15 +1018,28 @@ function _M.models()
 end
 
 
--- Without an engine: 503 with why (the load error: it names the model file,
--- which an operator needs and a client learns nothing from) and seconds to
+-- metrics_allowed(): /metrics and the details of /health are for the
+-- operator: with $TINYLOOP_METRICS_KEY set they need it as a Bearer token;
+-- without it /metrics is open (bind it to a private listener, see
+-- examples/nginx.conf) and /health says only whether it serves.
+local function metrics_allowed()
+    return cfg.metrics_key == nil or same_key(bearer(), cfg.metrics_key)
+end
+
+
+-- With details, and without an engine: why (the load error) and seconds to
 -- the next load attempt.
-function _M.health()
+-- health(opts): opts.details = true shows the details without the key (for
+-- a location on a private listener, see examples/nginx.conf).
+function _M.health(opts)
+    local up = engine ~= nil and not auth_broken and not (policy_rt and not policy_rt.current)
+    local status = up and 200 or 503
+    if not (opts and opts.details) and not (cfg.metrics_key and metrics_allowed()) then
+        return json_reply(status, cjson.encode({ status = up and "ok" or "unavailable" }))
+    end
     local st = engine and engine:stats()
-    local status = engine and 200 or 503
-    update_time()
     json_reply(status, cjson.encode({
-        status = engine and "ok" or "unavailable", instance = cfg.instance, in_flight = in_flight,
+        status = up and "ok" or "unavailable", instance = cfg.instance, in_flight = in_flight,
         queued = st and st.requests_queued or 0, running = st and st.requests_active or 0,
         notify = engine and engine.notify_mode or cjson.null, pid = ngx.worker.pid(),
         policy = policy_rt and policy_rt.current and policy_rt.current.version or cjson.null,
@@ -987,6 +1051,10 @@ end
 
 
 function _M.metrics()
+    if not metrics_allowed() then
+        return fail("/metrics", 401, "/metrics needs the metrics key (Authorization: Bearer "
+            .. "$TINYLOOP_METRICS_KEY).", nil, "invalid_api_key")
+    end
     local st = engine and engine:stats()
     ngx.header["Content-Type"] = "text/plain; version=0.0.4"
     ngx.print(metrics.render(st, {

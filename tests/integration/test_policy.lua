@@ -22,7 +22,7 @@ local ok_run, run_err = pcall(function()
     local port = T.free_port()
     local srv, err = T.start{ name = "policy", conf = T.ROOT .. "/examples/nginx.conf", port = port,
         env = { TINYLOOP_MODEL = T.MODEL, TINYLOOP_MAX_SEQ_LEN = 512, TINYLOOP_INSTANCE = "policy",
-            TINYLOOP_TENANTS_POLICY = path },
+            TINYLOOP_TENANTS_POLICY = path, TINYLOOP_METRICS_KEY = "ops-key" },
         subst = { { "worker_processes 1;", "worker_processes 2;" },
             { "(listen 127%.0%.0%.1:%d+);", "%1 reuseport;" } } }
     if not check("an instance with a tenants policy and two workers starts", srv, err) then
@@ -31,7 +31,7 @@ local ok_run, run_err = pcall(function()
     local function versions()
         local seen = {}
         for _ = 1, 40 do
-            local h = T.request(port, "GET", "/health")
+            local h = T.request(port, "GET", "/health", nil, { Authorization = "Bearer ops-key" })
             if h and h.json and h.json.pid then
                 seen[h.json.pid] = h.json.policy
             end
@@ -82,7 +82,7 @@ local ok_run, run_err = pcall(function()
     end
     check("a policy edit reloads in all workers", reloaded, cjson.encode(seen))
     check("the new tenant's key is served after the edit", ask("sk-initech").status == 200)
-    local m = T.prom((T.request(port, "GET", "/metrics") or {}).body or "")
+    local m = T.prom((T.request(port, "GET", "/metrics", nil, { Authorization = "Bearer ops-key" }) or {}).body or "")
     check("metrics count the policy reload", (m.tinyloop_policy_reloads_total or 0) >= 1,
         m.tinyloop_policy_reloads_total)
 

@@ -141,11 +141,15 @@ local ok_run, run_err = pcall(function()
     port = T.free_port()
     -- /v1/models answers without an engine: the server is up, the model is not
     srv, err = T.start{ name = "late", conf = conf, port = port, health = "/v1/models", env = {
-        TINYLOOP_MODEL = late, TINYLOOP_MAX_SEQ_LEN = 512, TINYLOOP_INSTANCE = "late" } }
+        TINYLOOP_MODEL = late, TINYLOOP_MAX_SEQ_LEN = 512, TINYLOOP_INSTANCE = "late",
+        TINYLOOP_METRICS_KEY = "ops-key" } }
     if not check("an instance whose model file is missing starts", srv, err) then
         return
     end
     local h = T.request(port, "GET", "/health")
+    check("/health without the metrics key: 503 and nothing but the status", h and h.status == 503
+        and h.json and h.json.reason == nil and h.json.status == "unavailable", h and h.body)
+    h = T.request(port, "GET", "/health", nil, { Authorization = "Bearer ops-key" })
     local j = h and h.json or {}
     print("  /health while missing: " .. tostring(h and h.body))
     check("/health answers 503 while the model is missing", h and h.status == 503, h and h.body)

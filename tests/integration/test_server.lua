@@ -18,8 +18,12 @@ return {
 local AUTH_A = { Authorization = "Bearer sk-alpha" }
 local AUTH_B = { Authorization = "Bearer sk-beta" }
 
+-- /metrics and the details of /health need the metrics key (test_auth.lua checks that).
+local OPS = { Authorization = "Bearer ops-key" }
+
 local function engine_env(name, extra)
-    local e = { TINYLOOP_MODEL = T.MODEL, TINYLOOP_MAX_SEQ_LEN = 512, TINYLOOP_INSTANCE = name }
+    local e = { TINYLOOP_MODEL = T.MODEL, TINYLOOP_MAX_SEQ_LEN = 512, TINYLOOP_INSTANCE = name,
+        TINYLOOP_METRICS_KEY = "ops-key" }
     for k, v in pairs(extra or {}) do
         e[k] = v
     end
@@ -104,7 +108,7 @@ local ok_run, run_err = pcall(function()
         and c1.json.choices[1].text == c2.json.choices[1].text)
 
     -- ---- metrics move --------------------------------------------------------------------
-    local m1 = T.request(port, "GET", "/metrics")
+    local m1 = T.request(port, "GET", "/metrics", nil, OPS)
     local v1, bad1 = T.prom(m1 and m1.body or "")
     check("metrics parse as Prometheus text", m1 and m1.status == 200 and #bad1 == 0 and next(v1) ~= nil,
         table.concat(bad1, " | "))
@@ -116,7 +120,7 @@ local ok_run, run_err = pcall(function()
         check("metrics have " .. name, v1[name] ~= nil)
     end
     post("/v1/completions", { prompt = long, max_tokens = 5, temperature = 0 }, AUTH_A)
-    local v2 = T.prom((T.request(port, "GET", "/metrics") or {}).body or "")
+    local v2 = T.prom((T.request(port, "GET", "/metrics", nil, OPS) or {}).body or "")
     check("metrics move: completion tokens", (v2.tinyloop_completion_tokens_total or 0)
         >= (v1.tinyloop_completion_tokens_total or 0) + 5)
     check("metrics move: TTFT histogram", (v2.tinyloop_time_to_first_token_seconds_count or 0)
@@ -177,20 +181,20 @@ local ok_run, run_err = pcall(function()
         worst * 1000, streams_took * 1000), worst < 0.1 * streams_took, table.concat(health, " "))
 
     -- ---- disconnect cancels ------------------------------------------------------------------
-    local mc = T.prom((T.request(port, "GET", "/metrics") or {}).body or "")
+    local mc = T.prom((T.request(port, "GET", "/metrics", nil, OPS) or {}).body or "")
     local dis = T.many({ { port = port, path = "/v1/completions", close_after_first = true,
         body = { prompt = prompt, max_tokens = 450, temperature = 0.8, seed = 7, stream = true } } },
         { timeout = 10 })
     local idle = false
     for _ = 1, 100 do
-        local h = T.request(port, "GET", "/health")
+        local h = T.request(port, "GET", "/health", nil, OPS)
         if h and h.json and h.json.in_flight == 0 and h.json.running == 0 then
             idle = true
             break
         end
         T.sleep(0.02)
     end
-    local md = T.prom((T.request(port, "GET", "/metrics") or {}).body or "")
+    local md = T.prom((T.request(port, "GET", "/metrics", nil, OPS) or {}).body or "")
     check("a client that disconnects mid-stream cancels its request",
         dis[1].t_first and (md.tinyloop_requests_cancelled_total or 0)
             == (mc.tinyloop_requests_cancelled_total or 0) + 1,

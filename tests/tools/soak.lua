@@ -18,7 +18,8 @@
 -- worker and again after the soak: LRU evicts everything older than the
 -- flush first, so without a leak the cache ends in the same state and
 -- kv_blocks_used is equal; a leaked block (no owner) shows as a difference.
--- With TINYLOOP_METRICS_KEY set, /metrics is asked with that key.
+-- The server gets a metrics key (TINYLOOP_METRICS_KEY, or one of its own) and
+-- /metrics and /health are asked with it (the details of /health need it).
 package.path = debug.getinfo(1, "S").source:sub(2):match("^(.*/)") .. "../integration/?.lua;" .. package.path
 local T = require "lib"
 local signal = require "posix.signal"
@@ -26,7 +27,7 @@ local check = T.check
 
 local SECONDS = math.min(tonumber(os.getenv("SOAK_SECONDS") or "") or 150, 540)
 local CLIENTS = tonumber(os.getenv("SOAK_CLIENTS") or "") or 64
-local METRICS_KEY = os.getenv("TINYLOOP_METRICS_KEY")
+local METRICS_KEY = os.getenv("TINYLOOP_METRICS_KEY") or "soak-metrics-key"
 local MAX_SEQ_LEN = 512
 math.randomseed(tonumber(os.getenv("SOAK_SEED") or "") or 12345)
 
@@ -88,7 +89,7 @@ end
 
 
 local function health()
-    local res = T.request(port, "GET", "/health", nil, nil, 5)
+    local res = T.request(port, "GET", "/health", nil, { Authorization = "Bearer " .. METRICS_KEY }, 5)
     return res and res.status == 200 and res.json or nil
 end
 

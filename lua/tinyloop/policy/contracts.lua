@@ -56,6 +56,32 @@ end
 _M.deep_copy = deep_copy
 
 
+-- impersonation_probes(tenants) -> requests that name each listed tenant
+-- (by its key in the table and its id) in the usual tenant headers,
+-- without an API key and with a wrong one; req.what describes each.
+local TENANT_HEADERS = { "x-tenant", "x-tenant-id", "tenant" }
+function _M.impersonation_probes(tenants)
+    local names, probes = {}, {}
+    for k, t in pairs(type(tenants) == "table" and tenants or {}) do
+        names[#names + 1] = k
+        if type(t) == "table" and t.id ~= nil then
+            names[#names + 1] = t.id
+        end
+    end
+    for _, name in ipairs(names) do
+        if type(name) == "string" then
+            for _, h in ipairs(TENANT_HEADERS) do
+                probes[#probes + 1] = { headers = { [h] = name }, tokens = {}, text = "",
+                    what = format("without an API key and with %s: %s", h, name) }
+                probes[#probes + 1] = { api_key = "sk-tinyloop-contract-probe", headers = { [h] = name },
+                    tokens = {}, text = "", what = format("with a wrong API key and %s: %s", h, name) }
+            end
+        end
+    end
+    return probes
+end
+
+
 local function check_weights(w)
     if type(w) ~= "table" then
         return "weights must be a table"
@@ -80,6 +106,9 @@ function _M.check_tenant(t)
         return "tenant.id must be a non-empty string"
     end
     local where = "tenant " .. t.id .. ": "
+    if t.api_key ~= nil and (type(t.api_key) ~= "string" or t.api_key == "") then
+        return where .. "api_key must be a non-empty string"
+    end
     local function prompt_ok(p)
         if type(p) == "string" then
             return true
@@ -237,6 +266,20 @@ function contracts.tenants(p, call)
             if why then
                 return "resolve returned a bad tenant: " .. why
             end
+        end
+    end
+    -- A tenant with an api_key is reached with that key only: a request
+    -- without a key (or with another key) that names a keyed tenant in a
+    -- header must resolve to nil or to a tenant without a key ("public").
+    for _, req in ipairs(_M.impersonation_probes(p.tenants)) do
+        local ok, got = call("resolve", req)
+        if not ok then
+            return "resolve failed on a request " .. req.what .. ": " .. tostring(got)
+        end
+        if type(got) == "table" and got.api_key ~= nil and got.api_key ~= req.api_key then
+            return format("resolve maps a request %s to tenant %s, which has an api_key; a tenant "
+                .. "with a key may only be reached with that key (map such requests to a tenant "
+                .. "without api_key, or return nil)", req.what, tostring(got.id))
         end
     end
     -- every listed tenant's own api key must resolve to it

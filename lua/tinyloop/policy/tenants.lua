@@ -257,6 +257,11 @@ function M:resolve(req)
         rt:release(v)
         return nil, ok and "no tenant for this request" or ("tenants policy: " .. tostring(t))
     end
+    if type(t) ~= "table" or (t.api_key ~= nil and t.api_key ~= req.api_key) then
+        rt:release(v)     -- a tenant with a key is reached with that key only
+        return nil, type(t) ~= "table" and "tenants policy: resolve returned " .. type(t)
+            or "tenant " .. tostring(t.id) .. " needs its api_key"
+    end
     local held = self.held[v]
     local full = held and held.tenants[t.id] or t
     return {
