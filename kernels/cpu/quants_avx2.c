@@ -133,12 +133,13 @@ static T2 void vd_q4_1(int64_t n, float *out, const void *w, const void *x) {
 /* ------------------------------------------------ tiles of dot products
  *
  * As in quants_avx512.c: a micro-kernel computes R rows x C tokens (R <= 4,
- * C <= 2, constants after inlining) with one accumulator per output; rows
+ * C <= 4, constants after inlining) with one accumulator per output; rows
  * share each activation load, tokens share each weight load and unpack.
  * Every output goes through the same operations in the same order whatever
  * R and C are, and the single-row vec_dot of these types is the 1x1 case,
  * so a tile entry is bitwise what vec_dot returns. 4 x 2 keeps the 8
- * accumulators and the loads inside the 16 ymm registers. */
+ * accumulators and the loads inside the 16 ymm registers; the shapes that
+ * measured better (f32, q5_0) say so where they are instantiated. */
 
 #define AI __attribute__((always_inline))
 /* Software prefetch distance in bytes; see quants_avx512.c. */
@@ -169,14 +170,14 @@ static inline AI T2 __m256 ld_row8_tail(int kind, const uint8_t *p, int64_t rem)
 static inline AI T2 void mk_float(int kind, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
                                   size_t ldw, const uint8_t *x, size_t ldx) {
     const int64_t es = kind == W_F32 ? 4 : 2;
-    __m256 acc[4][2];
+    __m256 acc[4][4];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         if (pf && (i * es) % 64 == 0)
             UNROLL for (int r = 0; r < R; r++)
                 _mm_prefetch((const char *)(w + (kind == W_F32 ? PF_FLOAT : PF_QUANT) + R * i * es + 64 * r), _MM_HINT_T0);
-        __m256 xv[2];
+        __m256 xv[4];
         UNROLL for (int c = 0; c < C; c++) xv[c] = _mm256_loadu_ps((const float *)(x + c * ldx) + i);
         UNROLL for (int r = 0; r < R; r++) {
             const __m256 wv = ld_row8(kind, w + r * ldw + i * es);
@@ -184,7 +185,7 @@ static inline AI T2 void mk_float(int kind, int R, int C, int pf, int64_t n, flo
         }
     }
     if (i < n) {
-        __m256 xv[2];
+        __m256 xv[4];
         UNROLL for (int c = 0; c < C; c++) xv[c] = ld_row8_tail(W_F32, x + c * ldx + i * 4, n - i);
         UNROLL for (int r = 0; r < R; r++) {
             const __m256 wv = ld_row8_tail(kind, w + r * ldw + i * es, n - i);
@@ -247,7 +248,9 @@ static inline AI T2 void mk_q(int kind, int R, int C, int pf, int64_t n, float *
 
 /* TILE_DRIVER and the MK_* shorthands: quants_impl.h */
 
-TILE_DRIVER(vdt_f32, T2, MK_F32, 2)
+/* f32 rows load twice the bytes of f16 per FMA: a third token per weight
+ * load (12 accumulators) pays for f32 and not for f16's conversions. */
+TILE_DRIVER(vdt_f32, T2, MK_F32, 3)
 TILE_DRIVER(vdt_f16, T2, MK_F16, 2)
 TILE_DRIVER(vdt_bf16, T2, MK_BF16, 2)
 TILE_DRIVER(vdt_q8_0, T2, MK_Q8_0, 2)
