@@ -150,11 +150,6 @@ static void add_bias(float *x, const float *b, int T, int n) {
         for (int i = 0; i < n; i++) x[(size_t)t * n + i] += b[i];
 }
 
-static float gelu_tanh(float x) {
-    const float k = 0.79788456080286535587989211986876f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x)));
-}
-
 /* ---- matmul: out (T, n_out) = x (T, n_in) . W^T ------------------------------ */
 
 typedef struct {
@@ -405,7 +400,7 @@ static void layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
     matmul(m, s->hb2, &ly->w_up, s->xb, T);
     size_t nf = (size_t)T * hp->n_ff;
     if (m->arch->ffn_act == TL_ACT_GELU_TANH)
-        for (size_t i = 0; i < nf; i++) s->hb[i] = gelu_tanh(s->hb[i]) * s->hb2[i];
+        tl_gelu_tanh_mul(s->hb, s->hb2, (int64_t)nf);
     else
         for (size_t i = 0; i < nf; i++) s->hb[i] = s->hb[i] / (1.0f + expf(-s->hb[i])) * s->hb2[i];
     matmul(m, s->o, &ly->w_down, s->hb, T);

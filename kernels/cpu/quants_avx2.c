@@ -105,6 +105,47 @@ static T2 void f16_to_f32_avx2(const uint16_t *src, float *dst, int64_t n) {
 }
 #undef LDH
 
+/* exp(x) for x in [-86, 88] (clamped; 2^n stays a normal number), within 2 ulp: x = n ln2 + r with
+ * |r| <= ln2/2 (ln2 split in two for an exact r), a degree-6 polynomial
+ * for e^r, and 2^n added to the exponent. */
+static inline T2 __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-86.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+}
+
+/* gelu_tanh(x) = 0.5x(1 + tanh(u)) = x / (1 + exp(-2u)): no cancellation
+ * where tanh(u) is near -1. */
+static T2 void gelu_tanh_mul_avx2(float *h, const float *g, int64_t n) {
+    const __m256 k2 = _mm256_set1_ps(-2.0f * 0.79788456080286535587989211986876f), c = _mm256_set1_ps(0.044715f);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(h + i);
+        const __m256 u2 = _mm256_mul_ps(_mm256_mul_ps(k2, x), _mm256_fmadd_ps(_mm256_mul_ps(c, x), x, one));
+        const __m256 y = _mm256_div_ps(x, _mm256_add_ps(one, exp256(u2)));
+        _mm256_storeu_ps(h + i, _mm256_mul_ps(y, _mm256_loadu_ps(g + i)));
+    }
+    if (i < n) {
+        float xs[8] = {0}, gs[8] = {0};
+        memcpy(xs, h + i, (size_t)(n - i) * sizeof(float));
+        memcpy(gs, g + i, (size_t)(n - i) * sizeof(float));
+        gelu_tanh_mul_avx2(xs, gs, 8);
+        memcpy(h + i, xs, (size_t)(n - i) * sizeof(float));
+    }
+}
+
 static T2 void f32_to_f16_avx2(const float *src, uint16_t *dst, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -535,6 +576,7 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     t->dot_f16_f32 = dot_f16_f32_avx2;
     t->axpy_f32 = axpy_f32_avx2;
     t->axpy_f16 = axpy_f16_avx2;
+    t->gelu_tanh_mul = gelu_tanh_mul_avx2;
     t->f16_to_f32_row = f16_to_f32_avx2;
     t->f32_to_f16_row = f32_to_f16_avx2;
 }

@@ -139,6 +139,7 @@ typedef struct tl_kernel_table {
     float (*dot_f16_f32)(const uint16_t *a, const float *b, int64_t n);
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
+    void (*gelu_tanh_mul)(float *h, const float *g, int64_t n);
     void (*f16_to_f32_row)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16_row)(const float *src, uint16_t *dst, int64_t n);
 } tl_kernel_table;

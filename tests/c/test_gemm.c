@@ -11,7 +11,10 @@
  *            q4_K): a 45-token prompt prefilled in one call gives bitwise
  *            the logits of feeding it one token at a time (attention
  *            query chunks, token chunks of the matmuls, tile shapes), and
- *            two sequences prefilled together give what each gives alone. */
+ *            two sequences prefilled together give what each gives alone.
+ *   gelu     tl_gelu_tanh_mul at every ISA level within 1e-6 * (|x| + 1)
+ *            * |g| of the scalar tanhf formula, over [-30, 30] and at the
+ *            tails, writing nothing past n. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -161,9 +164,52 @@ static void test_forward(void) {
     }
 }
 
+static void test_gelu(void) {
+    enum { N = 1203 };
+    static float x[N + 8], g[N], ref[N + 8], got[N + 8];
+    for (int i = 0; i < N; i++) {
+        x[i] = -30.0f + 60.0f * (float)i / (N - 1);
+        if (i % 7 == 0) x[i] = gauss() * 0.3f;
+        g[i] = gauss();
+    }
+    x[5] = 0.0f;
+    x[6] = -0.0f;
+    x[7] = 1e-30f;
+    x[8] = -100.0f;
+    x[9] = 100.0f;
+    const int isa_max = tl_kernels_isa();
+    tl_kernels_set_isa(TL_ISA_SCALAR);
+    memcpy(ref, x, sizeof x);
+    tl_gelu_tanh_mul(ref, g, N);
+    for (int lvl = 0; lvl <= isa_max; lvl++) {
+        tl_kernels_set_isa(lvl);
+        int far = 0, past = 0;
+        for (int n = 0; n <= 17; n++) { /* tails */
+            memcpy(got, x, sizeof x);
+            got[n] = 777.0f;
+            tl_gelu_tanh_mul(got, g, n);
+            past += got[n] != 777.0f;
+            for (int i = 0; i < n; i++) far += !(fabsf(got[i] - ref[i]) <= 1e-6f * (fabsf(x[i]) + 1) * fabsf(g[i]));
+        }
+        memcpy(got, x, sizeof x);
+        tl_gelu_tanh_mul(got, g, N);
+        double worst = 0;
+        for (int i = 0; i < N; i++) {
+            double e = fabs(got[i] - ref[i]) / ((fabs(x[i]) + 1) * fabs(g[i]) + 1e-30);
+            if (!(e <= 1e-6)) far++;
+            if (e > worst) worst = e;
+        }
+        CHECK(far == 0, "%s gelu*g is within 1e-6 (|x|+1)|g| of the scalar formula (%d far, worst %.2g)",
+              tl_isa_name(lvl), far, worst);
+        CHECK(past == 0, "%s gelu*g writes nothing past n", tl_isa_name(lvl));
+    }
+    tl_kernels_set_isa(isa_max);
+}
+
 int main(void) {
     tl_kernels_init();
     test_tiles();
     test_forward();
+    test_gelu();
     return test_summary();
 }
