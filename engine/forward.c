@@ -33,6 +33,8 @@ typedef struct tl_scratch {
     float *scores;           /* per thread: (att_qc, group, max_seq_len) scores + (block_size, head_dim) K/V rows */
     size_t scores_stride;
     float *logits_x;         /* (n_seq, n_embd) */
+    int profile;             /* tl_forward_profile: accumulate prof[] */
+    double prof[3];          /* seconds: matmul, attention, whole forward */
 } tl_scratch;
 
 static void scratch_free_bufs(tl_scratch *s) {
@@ -202,8 +204,16 @@ static void quant_task(void *p, int ith, int nth) {
         tl_quantize_row(c->type, c->x + (size_t)t * c->n, c->xq + (size_t)t * c->stride, c->n);
 }
 
+void tl_forward_profile(tl_model *m, int on, double out[3]) {
+    tl_scratch *s = m->scratch;
+    if (out) memcpy(out, s->prof, sizeof s->prof);
+    if (on) memset(s->prof, 0, sizeof s->prof);
+    s->profile = on;
+}
+
 static void matmul(tl_model *m, float *out, const tl_weight *w, const float *x, int T) {
     tl_scratch *s = m->scratch;
+    double t0 = s->profile ? tl_now() : 0;
     int vt = tl_type_info(w->type)->vec_dot_type;
     mm_ctx c = {.w = w, .out = out, .T = T};
     if (vt == TL_TYPE_F32) {
@@ -219,6 +229,7 @@ static void matmul(tl_model *m, float *out, const tl_weight *w, const float *x, 
     int64_t work = w->n_out * w->n_in * (int64_t)T;
     int tasks = work < 64 * 1024 ? 1 : tl_threadpool_size(m->tp);
     tl_threadpool_run(m->tp, mm_task, &c, tasks);
+    if (s->profile) s->prof[0] += tl_now() - t0;
 }
 
 /* ---- attention over the paged KV ------------------------------------------- */
@@ -386,9 +397,11 @@ static void layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
             rope(k, s->tok_pos[t], hp->n_rot, rope_base, m->arch->rope_type, m->rope_freqs);
         }
     }
+    double t0 = s->profile ? tl_now() : 0;
     store_kv(m, seqs, vl, T);
     att_ctx ac = {.m = m, .seqs = seqs, .vl = vl, .T = T, .layer_window = window, .scale = 1.0f / sqrtf((float)hd)};
     tl_threadpool_run(m->tp, att_task, &ac, s->n_chunks * hp->n_head_kv);
+    if (s->profile) s->prof[1] += tl_now() - t0;
     matmul(m, s->o, &ly->wo, s->att, T);
     for (int t = 0; t < T; t++) {
         float *o = s->o + (size_t)t * D, *x = s->x + (size_t)t * D;
@@ -507,6 +520,7 @@ int tl_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const i
 
     const tl_hparams *hp = &m->hp;
     tl_scratch *s = m->scratch;
+    double t_start = s->profile ? tl_now() : 0;
     int D = hp->n_embd;
     size_t emb_row = tl_row_size(m->tok_embd.type, D);
     float emb_scale = m->arch->embd_scale ? sqrtf((float)D) : 1.0f;
@@ -546,5 +560,6 @@ int tl_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const i
         if (rows) matmul(m, logits, &m->output, s->logits_x, rows);
     }
     for (int i = 0; i < n_seq; i++) seqs[i]->n_pos += n_tokens[i];
+    if (s->profile) s->prof[2] += tl_now() - t_start;
     return TL_OK;
 }
