@@ -156,14 +156,13 @@ size_t tl_gemm_avx2_row_size(int64_t n);
  * dispatched tl_quantize_row uses SIMD for Q8_0/Q8_K); for tests. */
 void tl_quantize_row_ref(int type, const float *src, void *dst, int64_t n);
 
-/* Shared by the SIMD files: walks an nr x nt tile in 4-row x CB-token
- * micro-tiles of the file's MK kernel; leftover tokens go one at a time,
- * leftover rows one at a time. Only the first token group of a row group
+/* Shared by the SIMD files: walks an nr x nt tile in 4-row (RB-row with
+ * TILE_DRIVER_RC) x CB-token micro-tiles of the file's MK kernel; leftover
+ * tokens go one at a time, leftover rows one at a time. Only the first token group of a row group
  * prefetches. NAME##_1 is the single-row vec_dot: the 1x1 tile, so both
  * sum in the same order. The MK_* shorthands name each file's own static
  * mk_float / mk_q kernels. */
 #define TILE_DRIVER(NAME, ATTR, MK, CB) TILE_DRIVER_RC(NAME, ATTR, MK, 4, CB)
-/* The same with RB-row micro-tiles (leftover rows still go one at a time). */
 #define TILE_DRIVER_RC(NAME, ATTR, MK, RB, CB)                                                                        \
     static ATTR void NAME(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,              \
                           const void *x, size_t ldx) {                                                                \
