@@ -296,9 +296,15 @@ static void att_task(void *p, int ith, int nth) {
                 int r0 = b == j0 / bs ? j0 % bs : 0, r1 = b == pos / bs ? pos % bs + 1 : bs;
                 const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
                 float *sc = scores + (size_t)(t - ta) * tok_scores;
-                for (int g = 0; g < group; g++)
+                for (int g = 0; g < group; g++) {
+                    if (hd >= 32) { /* bitwise the dot_small calls, in one call */
+                        tl_dot_rows_f32(q + g * hd, k + (size_t)r0 * hd, (size_t)hd, r1 - r0, hd, c->scale,
+                                        sc + (size_t)g * msl + b * bs + r0);
+                        continue;
+                    }
                     for (int r = r0; r < r1; r++)
                         sc[(size_t)g * msl + b * bs + r] = dot_small(q + g * hd, k + (size_t)r * hd, hd) * c->scale;
+                }
             }
         }
         for (int t = ta; t < tb; t++) {
@@ -331,13 +337,13 @@ static void att_task(void *p, int ith, int nth) {
                 for (int g = 0; g < group; g++) {
                     const float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl + b * bs;
                     float *o = out + g * hd;
+                    if (hd >= 32) { /* bitwise one tl_axpy_f32 per row, in one call */
+                        tl_axpy_rows_f32(o, sc + r0, v + (size_t)r0 * hd, (size_t)hd, r1 - r0, hd);
+                        continue;
+                    }
                     for (int r = r0; r < r1; r++) {
                         const float a = sc[r], *vr = v + (size_t)r * hd;
-                        if (hd >= 32) {
-                            tl_axpy_f32(o, a, vr, hd);
-                        } else {
-                            for (int d = 0; d < hd; d++) o[d] += a * vr[d];
-                        }
+                        for (int d = 0; d < hd; d++) o[d] += a * vr[d];
                     }
                 }
             }

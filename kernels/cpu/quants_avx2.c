@@ -47,7 +47,7 @@ static inline T2 __m256i bits32(const uint8_t *p) {
 
 /* ---------------------------------------------------------- float rows */
 
-static T2 float dot_f32_avx2(const float *a, const float *b, int64_t n) {
+static inline __attribute__((always_inline)) T2 float dot_f32_inl(const float *a, const float *b, int64_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -60,6 +60,14 @@ static T2 float dot_f32_avx2(const float *a, const float *b, int64_t n) {
     float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
     for (; i < n; i++) s += a[i] * b[i];
     return s;
+}
+
+static T2 float dot_f32_avx2(const float *a, const float *b, int64_t n) { return dot_f32_inl(a, b, n); }
+
+/* Attention scores: dot_f32 of q with each row, scaled, bitwise as
+ * separate tl_dot_f32 calls (same inlined code) without a call per row. */
+static T2 void dot_rows_f32_avx2(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out) {
+    for (int r = 0; r < rows; r++) out[r] = dot_f32_inl(q, k + (size_t)r * ldk, n) * scale;
 }
 
 static T2 float dot_f16_f32_avx2(const uint16_t *a, const float *b, int64_t n) {
@@ -89,6 +97,30 @@ static T2 void axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* y += a[r] * x_r for r in order: per lane the same FMAs in the same order
+ * as separate tl_axpy_f32 calls, with y kept in registers across rows. */
+static T2 void axpy_rows_f32_avx2(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);
+        __m256 y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);
+        for (int r = 0; r < rows; r++) {
+            const float *xr = x + (size_t)r * ldx + i;
+            const __m256 va = _mm256_set1_ps(a[r]);
+            y0 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xr), y0);
+            y1 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xr + 8), y1);
+            y2 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xr + 16), y2);
+            y3 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xr + 24), y3);
+        }
+        _mm256_storeu_ps(y + i, y0);
+        _mm256_storeu_ps(y + i + 8, y1);
+        _mm256_storeu_ps(y + i + 16, y2);
+        _mm256_storeu_ps(y + i + 24, y3);
+    }
+    if (i < n)
+        for (int r = 0; r < rows; r++) axpy_f32_avx2(y + i, a[r], x + (size_t)r * ldx + i, n - i);
 }
 
 static T2 void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
@@ -575,6 +607,8 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     t->dot_f32 = dot_f32_avx2;
     t->dot_f16_f32 = dot_f16_f32_avx2;
     t->axpy_f32 = axpy_f32_avx2;
+    t->dot_rows_f32 = dot_rows_f32_avx2;
+    t->axpy_rows_f32 = axpy_rows_f32_avx2;
     t->axpy_f16 = axpy_f16_avx2;
     t->gelu_tanh_mul = gelu_tanh_mul_avx2;
     t->f16_to_f32_row = f16_to_f32_avx2;

@@ -140,6 +140,11 @@ typedef struct tl_kernel_table {
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
     void (*gelu_tanh_mul)(float *h, const float *g, int64_t n);
+    /* Row loops over dot_f32 / axpy_f32, bitwise equal to calling those per
+     * row; a level that replaces dot_f32 or axpy_f32 without its own row
+     * version gets the generic loop (dispatch.c). */
+    void (*dot_rows_f32)(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out);
+    void (*axpy_rows_f32)(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n);
     void (*f16_to_f32_row)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16_row)(const float *src, uint16_t *dst, int64_t n);
 } tl_kernel_table;

@@ -14,7 +14,9 @@
  *            two sequences prefilled together give what each gives alone.
  *   gelu     tl_gelu_tanh_mul at every ISA level within 1e-6 * (|x| + 1)
  *            * |g| of the scalar tanhf formula, over [-30, 30] and at the
- *            tails, writing nothing past n. */
+ *            tails, writing nothing past n.
+ *   rows     tl_dot_rows_f32 / tl_axpy_rows_f32 (attention) are bitwise
+ *            the per-row tl_dot_f32 / tl_axpy_f32 calls at every level. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -206,10 +208,42 @@ static void test_gelu(void) {
     tl_kernels_set_isa(isa_max);
 }
 
+static void test_rows(void) {
+    enum { MAXN = 264, MAXROWS = 17 };
+    static float q[MAXN], k[MAXROWS * MAXN], a[MAXROWS], y0[MAXN], y1[MAXN], o0[MAXROWS], o1[MAXROWS];
+    for (int i = 0; i < MAXN; i++) q[i] = gauss();
+    for (int i = 0; i < MAXROWS * MAXN; i++) k[i] = gauss();
+    for (int i = 0; i < MAXROWS; i++) a[i] = gauss();
+    static const int ns[] = {32, 64, 72, 256, 264};
+    const int isa_max = tl_kernels_isa();
+    for (int lvl = 0; lvl <= isa_max; lvl++) {
+        tl_kernels_set_isa(lvl);
+        int bad_dot = 0, bad_axpy = 0;
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+            for (int rows = 0; rows <= MAXROWS; rows++) {
+                const int n = ns[ni];
+                const size_t ld = (size_t)n + 8;
+                if ((size_t)rows * ld > sizeof k / sizeof k[0]) continue;
+                tl_dot_rows_f32(q, k, ld, rows, n, 0.125f, o0);
+                for (int r = 0; r < rows; r++) o1[r] = tl_dot_f32(q, k + r * ld, n) * 0.125f;
+                bad_dot += rows && memcmp(o0, o1, sizeof(float) * rows) != 0;
+                for (int i = 0; i < n; i++) y0[i] = y1[i] = q[i];
+                tl_axpy_rows_f32(y0, a, k, ld, rows, n);
+                for (int r = 0; r < rows; r++) tl_axpy_f32(y1, a[r], k + r * ld, n);
+                bad_axpy += memcmp(y0, y1, sizeof(float) * n) != 0;
+            }
+        CHECK(bad_dot == 0, "%s dot_rows equals per-row tl_dot_f32 bitwise (%d cases differ)", tl_isa_name(lvl), bad_dot);
+        CHECK(bad_axpy == 0, "%s axpy_rows equals per-row tl_axpy_f32 bitwise (%d cases differ)", tl_isa_name(lvl),
+              bad_axpy);
+    }
+    tl_kernels_set_isa(isa_max);
+}
+
 int main(void) {
     tl_kernels_init();
     test_tiles();
     test_forward();
     test_gelu();
+    test_rows();
     return test_summary();
 }
