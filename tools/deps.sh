@@ -28,7 +28,10 @@ if [ -z "$CHECK_ONLY" ] && [ "$(id -u)" = 0 ]; then
         exit 1
     fi
 else
-    echo "tinyloop: missing packages; run as root:  apt-get install -y$missing" >&2
-    [ -n "$CHECK_ONLY" ] && echo "tinyloop: (or make deps / sh tools/deps.sh as root)" >&2
+    if [ -n "$CHECK_ONLY" ]; then
+        echo "tinyloop: missing packages; install them (make deps as root) or run:  apt-get install -y$missing" >&2
+    else
+        echo "tinyloop: missing packages; run as root:  apt-get install -y$missing" >&2
+    fi
     exit 1
 fi
