@@ -21,7 +21,7 @@ DEFAULT_MODEL := $(or $(TINYLOOP_MODELS),$(HOME)/.cache/tinyloop/models)/gemma-3
 MODEL   ?= $(DEFAULT_MODEL)
 SMALL_MODEL := ../shared/models/stories260K.gguf
 
-.PHONY: all test test-c test-asan fuzz bench run repl serve model clean deps deps-check install uninstall soak
+.PHONY: all test test-c test-asan fuzz bench bench-plot run repl serve model clean deps deps-check install uninstall soak
 all: build/libtinyloop.so build/libtinyloop.a bin/tinyloop $(TOOLS) lua/tinyloop/cdef.lua
 
 # The CUDA kernels (build/libtinyloop-cuda.so, `make test-cuda`) when nvcc
@@ -126,6 +126,10 @@ BENCH_MODELS := $(BENCH_TYPES:%=build/bench/stories110M-%.gguf)
 build/bench/stories110M-%.gguf: bin/tl-gen-model
 	@mkdir -p build/bench
 	./bin/tl-gen-model $@ --type $* --vocab 32000 --dim 768 --layers 12 --heads 12 --kv-heads 12 --ff 2048 --ctx 1024
+
+# A PNG of tokens/s by model, weight type and batch size (gnuplot; BENCH_LOG=file plots a saved run).
+bench-plot: all $(BENCH_MODELS)
+	sh tools/bench_plot.sh build/bench/bench.png $(SMALL_MODEL) $(BENCH_MODELS)
 
 bench: all $(BENCH_MODELS)
 	@echo "== all threads"
