@@ -207,6 +207,8 @@ static void test_shared_kv(void) {
           "16 beams hold one prompt + 16 tails of KV at most (peak %d blocks; prompt %d, tails %d x %d; unshared "
           "would be %d)",
           res.kv_blocks_peak, prompt_blocks, B, tail, B * prompt_blocks);
+    printf("16 beams x %d tokens over a %d-token prompt: peak %d KV blocks (prompt %d, unshared %d)\n", GEN, N,
+           res.kv_blocks_peak, prompt_blocks, B * prompt_blocks);
     tl_cache_stats st;
     tl_model_get_stats(m, &st);
     CHECK(st.blocks_used == prompt_blocks,
