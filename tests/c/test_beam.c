@@ -84,7 +84,7 @@ enum { V8 = 8, NP = 5 };
 static void logprobs_after(tl_model *m, const int32_t *prompt, const int32_t *ext, int n_ext, double *lp) {
     int32_t toks[NP + 3];
     memcpy(toks, prompt, NP * sizeof *toks);
-    memcpy(toks + NP, ext, (size_t)n_ext * sizeof *toks);
+    if (n_ext) memcpy(toks + NP, ext, (size_t)n_ext * sizeof *toks);
     int n = NP + n_ext;
     tl_seq *seq = NULL;
     float logits[V8];
