@@ -300,6 +300,17 @@ static void test_bad_arguments(void) {
     rc = tl_generate_beam(m, NULL, prompt, 4, gp, 2, 1.0f, out, 8, NULL);
     CHECK(rc == TL_ERR_INVALID_ARG && strstr(tl_last_error(), "99999"), "a token outside the vocab is refused (%s)",
           tl_last_error());
+    /* 64 beams each copy the prompt's partial block: more than this model's 32 blocks */
+    prompt[1] = 5;
+    rc = tl_generate_beam(m, NULL, prompt, 4, gp, 64, 1.0f, out, 8, NULL);
+    CHECK(rc == TL_ERR_KV_FULL && strstr(tl_last_error(), "KV cache full"),
+          "a search that does not fit in KV memory fails with TL_ERR_KV_FULL (%d: %s)", rc, tl_last_error());
+    tl_cache_stats st;
+    tl_model_get_stats(m, &st);
+    tl_model_info info;
+    tl_model_get_info(m, &info);
+    CHECK(st.blocks_used <= info.n_layer, "a failed search leaves at most the cached prompt in KV (%d blocks used)",
+          st.blocks_used);
     check_invariants(m, "after refused searches");
     tl_model_close(m);
 }
