@@ -1,6 +1,7 @@
 /* test_beam.c - beam search: one beam is greedy decoding; enough beams
  * find what an exhaustive search finds; beams share the prompt's KV. */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <unistd.h>
 
@@ -274,6 +275,50 @@ static void test_pool_and_engine(void) {
     tl_model_close(m);
 }
 
+/* ---- the compute lock is taken per step --------------------------------------------- */
+
+typedef struct long_search {
+    tl_model *m;
+    int rc;
+    volatile int done;
+} long_search;
+
+static void *run_long_search(void *arg) {
+    long_search *ls = arg;
+    int32_t prompt[8] = {1, 5, 6, 7, 8, 9, 10, 11}, out[200];
+    tl_generate_params gp = tl_generate_default_params();
+    gp.max_tokens = 200;
+    gp.ignore_eos = 1;
+    ls->rc = tl_generate_beam(ls->m, NULL, prompt, 8, gp, 16, 1.0f, out, 200, NULL);
+    __atomic_store_n(&ls->done, 1, __ATOMIC_SEQ_CST);
+    return NULL;
+}
+
+/* A short request submitted while a long search runs finishes first: the
+ * search lets the engine thread step between its own steps. */
+static void test_short_request_passes_a_long_search(void) {
+    tl_model *m = open_spec(tm_default_spec(), "lock", 256, (size_t)16 << 20);
+    if (!m) return;
+    tl_engine_start(m, 0);
+    long_search ls = {m, 0, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, run_long_search, &ls);
+    int32_t prompt[6] = {1, 20, 21, 22, 23, 24}, t[8];
+    tl_generate_params gp = tl_generate_default_params();
+    gp.max_tokens = 2;
+    gp.ignore_eos = 1;
+    int n = tl_generate(m, prompt, 6, gp, t, 8);
+    int search_done = __atomic_load_n(&ls.done, __ATOMIC_SEQ_CST);
+    pthread_join(th, NULL);
+    CHECK(n == 2 && !search_done && ls.rc == 200,
+          "a 2-token request finishes while a 200-token, 16-beam search still runs (request %d, search done %d, "
+          "search %d)",
+          n, search_done, ls.rc);
+    tl_engine_stop(m);
+    check_invariants(m, "after a search beside the engine thread");
+    tl_model_close(m);
+}
+
 static void test_bad_arguments(void) {
     tl_model *m = open_spec(tm_default_spec(), "args", 64, 0);
     if (!m) return;
@@ -320,6 +365,7 @@ int main(void) {
     test_exhaustive();
     test_shared_kv();
     test_pool_and_engine();
+    test_short_request_passes_a_long_search();
     test_bad_arguments();
     return test_summary();
 }
