@@ -29,6 +29,7 @@ typedef struct beam {
     int32_t *toks; /* generated so far (max_tokens) */
     int n;
     double lp;     /* sum of log-probabilities */
+    int parent;    /* index in the previous step's beams (while forking) */
 } beam;
 
 typedef struct cand {
@@ -249,7 +250,8 @@ int tl_generate_beam(tl_model *m, tl_pool *pool, const int32_t *prompt, int n_pr
             q->toks[p->n] = c->tok;
             q->n = p->n + 1;
             q->lp = c->lp;
-            q->seq = (tl_seq *)p; /* parent marker, resolved below */
+            q->parent = c->parent;
+            q->seq = NULL;
         }
         if (t + 1 == T || n_next == 0) { /* the live beams end by length */
             for (int i = 0; i < n_next; i++) {
@@ -258,7 +260,6 @@ int tl_generate_beam(tl_model *m, tl_pool *pool, const int32_t *prompt, int n_pr
                     best_score = sc, best_lp = nxt[i].lp, best_n = nxt[i].n, best_finish = TL_FINISH_LENGTH;
                     memcpy(best_toks, nxt[i].toks, (size_t)nxt[i].n * sizeof *best_toks);
                 }
-                nxt[i].seq = NULL;
             }
             break;
         }
@@ -266,7 +267,7 @@ int tl_generate_beam(tl_model *m, tl_pool *pool, const int32_t *prompt, int n_pr
          * share its blocks; parents without children free theirs. */
         tl_sched_compute_lock(m);
         for (int i = 0; i < n_next; i++) {
-            int pi = (int)((const beam *)nxt[i].seq - cur);
+            int pi = nxt[i].parent;
             tl_seq *ps = cur[pi].seq;
             if (!taken[pi]) {
                 taken[pi] = 1;
