@@ -251,6 +251,16 @@ static void test_pool_and_engine(void) {
           rb.n_cached, (long long)ps.lookups, (long long)ps.hits);
     check_invariants(m, "after a pooled beam search");
 
+    int32_t other[N];
+    fill_prompt(other, N, tl_model_n_vocab(m));
+    for (int i = 1; i < N; i++) other[i] = 3 + (i * 53 + 7) % (tl_model_n_vocab(m) - 3);
+    tl_prefix *h = NULL;
+    CHECK(tl_prefix_build(m, other, PRE, 0, 0, &h) == TL_OK, "a prefix handle builds (%s)", tl_last_error());
+    nb = tl_generate_beam(m, NULL, other, N, gp, B, 1.0f, b, GEN, &rb);
+    CHECK(nb == GEN && rb.n_cached == PRE, "a beam search over a prefix handle's tokens hits it (%d cached)",
+          rb.n_cached);
+    tl_prefix_free(h);
+
     CHECK(tl_engine_start(m, 0) == TL_OK, "the engine thread starts (%s)", tl_last_error());
     int64_t id;
     gp.max_tokens = 30;
