@@ -393,6 +393,46 @@ int tl_generate_from_prefix(tl_model *model, tl_prefix *prefix, const int32_t *s
 int tl_resume_build(tl_model *model, const int32_t *prompt, int n_prompt, tl_prefix **out);
 int tl_resume_generate(tl_model *model, tl_prefix *handle, tl_generate_params params, int32_t *out, int cap);
 
+/* ---- beam search ----------------------------------------------------------- */
+
+/* What a beam search found and what it cost. */
+typedef struct tl_beam_result {
+    float score;          /* the returned sequence's logprob / n_generated^length_penalty */
+    float logprob;        /* its sum of token log-probabilities (EOS included when it ended there) */
+    int n_generated;      /* tokens scored: those written, plus the EOS when finish_reason is EOS */
+    int finish_reason;    /* enum tl_finish_reason: EOS or LENGTH */
+    int n_cached;         /* prompt tokens served from the prefix cache */
+    int kv_blocks_peak;   /* most KV blocks in use during the search, minus those in use before it */
+} tl_beam_result;
+
+/* Beam search from prompt ids: keeps the `beams` best partial sequences
+ * by sum of log-probabilities (log-softmax of the logits; sampling params
+ * are not used), extends each by every token each step, and returns the
+ * finished sequence with the best score = logprob / n_generated^length_penalty
+ * (length_penalty 1.0 as in Hugging Face; 0: raw sum; > 1 favours longer,
+ * < 1 shorter). A beam ends at EOS (unless params.ignore_eos) or after
+ * max_tokens; the search runs until max_tokens or until no beam is live.
+ * beams = 1 is greedy decoding.
+ *
+ * Beams share KV blocks: the prompt is prefilled once (reusing the longest
+ * cached prefix in the namespace of params.loops, cache_window and salt,
+ * or pool's salt with a pool, which then counts the lookup), and a beam
+ * forks by taking references on its parent's blocks; the partial tail
+ * block is copied on write. B beams over a long prompt cost one prompt's
+ * KV plus B tails. Unless params.no_cache the prompt is inserted into the
+ * cache. The compute lock is taken per forward step, never across the
+ * search, so an engine thread keeps stepping other requests in between.
+ *
+ * Writes the generated tokens (EOS not written) to out and returns their
+ * count; result (may be NULL) receives the scores. Fails with
+ * TL_ERR_INVALID_ARG (beams < 1 or > 1024, a length_penalty that is not
+ * finite, bad ids), TL_ERR_TOO_LONG, TL_ERR_BUFFER (cap < max_tokens),
+ * TL_ERR_KV_FULL or TL_ERR_NOMEM; on failure every block it took is
+ * released. */
+int tl_generate_beam(tl_model *model, tl_pool *pool, const int32_t *prompt, int n_prompt,
+                     tl_generate_params params, int beams, float length_penalty, int32_t *out, int cap,
+                     tl_beam_result *result);
+
 /* ---- statistics ---------------------------------------------------------------------- */
 
 typedef struct tl_cache_stats {

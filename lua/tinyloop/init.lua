@@ -495,6 +495,57 @@ function Model:piece(id)
 end
 
 
+-- Beam search: generate with opts.beams and/or opts.length_penalty (see
+-- tl_generate_beam). opts.pool (a PrefixPool) counts the lookup and lends
+-- its salt. Returns what generate returns, then a table { score, logprob,
+-- n_generated, finish_reason = "eos" | "length", n_cached, kv_blocks_peak }.
+local beam_res = ffi_new("tl_beam_result[1]")
+local BEAM_MAX = 1024
+
+local function generate_beam(self, h, prompt, o, level)
+    level = level + 1
+    local beams = opt_int("generate", "beams", o.beams, 1, 1, level)
+    if beams > BEAM_MAX then
+        bad("generate", "beams", format("expected an integer in [1, %d], got %s", BEAM_MAX, show(beams)), level)
+    end
+    local alpha = opt_num("generate", "length_penalty", o.length_penalty, 1.0, level)
+    if alpha == math.huge or alpha == -math.huge then
+        bad("generate", "length_penalty", "expected a finite number, got " .. show(alpha), level)
+    end
+    local ph = nil
+    if o.pool ~= nil then
+        if not is_pool(o.pool) then
+            bad("generate", "pool", "expected a tinyloop.PrefixPool, got " .. type(o.pool), level)
+        end
+        ph = pool_handle(o.pool, "generate", level)
+    end
+    local rest = {}
+    for k, v in next, o do
+        if k ~= "beams" and k ~= "length_penalty" then
+            rest[k] = v
+        end
+    end
+    local p = fill_params("generate", rest, level)
+    local ptr, n = nonempty_tokens(self, "generate", "prompt", prompt, o.n, level)
+    check_len(self, "generate", n, level)
+    local r = beam_res[0]
+    local got = C.tl_generate_beam(h, ph, ptr, n, p, beams, alpha, self._out, self._out_cap, r)
+    if got < 0 then
+        raise_rc(got, "generate", level)
+    end
+    local info = {
+        score = r.score, logprob = r.logprob, n_generated = r.n_generated,
+        finish_reason = r.finish_reason == C.TL_FINISH_EOS and "eos" or "length",
+        n_cached = r.n_cached, kv_blocks_peak = r.kv_blocks_peak,
+    }
+    if o.as_cdata then
+        local c, cn = result(self._out, got, true)
+        return c, cn, info
+    end
+    return result(self._out, got, false), info
+end
+
+
 -- generate(prompt, opts) -> the generated tokens (prompt not included;
 -- generation stops at EOS, which is not returned). Runs as tl_generate
 -- does (submit, step until done, take) but through the request calls,
@@ -503,6 +554,10 @@ end
 function Model:generate(prompt, opts)
     local h = self.h or closed("generate", 2)
     local o = opt_table("generate", opts, 2)
+    if o.beams ~= nil or o.length_penalty ~= nil then
+        local r1, r2, r3 = generate_beam(self, h, prompt, o, 2) -- no tail call: error levels count this frame
+        return r1, r2, r3
+    end
     local p = fill_params("generate", o, 2)
     local ptr, n = nonempty_tokens(self, "generate", "prompt", prompt, o.n, 2)
     check_len(self, "generate", n, 2)
