@@ -146,7 +146,7 @@ end
 local seed = 12345
 local function rand_id()
     seed = (seed * 1103515245 + 12345) % 2147483648
-    return id_lo + seed % (n_vocab - id_lo)
+    return id_lo + math.floor(seed / 65536) % (n_vocab - id_lo) -- the LCG's low bits have short periods
 end
 
 local function new_ids(n)
@@ -177,7 +177,7 @@ local function timed(port, path, body)
     if not res or res.status ~= 200 then
         return nil, tostring(err or (res.status .. " " .. res.body:sub(1, 300)))
     end
-    return dt, res.json
+    return dt, res.json, res.headers["server-timing"]
 end
 
 
@@ -232,6 +232,7 @@ if in_process then
     tm = tl.Model(model, { max_seq_len = msl, n_threads = threads })
 end
 local cached_short, failures = 0, 0
+local phases, phase_names = { miss = {}, hit = {} }, {}
 for e = 1, epochs do
     local prefixes, n_pre = {}, {}
     for t = 1, 3 do
@@ -254,8 +255,26 @@ for e = 1, epochs do
                 end
                 ours_prompt = ids
             end
-            local dt, j = timed(port, "/v1/completions", ours_body(ours_prompt))
+            local dt, j, timing = timed(port, "/v1/completions", ours_body(ours_prompt))
             if dt then
+                -- the server's own split (Server-Timing, ms), and what is left: the client's
+                -- connect, sending 1,568 ids, nginx reading the request, writing the response
+                local server_ms = 0
+                for name, v in (timing or ""):gmatch("([%w_]+);dur=([%d.]+)") do
+                    if not phases[kind][name] then
+                        phases[kind][name] = {}
+                        if kind == "miss" then
+                            phase_names[#phase_names + 1] = name
+                        end
+                    end
+                    local tab = phases[kind][name]
+                    tab[#tab + 1] = tonumber(v) / 1000
+                    if name == "total" then
+                        server_ms = tonumber(v) / 1000
+                    end
+                end
+                phases[kind].client = phases[kind].client or {}
+                phases[kind].client[#phases[kind].client + 1] = dt - server_ms
                 res.ours[kind][#res.ours[kind] + 1] = dt
                 local u = j and j.usage
                 local cached = u and u.prompt_tokens_details and u.prompt_tokens_details.cached_tokens or -1
@@ -306,6 +325,14 @@ end
 print(string.format("%-14s %10s %10s %10s %10s", "TTFT p50", "miss", "hit", "miss n", "hit n"))
 local om, oh = percentile(res.ours.miss, 0.5), percentile(res.ours.hit, 0.5)
 print(string.format("%-14s %10s %10s %10d %10d", "tinyloop", ms(om), ms(oh), #res.ours.miss, #res.ours.hit))
+if #phase_names > 0 then
+    phase_names[#phase_names + 1] = "client"
+    for _, name in ipairs(phase_names) do
+        print(string.format("  %-12s %10s %10s%s", name, ms(percentile(phases.miss[name] or {}, 0.5)),
+            ms(percentile(phases.hit[name] or {}, 0.5)), name == "client" and "   (HTTP outside the handler)"
+            or name == "first_token" and "   (submit to first token: queue, prefill, notification)" or ""))
+    end
+end
 if tm and not text_mode then
     local em, eh = percentile(res.engine.miss, 0.5), percentile(res.engine.hit, 0.5)
     print(string.format("%-14s %10s %10s %10d %10d   (in process, no HTTP)", "engine", ms(em), ms(eh),
