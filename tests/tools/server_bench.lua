@@ -14,6 +14,9 @@
 --   luajit tests/tools/server_bench.lua [MODEL] [--epochs N] [--rounds N] [--threads N]
 --       [--ik PATH_TO_LLAMA_SERVER | --no-ik] [--no-engine] [--prefix N] [--suffix N] [--text]
 --
+-- --threads sets llama-server's and the in-process engine's threads; our
+-- nginx engine runs on every core (examples/nginx.conf has no thread
+-- setting), which is 2 on the machine the issue measured.
 -- --text sends the prompts as text (ours only: llama-server's tokenizer of the
 -- synthetic vocab is not ours), checking the cache also hits the whole prefix
 -- for text prompts.
