@@ -8,7 +8,7 @@ LIB_SRC  := $(wildcard engine/*.c kernels/cpu/*.c)
 LIB_OBJ  := $(LIB_SRC:%.c=build/obj/%.o)
 ASAN_OBJ := $(LIB_SRC:%.c=build/asan/%.o)
 TSUP_SRC := $(wildcard tests/c/lib/*.c)
-TEST_HDR := $(wildcard tests/c/*.h tests/c/lib/*.h)
+TSUP_OBJ := $(TSUP_SRC:%.c=build/obj/%.o)
 TEST_SRC := $(wildcard tests/c/test_*.c)
 TESTS    := $(TEST_SRC:tests/c/%.c=build/tests/%)
 ASAN_TESTS := $(TEST_SRC:tests/c/%.c=build/tests-asan/%)
@@ -21,7 +21,7 @@ DEFAULT_MODEL := $(or $(TINYLOOP_MODELS),$(HOME)/.cache/tinyloop/models)/gemma-3
 MODEL   ?= $(DEFAULT_MODEL)
 SMALL_MODEL := ../shared/models/stories260K.gguf
 
-.PHONY: all test test-c test-asan fuzz bench run repl serve model clean deps install uninstall soak
+.PHONY: all test test-c test-asan fuzz bench bench-plot run repl serve model clean deps deps-check install uninstall soak
 all: build/libtinyloop.so build/libtinyloop.a bin/tinyloop $(TOOLS) lua/tinyloop/cdef.lua
 
 # The CUDA kernels (build/libtinyloop-cuda.so, `make test-cuda`) when nvcc
@@ -33,13 +33,21 @@ all: cuda
 lua/tinyloop/cdef.lua: engine/tinyloop.h bindings/gen_cdef.lua
 	luajit bindings/gen_cdef.lua engine/tinyloop.h $@
 
-build/obj/%.o: %.c $(wildcard engine/*.h kernels/cpu/*.h)
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+# Every object lists the headers it includes in a .d file beside it (-MMD);
+# -MP adds an empty rule per header so a deleted header does not stop make.
+DEPFLAGS := -MMD -MP
+-include $(shell find build -name '*.d' 2>/dev/null)
 
-build/asan/%.o: %.c $(wildcard engine/*.h kernels/cpu/*.h)
+build/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(ASAN_FLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@
+
+build/asan/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(ASAN_FLAGS) $(DEPFLAGS) -c $< -o $@
+
+# Test and tool sources see the test helpers; the engine does not.
+build/obj/tests/%.o build/asan/tests/%.o build/obj/tools/%.o: CFLAGS += -Itests/c -Itests/c/lib
 
 build/libtinyloop.a: $(LIB_OBJ)
 	@mkdir -p build
@@ -52,27 +60,29 @@ build/libtinyloop-asan.a: $(ASAN_OBJ)
 	rm -f $@ && ar rcs $@ $^
 
 CLI_SRC := $(wildcard engine/cli/*.c)
-bin/tinyloop: $(CLI_SRC) build/libtinyloop.a
+bin/tinyloop: $(CLI_SRC:%.c=build/obj/%.o) build/libtinyloop.a
 	@mkdir -p bin
-	$(CC) $(CFLAGS) -o $@ $(CLI_SRC) build/libtinyloop.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-bin/tl-gen-model: tests/tools/gen_model.c $(TSUP_SRC) build/libtinyloop.a
+bin/tl-gen-model: build/obj/tools/gen_model.o $(TSUP_OBJ) build/libtinyloop.a
 	@mkdir -p bin
-	$(CC) $(CFLAGS) -Itests/c/lib -o $@ $< $(TSUP_SRC) build/libtinyloop.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-build/tests/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop.a $(TEST_HDR)
+# A test links its object, the test helpers and the static library (the
+# filter drops order-only extras such as the fake backend plugin).
+$(TESTS): build/tests/%: build/obj/tests/c/%.o $(TSUP_OBJ) build/libtinyloop.a
 	@mkdir -p build/tests
-	$(CC) $(CFLAGS) -Itests/c -Itests/c/lib -o $@ $< $(TSUP_SRC) build/libtinyloop.a $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
 
 # The test plugin behind test_backend (the engine's side of engine/backend.h).
-build/tests/libtl-fake-backend.so: tests/c/fake_backend/fake_backend.c engine/sampler.c engine/util.c engine/backend.h engine/sampler.h
+build/tests/libtl-fake-backend.so: build/obj/tests/c/fake_backend/fake_backend.o build/obj/engine/sampler.o build/obj/engine/util.o
 	@mkdir -p build/tests
-	$(CC) $(CFLAGS) -shared -o $@ $(filter %.c,$^) -lm
+	$(CC) $(CFLAGS) -shared -o $@ $^ -lm
 build/tests/test_backend build/tests-asan/test_backend: build/tests/libtl-fake-backend.so
 
-build/tests-asan/%: tests/c/%.c $(TSUP_SRC) build/libtinyloop-asan.a $(TEST_HDR)
+$(ASAN_TESTS): build/tests-asan/%: build/asan/tests/c/%.o $(TSUP_SRC:%.c=build/asan/%.o) build/libtinyloop-asan.a
 	@mkdir -p build/tests-asan
-	$(CC) $(CFLAGS) $(ASAN_FLAGS) -Itests/c -Itests/c/lib -o $@ $< $(TSUP_SRC) build/libtinyloop-asan.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(ASAN_FLAGS) -o $@ $(filter %.o %.a,$^) $(LDLIBS)
 
 # The suites test the CPU path, and the CUDA backend's kernels on the CPU
 # emulation (tests/gpu/emu, build/tests-emu); tests/gpu/run.sh (make
@@ -83,31 +93,31 @@ test test-asan: export TINYLOOP_BACKEND ?= cpu
 test: deps all $(TESTS) $(EMU_TESTS)
 	@sh tests/run.sh build/tests $(TESTS) $(EMU_TESTS) tests/cli/test_cli.sh tests/spec/run.sh tests/integration/run.sh
 
-test-asan: deps build/libtinyloop-asan.a $(ASAN_TESTS) $(EMU_ASAN_TESTS)
+test-asan: deps-check build/libtinyloop-asan.a $(ASAN_TESTS) $(EMU_ASAN_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	  TL_TEST_QUICK=1 sh tests/run.sh build/tests-asan $(ASAN_TESTS) $(EMU_ASAN_TESTS)
 
 FUZZ_TIME ?= 60
-fuzz: build/fuzz/fuzz_gguf build/fuzz/fuzz_tokenizer build/fuzz/fuzz_model
+# The fuzz targets (tests/fuzz/fuzz_*.c) link one instrumented build of the
+# library and the test helpers; the archive pulls in only what each needs.
+FUZZ_BINS  := $(patsubst tests/fuzz/%.c,build/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iengine -Ikernels/cpu -Itests/c/lib
+FUZZ_OBJ   := $(LIB_SRC:%.c=build/fuzz/obj/%.o) $(TSUP_SRC:%.c=build/fuzz/obj/%.o)
+
+build/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_FLAGS) $(DEPFLAGS) -c $< -o $@
+
+build/fuzz/libtinyloop-fuzz.a: $(FUZZ_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(FUZZ_BINS): build/fuzz/%: build/fuzz/obj/tests/fuzz/%.o build/fuzz/libtinyloop-fuzz.a
+	clang $(FUZZ_FLAGS) -o $@ $^ -lpcre2-8 -lm -pthread -ldl
+
+fuzz: $(FUZZ_BINS)
 	sh tests/fuzz/run.sh build/fuzz/fuzz_gguf $(FUZZ_TIME)
 	sh tests/fuzz/run_tokenizer.sh build/fuzz/fuzz_tokenizer $(FUZZ_TIME)
 	sh tests/fuzz/run_model.sh build/fuzz/fuzz_model $(FUZZ_TIME)
-
-build/fuzz/fuzz_model: tests/fuzz/fuzz_model.c $(LIB_SRC) $(TSUP_SRC)
-	@mkdir -p build/fuzz
-	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iengine -Ikernels/cpu -Itests/c/lib \
-	  -o $@ tests/fuzz/fuzz_model.c $(LIB_SRC) $(TSUP_SRC) -lpcre2-8 -lm -pthread -ldl
-
-build/fuzz/fuzz_tokenizer: tests/fuzz/fuzz_tokenizer.c $(LIB_SRC)
-	@mkdir -p build/fuzz
-	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iengine -Ikernels/cpu -Itests/c/lib \
-	  -o $@ tests/fuzz/fuzz_tokenizer.c engine/tokenizer.c engine/tokenizer_bpe.c engine/gguf.c engine/util.c \
-	  kernels/cpu/types.c -lpcre2-8 -lm -pthread
-
-build/fuzz/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(LIB_SRC) $(TSUP_SRC)
-	@mkdir -p build/fuzz
-	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iengine -Ikernels/cpu -Itests/c/lib \
-	  -o $@ tests/fuzz/fuzz_gguf.c $(LIB_SRC) $(TSUP_SRC) -lpcre2-8 -lm -pthread -ldl
 
 # Synthetic models shaped like stories110M (dim 768, 12 layers, 12 heads,
 # vocab 32000) in the weight types llama.cpp's figures in the README use.
@@ -116,6 +126,10 @@ BENCH_MODELS := $(BENCH_TYPES:%=build/bench/stories110M-%.gguf)
 build/bench/stories110M-%.gguf: bin/tl-gen-model
 	@mkdir -p build/bench
 	./bin/tl-gen-model $@ --type $* --vocab 32000 --dim 768 --layers 12 --heads 12 --kv-heads 12 --ff 2048 --ctx 1024
+
+# A PNG of tokens/s by model, weight type and batch size (gnuplot; BENCH_LOG=file plots a saved run).
+bench-plot: all $(BENCH_MODELS)
+	sh tools/bench_plot.sh build/bench/bench.png $(SMALL_MODEL) $(BENCH_MODELS)
 
 bench: all $(BENCH_MODELS)
 	@echo "== all threads"
@@ -126,38 +140,43 @@ bench: all $(BENCH_MODELS)
 	./bin/tinyloop bench cache -m $(SMALL_MODEL) --max-seq-len 512
 	./bin/tinyloop bench cache -m build/bench/stories110M-q8_0.gguf --max-seq-len 2048
 	@echo "== serving (nginx on loopback): 1, 8, 32 clients with and without prefix reuse"
-	luajit tests/tools/load_bench.lua $(SMALL_MODEL)
+	luajit tools/load_bench.lua $(SMALL_MODEL)
 	@echo "== eviction policies on a multi-tenant trace (LRU, shortest-first, cost-aware Lua; shadow predictions)"
-	luajit tests/tools/trace_bench.lua
+	luajit tools/trace_bench.lua
 
 # Issue 14's three-tenant TTFT test through the servers: ours (nginx) against
 # ik_llama.cpp's llama-server when ../shared/tools/anchor-build.sh has built it.
 .PHONY: bench-server
 bench-server: all build/bench/stories110M-q8_0.gguf
-	luajit tests/tools/server_bench.lua build/bench/stories110M-q8_0.gguf
+	luajit tools/server_bench.lua build/bench/stories110M-q8_0.gguf
 
 # The main job: three tenants with system prompts in a PrefixPool (examples/serve_tenants.lua).
 run: deps all
-	@if [ "$(MODEL)" = "$(DEFAULT_MODEL)" ]; then sh tests/tools/fetch_model.sh >/dev/null; fi
+	@if [ "$(MODEL)" = "$(DEFAULT_MODEL)" ]; then sh tools/fetch_model.sh >/dev/null; fi
 	luajit examples/serve_tenants.lua $(MODEL)
 
 model:
-	sh tests/tools/fetch_model.sh
+	sh tools/fetch_model.sh
 
 # OpenAI-compatible server in the foreground (nginx on localhost; MODEL=, PORT=).
 serve: deps all
-	sh tests/tools/serve.sh
+	sh tools/serve.sh
 
 repl: deps all
 	./bin/tinyloop repl $(SMALL_MODEL)
 
+# make deps installs what is missing (as root; otherwise prints the apt-get
+# line); deps-check only reports. See README "Two commands".
 deps:
-	@sh tests/deps.sh
+	@sh tools/deps.sh
+
+deps-check:
+	@sh tools/deps.sh --check
 
 # A bounded soak of one engine (loopback, stories260K): SOAK_SECONDS (150),
 # SOAK_CLIENTS (64); prints requests/s, TTFT p50/p99, errors by kind.
-soak: deps all
-	timeout 660 luajit tests/tools/soak.lua
+soak: deps-check all
+	timeout 660 luajit tools/soak.lua
 
 # make install [PREFIX=/usr/local] [DESTDIR=]: the library, header, tinyloop.pc,
 # the CLI, the Lua modules where LuaJIT/OpenResty look (LUADIR), the policies

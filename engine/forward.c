@@ -27,9 +27,14 @@ typedef struct tl_scratch {
     void *xq;                /* (cap, quantized row of the widest input) */
     size_t xq_stride;
     int32_t *tok_seq, *tok_pos;
-    float *scores;           /* per thread: (group, max_seq_len) scores + (block_size, head_dim) K/V rows */
+    int32_t *chunk_t0;       /* attention query chunks: tokens [chunk_t0[i], chunk_t0[i+1]), n_chunks + 1 entries */
+    int n_chunks;
+    int att_qc;              /* tokens per query chunk at most */
+    float *scores;           /* per thread: (att_qc, group, max_seq_len) scores + (block_size, head_dim) K/V rows */
     size_t scores_stride;
     float *logits_x;         /* (n_seq, n_embd) */
+    int profile;             /* tl_forward_profile: accumulate prof[] */
+    double prof[3];          /* seconds: matmul, attention, whole forward */
 } tl_scratch;
 
 static void scratch_free_bufs(tl_scratch *s) {
@@ -41,8 +46,9 @@ static void scratch_free_bufs(tl_scratch *s) {
     tl_free_aligned(s->xq);
     free(s->tok_seq);
     free(s->tok_pos);
+    free(s->chunk_t0);
     s->xq = NULL;
-    s->tok_seq = s->tok_pos = NULL;
+    s->tok_seq = s->tok_pos = s->chunk_t0 = NULL;
     s->cap = 0;
 }
 
@@ -81,8 +87,9 @@ static int scratch_reserve(tl_model *m, int T, int n_seq) {
     s->xq = tl_alloc_aligned(n * s->xq_stride);
     s->tok_seq = malloc(n * sizeof(int32_t));
     s->tok_pos = malloc(n * sizeof(int32_t));
+    s->chunk_t0 = malloc((n + 1) * sizeof(int32_t));
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->o || !s->logits_x ||
-        !s->xq || !s->tok_seq || !s->tok_pos) {
+        !s->xq || !s->tok_seq || !s->tok_pos || !s->chunk_t0) {
         scratch_free_bufs(s);
         return tl_set_error(TL_ERR_NOMEM, "out of memory for a batch of %d tokens", T);
     }
@@ -94,7 +101,13 @@ int tl_forward_init(tl_model *m) {
     m->scratch = calloc(1, sizeof *m->scratch);
     if (!m->scratch) return tl_set_error(TL_ERR_NOMEM, "out of memory");
     int group = m->hp.n_head / m->hp.n_head_kv;
-    m->scratch->scores_stride = ((size_t)group * m->max_seq_len + (size_t)m->kv.block_size * m->hp.head_dim + 15) & ~(size_t)15;
+    /* Prefill tokens of one sequence share each converted K/V block in
+     * chunks of att_qc; their score rows (a max_seq_len row per query head)
+     * are kept to about 4 MiB per thread. */
+    int64_t qc = ((int64_t)1 << 20) / ((int64_t)group * m->max_seq_len);
+    m->scratch->att_qc = qc < 1 ? 1 : qc > 16 ? 16 : (int)qc;
+    m->scratch->scores_stride = ((size_t)m->scratch->att_qc * group * m->max_seq_len +
+                                 (size_t)m->kv.block_size * m->hp.head_dim + 15) & ~(size_t)15;
     size_t n = (size_t)tl_threadpool_size(m->tp) * m->scratch->scores_stride;
     m->scratch->scores = tl_alloc_aligned(n * sizeof(float));
     if (!m->scratch->scores) return tl_set_error(TL_ERR_NOMEM, "out of memory for attention scores");
@@ -139,11 +152,6 @@ static void add_bias(float *x, const float *b, int T, int n) {
         for (int i = 0; i < n; i++) x[(size_t)t * n + i] += b[i];
 }
 
-static float gelu_tanh(float x) {
-    const float k = 0.79788456080286535587989211986876f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x)));
-}
-
 /* ---- matmul: out (T, n_out) = x (T, n_in) . W^T ------------------------------ */
 
 typedef struct {
@@ -164,12 +172,20 @@ static void mm_task(void *p, int ith, int nth) {
     int64_t r0 = t0 * 16, r1 = t1 * 16 < rows ? t1 * 16 : rows;
     size_t row_size = tl_row_size(w->type, w->n_in);
     const uint8_t *base = w->data;
-    /* Each tile kernel output equals the single (row, token) dot bitwise, so
-     * neither the split nor T changes any logit. */
-    for (int64_t rt = r0; rt < r1; rt += 16) {
-        int nr = (int)((rt + 16 < r1 ? rt + 16 : r1) - rt);
-        tl_vec_dot_tile(w->type, w->n_in, nr, c->T, c->out + rt, (size_t)rows, base + (size_t)rt * row_size, row_size,
-                        c->xq, c->xq_stride);
+    /* Tokens go in chunks whose activations stay in L2 while every row
+     * tile of this thread passes over them (a whole long prompt would be
+     * re-read from L3 for each tile); weights are re-read per chunk.
+     * Each tile kernel output equals the single (row, token) dot bitwise,
+     * so neither the split, the chunks nor T changes any logit. */
+    int chunk = (int)((192 * 1024) / c->xq_stride);
+    if (chunk < 16) chunk = 16;
+    for (int t0 = 0; t0 < c->T; t0 += chunk) {
+        int nt = c->T - t0 < chunk ? c->T - t0 : chunk;
+        for (int64_t rt = r0; rt < r1; rt += 16) {
+            int nr = (int)((rt + 16 < r1 ? rt + 16 : r1) - rt);
+            tl_vec_dot_tile(w->type, w->n_in, nr, nt, c->out + (size_t)t0 * rows + rt, (size_t)rows,
+                            base + (size_t)rt * row_size, row_size, c->xq + (size_t)t0 * c->xq_stride, c->xq_stride);
+        }
     }
 }
 
@@ -188,8 +204,16 @@ static void quant_task(void *p, int ith, int nth) {
         tl_quantize_row(c->type, c->x + (size_t)t * c->n, c->xq + (size_t)t * c->stride, c->n);
 }
 
+void tl_forward_profile(tl_model *m, int on, double out[3]) {
+    tl_scratch *s = m->scratch;
+    if (out) memcpy(out, s->prof, sizeof s->prof);
+    if (on) memset(s->prof, 0, sizeof s->prof);
+    s->profile = on;
+}
+
 static void matmul(tl_model *m, float *out, const tl_weight *w, const float *x, int T) {
     tl_scratch *s = m->scratch;
+    double t0 = s->profile ? tl_now() : 0;
     int vt = tl_type_info(w->type)->vec_dot_type;
     mm_ctx c = {.w = w, .out = out, .T = T};
     if (vt == TL_TYPE_F32) {
@@ -205,6 +229,7 @@ static void matmul(tl_model *m, float *out, const tl_weight *w, const float *x, 
     int64_t work = w->n_out * w->n_in * (int64_t)T;
     int tasks = work < 64 * 1024 ? 1 : tl_threadpool_size(m->tp);
     tl_threadpool_run(m->tp, mm_task, &c, tasks);
+    if (s->profile) s->prof[0] += tl_now() - t0;
 }
 
 /* ---- attention over the paged KV ------------------------------------------- */
@@ -234,8 +259,12 @@ static float dot_small(const float *a, const float *b, int n) {
     return s;
 }
 
-/* One task = one token and one KV head: the query heads of its group share
- * each converted K/V block. */
+/* One task = one KV head and one chunk of consecutive tokens of a
+ * sequence: each K/V block is converted once for the chunk, and the query
+ * heads of the group share it. Every token still computes its scores, its
+ * softmax and its weighted sum of V rows with the same operations in the
+ * same order as it would alone, so chunking changes no result. Tasks are
+ * dealt round-robin: later chunks attend to more positions. */
 static void att_task(void *p, int ith, int nth) {
     const att_ctx *c = p;
     tl_model *m = c->m;
@@ -243,59 +272,83 @@ static void att_task(void *p, int ith, int nth) {
     tl_scratch *s = m->scratch;
     const tl_kv_pool *kv = &m->kv;
     int hd = hp->head_dim, bs = kv->block_size, group = hp->n_head / hp->n_head_kv;
+    size_t msl = (size_t)m->max_seq_len, tok_scores = (size_t)group * msl;
     float *scores = s->scores + (size_t)ith * s->scores_stride;
-    float *kbuf = scores + (size_t)group * m->max_seq_len;
-    int total = c->T * hp->n_head_kv;
-    int i0 = (int)((int64_t)total * ith / nth), i1 = (int)((int64_t)total * (ith + 1) / nth);
-    for (int i = i0; i < i1; i++) {
-        int t = i / hp->n_head_kv, kh = i % hp->n_head_kv;
-        const tl_seq *seq = c->seqs[s->tok_seq[t]];
-        int pos = s->tok_pos[t], depth = seq->bt.depth;
+    float *kbuf = scores + (size_t)s->att_qc * tok_scores;
+    int total = s->n_chunks * hp->n_head_kv;
+    for (int i = ith; i < total; i += nth) {
+        int ci = i / hp->n_head_kv, kh = i % hp->n_head_kv;
+        int ta = s->chunk_t0[ci], tb = s->chunk_t0[ci + 1];
+        const tl_seq *seq = c->seqs[s->tok_seq[ta]];
+        int depth = seq->bt.depth;
         /* The narrower of the request's cache_window and the layer's window. */
         int w = seq->window;
         if (c->layer_window > 0 && (w == 0 || c->layer_window < w)) w = c->layer_window;
-        int j0 = w > 0 && pos >= w ? pos - w + 1 : 0;
-        const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
-        float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
-        for (int b = j0 / bs; b <= pos / bs; b++) {
+#define FIRST_POS(pos) (w > 0 && (pos) >= w ? (pos) - w + 1 : 0)
+        int b_first = FIRST_POS(s->tok_pos[ta]) / bs, pos_last = s->tok_pos[tb - 1];
+        for (int b = b_first; b <= pos_last / bs; b++) {
             int id = seq->bt.ids[b * depth + c->vl];
-            int r0 = b == j0 / bs ? j0 % bs : 0, r1 = b == pos / bs ? pos % bs + 1 : bs;
-            const float *k = kv_head_rows(kv, tl_kv_k(kv, id), kh, hd, r1, kbuf);
-            for (int g = 0; g < group; g++)
-                for (int r = r0; r < r1; r++)
-                    scores[(size_t)g * m->max_seq_len + b * bs + r] = dot_small(q + g * hd, k + (size_t)r * hd, hd) * c->scale;
-        }
-        for (int g = 0; g < group; g++) {
-            float *sc = scores + (size_t)g * m->max_seq_len;
-            float maxv = -INFINITY;
-            for (int j = j0; j <= pos; j++)
-                if (sc[j] > maxv) maxv = sc[j];
-            double sum = 0.0;
-            for (int j = j0; j <= pos; j++) {
-                sc[j] = expf(sc[j] - maxv);
-                sum += sc[j];
+            int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
+            const float *k = kv_head_rows(kv, tl_kv_k(kv, id), kh, hd, rows, kbuf);
+            for (int t = ta; t < tb; t++) {
+                int pos = s->tok_pos[t], j0 = FIRST_POS(pos);
+                if (b < j0 / bs || b > pos / bs) continue;
+                int r0 = b == j0 / bs ? j0 % bs : 0, r1 = b == pos / bs ? pos % bs + 1 : bs;
+                const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
+                float *sc = scores + (size_t)(t - ta) * tok_scores;
+                for (int g = 0; g < group; g++) {
+                    if (hd >= 32) { /* bitwise the dot_small calls, in one call */
+                        tl_dot_rows_f32(q + g * hd, k + (size_t)r0 * hd, (size_t)hd, r1 - r0, hd, c->scale,
+                                        sc + (size_t)g * msl + b * bs + r0);
+                        continue;
+                    }
+                    for (int r = r0; r < r1; r++)
+                        sc[(size_t)g * msl + b * bs + r] = dot_small(q + g * hd, k + (size_t)r * hd, hd) * c->scale;
+                }
             }
-            float inv = (float)(1.0 / sum);
-            for (int j = j0; j <= pos; j++) sc[j] *= inv;
-            memset(out + g * hd, 0, (size_t)hd * sizeof(float));
         }
-        for (int b = j0 / bs; b <= pos / bs; b++) {
-            int id = seq->bt.ids[b * depth + c->vl];
-            int r0 = b == j0 / bs ? j0 % bs : 0, r1 = b == pos / bs ? pos % bs + 1 : bs;
-            const float *v = kv_head_rows(kv, tl_kv_v(kv, id), kh, hd, r1, kbuf);
+        for (int t = ta; t < tb; t++) {
+            int pos = s->tok_pos[t], j0 = FIRST_POS(pos);
+            float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
             for (int g = 0; g < group; g++) {
-                const float *sc = scores + (size_t)g * m->max_seq_len + b * bs;
-                float *o = out + g * hd;
-                for (int r = r0; r < r1; r++) {
-                    const float a = sc[r], *vr = v + (size_t)r * hd;
-                    if (hd >= 32) {
-                        tl_axpy_f32(o, a, vr, hd);
-                    } else {
+                float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl;
+                float maxv = -INFINITY;
+                for (int j = j0; j <= pos; j++)
+                    if (sc[j] > maxv) maxv = sc[j];
+                double sum = 0.0;
+                for (int j = j0; j <= pos; j++) {
+                    sc[j] = expf(sc[j] - maxv);
+                    sum += sc[j];
+                }
+                float inv = (float)(1.0 / sum);
+                for (int j = j0; j <= pos; j++) sc[j] *= inv;
+                memset(out + g * hd, 0, (size_t)hd * sizeof(float));
+            }
+        }
+        for (int b = b_first; b <= pos_last / bs; b++) {
+            int id = seq->bt.ids[b * depth + c->vl];
+            int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
+            const float *v = kv_head_rows(kv, tl_kv_v(kv, id), kh, hd, rows, kbuf);
+            for (int t = ta; t < tb; t++) {
+                int pos = s->tok_pos[t], j0 = FIRST_POS(pos);
+                if (b < j0 / bs || b > pos / bs) continue;
+                int r0 = b == j0 / bs ? j0 % bs : 0, r1 = b == pos / bs ? pos % bs + 1 : bs;
+                float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
+                for (int g = 0; g < group; g++) {
+                    const float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl + b * bs;
+                    float *o = out + g * hd;
+                    if (hd >= 32) { /* bitwise one tl_axpy_f32 per row, in one call */
+                        tl_axpy_rows_f32(o, sc + r0, v + (size_t)r0 * hd, (size_t)hd, r1 - r0, hd);
+                        continue;
+                    }
+                    for (int r = r0; r < r1; r++) {
+                        const float a = sc[r], *vr = v + (size_t)r * hd;
                         for (int d = 0; d < hd; d++) o[d] += a * vr[d];
                     }
                 }
             }
         }
+#undef FIRST_POS
     }
 }
 
@@ -350,9 +403,11 @@ static void layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
             rope(k, s->tok_pos[t], hp->n_rot, rope_base, m->arch->rope_type, m->rope_freqs);
         }
     }
+    double t0 = s->profile ? tl_now() : 0;
     store_kv(m, seqs, vl, T);
     att_ctx ac = {.m = m, .seqs = seqs, .vl = vl, .T = T, .layer_window = window, .scale = 1.0f / sqrtf((float)hd)};
-    tl_threadpool_run(m->tp, att_task, &ac, T * hp->n_head_kv);
+    tl_threadpool_run(m->tp, att_task, &ac, s->n_chunks * hp->n_head_kv);
+    if (s->profile) s->prof[1] += tl_now() - t0;
     matmul(m, s->o, &ly->wo, s->att, T);
     for (int t = 0; t < T; t++) {
         float *o = s->o + (size_t)t * D, *x = s->x + (size_t)t * D;
@@ -364,7 +419,7 @@ static void layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
     matmul(m, s->hb2, &ly->w_up, s->xb, T);
     size_t nf = (size_t)T * hp->n_ff;
     if (m->arch->ffn_act == TL_ACT_GELU_TANH)
-        for (size_t i = 0; i < nf; i++) s->hb[i] = gelu_tanh(s->hb[i]) * s->hb2[i];
+        tl_gelu_tanh_mul(s->hb, s->hb2, (int64_t)nf);
     else
         for (size_t i = 0; i < nf; i++) s->hb[i] = s->hb[i] / (1.0f + expf(-s->hb[i])) * s->hb2[i];
     matmul(m, s->o, &ly->w_down, s->hb, T);
@@ -471,6 +526,7 @@ int tl_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const i
 
     const tl_hparams *hp = &m->hp;
     tl_scratch *s = m->scratch;
+    double t_start = s->profile ? tl_now() : 0;
     int D = hp->n_embd;
     size_t emb_row = tl_row_size(m->tok_embd.type, D);
     float emb_scale = m->arch->embd_scale ? sqrtf((float)D) : 1.0f;
@@ -487,6 +543,11 @@ int tl_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const i
         }
     }
     if (opts->vl_begin > 0) memcpy(s->x, opts->x_in, (size_t)T * D * sizeof(float));
+    s->n_chunks = 0;
+    for (t = 0; t < T; t++)
+        if (t == 0 || s->tok_seq[t] != s->tok_seq[t - 1] || t - s->chunk_t0[s->n_chunks - 1] >= s->att_qc)
+            s->chunk_t0[s->n_chunks++] = t;
+    s->chunk_t0[s->n_chunks] = T;
     int loops0 = seqs[0]->loops;
     int depth = seqs[0]->bt.depth;
     for (int vl = opts->vl_begin; vl < depth; vl++) {
@@ -505,5 +566,6 @@ int tl_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const i
         if (rows) matmul(m, logits, &m->output, s->logits_x, rows);
     }
     for (int i = 0; i < n_seq; i++) seqs[i]->n_pos += n_tokens[i];
+    if (s->profile) s->prof[2] += tl_now() - t_start;
     return TL_OK;
 }

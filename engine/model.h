@@ -132,6 +132,12 @@ int tl_model_is_eog(const tl_model *m, int id);
 /* forward.c */
 int tl_forward_init(tl_model *m);
 void tl_forward_free(tl_model *m);
+/* Phase timing of the CPU forward, for `tinyloop bench`: on != 0 (re)starts
+ * accumulating wall seconds from zero, on == 0 stops; out (NULL allowed)
+ * receives {matmuls incl. activation quantization, attention incl. the KV
+ * store, whole forward} accumulated so far. Off by default (the clock reads
+ * would cost a tiny model a few percent). */
+void tl_forward_profile(tl_model *m, int on, double out[3]);
 
 /* Options of the internal forward entry point. */
 typedef struct tl_forward_opts {

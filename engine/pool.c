@@ -1,6 +1,6 @@
 /* pool.c - the PrefixPool: registered prefixes pinned in the model's radix
  * cache, with a capacity and an eviction policy (shortest entry first, as
- * the seed API defines it, or least recently used). */
+ * docs/prefix-pool.md defines it, or least recently used). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,7 +38,7 @@ int tl_pool_new(int capacity, tl_pool **out) {
     *out = NULL;
     if (capacity < 0) return tl_set_error(TL_ERR_INVALID_ARG, "capacity %d must be >= 0", capacity);
     tl_pool *p = calloc(1, sizeof *p);
-    if (p) p->capacity = capacity > 0 ? capacity : 1; /* 0 is coerced to 1, as the seed API does */
+    if (p) p->capacity = capacity > 0 ? capacity : 1; /* 0 is coerced to 1 (docs/prefix-pool.md) */
     if (p) p->e = calloc((size_t)p->capacity, sizeof *p->e);
     if (!p || !p->e) {
         free(p);

@@ -1,5 +1,5 @@
 /* prefix.c - single-prefix handles (build_prefix_cache /
- * generate_from_prefix_cache of the seed API) and resume handles for looped
+ * generate_from_prefix_cache, docs/prefix-pool.md) and resume handles for looped
  * models (the same prompt at another loop depth, reusing the prelude). */
 #include <stdlib.h>
 #include <string.h>

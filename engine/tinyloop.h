@@ -311,7 +311,7 @@ int tl_engine_notify_attach(tl_model *model, int fd);
 /* ---- prefix pool (the explicit cache) -----------------------------------------
  *
  * A pool pins registered prefixes in the model's prefix cache. Entries are
- * keyed by (tokens, loops, cache_window). Semantics follow the seed's
+ * keyed by (tokens, loops, cache_window). Semantics (docs/prefix-pool.md) of the
  * PrefixPool: capacity 0 is coerced to 1; registering an existing key is a
  * no-op; over capacity the policy's victim (shortest entry by default) is
  * dropped before the new entry goes in. A pool binds to the first model
@@ -319,7 +319,7 @@ int tl_engine_notify_attach(tl_model *model, int fd);
  * the KV nothing else references; closing the model first detaches the
  * pool (it then reports size 0). */
 
-/* SHORTEST: the seed's rule. LRU: least recently used. COST: the lowest
+/* SHORTEST: the default (docs/prefix-pool.md). LRU: least recently used. COST: the lowest
  * estimated value of keeping it, tokens x (1 + hits) (recompute cost times
  * use), so long, popular prefixes stay. */
 enum tl_pool_policy { TL_POOL_EVICT_SHORTEST = 0, TL_POOL_EVICT_LRU = 1, TL_POOL_EVICT_COST = 2 };

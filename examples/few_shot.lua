@@ -1,7 +1,7 @@
 -- few_shot.lua - a library of few-shot templates of different lengths in
 -- one PrefixPool; callers hand in the whole prompt and the pool picks the
--- deepest template it starts with. The seed's "Few-shot template
--- library" pattern (seeds/prefix-pool.md).
+-- deepest template it starts with. The "few-shot template
+-- library" pattern of docs/prefix-pool.md.
 --
 --   luajit examples/few_shot.lua [MODEL]   (default ../shared/models/stories260K.gguf)
 local dir = (arg[0]:match("^(.*)/[^/]*$") or ".") .. "/.."

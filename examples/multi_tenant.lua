@@ -1,7 +1,7 @@
 -- multi_tenant.lua - one model, many tenants: each tenant's system prompt
 -- is registered once in a PrefixPool; every request carries the whole
 -- conversation and the pool picks the tenant's cached prefix by itself.
--- The seed's "Multi-tenant system prompts" pattern (seeds/prefix-pool.md).
+-- The "multi-tenant system prompts" pattern of docs/prefix-pool.md.
 --
 --   luajit examples/multi_tenant.lua [MODEL]   (default ../shared/models/stories260K.gguf)
 --

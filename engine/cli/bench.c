@@ -5,8 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gguf.h"
+#include "model.h"
 #include "quants.h"
 #include "tinyloop.h"
 #include "util.h"
@@ -52,6 +54,14 @@ static double serve_rate(tl_model *m, const int32_t *prompt, int n_prompt, int n
     return n == batch ? got / dt : -1;
 }
 
+/* CPU seconds of the whole process: on a shared machine the wall clock
+ * counts other processes' turns, CPU time (mostly) does not. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static int bench_one(const char *path, tl_model_params mp, int n_gen, int prompt_len, int batch) {
     tl_model *m;
     if (tl_model_open(path, mp, &m) != TL_OK) {
@@ -88,18 +98,30 @@ static int bench_one(const char *path, tl_model_params mp, int n_gen, int prompt
 
     /* single sequence: prefill then decode */
     /* prefill: best of 3 (the first also warms caches and scratch) */
-    double t_prefill = 1e30, t0;
+    double t_prefill = 1e30, c_prefill = 1e30, t0;
     for (int rep = 0; rep < 3; rep++) {
         if (tl_seq_new(m, 0, &seqs[0])) goto out;
         t0 = tl_now();
+        double c0 = cpu_now();
         const int32_t *pp = prompt;
         if (tl_batch_forward(m, seqs, &pp, &prompt_len, 1, logits)) goto fail;
-        double dt = tl_now() - t0;
+        double dt = tl_now() - t0, dc = cpu_now() - c0;
         if (dt < t_prefill) t_prefill = dt;
+        if (dc < c_prefill) c_prefill = dc;
         if (rep < 2) {
             tl_seq_free(seqs[0]);
             seqs[0] = NULL;
         }
+    }
+    /* one more prefill with the phases timed (CPU backend only) */
+    double ph[3] = {0, 0, 0};
+    if (strcmp(info.backend, "cpu") == 0) {
+        tl_seq_free(seqs[0]);
+        if (tl_seq_new(m, 0, &seqs[0])) goto fail;
+        tl_forward_profile(m, 1, NULL);
+        const int32_t *pp = prompt;
+        if (tl_batch_forward(m, seqs, &pp, &prompt_len, 1, logits)) goto fail;
+        tl_forward_profile(m, 0, ph);
     }
     next[0] = 0;
     t0 = tl_now();
@@ -147,9 +169,13 @@ static int bench_one(const char *path, tl_model_params mp, int n_gen, int prompt
         snprintf(where, sizeof where, "%s%s", info.backend,
                  strcmp(info.backend, "cuda") ? "" : g && !strcmp(g, "0") ? ", graphs off" : ", graphs on");
     }
-    printf("%-34s %5.1f MiB  prefill(%d) %9.1f tok/s  decode %8.1f tok/s (%.1f GB/s of weights)  batch%d decode "
+    /* before the main line: tools read the last line */
+    if (ph[2] > 0)
+        printf("%-34s phases of one prefill(%d):  matmul %.0f%%  attention %.0f%%  other %.0f%%  (%.3f s)\n", name, prompt_len,
+               100 * ph[0] / ph[2], 100 * ph[1] / ph[2], 100 * (ph[2] - ph[0] - ph[1]) / ph[2], ph[2]);
+    printf("%-34s %5.1f MiB  prefill(%d) %9.1f tok/s (%.1f per CPU-s)  decode %8.1f tok/s (%.1f GB/s of weights)  batch%d decode "
            "%9.1f tok/s  batch/single %.2fx  requests%d %9.1f tok/s  [%s]\n",
-           name, (double)info.weight_bytes / (1 << 20), prompt_len, pf, dec, (double)info.weight_bytes * dec / 1e9,
+           name, (double)info.weight_bytes / (1 << 20), prompt_len, pf, prompt_len / c_prefill, dec, (double)info.weight_bytes * dec / 1e9,
            batch, bat, bat / dec, batch, srv, where);
     rc = 0;
     goto out;
@@ -167,12 +193,33 @@ out:
     return rc;
 }
 
+/* STREAM-like read bandwidth of one thread over 256 MiB (what a decode
+ * step does with the weights), best of 3. */
+static double read_bandwidth(void) {
+    const size_t n = (size_t)64 << 20;
+    float *a = tl_alloc_aligned(n * sizeof(float));
+    if (!a) return 0;
+    for (size_t i = 0; i < n; i++) a[i] = (float)(i & 7);
+    double best = 1e30;
+    volatile float sink = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = tl_now();
+        sink += tl_dot_f32(a, a, (int64_t)n); /* same pointer: each line is fetched once */
+        double dt = tl_now() - t0;
+        if (dt < best) best = dt;
+    }
+    (void)sink;
+    tl_free_aligned(a);
+    return n * sizeof(float) / best / 1e9;
+}
+
 int tl_cli_bench(int n_models, const char *const *models, tl_model_params mp, int n_gen, int prompt_len, int batch) {
     static const char *defaults[] = {"../shared/models/stories260K.gguf"};
     if (n_models == 0) {
         models = defaults;
         n_models = 1;
     }
+    printf("memory read bandwidth (STREAM-like, one thread, 256 MiB): %.1f GB/s\n", read_bandwidth());
     int fails = 0;
     for (int i = 0; i < n_models; i++) fails += bench_one(models[i], mp, n_gen, prompt_len, batch) != 0;
     return fails ? 1 : 0;

@@ -51,6 +51,20 @@ static void drop_stale_tiles(tl_kernel_table *t, const tl_kernel_table *below) {
         if (t->vec_dot[i] != below->vec_dot[i] && t->vec_dot_tile[i] == below->vec_dot_tile[i]) t->vec_dot_tile[i] = NULL;
 }
 
+/* The generic row loops run on the active level's dot_f32 / axpy_f32. */
+static void dot_rows_generic(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out) {
+    for (int r = 0; r < rows; r++) out[r] = tl_dot_f32(q, k + (size_t)r * ldk, n) * scale;
+}
+
+static void axpy_rows_generic(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n) {
+    for (int r = 0; r < rows; r++) tl_axpy_f32(y, a[r], x + (size_t)r * ldx, n);
+}
+
+static void drop_stale_rows(tl_kernel_table *t, const tl_kernel_table *below) {
+    if (t->dot_f32 != below->dot_f32 && t->dot_rows_f32 == below->dot_rows_f32) t->dot_rows_f32 = dot_rows_generic;
+    if (t->axpy_f32 != below->axpy_f32 && t->axpy_rows_f32 == below->axpy_rows_f32) t->axpy_rows_f32 = axpy_rows_generic;
+}
+
 static void init_once(void) {
     cpu_level = detect_cpu();
     const char *env = getenv("TINYLOOP_ISA");
@@ -60,12 +74,16 @@ static void init_once(void) {
         else if (!strcasecmp(env, "avx512")) env_cap = TL_ISA_AVX512;
     }
     tl_kernels_fill_ref(&tables[TL_ISA_SCALAR]);
+    tables[TL_ISA_SCALAR].dot_rows_f32 = dot_rows_generic;
+    tables[TL_ISA_SCALAR].axpy_rows_f32 = axpy_rows_generic;
     tables[TL_ISA_AVX2] = tables[TL_ISA_SCALAR];
     if (cpu_level >= TL_ISA_AVX2) tl_kernels_fill_avx2(&tables[TL_ISA_AVX2]);
     drop_stale_tiles(&tables[TL_ISA_AVX2], &tables[TL_ISA_SCALAR]);
+    drop_stale_rows(&tables[TL_ISA_AVX2], &tables[TL_ISA_SCALAR]);
     tables[TL_ISA_AVX512] = tables[TL_ISA_AVX2];
     if (cpu_level >= TL_ISA_AVX512) tl_kernels_fill_avx512(&tables[TL_ISA_AVX512], has_vnni());
     drop_stale_tiles(&tables[TL_ISA_AVX512], &tables[TL_ISA_AVX2]);
+    drop_stale_rows(&tables[TL_ISA_AVX512], &tables[TL_ISA_AVX2]);
     const int level = cpu_level < env_cap ? cpu_level : env_cap;
     atomic_store(&active_level, level);
     atomic_store(&active, &tables[level]);
@@ -141,3 +159,10 @@ float tl_dot_f32(const float *a, const float *b, int64_t n) { return kt()->dot_f
 float tl_dot_f16_f32(const uint16_t *a, const float *b, int64_t n) { return kt()->dot_f16_f32(a, b, n); }
 void tl_axpy_f32(float *y, float a, const float *x, int64_t n) { kt()->axpy_f32(y, a, x, n); }
 void tl_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) { kt()->axpy_f16(y, a, x, n); }
+void tl_gelu_tanh_mul(float *h, const float *g, int64_t n) { kt()->gelu_tanh_mul(h, g, n); }
+void tl_dot_rows_f32(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out) {
+    kt()->dot_rows_f32(q, k, ldk, rows, n, scale, out);
+}
+void tl_axpy_rows_f32(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n) {
+    kt()->axpy_rows_f32(y, a, x, ldx, rows, n);
+}

@@ -75,6 +75,16 @@ float tl_dot_f32(const float *a, const float *b, int64_t n);
 float tl_dot_f16_f32(const uint16_t *a, const float *b, int64_t n);
 void tl_axpy_f32(float *y, float a, const float *x, int64_t n);
 void tl_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
+/* h[i] = gelu_tanh(h[i]) * g[i] (GeGLU). The scalar level computes
+ * 0.5x(1 + tanhf(sqrt(2/pi)(x + 0.044715x^3))); SIMD levels use the
+ * identity 0.5(1 + tanh(u)) = 1 / (1 + exp(-2u)) with a vector exp, within
+ * 1e-6 * (|x| + 1) * |g| of the scalar result (test_gemm). */
+void tl_gelu_tanh_mul(float *h, const float *g, int64_t n);
+/* out[r] = tl_dot_f32(q, k + r*ldk, n) * scale for r < rows, and
+ * y += a[r] * x_r for r < rows in order: bitwise what the per-row calls
+ * give, without a call per row (attention). */
+void tl_dot_rows_f32(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out);
+void tl_axpy_rows_f32(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n);
 
 /* CPU feature level: 0 scalar, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW, VL). */
 enum { TL_ISA_SCALAR = 0, TL_ISA_AVX2 = 1, TL_ISA_AVX512 = 2 };

@@ -47,7 +47,7 @@ static inline T2 __m256i bits32(const uint8_t *p) {
 
 /* ---------------------------------------------------------- float rows */
 
-static T2 float dot_f32_avx2(const float *a, const float *b, int64_t n) {
+static inline __attribute__((always_inline)) T2 float dot_f32_inl(const float *a, const float *b, int64_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
@@ -60,6 +60,14 @@ static T2 float dot_f32_avx2(const float *a, const float *b, int64_t n) {
     float s = hsum256(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
     for (; i < n; i++) s += a[i] * b[i];
     return s;
+}
+
+static T2 float dot_f32_avx2(const float *a, const float *b, int64_t n) { return dot_f32_inl(a, b, n); }
+
+/* Attention scores: dot_f32 of q with each row, scaled, bitwise as
+ * separate tl_dot_f32 calls (same inlined code) without a call per row. */
+static T2 void dot_rows_f32_avx2(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out) {
+    for (int r = 0; r < rows; r++) out[r] = dot_f32_inl(q, k + (size_t)r * ldk, n) * scale;
 }
 
 static T2 float dot_f16_f32_avx2(const uint16_t *a, const float *b, int64_t n) {
@@ -91,6 +99,30 @@ static T2 void axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+/* y += a[r] * x_r for r in order: per lane the same FMAs in the same order
+ * as separate tl_axpy_f32 calls, with y kept in registers across rows. */
+static T2 void axpy_rows_f32_avx2(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);
+        __m256 y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);
+        for (int r = 0; r < rows; r++) {
+            const float *xr = x + (size_t)r * ldx + i;
+            const __m256 va = _mm256_set1_ps(a[r]);
+            y0 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xr), y0);
+            y1 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xr + 8), y1);
+            y2 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xr + 16), y2);
+            y3 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xr + 24), y3);
+        }
+        _mm256_storeu_ps(y + i, y0);
+        _mm256_storeu_ps(y + i + 8, y1);
+        _mm256_storeu_ps(y + i + 16, y2);
+        _mm256_storeu_ps(y + i + 24, y3);
+    }
+    if (i < n)
+        for (int r = 0; r < rows; r++) axpy_f32_avx2(y + i, a[r], x + (size_t)r * ldx + i, n - i);
+}
+
 static T2 void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
     const __m256 va = _mm256_set1_ps(a);
     int64_t i = 0;
@@ -104,6 +136,47 @@ static T2 void f16_to_f32_avx2(const uint16_t *src, float *dst, int64_t n) {
     for (; i < n; i++) dst[i] = _cvtsh_ss(src[i]);
 }
 #undef LDH
+
+/* exp(x) for x in [-86, 88] (clamped; 2^n stays a normal number), within 2 ulp: x = n ln2 + r with
+ * |r| <= ln2/2 (ln2 split in two for an exact r), a degree-6 polynomial
+ * for e^r, and 2^n added to the exponent. */
+static inline T2 __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-86.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+}
+
+/* gelu_tanh(x) = 0.5x(1 + tanh(u)) = x / (1 + exp(-2u)): no cancellation
+ * where tanh(u) is near -1. */
+static T2 void gelu_tanh_mul_avx2(float *h, const float *g, int64_t n) {
+    const __m256 k2 = _mm256_set1_ps(-2.0f * 0.79788456080286535587989211986876f), c = _mm256_set1_ps(0.044715f);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(h + i);
+        const __m256 u2 = _mm256_mul_ps(_mm256_mul_ps(k2, x), _mm256_fmadd_ps(_mm256_mul_ps(c, x), x, one));
+        const __m256 y = _mm256_div_ps(x, _mm256_add_ps(one, exp256(u2)));
+        _mm256_storeu_ps(h + i, _mm256_mul_ps(y, _mm256_loadu_ps(g + i)));
+    }
+    if (i < n) {
+        float xs[8] = {0}, gs[8] = {0};
+        memcpy(xs, h + i, (size_t)(n - i) * sizeof(float));
+        memcpy(gs, g + i, (size_t)(n - i) * sizeof(float));
+        gelu_tanh_mul_avx2(xs, gs, 8);
+        memcpy(h + i, xs, (size_t)(n - i) * sizeof(float));
+    }
+}
 
 static T2 void f32_to_f16_avx2(const float *src, uint16_t *dst, int64_t n) {
     int64_t i = 0;
@@ -133,12 +206,13 @@ static T2 void vd_q4_1(int64_t n, float *out, const void *w, const void *x) {
 /* ------------------------------------------------ tiles of dot products
  *
  * As in quants_avx512.c: a micro-kernel computes R rows x C tokens (R <= 4,
- * C <= 2, constants after inlining) with one accumulator per output; rows
+ * C <= 4, constants after inlining) with one accumulator per output; rows
  * share each activation load, tokens share each weight load and unpack.
  * Every output goes through the same operations in the same order whatever
  * R and C are, and the single-row vec_dot of these types is the 1x1 case,
  * so a tile entry is bitwise what vec_dot returns. 4 x 2 keeps the 8
- * accumulators and the loads inside the 16 ymm registers. */
+ * accumulators and the loads inside the 16 ymm registers; the shapes that
+ * measured better (f32, q5_0) say so where they are instantiated. */
 
 #define AI __attribute__((always_inline))
 /* Software prefetch distance in bytes; see quants_avx512.c. */
@@ -169,14 +243,14 @@ static inline AI T2 __m256 ld_row8_tail(int kind, const uint8_t *p, int64_t rem)
 static inline AI T2 void mk_float(int kind, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
                                   size_t ldw, const uint8_t *x, size_t ldx) {
     const int64_t es = kind == W_F32 ? 4 : 2;
-    __m256 acc[4][2];
+    __m256 acc[4][4];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         if (pf && (i * es) % 64 == 0)
             UNROLL for (int r = 0; r < R; r++)
                 _mm_prefetch((const char *)(w + (kind == W_F32 ? PF_FLOAT : PF_QUANT) + R * i * es + 64 * r), _MM_HINT_T0);
-        __m256 xv[2];
+        __m256 xv[4];
         UNROLL for (int c = 0; c < C; c++) xv[c] = _mm256_loadu_ps((const float *)(x + c * ldx) + i);
         UNROLL for (int r = 0; r < R; r++) {
             const __m256 wv = ld_row8(kind, w + r * ldw + i * es);
@@ -184,7 +258,7 @@ static inline AI T2 void mk_float(int kind, int R, int C, int pf, int64_t n, flo
         }
     }
     if (i < n) {
-        __m256 xv[2];
+        __m256 xv[4];
         UNROLL for (int c = 0; c < C; c++) xv[c] = ld_row8_tail(W_F32, x + c * ldx + i * 4, n - i);
         UNROLL for (int r = 0; r < R; r++) {
             const __m256 wv = ld_row8_tail(kind, w + r * ldw + i * es, n - i);
@@ -208,12 +282,12 @@ static inline AI T2 void mk_q(int kind, int R, int C, int pf, int64_t n, float *
     const __m256i off = _mm256_set1_epi8(kind == Q_5_0 ? 16 : 8);
     const size_t bw = kind == Q_4_0 ? sizeof(block_q4_0) : kind == Q_5_0 ? sizeof(block_q5_0) : sizeof(block_q8_0);
     const size_t qo = kind == Q_5_0 ? 6 : 2; /* offset of qs in the block */
-    __m256 acc[4][2];
+    __m256 acc[4][4];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         if (pf) UNROLL for (int k = 0; k < R * (int)bw; k += 64) _mm_prefetch((const char *)(w + PF_QUANT + R * b * bw + k), _MM_HINT_T0);
-        __m256i y[2], base[2];
-        __m256 dy[2];
+        __m256i y[4], base[4];
+        __m256 dy[4];
         UNROLL for (int c = 0; c < C; c++) {
             const block_q8_0 *yb = (const block_q8_0 *)(x + c * ldx) + b;
             y[c] = _mm256_loadu_si256((const __m256i *)yb->qs);
@@ -247,12 +321,16 @@ static inline AI T2 void mk_q(int kind, int R, int C, int pf, int64_t n, float *
 
 /* TILE_DRIVER and the MK_* shorthands: quants_impl.h */
 
-TILE_DRIVER(vdt_f32, T2, MK_F32, 2)
+/* f32 rows load twice the bytes of f16 per FMA: a third token per weight
+ * load (12 accumulators) pays for f32 and not for f16's conversions. */
+TILE_DRIVER(vdt_f32, T2, MK_F32, 3)
 TILE_DRIVER(vdt_f16, T2, MK_F16, 2)
 TILE_DRIVER(vdt_bf16, T2, MK_BF16, 2)
 TILE_DRIVER(vdt_q8_0, T2, MK_Q8_0, 2)
 TILE_DRIVER(vdt_q4_0, T2, MK_Q4_0, 2)
-TILE_DRIVER(vdt_q5_0, T2, MK_Q5_0, 2)
+/* q5_0 unpacks more per weight block (the 5th bits), so it pays to share
+ * that across 4 tokens; 2 rows keep the 8 accumulators in registers. */
+TILE_DRIVER_RC(vdt_q5_0, T2, MK_Q5_0, 2, 4)
 
 /* ------------------------------------------------------------ K-quants */
 
@@ -272,107 +350,152 @@ static inline T2 __m256i scale_shuffle16(int i) {
     return _mm256_set1_epi16((short)((2 * i) | ((2 * i + 1) << 8)));
 }
 
-static inline __attribute__((always_inline)) T2 void vd_q45_K(int64_t n, float *out, const void *w, const void *x, int five) {
-    const block_q8_K *b = x;
+/* q4_K/q5_K, R rows x C tokens (as quants_avx512.c's mk_q45_K): each
+ * (row, token) keeps its own accumulators (acc for the scaled sums, accm
+ * for the mins) fed in block order with the operations of the single dot,
+ * so a tile entry is bitwise the 1x1 result. Rows share the activation
+ * loads; tokens share the unpacked weights and scales. */
+static inline AI T2 void mk_q45_K(int five, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
+                                  size_t ldw, const uint8_t *x, size_t ldx) {
     const __m256i m4 = _mm256_set1_epi8(0xF), x10 = _mm256_set1_epi8(0x10);
-    __m256i pick[8], hm[8]; /* loop-invariant scale pickers, 5th-bit masks */
-    for (int k = 0; k < 8; k++) {
-        pick[k] = scale_shuffle16(k);
-        hm[k] = _mm256_set1_epi8((char)(1 << k));
+    const size_t bw = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    __m256 acc[4][4];
+    __m128 accm[4][4];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) {
+        acc[r][c] = _mm256_setzero_ps();
+        accm[r][c] = _mm_setzero_ps();
     }
-    __m256 acc = _mm256_setzero_ps();
-    __m128 accm = _mm_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        const uint8_t *scales, *q, *qh = NULL;
-        uint16_t dh, dminh;
-        if (five) {
-            const block_q5_K *a = (const block_q5_K *)w + i;
-            scales = a->scales; q = a->qs; qh = a->qh; dh = a->d; dminh = a->dmin;
-        } else {
-            const block_q4_K *a = (const block_q4_K *)w + i;
-            scales = a->scales; q = a->qs; dh = a->d; dminh = a->dmin;
+        if (pf) UNROLL for (int k = 0; k < R * (int)bw; k += 64) _mm_prefetch((const char *)(w + PF_QUANT + R * i * bw + k), _MM_HINT_T0);
+        const block_q8_K *yb[4];
+        __m128i ysum[4]; /* per 32-element sub-block */
+        UNROLL for (int c = 0; c < C; c++) {
+            yb[c] = (const block_q8_K *)(x + c * ldx) + i;
+            ysum[c] = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)yb[c]->bsums),
+                                     _mm_loadu_si128((const __m128i *)yb[c]->bsums + 1));
         }
-        const float d = b[i].d * f16(dh), dmin = -b[i].d * f16(dminh);
-        uint32_t u[4];
-        unpack_k4_scales(scales, u);
-        const __m256i mins_scales = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
-        const __m128i bs0 = _mm_loadu_si128((const __m128i *)b[i].bsums);
-        const __m128i bs1 = _mm_loadu_si128((const __m128i *)b[i].bsums + 1);
-        const __m128i ysum = _mm_hadd_epi16(bs0, bs1); /* per 32-element sub-block */
-        const __m128i pm = _mm_madd_epi16(_mm256_extracti128_si256(mins_scales, 1), ysum);
-        accm = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), accm);
-
-        const __m128i sc128 = _mm256_castsi256_si128(mins_scales);
-        const __m256i sc = _mm256_inserti128_si256(_mm256_castsi128_si256(sc128), sc128, 1);
-        const __m256i hbits = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
-        const int8_t *y = b[i].qs;
-        __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++, q += 32, y += 64) {
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)q);
-            __m256i ql = _mm256_and_si256(bits, m4);
-            __m256i qhh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-            if (qh) {
-                const __m256i m0 = hm[2 * j], m1 = hm[2 * j + 1];
-                ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m0), m0), x10));
-                qhh = _mm256_or_si256(qhh, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m1), m1), x10));
+        UNROLL for (int r = 0; r < R; r++) {
+            const uint8_t *scales, *q, *qh = NULL;
+            uint16_t dh, dminh;
+            if (five) {
+                const block_q5_K *a = (const block_q5_K *)(w + r * ldw) + i;
+                scales = a->scales; q = a->qs; qh = a->qh; dh = a->d; dminh = a->dmin;
+            } else {
+                const block_q4_K *a = (const block_q4_K *)(w + r * ldw) + i;
+                scales = a->scales; q = a->qs; dh = a->d; dminh = a->dmin;
             }
-            const __m256i s0 = _mm256_shuffle_epi8(sc, pick[2 * j]);
-            const __m256i s1 = _mm256_shuffle_epi8(sc, pick[2 * j + 1]);
-            const __m256i p0 = _mm256_maddubs_epi16(ql, _mm256_loadu_si256((const __m256i *)y));
-            const __m256i p1 = _mm256_maddubs_epi16(qhh, _mm256_loadu_si256((const __m256i *)(y + 32)));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(_mm256_madd_epi16(s0, p0), _mm256_madd_epi16(s1, p1)));
+            uint32_t u[4];
+            unpack_k4_scales(scales, u);
+            const __m256i mins_scales = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
+            const __m128i mins = _mm256_extracti128_si256(mins_scales, 1);
+            __m256i sumi[4];
+            UNROLL for (int c = 0; c < C; c++) {
+                const float dmin = -yb[c]->d * f16(dminh);
+                const __m128i pm = _mm_madd_epi16(mins, ysum[c]);
+                accm[r][c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), accm[r][c]);
+                sumi[c] = _mm256_setzero_si256();
+            }
+            const __m128i sc128 = _mm256_castsi256_si128(mins_scales);
+            const __m256i sc = _mm256_inserti128_si256(_mm256_castsi128_si256(sc128), sc128, 1);
+            const __m256i hbits = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+            UNROLL for (int j = 0; j < 4; j++) {
+                const __m256i bits = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+                __m256i ql = _mm256_and_si256(bits, m4);
+                __m256i qhh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                if (qh) {
+                    const __m256i m0 = _mm256_set1_epi8((char)(1 << (2 * j))), m1 = _mm256_set1_epi8((char)(2 << (2 * j)));
+                    ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m0), m0), x10));
+                    qhh = _mm256_or_si256(qhh, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m1), m1), x10));
+                }
+                const __m256i s0 = _mm256_shuffle_epi8(sc, scale_shuffle16(2 * j));
+                const __m256i s1 = _mm256_shuffle_epi8(sc, scale_shuffle16(2 * j + 1));
+                UNROLL for (int c = 0; c < C; c++) {
+                    const int8_t *y = yb[c]->qs + 64 * j;
+                    const __m256i p0 = _mm256_maddubs_epi16(ql, _mm256_loadu_si256((const __m256i *)y));
+                    const __m256i p1 = _mm256_maddubs_epi16(qhh, _mm256_loadu_si256((const __m256i *)(y + 32)));
+                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_madd_epi16(s0, p0), _mm256_madd_epi16(s1, p1)));
+                }
+            }
+            UNROLL for (int c = 0; c < C; c++) {
+                const float d = yb[c]->d * f16(dh);
+                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[r][c]);
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    *out = hsum256(acc) + hsum128(accm);
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++)
+        out[c * ldo + r] = hsum256(acc[r][c]) + hsum128(accm[r][c]);
 }
-
-static T2 void vd_q4_K(int64_t n, float *out, const void *w, const void *x) { vd_q45_K(n, out, w, x, 0); }
-static T2 void vd_q5_K(int64_t n, float *out, const void *w, const void *x) { vd_q45_K(n, out, w, x, 1); }
 
 /* q6_K: the -32 offset is taken out per block with the activation bsums:
- * sum sc*(q-32)*y = sum sc*q*y - 32 * sum_j sc_j * bsum_j. */
-static T2 void vd_q6_K(int64_t n, float *out, const void *w, const void *x) {
-    const block_q6_K *a = w;
-    const block_q8_K *b = x;
+ * sum sc*(q-32)*y = sum sc*q*y - 32 * sum_j sc_j * bsum_j. Tiled like
+ * mk_q45_K. */
+static inline AI T2 void mk_q6_K(int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w, size_t ldw,
+                                 const uint8_t *x, size_t ldx) {
     const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
-    __m128i pick[8]; /* bytes: scale s x8, scale s+1 x8, for s = 2k */
-    for (int k = 0; k < 8; k++)
-        pick[k] = _mm_set_epi64x((long long)(0x0101010101010101ull * (uint64_t)(2 * k + 1)),
-                                 (long long)(0x0101010101010101ull * (uint64_t)(2 * k)));
-    __m256 acc = _mm256_setzero_ps(), accm = acc;
+    __m256 acc[4][4], accm[4][4];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = accm[r][c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        const float d = b[i].d * f16(a[i].d);
-        const __m128i sc8 = _mm_loadu_si128((const __m128i *)a[i].scales);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-        const __m256i pm = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)b[i].bsums));
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(-32.f * d), _mm256_cvtepi32_ps(pm), accm);
-        const uint8_t *ql = a[i].ql, *qh = a[i].qh;
-        const int8_t *y = b[i].qs;
-        __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < 2; j++, ql += 64, qh += 32, y += 128) {
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
-            for (int k = 0; k < 4; k++) {
-                /* int16 scales 8j+2k (low lane) and 8j+2k+1 (high lane) */
-                const __m256i scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick[4 * j + k]));
-                const __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(y + 32 * k)));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scv, p));
+        if (pf) UNROLL for (int k = 0; k < R * (int)sizeof(block_q6_K); k += 64)
+            _mm_prefetch((const char *)(w + PF_QUANT + R * i * sizeof(block_q6_K) + k), _MM_HINT_T0);
+        const block_q8_K *yb[4];
+        UNROLL for (int c = 0; c < C; c++) yb[c] = (const block_q8_K *)(x + c * ldx) + i;
+        UNROLL for (int r = 0; r < R; r++) {
+            const block_q6_K *a = (const block_q6_K *)(w + r * ldw) + i;
+            const float da = f16(a->d);
+            const __m128i sc8 = _mm_loadu_si128((const __m128i *)a->scales);
+            const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+            __m256i sumi[4];
+            UNROLL for (int c = 0; c < C; c++) {
+                const float d = yb[c]->d * da;
+                const __m256i pm = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)yb[c]->bsums));
+                accm[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(-32.f * d), _mm256_cvtepi32_ps(pm), accm[r][c]);
+                sumi[c] = _mm256_setzero_si256();
+            }
+            const uint8_t *ql = a->ql, *qh = a->qh;
+            for (int j = 0; j < 2; j++, ql += 64, qh += 32) {
+                const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+                const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+                __m256i q[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+                q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+                UNROLL for (int k = 0; k < 4; k++) {
+                    /* int16 scales 8j+2k (low lane) and 8j+2k+1 (high lane) */
+                    const __m128i pick = _mm_set_epi64x((long long)(0x0101010101010101ull * (uint64_t)(8 * j + 2 * k + 1)),
+                                                        (long long)(0x0101010101010101ull * (uint64_t)(8 * j + 2 * k)));
+                    const __m256i scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
+                    UNROLL for (int c = 0; c < C; c++) {
+                        const int8_t *y = yb[c]->qs + 128 * j + 32 * k;
+                        const __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)y));
+                        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(scv, p));
+                    }
+                }
+            }
+            UNROLL for (int c = 0; c < C; c++) {
+                const float d = yb[c]->d * da;
+                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[r][c]);
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    *out = hsum256(_mm256_add_ps(acc, accm));
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++)
+        out[c * ldo + r] = hsum256(_mm256_add_ps(acc[r][c], accm[r][c]));
 }
+
+#define MK_Q4_K(R, C, ...) mk_q45_K(0, R, C, __VA_ARGS__)
+#define MK_Q5_K(R, C, ...) mk_q45_K(1, R, C, __VA_ARGS__)
+#define MK_Q6_K(R, C, ...) mk_q6_K(R, C, __VA_ARGS__)
+#ifndef K_RB
+#define K_RB 4
+#define K_CB 2
+#endif
+TILE_DRIVER_RC(vdt_q4_K, T2, MK_Q4_K, K_RB, K_CB)
+TILE_DRIVER_RC(vdt_q5_K, T2, MK_Q5_K, K_RB, K_CB)
+TILE_DRIVER_RC(vdt_q6_K, T2, MK_Q6_K, K_RB, K_CB)
 
 /* ---------------------------------------------- activation quantizers */
 
@@ -473,15 +596,21 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     t->vec_dot_tile[TL_TYPE_Q4_0] = vdt_q4_0;
     t->vec_dot_tile[TL_TYPE_Q5_0] = vdt_q5_0;
     t->vec_dot_tile[TL_TYPE_Q8_0] = vdt_q8_0;
-    t->vec_dot[TL_TYPE_Q4_K] = vd_q4_K;
-    t->vec_dot[TL_TYPE_Q5_K] = vd_q5_K;
-    t->vec_dot[TL_TYPE_Q6_K] = vd_q6_K;
+    t->vec_dot[TL_TYPE_Q4_K] = vdt_q4_K_1;
+    t->vec_dot[TL_TYPE_Q5_K] = vdt_q5_K_1;
+    t->vec_dot[TL_TYPE_Q6_K] = vdt_q6_K_1;
+    t->vec_dot_tile[TL_TYPE_Q4_K] = vdt_q4_K;
+    t->vec_dot_tile[TL_TYPE_Q5_K] = vdt_q5_K;
+    t->vec_dot_tile[TL_TYPE_Q6_K] = vdt_q6_K;
     t->quantize_q8_0 = quantize_q8_0_avx2;
     t->quantize_q8_K = quantize_q8_K_avx2;
     t->dot_f32 = dot_f32_avx2;
     t->dot_f16_f32 = dot_f16_f32_avx2;
     t->axpy_f32 = axpy_f32_avx2;
+    t->dot_rows_f32 = dot_rows_f32_avx2;
+    t->axpy_rows_f32 = axpy_rows_f32_avx2;
     t->axpy_f16 = axpy_f16_avx2;
+    t->gelu_tanh_mul = gelu_tanh_mul_avx2;
     t->f16_to_f32_row = f16_to_f32_avx2;
     t->f32_to_f16_row = f32_to_f16_avx2;
 }

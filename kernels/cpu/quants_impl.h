@@ -129,10 +129,22 @@ typedef struct tl_kernel_table {
      * vec_dot was replaced, as the new one may sum in another order). */
     tl_vec_dot_tile_fn vec_dot_tile[TL_TYPE_COUNT];
     tl_quantize_fn quantize_q8_0, quantize_q8_K;
+    /* GEMM path (tl_gemm_*): a tile kernel over prepared activations and
+     * the function preparing one activation row; NULL where the level has
+     * none for the type (matmuls then use vec_dot_tile). Dropped by a level
+     * that brings its own vec_dot_tile for the type. */
+    tl_vec_dot_tile_fn gemm_tile[TL_TYPE_COUNT];
+    tl_quantize_fn gemm_prepare[TL_TYPE_COUNT];
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     float (*dot_f16_f32)(const uint16_t *a, const float *b, int64_t n);
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
+    void (*gelu_tanh_mul)(float *h, const float *g, int64_t n);
+    /* Row loops over dot_f32 / axpy_f32, bitwise equal to calling those per
+     * row; a level that replaces dot_f32 or axpy_f32 without its own row
+     * version gets the generic loop (dispatch.c). */
+    void (*dot_rows_f32)(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out);
+    void (*axpy_rows_f32)(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n);
     void (*f16_to_f32_row)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16_row)(const float *src, uint16_t *dst, int64_t n);
 } tl_kernel_table;
@@ -141,27 +153,31 @@ void tl_kernels_fill_ref(tl_kernel_table *t);
 void tl_kernels_fill_avx2(tl_kernel_table *t);
 /* vnni: the CPU has AVX512-VNNI; quant kernels need it (else they keep AVX2). */
 void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni);
+void tl_gemm_fill_avx2(tl_kernel_table *t);
+/* Bytes of one prepared activation row of gemm_avx2.c (n elements). */
+size_t tl_gemm_avx2_row_size(int64_t n);
 
 /* Scalar reference quantizer for any type tl_quantize_row accepts (the
  * dispatched tl_quantize_row uses SIMD for Q8_0/Q8_K); for tests. */
 void tl_quantize_row_ref(int type, const float *src, void *dst, int64_t n);
 
-/* Shared by the SIMD files: walks an nr x nt tile in 4-row x CB-token
- * micro-tiles of the file's MK kernel; leftover tokens go one at a time,
- * leftover rows one at a time. Only the first token group of a row group
+/* Shared by the SIMD files: walks an nr x nt tile in 4-row (RB-row with
+ * TILE_DRIVER_RC) x CB-token micro-tiles of the file's MK kernel; leftover
+ * tokens go one at a time, leftover rows one at a time. Only the first token group of a row group
  * prefetches. NAME##_1 is the single-row vec_dot: the 1x1 tile, so both
  * sum in the same order. The MK_* shorthands name each file's own static
  * mk_float / mk_q kernels. */
-#define TILE_DRIVER(NAME, ATTR, MK, CB)                                                                               \
+#define TILE_DRIVER(NAME, ATTR, MK, CB) TILE_DRIVER_RC(NAME, ATTR, MK, 4, CB)
+#define TILE_DRIVER_RC(NAME, ATTR, MK, RB, CB)                                                                        \
     static ATTR void NAME(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,              \
                           const void *x, size_t ldx) {                                                                \
         const uint8_t *W = w, *X = x;                                                                                 \
         int r = 0;                                                                                                    \
-        for (; r + 4 <= nr; r += 4) {                                                                                 \
+        for (; r + RB <= nr; r += RB) {                                                                               \
             const uint8_t *wr = W + (size_t)r * ldw;                                                                  \
             int t = 0;                                                                                                \
-            for (; t + CB <= nt; t += CB) MK(4, CB, t == 0, n, out + (size_t)t * ldo + r, ldo, wr, ldw, X + (size_t)t * ldx, ldx); \
-            for (; t < nt; t++) MK(4, 1, t == 0, n, out + (size_t)t * ldo + r, ldo, wr, ldw, X + (size_t)t * ldx, ldx);         \
+            for (; t + CB <= nt; t += CB) MK(RB, CB, t == 0, n, out + (size_t)t * ldo + r, ldo, wr, ldw, X + (size_t)t * ldx, ldx); \
+            for (; t < nt; t++) MK(RB, 1, t == 0, n, out + (size_t)t * ldo + r, ldo, wr, ldw, X + (size_t)t * ldx, ldx);         \
         }                                                                                                             \
         for (; r < nr; r++)                                                                                           \
             for (int t = 0; t < nt; t++)                                                                              \

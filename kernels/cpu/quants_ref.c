@@ -605,6 +605,14 @@ static void axpy_f16_ref(float *y, float a, const uint16_t *x, int64_t n) {
 static void quantize_q8_0_ref(const float *src, void *dst, int64_t n) { quant_q8_0(src, dst, n / 32); }
 static void quantize_q8_K_ref(const float *src, void *dst, int64_t n) { quant_q8_K(src, dst, n / QK_K); }
 
+static void gelu_tanh_mul_ref(float *h, const float *g, int64_t n) {
+    const float k = 0.79788456080286535587989211986876f; /* sqrt(2/pi) */
+    for (int64_t i = 0; i < n; i++) {
+        const float x = h[i];
+        h[i] = 0.5f * x * (1.0f + tanhf(k * x * (1.0f + 0.044715f * x * x))) * g[i];
+    }
+}
+
 void tl_kernels_fill_ref(tl_kernel_table *t) {
     memset(t, 0, sizeof *t);
     t->vec_dot[TL_TYPE_F32] = dot_f32_w;
@@ -623,6 +631,7 @@ void tl_kernels_fill_ref(tl_kernel_table *t) {
     t->dot_f16_f32 = dot_f16_f32_ref;
     t->axpy_f32 = axpy_f32_ref;
     t->axpy_f16 = axpy_f16_ref;
+    t->gelu_tanh_mul = gelu_tanh_mul_ref;
     t->f16_to_f32_row = f16_to_f32_row_ref;
     t->f32_to_f16_row = f32_to_f16_row_ref;
 }

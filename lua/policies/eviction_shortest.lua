@@ -1,4 +1,4 @@
--- Eviction: shortest entry first (the seed's rule for a full pool).
+-- Eviction: shortest entry first (a full pool's default, docs/prefix-pool.md).
 return {
     kind = "eviction",
     version = "shortest-1",

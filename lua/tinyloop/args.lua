@@ -1,6 +1,6 @@
 -- tinyloop.args - argument checks and error messages shared by the
 -- tinyloop modules: misuse raises error(msg, level) naming the argument and
--- its value; the seed's RuntimeErrors keep the seed's messages.
+-- its value; runtime errors keep the messages of docs/prefix-pool.md.
 local lib = require "tinyloop.lib"
 
 local type, tostring, error, next, ipairs = type, tostring, error, next, ipairs
@@ -26,7 +26,7 @@ local function bad(fname, arg, what, level)
 end
 
 
--- The seed's RuntimeError "out of memory" covers both host allocation
+-- The RuntimeError "out of memory" (docs/prefix-pool.md) covers both host allocation
 -- failures and a KV arena that is full even after eviction.
 local function raise_rc(rc, fname, level)
     local msg = lib.last_error()

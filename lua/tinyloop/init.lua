@@ -8,9 +8,9 @@
 --   for tok in model:stream(prompt, { pool = pool }) do io.write(model:piece(tok)) end
 --   model:close()
 --
--- It mirrors ../shared/seeds/prefix-pool.md (written for Python) call for
+-- It mirrors the PrefixPool API (docs/prefix-pool.md; first written for Python) call for
 -- call: same names, defaults and messages. Misuse raises error(msg, 2)
--- naming the argument and its value; the seed's RuntimeErrors are Lua
+-- naming the argument and its value; that page's RuntimeErrors are Lua
 -- errors with the same messages.
 local ffi = require "ffi"
 local lib = require "tinyloop.lib"
@@ -156,8 +156,8 @@ end
 
 -- ---- generation parameters ----------------------------------------------------------------
 --
--- Defaults are the seed's: max_tokens 128, loops 0 (the model's default
--- depth; the seed's 8 is its own model's), temperature 1.0, top_k 50,
+-- Defaults as in docs/prefix-pool.md: max_tokens 128, loops 0 (the model's default
+-- depth; the reference design's 8 is its own model's), temperature 1.0, top_k 50,
 -- cache_window 0. Everything else as tl_generate_default_params().
 
 local GEN_KEYS = keyset {
@@ -544,7 +544,7 @@ end
 -- Prefills tokens once and pins them in pool under (tokens, loops,
 -- cache_window). Returns #tokens, also when the key is already there (a
 -- no-op); returns 0 plus a reason on invalid arguments (nil pool, no
--- tokens, more than max_seq_len) or a failed build, as the seed does.
+-- tokens, more than max_seq_len) or a failed build (docs/prefix-pool.md).
 -- Raises on a closed model, on out of memory, on misuse (a pool argument
 -- that is not a PrefixPool, a freed pool, ids that are not valid tokens,
 -- negative loops/cache_window).

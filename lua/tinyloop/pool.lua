@@ -1,5 +1,5 @@
 -- tinyloop.pool - tl.PrefixPool: registered prefixes pinned in a model's
--- prefix cache (the seed's PrefixPool; see lua/README.md).
+-- prefix cache (contract: docs/prefix-pool.md; API: lua/README.md).
 local ffi = require "ffi"
 local lib = require "tinyloop.lib"
 local args = require "tinyloop.args"

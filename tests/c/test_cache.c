@@ -1,6 +1,6 @@
 /* test_cache.c - the prefix cache: cached paths produce exactly the tokens
  * of plain generation; blocks are shared, not copied; the PrefixPool keeps
- * the seed API's semantics; handles and windows compose. */
+ * the semantics of docs/prefix-pool.md; handles and windows compose. */
 #include <stdint.h>
 #include <unistd.h>
 
@@ -206,7 +206,7 @@ static void test_sharing(void) {
     remove(path);
 }
 
-/* ---- the seed API's behaviours --------------------------------------------------------------- */
+/* ---- the PrefixPool contract (docs/prefix-pool.md) ------------------------------------------- */
 
 static void test_pool_semantics(void) {
     tm_spec s = tm_default_spec();

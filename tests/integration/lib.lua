@@ -124,7 +124,7 @@ M.alive = alive
 
 -- start{ name, conf = path of a template, port, env = { K = V }, subst = { {from, to} }, bare }
 -- -> server { name, port, pid, prefix, env, user } | nil, err. Waits for /health (engine) or the port.
--- The prefix comes from tests/tools/nginx_prefix.sh, which makes the checkout
+-- The prefix comes from tools/nginx_prefix.sh, which makes the checkout
 -- readable by the workers from any directory (see there); env values that are
 -- paths of files may come back staged.
 function M.start(o)
@@ -143,7 +143,7 @@ function M.start(o)
     local setup = prefix .. "/setup.out"
     local ok = os.execute(o.bare and string.format("mkdir -p '%s/logs' '%s/tmp' && chmod 755 '%s' >'%s'",
         prefix, prefix, prefix, setup)
-        or string.format("sh '%s/tests/tools/nginx_prefix.sh' '%s' '%s' %s >'%s'",
+        or string.format("sh '%s/tools/nginx_prefix.sh' '%s' '%s' %s >'%s'",
             M.ROOT, M.ROOT, prefix, table.concat(args, " "), setup))
     if not (ok == true or ok == 0) then
         return nil, "nginx_prefix.sh failed for " .. prefix

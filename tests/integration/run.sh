@@ -6,7 +6,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 1
 MODEL=${TINYLOOP_TEST_MODEL:-${TINYLOOP_SHARED:-$ROOT/../shared}/models/stories260K.gguf}
 skip() { echo "integration: skipped ($1)"; echo "0 passed, 0 failed"; exit 0; }
-command -v nginx >/dev/null 2>&1 || skip "nginx not installed: sh tests/deps.sh"
+command -v nginx >/dev/null 2>&1 || skip "nginx not installed: sh tools/deps.sh"
 [ -f /usr/lib/nginx/modules/ngx_http_lua_module.so ] || skip "libnginx-mod-http-lua not installed"
 command -v luajit >/dev/null 2>&1 || skip "luajit not installed"
 luajit -e 'require "posix.sys.socket"; require "cjson"' 2>/dev/null || skip "lua-posix / lua-cjson missing"

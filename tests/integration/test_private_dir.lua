@@ -66,7 +66,7 @@ local function private_copy()
     local tree = dir .. "/tinyloop"
     local ok = sh(string.format("chmod 700 '%s' && mkdir -p '%s/build' '%s/tests/integration' '%s/shared/models'"
         .. " && cp -R '%s/lua' '%s/examples' '%s/' && cp '%s/build/libtinyloop.so' '%s/build/'"
-        .. " && cp -R '%s/tests/tools' '%s/tests/' && cp '%s/tests/integration/lib.lua' '%s/tests/integration/'"
+        .. " && cp -R '%s/tools' '%s/' && cp '%s/tests/integration/lib.lua' '%s/tests/integration/'"
         .. " && cp '%s' '%s/shared/models/model.gguf' && chmod 600 '%s/shared/models/model.gguf'",
         dir, tree, tree, dir, T.ROOT, T.ROOT, tree, T.ROOT, tree, T.ROOT, tree, T.ROOT, tree, T.MODEL, dir, dir))
     assert(ok, "cannot copy the tree into " .. dir)
@@ -117,7 +117,7 @@ local function serve_sh_once(tag, dir, tree, model, as_user)
     local pidfile = dir .. "/serve-" .. tag .. ".pid"
     local run = as_user and string.format("setpriv --reuid=%s --regid=%s --init-groups -- ", as_user, as_user) or ""
     sh(string.format("sh -c 'echo $$ > %s; exec env MODEL=%s PORT=%d TINYLOOP_BACKEND=cpu MAX_SEQ_LEN=256 "
-        .. "%s sh %s/tests/tools/serve.sh' >%s 2>&1 &", pidfile, model, port, run, tree, log))
+        .. "%s sh %s/tools/serve.sh' >%s 2>&1 &", pidfile, model, port, run, tree, log))
     local pid
     for _ = 1, 100 do
         pid = tonumber(T.read(pidfile) or "")

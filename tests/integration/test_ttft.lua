@@ -1,5 +1,5 @@
 -- The serving path of a cache hit (issue 14): three tenants' long prompts
--- alternate, as tests/tools/server_bench.lua times them, and each return
+-- alternate, as tools/server_bench.lua times them, and each return
 -- reuses its tenant's whole prefix, for token-id and for text prompts; the
 -- completion says where its time went in a Server-Timing header. No timing
 -- thresholds: the figures are the bench's.

@@ -1,5 +1,5 @@
 -- Synthetic multi-tenant traces and their replay against a model, for the
--- eviction benchmark (tests/tools/trace_bench.lua) and its spec.
+-- eviction benchmark (tools/trace_bench.lua) and its spec.
 --
 --   local trace = require "tinyloop.policy.trace"
 --   local reqs = trace.generate{ tenants = 20, requests = 300, sys_min = 200, sys_max = 1500, ... }

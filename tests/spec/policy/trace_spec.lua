@@ -2,7 +2,7 @@
 -- small KV cache under LRU, shortest-first and the cost-aware Lua policy;
 -- the shadows' predictions (run beside the LRU live cache) must match what
 -- each policy measures when switched to. The large version is
--- tests/tools/trace_bench.lua.
+-- tools/trace_bench.lua.
 local helpers = require "helpers"
 local tl = require "tinyloop"
 local policy = require "tinyloop.policy"

@@ -1,4 +1,4 @@
--- Every statement of ../shared/seeds/prefix-pool.md, through the Lua API,
+-- Every statement of the PrefixPool contract (docs/prefix-pool.md), through the Lua API,
 -- on stories260K (and a synthetic looped model for the loops key).
 local helpers = require "helpers"
 

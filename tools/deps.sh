@@ -1,13 +1,17 @@
 #!/bin/sh
 # Installs the Debian packages tinyloop's build and tests need, when run as
 # root; otherwise prints the one apt-get line to run. Quiet when all present.
+#   sh tools/deps.sh           install what is missing (root), else print the line
+#   sh tools/deps.sh --check   never install: print the line and fail if missing
+CHECK_ONLY=""
+[ "${1:-}" = "--check" ] && CHECK_ONLY=1
 PKGS="gcc g++ make libc6-dev clang libclang-rt-14-dev libpcre2-dev python3 python3-pip luajit2 lua-busted lua-cjson lua-check lua-readline pkg-config tmux nginx libnginx-mod-http-lua lua-resty-core lua-posix"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
 [ -z "$missing" ] && exit 0
-if [ "$(id -u)" = 0 ]; then
+if [ -z "$CHECK_ONLY" ] && [ "$(id -u)" = 0 ]; then
     echo "tinyloop: installing missing packages:$missing"
     export DEBIAN_FRONTEND=noninteractive
     # Packages such as nginx start their service on install; the tests run
@@ -24,6 +28,10 @@ if [ "$(id -u)" = 0 ]; then
         exit 1
     fi
 else
-    echo "tinyloop: missing packages; run as root:  apt-get install -y$missing" >&2
+    if [ -n "$CHECK_ONLY" ]; then
+        echo "tinyloop: missing packages; install them (make deps as root) or run:  apt-get install -y$missing" >&2
+    else
+        echo "tinyloop: missing packages; run as root:  apt-get install -y$missing" >&2
+    fi
     exit 1
 fi

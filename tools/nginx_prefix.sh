@@ -4,7 +4,7 @@
 # from any checkout. Used by serve.sh (`make serve`) and the integration tests
 # (tests/integration/lib.lua start()).
 #
-#   sh tests/tools/nginx_prefix.sh ROOT PREFIX [NAME=PATH ...]
+#   sh tools/nginx_prefix.sh ROOT PREFIX [NAME=PATH ...]
 #
 # ROOT is the checkout (or an installed tree with lua/ and build/), PREFIX an
 # existing directory; NAME=PATH are the files given to the server through the

@@ -7,9 +7,9 @@
 -- predicted for each policy against what it measures when switched to --
 -- for whole runs and for a switch from LRU to cost-aware halfway through.
 --
---   luajit tests/tools/trace_bench.lua [--requests 400] [--tenants 20] [--kv-blocks 384]
+--   luajit tools/trace_bench.lua [--requests 400] [--tenants 20] [--kv-blocks 384]
 --       [--seed 7] [--model PATH]   (default: a synthetic model from bin/tl-gen-model)
-local root = (arg[0]:match("^(.*)/tests/tools/[^/]*$") or ".")
+local root = (arg[0]:match("^(.*)/tools/[^/]*$") or ".")
 package.path = root .. "/lua/?.lua;" .. root .. "/lua/?/init.lua;" .. package.path
 
 local tl = require "tinyloop"

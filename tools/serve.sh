@@ -1,17 +1,17 @@
 #!/bin/sh
 # serve.sh - one tinyloop engine instance in the foreground on localhost
 # (examples/nginx.conf under a temporary prefix). `make serve`; any GGUF via MODEL=.
-#   MODEL=../shared/models/stories260K.gguf PORT=8080 sh tests/tools/serve.sh
+#   MODEL=../shared/models/stories260K.gguf PORT=8080 sh tools/serve.sh
 set -eu
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DEFAULT_MODEL="${TINYLOOP_MODELS:-$HOME/.cache/tinyloop/models}/gemma-3-270m-q4_k_m.gguf"
 MODEL=${MODEL:-$DEFAULT_MODEL}
 PORT=${PORT:-8080}
 if [ "$MODEL" = "$DEFAULT_MODEL" ] && [ ! -f "$MODEL" ]; then
-    sh "$ROOT/tests/tools/fetch_model.sh" >/dev/null
+    sh "$ROOT/tools/fetch_model.sh" >/dev/null
 fi
 [ -f "$MODEL" ] || { echo "serve.sh: model not found: $MODEL" >&2; exit 1; }
-command -v nginx >/dev/null || { echo "serve.sh: nginx not installed (sh tests/deps.sh)" >&2; exit 1; }
+command -v nginx >/dev/null || { echo "serve.sh: nginx not installed (sh tools/deps.sh)" >&2; exit 1; }
 MODEL=$(cd "$(dirname "$MODEL")" && pwd)/$(basename "$MODEL")
 PREFIX=$(mktemp -d "${TMPDIR:-/tmp}/tinyloop-serve.XXXXXX")
 trap 'rm -rf "$PREFIX"' EXIT INT TERM
@@ -22,7 +22,7 @@ for v in TINYLOOP_TENANTS TINYLOOP_TENANTS_POLICY; do
     eval "p=\${$v:-}"
     [ -n "$p" ] && set -- "$@" "$v=$(cd "$(dirname "$p")" && pwd)/$(basename "$p")"
 done
-SETUP=$(sh "$ROOT/tests/tools/nginx_prefix.sh" "$ROOT" "$PREFIX" "$@")
+SETUP=$(sh "$ROOT/tools/nginx_prefix.sh" "$ROOT" "$PREFIX" "$@")
 while IFS= read -r line; do
     case $line in TINYLOOP_*=*) export "$line" ;; esac
 done <<EOF

@@ -11,7 +11,7 @@
 -- through the Lua binding (no HTTP, no nginx): the server's hit minus it is
 -- the serving path's overhead. Loopback only; every wait bounded.
 --
---   luajit tests/tools/server_bench.lua [MODEL] [--epochs N] [--rounds N] [--threads N]
+--   luajit tools/server_bench.lua [MODEL] [--epochs N] [--rounds N] [--threads N]
 --       [--ik PATH_TO_LLAMA_SERVER | --no-ik] [--no-engine] [--prefix N] [--suffix N] [--text]
 --
 -- --threads sets llama-server's and the in-process engine's threads; our
@@ -20,7 +20,7 @@
 -- --text sends the prompts as text (ours only: llama-server's tokenizer of the
 -- synthetic vocab is not ours), checking the cache also hits the whole prefix
 -- for text prompts.
-package.path = debug.getinfo(1, "S").source:sub(2):match("^(.*/)") .. "../integration/?.lua;" .. package.path
+package.path = debug.getinfo(1, "S").source:sub(2):match("^(.*/)") .. "../tests/integration/?.lua;" .. package.path
 local T = require "lib"
 io.stdout:setvbuf("line")
 local cjson = require "cjson.safe"

@@ -3,8 +3,8 @@
 -- concurrent streaming clients, with and without prefix reuse. Bounded: ROUNDS
 -- waves per setting and a time limit per setting; loopback only.
 --
---   luajit tests/tools/load_bench.lua [MODEL] [--rounds N] [--max-tokens N] [--clients 1,8,32]
-package.path = debug.getinfo(1, "S").source:sub(2):match("^(.*/)") .. "../integration/?.lua;" .. package.path
+--   luajit tools/load_bench.lua [MODEL] [--rounds N] [--max-tokens N] [--clients 1,8,32]
+package.path = debug.getinfo(1, "S").source:sub(2):match("^(.*/)") .. "../tests/integration/?.lua;" .. package.path
 local T = require "lib"
 
 local model, rounds, max_tokens, clients = T.MODEL, 4, 64, { 1, 8, 32 }

@@ -20,7 +20,7 @@
 -- kv_blocks_used is equal; a leaked block (no owner) shows as a difference.
 -- The server gets a metrics key (TINYLOOP_METRICS_KEY, or one of its own) and
 -- /metrics and /health are asked with it (the details of /health need it).
-package.path = debug.getinfo(1, "S").source:sub(2):match("^(.*/)") .. "../integration/?.lua;" .. package.path
+package.path = debug.getinfo(1, "S").source:sub(2):match("^(.*/)") .. "../tests/integration/?.lua;" .. package.path
 local T = require "lib"
 local signal = require "posix.signal"
 local check = T.check

@@ -1,0 +1,249 @@
+/* test_gemm.c - the prefill paths: tiles of weight rows x tokens and the
+ * chunked attention.
+ *
+ *   tiles    every weight type, every ISA level, rows 1..17 x tokens
+ *            1..17 (every micro-tile and leftover path): each entry is
+ *            bitwise tl_vec_dot of its (row, token) pair at that level,
+ *            within 2e-5 * sum |w_i x_i| of the scalar reference (the
+ *            integer block sums are exact; only the float summation order
+ *            differs), and no output outside the tile is written.
+ *   forward  synthetic models of each architecture (f32, q4_0, q8_0,
+ *            q4_K): a 45-token prompt prefilled in one call gives bitwise
+ *            the logits of feeding it one token at a time (attention
+ *            query chunks, token chunks of the matmuls, tile shapes), and
+ *            two sequences prefilled together give what each gives alone.
+ *   gelu     tl_gelu_tanh_mul at every ISA level within 1e-6 * (|x| + 1)
+ *            * |g| of the scalar tanhf formula, over [-30, 30] and at the
+ *            tails, writing nothing past n.
+ *   rows     tl_dot_rows_f32 / tl_axpy_rows_f32 (attention) are bitwise
+ *            the per-row tl_dot_f32 / tl_axpy_f32 calls at every level. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "quants.h"
+#include "test.h"
+#include "testmodel.h"
+#include "tinyloop.h"
+
+static uint64_t rng = 0x243F6A8885A308D3ull;
+
+static float gauss(void) {
+    float s = 0;
+    for (int i = 0; i < 4; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        s += (float)((rng >> 40) & 0xFFFF) / 65536.0f - 0.5f;
+    }
+    return s * 1.7f;
+}
+
+static void test_tiles(void) {
+    static const int types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1,
+                                TL_TYPE_Q5_0, TL_TYPE_Q8_0, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+    enum { MAXR = 17, MAXT = 17, PAD = 3 };
+    const int isa_max = tl_kernels_isa();
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const int type = types[ti], vt = tl_type_info(type)->vec_dot_type, bs = tl_type_info(type)->block_size;
+        /* an odd block count (tails of grouped loops), and one block */
+        const int64_t sizes[2] = {bs == 1 ? 75 : bs == 32 ? 32 * 11 : 256 * 3, bs == 1 ? 8 : bs};
+        for (int si = 0; si < 2; si++) {
+            const int64_t n = sizes[si];
+            const size_t rw = tl_row_size(type, n), rx = tl_row_size(vt, n), ldo = MAXR + PAD;
+            uint8_t *w = malloc(rw * MAXR), *x = malloc(rx * MAXT);
+            float *wf = malloc(sizeof(float) * n * MAXR), *xf = malloc(sizeof(float) * n * MAXT);
+            float *src = malloc(sizeof(float) * n), *out = malloc(sizeof(float) * ldo * MAXT);
+            for (int r = 0; r < MAXR; r++) {
+                for (int64_t i = 0; i < n; i++) src[i] = gauss() * (1 + (i / 32) % 3);
+                tl_quantize_row(type, src, w + rw * r, n);
+                tl_dequantize_row(type, w + rw * r, wf + n * r, n);
+            }
+            for (int t = 0; t < MAXT; t++) {
+                for (int64_t i = 0; i < n; i++) src[i] = gauss();
+                tl_quantize_row(vt, src, x + rx * t, n);
+                tl_dequantize_row(vt, x + rx * t, xf + n * t, n);
+            }
+            int bad = 0, far = 0, spill = 0;
+            for (int lvl = 0; lvl <= isa_max; lvl++) {
+                tl_kernels_set_isa(lvl);
+                for (int nr = 1; nr <= MAXR; nr++)
+                    for (int nt = 1; nt <= MAXT; nt++) {
+                        if (nr > 5 && nr < 16 && nr != 9 && nt > 3 && nt != 8 && nt != 13) continue; /* keep it quick */
+                        for (size_t i = 0; i < ldo * MAXT; i++) out[i] = -12345.0f;
+                        tl_vec_dot_tile(type, n, nr, nt, out, ldo, w, rw, x, rx);
+                        for (int t = 0; t < MAXT; t++)
+                            for (int r = 0; r < (int)ldo; r++) {
+                                const float got = out[t * ldo + r];
+                                if (r >= nr || t >= nt) {
+                                    spill += got != -12345.0f;
+                                    continue;
+                                }
+                                float one;
+                                tl_vec_dot(type)(n, &one, w + rw * r, x + rx * t);
+                                bad += memcmp(&got, &one, sizeof got) != 0;
+                                double ref = 0, mag = 0;
+                                for (int64_t i = 0; i < n; i++) {
+                                    ref += (double)wf[n * r + i] * xf[n * t + i];
+                                    mag += fabs((double)wf[n * r + i] * xf[n * t + i]);
+                                }
+                                far += fabs(got - ref) > 2e-5 * mag + 1e-30;
+                            }
+                    }
+            }
+            tl_kernels_set_isa(isa_max);
+            CHECK(bad == 0, "%s n=%lld: tile entries equal vec_dot bitwise at every ISA level (%d differ)",
+                  tl_type_info(type)->name, (long long)n, bad);
+            CHECK(far == 0, "%s n=%lld: tile entries are within 2e-5 of the dequantized dot (%d far)",
+                  tl_type_info(type)->name, (long long)n, far);
+            CHECK(spill == 0, "%s n=%lld: nothing outside the tile is written (%d)", tl_type_info(type)->name,
+                  (long long)n, spill);
+            free(w); free(x); free(wf); free(xf); free(src); free(out);
+        }
+    }
+}
+
+static int forward(tl_model *m, tl_seq **seqs, const int32_t *const *toks, const int *n, int n_seq, float *logits) {
+    return tl_batch_forward(m, seqs, toks, n, n_seq, logits);
+}
+
+static void test_forward(void) {
+    tm_spec specs[TM_ARCH_CASES];
+    const char *names[TM_ARCH_CASES];
+    int nc = tm_arch_cases(specs, names);
+    enum { N = 45, N2 = 21 };
+    int32_t prompt[N], prompt2[N2];
+    for (int i = 0; i < N; i++) prompt[i] = 3 + (i * 37 + 11) % 250;
+    for (int i = 0; i < N2; i++) prompt2[i] = 5 + (i * 53 + 7) % 250;
+    for (int ci = 0; ci < nc; ci++) {
+        char path[128];
+        snprintf(path, sizeof path, "/tmp/tl_gemm_%d_%d.gguf", (int)getpid(), ci);
+        if (tm_write(&specs[ci], path)) {
+            CHECK(0, "%s: the synthetic model is written", names[ci]);
+            continue;
+        }
+        tl_model_params mp = tl_model_default_params();
+        mp.kv_block_size = 4;
+        mp.n_threads = 2;
+        tl_model *m = NULL;
+        tl_model_open(path, mp, &m);
+        unlink(path);
+        CHECK(m != NULL, "%s: the synthetic model opens (%s)", names[ci], m ? "" : tl_last_error());
+        if (!m) continue;
+        tl_model_info info;
+        tl_model_get_info(m, &info);
+        const int nv = info.n_vocab;
+        float *all = malloc(sizeof(float) * nv * 2), *step = malloc(sizeof(float) * nv * 2);
+        float *alone = malloc(sizeof(float) * nv * 2);
+        tl_seq *s[2] = {0};
+        int ok = tl_seq_new(m, 0, &s[0]) == TL_OK;
+        const int32_t *p = prompt;
+        int n = N;
+        ok = ok && forward(m, s, &p, &n, 1, all) == TL_OK;
+        tl_seq_free(s[0]);
+        ok = ok && tl_seq_new(m, 0, &s[0]) == TL_OK;
+        for (int i = 0; ok && i < N; i++) {
+            const int32_t *pi = prompt + i;
+            int one = 1;
+            ok = forward(m, s, &pi, &one, 1, step) == TL_OK;
+        }
+        tl_seq_free(s[0]);
+        CHECK(ok && !memcmp(all, step, sizeof(float) * nv),
+              "%s: a %d-token prompt in one forward gives bitwise the logits of one token at a time", names[ci], N);
+        /* two sequences prefilled together vs the second alone */
+        ok = tl_seq_new(m, 0, &s[0]) == TL_OK && tl_seq_new(m, 0, &s[1]) == TL_OK;
+        const int32_t *pp[2] = {prompt, prompt2};
+        int nn[2] = {N, N2};
+        ok = ok && forward(m, s, pp, nn, 2, all) == TL_OK;
+        tl_seq_free(s[0]);
+        tl_seq_free(s[1]);
+        ok = ok && tl_seq_new(m, 0, &s[1]) == TL_OK && forward(m, &s[1], &pp[1], &nn[1], 1, alone) == TL_OK;
+        tl_seq_free(s[1]);
+        CHECK(ok && !memcmp(all + nv, alone, sizeof(float) * nv),
+              "%s: a sequence prefilled next to another gives bitwise its logits alone", names[ci]);
+        free(all); free(step); free(alone);
+        tl_model_close(m);
+    }
+}
+
+static void test_gelu(void) {
+    enum { N = 1203 };
+    static float x[N + 8], g[N], ref[N + 8], got[N + 8];
+    for (int i = 0; i < N; i++) {
+        x[i] = -30.0f + 60.0f * (float)i / (N - 1);
+        if (i % 7 == 0) x[i] = gauss() * 0.3f;
+        g[i] = gauss();
+    }
+    x[5] = 0.0f;
+    x[6] = -0.0f;
+    x[7] = 1e-30f;
+    x[8] = -100.0f;
+    x[9] = 100.0f;
+    const int isa_max = tl_kernels_isa();
+    tl_kernels_set_isa(TL_ISA_SCALAR);
+    memcpy(ref, x, sizeof x);
+    tl_gelu_tanh_mul(ref, g, N);
+    for (int lvl = 0; lvl <= isa_max; lvl++) {
+        tl_kernels_set_isa(lvl);
+        int far = 0, past = 0;
+        for (int n = 0; n <= 17; n++) { /* tails */
+            memcpy(got, x, sizeof x);
+            got[n] = 777.0f;
+            tl_gelu_tanh_mul(got, g, n);
+            past += got[n] != 777.0f;
+            for (int i = 0; i < n; i++) far += !(fabsf(got[i] - ref[i]) <= 1e-6f * (fabsf(x[i]) + 1) * fabsf(g[i]));
+        }
+        memcpy(got, x, sizeof x);
+        tl_gelu_tanh_mul(got, g, N);
+        double worst = 0;
+        for (int i = 0; i < N; i++) {
+            double e = fabs(got[i] - ref[i]) / ((fabs(x[i]) + 1) * fabs(g[i]) + 1e-30);
+            if (!(e <= 1e-6)) far++;
+            if (e > worst) worst = e;
+        }
+        CHECK(far == 0, "%s gelu*g is within 1e-6 (|x|+1)|g| of the scalar formula (%d far, worst %.2g)",
+              tl_isa_name(lvl), far, worst);
+        CHECK(past == 0, "%s gelu*g writes nothing past n", tl_isa_name(lvl));
+    }
+    tl_kernels_set_isa(isa_max);
+}
+
+static void test_rows(void) {
+    enum { MAXN = 264, MAXROWS = 17 };
+    static float q[MAXN], k[MAXROWS * MAXN], a[MAXROWS], y0[MAXN], y1[MAXN], o0[MAXROWS], o1[MAXROWS];
+    for (int i = 0; i < MAXN; i++) q[i] = gauss();
+    for (int i = 0; i < MAXROWS * MAXN; i++) k[i] = gauss();
+    for (int i = 0; i < MAXROWS; i++) a[i] = gauss();
+    static const int ns[] = {32, 64, 72, 256, 264};
+    const int isa_max = tl_kernels_isa();
+    for (int lvl = 0; lvl <= isa_max; lvl++) {
+        tl_kernels_set_isa(lvl);
+        int bad_dot = 0, bad_axpy = 0;
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+            for (int rows = 0; rows <= MAXROWS; rows++) {
+                const int n = ns[ni];
+                const size_t ld = (size_t)n + 8;
+                if ((size_t)rows * ld > sizeof k / sizeof k[0]) continue;
+                tl_dot_rows_f32(q, k, ld, rows, n, 0.125f, o0);
+                for (int r = 0; r < rows; r++) o1[r] = tl_dot_f32(q, k + r * ld, n) * 0.125f;
+                bad_dot += rows && memcmp(o0, o1, sizeof(float) * rows) != 0;
+                for (int i = 0; i < n; i++) y0[i] = y1[i] = q[i];
+                tl_axpy_rows_f32(y0, a, k, ld, rows, n);
+                for (int r = 0; r < rows; r++) tl_axpy_f32(y1, a[r], k + r * ld, n);
+                bad_axpy += memcmp(y0, y1, sizeof(float) * n) != 0;
+            }
+        CHECK(bad_dot == 0, "%s dot_rows equals per-row tl_dot_f32 bitwise (%d cases differ)", tl_isa_name(lvl), bad_dot);
+        CHECK(bad_axpy == 0, "%s axpy_rows equals per-row tl_axpy_f32 bitwise (%d cases differ)", tl_isa_name(lvl),
+              bad_axpy);
+    }
+    tl_kernels_set_isa(isa_max);
+}
+
+int main(void) {
+    tl_kernels_init();
+    test_tiles();
+    test_forward();
+    test_gelu();
+    test_rows();
+    return test_summary();
+}
