@@ -103,9 +103,11 @@ local function start_ik(port)
     local log = T.tmpdir() .. "/ik-server.log"
     local pid = unistd.fork()
     if pid == 0 then
-        -- exec: the pid is llama-server's own, so the signals below reach it
-        unistd.execp("sh", { "-c", string.format("exec '%s' -m '%s' -t %d -tb %d -c %d -np 1 --host 127.0.0.1 "
-            .. "--port %d >'%s' 2>&1", ik, model, threads, threads, msl * 2, port, log) })
+        -- exec: the pid is llama-server's own, so the signals below reach it;
+        -- in the temp dir, where its llama.log goes
+        unistd.execp("sh", { "-c", string.format("cd '%s' && exec '%s' -m '%s' -t %d -tb %d -c %d -np 1 "
+            .. "--host 127.0.0.1 --port %d >'%s' 2>&1", T.tmpdir(), ik, model, threads, threads, msl * 2, port,
+            log) })
         os.exit(127)
     end
     local deadline = T.now() + 120
