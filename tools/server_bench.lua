@@ -65,6 +65,9 @@ for _, v in ipairs({ epochs, rounds, threads, n_prefix, n_suffix }) do
         os.exit(2)
     end
 end
+if model:sub(1, 1) ~= "/" then
+    model = unistd.getcwd() .. "/" .. model -- llama-server runs in another directory
+end
 local f = io.open(model)
 if not f then
     print("server_bench: no model " .. model .. " (make " .. model:gsub("^" .. T.ROOT .. "/", "") .. "; skipped)")
