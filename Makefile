@@ -144,6 +144,12 @@ bench: all $(BENCH_MODELS)
 	@echo "== eviction policies on a multi-tenant trace (LRU, shortest-first, cost-aware Lua; shadow predictions)"
 	luajit tools/trace_bench.lua
 
+# Issue 14's three-tenant TTFT test through the servers: ours (nginx) against
+# ik_llama.cpp's llama-server when ../shared/tools/anchor-build.sh has built it.
+.PHONY: bench-server
+bench-server: all build/bench/stories110M-q8_0.gguf
+	luajit tools/server_bench.lua build/bench/stories110M-q8_0.gguf
+
 # The main job: three tenants with system prompts in a PrefixPool (examples/serve_tenants.lua).
 run: deps all
 	@if [ "$(MODEL)" = "$(DEFAULT_MODEL)" ]; then sh tools/fetch_model.sh >/dev/null; fi

@@ -737,6 +737,7 @@ local function run(r)
             update_time()
             local now = ngx_now()
             if not last then
+                r.t_first = now
                 metrics.ttft(now - r.t0)
             else
                 local d = (now - last) / n
@@ -871,6 +872,8 @@ local function generate(endpoint, chat)
     if not body then
         return fail(endpoint, 400, derr, nil, "invalid_json")
     end
+    update_time()
+    local t_parsed = ngx_now()
     local o, verr, field = (chat and oa.chat_request or oa.completion_request)(body)
     if not o then
         return fail(endpoint, 400, verr, field, field and "invalid_value")
@@ -919,6 +922,8 @@ local function generate(endpoint, chat)
             .. "length of the prompt or the completion.", msl, n + o.max_tokens, n, o.max_tokens),
             chat and "messages" or "prompt", "context_length_exceeded")
     end
+    update_time()
+    local t_prepared = ngx_now()
     local id, serr, rc = engine:submit(arr, n, fill_params(o, tenant))
     if not id then
         if rc == eng.ERR_BUSY then
@@ -995,6 +1000,14 @@ local function generate(endpoint, chat)
         ngx_flush(true)
         return
     end
+    -- where a request's time went (ms; ngx.now resolution): reading and
+    -- decoding the body, validating and tokenizing, then the engine (queue,
+    -- prefill, first token, its notification) and the rest of the generation
+    update_time()
+    local t_end = ngx_now()
+    ngx.header["Server-Timing"] = format("parse;dur=%d, prepare;dur=%d, first_token;dur=%d, total;dur=%d",
+        (t_parsed - t0) * 1000 + 0.5, (t_prepared - t_parsed) * 1000 + 0.5,
+        ((r.t_first or t_end) - t_prepared) * 1000 + 0.5, (t_end - t0) * 1000 + 0.5)
     json_reply(200, chat and oa.chat(r) or oa.completion(r))
 end
 
