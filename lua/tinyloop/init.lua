@@ -15,6 +15,7 @@
 local ffi = require "ffi"
 local lib = require "tinyloop.lib"
 local new_tab = require "table.new"
+local textstream = require "tinyloop.textstream"
 
 local C = lib.load()
 local ffi_new, ffi_string, ffi_gc, ffi_copy = ffi.new, ffi.string, ffi.gc, ffi.copy
@@ -911,21 +912,21 @@ end
 function Model:stream_text(prompt, opts)
     local _ = self.h or closed("stream_text", 2)
     local next_tok, s = self:stream(prompt, opts)
-    local pending = ""
+    local dec = textstream.new(nil) -- the decoder the server's SSE path uses
+    local one = {}
     local model = self
     return function()
         while true do
             local tok = next_tok(s)
             if tok == nil then
-                local rest = pending
-                pending = ""
+                local held, partial = dec:finish()
+                local rest = held .. partial
                 return rest ~= "" and rest or nil
             end
-            local buf = pending .. model:piece(tok)
-            local n = C.tl_utf8_complete_prefix(buf, #buf)
-            pending = buf:sub(n + 1)
-            if n > 0 then
-                return buf:sub(1, n)
+            one[1] = model:piece(tok)
+            local text = dec:push(one, 1)
+            if text ~= "" then
+                return text
             end
         end
     end
