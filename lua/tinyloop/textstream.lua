@@ -63,7 +63,8 @@ function _M.new(stops)
         stops = stops, hold = hold, stopped = false,
         pending = "", -- bytes not yet complete UTF-8
         held = "",    -- complete text held back while a stop string may be forming
-        all = "",     -- complete text so far (searched for stops; only with stops)
+        tail = "",    -- the last `hold` bytes of the complete text (where a stop may start)
+        done = 0,     -- bytes of complete text so far
         raw = 0,      -- bytes of every piece so far
         ends = {},    -- scratch: raw end offset of each pushed piece
     }, Decoder)
@@ -92,12 +93,18 @@ function Decoder:push(pieces, n)
     local used = n
     local stops, held = self.stops, self.held
     if stops then
-        local all = self.all
-        local before = #all
-        all = all .. out
-        self.all = all
-        local at, len = find_stop(all, stops, max(1, before - self.hold))
+        -- A stop ending in the new text starts at most `hold` bytes before
+        -- it, so searching tail .. out finds every new one (only the tail
+        -- is kept: a long generation does not grow a string per push).
+        local tail = self.tail
+        local before = self.done
+        local base = before - #tail -- bytes of complete text before `text`
+        local text = tail .. out
+        self.done = before + #out
+        self.tail = text:sub(max(1, #text - self.hold + 1))
+        local at, len = find_stop(text, stops, 1)
         if at then
+            at = at + base -- from here on, offsets in the whole text
             local stop_end, upto = at + len - 1, 0
             if stop_end > raw_before then
                 upto = 1
@@ -106,7 +113,7 @@ function Decoder:push(pieces, n)
                 end
             end
             used = upto
-            out = all:sub(before + 1, at - 1)
+            out = text:sub(before - base + 1, at - base - 1)
             if at - 1 < before then
                 -- the stop began inside held-back text
                 held = held:sub(1, #held - (before - (at - 1)))

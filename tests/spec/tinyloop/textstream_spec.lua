@@ -85,6 +85,52 @@ describe("tinyloop.textstream", function()
         end
     end)
 
+    it("matches a whole-text search on random token streams", function()
+        -- one stop string: the text is everything before its first
+        -- occurrence, the count the tokens up to the one that completes it
+        local alphabet = { "a", "b", "c", "ab", "bc", " ", "\xc3\xa9", "\xc3", "\xa9", "abc" }
+        math.randomseed(16)
+        for _ = 1, 300 do
+            local pieces, batches = {}, {}
+            local batch = {}
+            for i = 1, math.random(1, 40) do
+                pieces[i] = alphabet[math.random(#alphabet)]
+                batch[#batch + 1] = pieces[i]
+                if math.random() < 0.4 then
+                    batches[#batches + 1], batch = batch, {}
+                end
+            end
+            batches[#batches + 1] = batch
+            local stop = ({ "abc", "ca", "c\xc3\xa9", " a b" })[math.random(4)]
+            local full = table.concat(pieces)
+            local at = full:find(stop, 1, true)
+            local want, want_used = full, #pieces
+            if at then
+                want = full:sub(1, at - 1)
+                local stop_end, len = at + #stop - 1, 0
+                for i = 1, #pieces do
+                    len = len + #pieces[i]
+                    if len >= stop_end then
+                        want_used = i
+                        break
+                    end
+                end
+            end
+            local d = ts.new({ stop })
+            local got, used = {}, 0
+            for _, b in ipairs(batches) do
+                local text, u = d:push(b)
+                got[#got + 1] = text
+                used = used + u
+            end
+            local held, partial = d:finish()
+            got = table.concat(got) .. held .. (at and "" or partial)
+            assert.are.equal(want, got)
+            assert.are.equal(want_used, used)
+            assert.are.equal(at ~= nil, d.stopped)
+        end
+    end)
+
     it("refuses stops that are not non-empty strings", function()
         assert.has_error(function() ts.new("x") end, "textstream.new: stops must be an array of strings, got string")
         assert.has_error(function() ts.new({ "" }) end, 'textstream.new: stops[1] must be a non-empty string, got ""')
