@@ -238,7 +238,8 @@ int tl_pool_check_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n
 }
 
 int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int loops, int window) {
-    if (tl_pool_check_register(m, p, tokens, n, loops, window)) return 0;
+    int rc = tl_pool_check_register(m, p, tokens, n, loops, window);
+    if (rc) return rc;
     int eff = tl_model_effective_loops(m, loops);
     pthread_mutex_lock(&p->mu);
     int hit = find_entry(p, tokens, n, eff, window);
@@ -264,7 +265,10 @@ int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int 
         tl_radix_namespace_release(&m->cache, ns);
     }
     tl_sched_compute_unlock(m);
-    return node ? n : 0;
+    if (node) return n;
+    if (ns < 0) return ns;
+    rc = tl_last_error_code();
+    return rc < 0 ? rc : tl_set_error(TL_ERR_NOMEM, "register_prefix: the prefix could not be built");
 }
 
 int tl_pool_add_built(tl_pool *p, const int32_t *tokens, int n, int loops, int window, tl_radix_node *node) {

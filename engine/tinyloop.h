@@ -44,7 +44,8 @@ enum tl_status {
  * library; valid until the next failing call on this thread. */
 const char *tl_last_error(void);
 /* The TL_ERR_* code that went with that message (for calls that return
- * 0 on failure, like tl_pool_register). */
+ * NULL on failure, and for bindings that read the code apart from the
+ * return value). */
 int tl_last_error_code(void);
 
 /* Monotonic clock in seconds (for timings from Lua without declaring
@@ -344,8 +345,9 @@ int tl_pool_set_shareable(tl_pool *pool, int shareable);
 int tl_pool_set_tenant(tl_pool *pool, int tenant);
 
 /* Prefills tokens once and pins them. Returns n_tokens (the matchable
- * length) on success, 0 on invalid arguments or failure (message in
- * tl_last_error()). */
+ * length) on success, a TL_ERR_* code on failure like every other call
+ * (TL_ERR_INVALID_ARG / TL_ERR_TOO_LONG for bad arguments, TL_ERR_KV_FULL
+ * when the prefix cannot fit; message in tl_last_error()). */
 int tl_pool_register(tl_model *model, tl_pool *pool, const int32_t *tokens, int n_tokens, int loops,
                      int cache_window);
 

@@ -26,7 +26,9 @@ for i, name in ipairs { "zero_shot", "one_shot", "three_shot", "chain_of_thought
 end
 
 for _, t in ipairs(templates) do
-    model:register_prefix(pool, t.tokens)
+    -- runtime failures come back as nil, err, code (lua/README.md)
+    local n, err = model:register_prefix(pool, t.tokens)
+    assert(n and n > 0, err)
 end
 print(("entries: %d  total cached tokens: %d"):format(pool:size(), pool:total_cached_tokens()))
 
@@ -40,7 +42,7 @@ for _, t in ipairs(templates) do
         prompt[#prompt + 1] = id
     end
     local before = pool:stats().hit_tokens
-    local out = model:generate_with_pool(pool, prompt, { max_tokens = 16, temperature = 0 })
+    local out = assert(model:generate_with_pool(pool, prompt, { max_tokens = 16, temperature = 0 }))
     local matched = pool:stats().hit_tokens - before
     assert(matched >= #t.tokens, ("%s: matched %d of %d template tokens"):format(t.name, matched, #t.tokens))
     print(("%-16s matched %2d tokens: %s"):format(t.name, matched, model:detokenize(out)))

@@ -24,14 +24,15 @@ local tenants = {
 local sys = {}
 for id, text in pairs(tenants) do
     sys[id] = model:tokenize(text)
-    local n = model:register_prefix(pool, sys[id])
+    local n, err = model:register_prefix(pool, sys[id]) -- nil/0, err on failure
+    assert(n and n > 0, err)
     print(("tenant %s: %d prefix tokens cached"):format(id, n))
 end
 
 -- A request already starts with its tenant's system prompt; no tenant
 -- bookkeeping here.
 local function answer(request_tokens)
-    return model:generate_with_pool(pool, request_tokens, { max_tokens = 24, temperature = 0 })
+    return assert(model:generate_with_pool(pool, request_tokens, { max_tokens = 24, temperature = 0 }))
 end
 
 for _, id in ipairs { "toys", "park", "cake" } do
@@ -43,7 +44,7 @@ for _, id in ipairs { "toys", "park", "cake" } do
     local out = answer(request)
     local saved = model:stats().prefill_tokens_saved - before
     -- The pool path gives exactly what plain generation gives.
-    local plain = model:generate(request, { max_tokens = 24, temperature = 0, no_cache = true })
+    local plain = assert(model:generate(request, { max_tokens = 24, temperature = 0, no_cache = true }))
     assert(#out == #request + #plain, "pool and plain generation differ in length")
     for i = 1, #plain do
         assert(out[#request + i] == plain[i], "pool and plain generation differ")

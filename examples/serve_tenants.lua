@@ -44,7 +44,8 @@ local tenants = {
 -- conversation that starts with it).
 for _, t in ipairs(tenants) do
     t.prefix = model:chat_tokenize({ { role = "system", content = t.system } }, { add_assistant = false })
-    local n = model:register_prefix(pool, t.prefix)
+    local n, err = model:register_prefix(pool, t.prefix) -- nil/0, err on failure
+    assert(n and n > 0, err)
     print(("tenant %-8s system prompt: %d tokens cached"):format(t.id, n))
 end
 

@@ -10,6 +10,10 @@ local _M = {}
 local INT_MAX = 2147483647
 local S = lib.status
 
+-- The sampling defaults of both the library (Model:generate and friends)
+-- and the server (an OpenAI request that leaves them out): one table.
+_M.SAMPLING = { temperature = 1.0, top_k = 50, top_p = 1.0 }
+
 
 -- ---- messages -------------------------------------------------------------------------
 
@@ -36,6 +40,22 @@ local function raise_rc(rc, fname, level)
         error(fname .. ": " .. msg, level + 1)
     end
     error(format("%s: %s (%s)", fname, msg, lib.status_name[rc] or tostring(rc)), level + 1)
+end
+
+
+-- The convention (lua/README.md): misuse raises, a runtime failure returns
+-- nil, message, code. fail_rc(rc, fname, level) -> nil, msg, rc for a
+-- runtime failure (the code from the generated enum, never read from the
+-- message); it raises for TL_ERR_INVALID_ARG, which is misuse.
+local function fail_rc(rc, fname, level)
+    if rc == S.ERR_INVALID_ARG then
+        raise_rc(rc, fname, level + 1)
+    end
+    local msg = lib.last_error()
+    if rc == S.ERR_NOMEM or rc == S.ERR_KV_FULL then
+        return nil, "out of memory: " .. msg, rc
+    end
+    return nil, fname .. ": " .. msg, rc
 end
 
 
@@ -100,7 +120,7 @@ local function keyset(list)
 end
 
 
-_M.show, _M.bad, _M.raise_rc = show, bad, raise_rc
+_M.show, _M.bad, _M.raise_rc, _M.fail_rc = show, bad, raise_rc, fail_rc
 _M.opt_table, _M.opt_int, _M.opt_num, _M.opt_bool = opt_table, opt_int, opt_num, opt_bool
 _M.check_keys, _M.keyset = check_keys, keyset
 return _M

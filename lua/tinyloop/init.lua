@@ -10,11 +10,13 @@
 --
 -- It mirrors the PrefixPool API (docs/prefix-pool.md; first written for Python) call for
 -- call: same names, defaults and messages. Misuse raises error(msg, 2)
--- naming the argument and its value; that page's RuntimeErrors are Lua
--- errors with the same messages.
+-- naming the argument and its value; a runtime failure (KV full, out of
+-- memory, a busy queue) returns nil, message, code (C.TL_ERR_*), as
+-- OpenResty's APIs do (lua/README.md).
 local ffi = require "ffi"
 local lib = require "tinyloop.lib"
 local new_tab = require "table.new"
+local textstream = require "tinyloop.textstream"
 
 local C = lib.load()
 local ffi_new, ffi_string, ffi_gc, ffi_copy = ffi.new, ffi.string, ffi.gc, ffi.copy
@@ -53,7 +55,8 @@ local GP_SIZE = ffi_sizeof("tl_generate_params")
 
 
 local args = require "tinyloop.args"
-local show, bad, raise_rc = args.show, args.bad, args.raise_rc
+local show, bad, raise_rc, fail_rc = args.show, args.bad, args.raise_rc, args.fail_rc
+local SAMPLING = args.SAMPLING
 local opt_table, opt_int, opt_num, opt_bool = args.opt_table, args.opt_int, args.opt_num, args.opt_bool
 local check_keys, keyset = args.check_keys, args.keyset
 
@@ -179,9 +182,9 @@ local function fill_params(fname, o, level)
     gp.tenant = opt_int(fname, "tenant", o.tenant, 0, 0, level)
     gp.priority = opt_int(fname, "priority", o.priority, 0, -INT_MAX, level)
     local s = gp_sampling
-    s.temperature = opt_num(fname, "temperature", o.temperature, 1.0, level)
-    s.top_k = opt_int(fname, "top_k", o.top_k, 50, 0, level)
-    s.top_p = opt_num(fname, "top_p", o.top_p, 1.0, level)
+    s.temperature = opt_num(fname, "temperature", o.temperature, SAMPLING.temperature, level)
+    s.top_k = opt_int(fname, "top_k", o.top_k, SAMPLING.top_k, 0, level)
+    s.top_p = opt_num(fname, "top_p", o.top_p, SAMPLING.top_p, level)
     s.min_p = opt_num(fname, "min_p", o.min_p, 0.0, level)
     s.repeat_penalty = opt_num(fname, "repeat_penalty", o.repeat_penalty, 1.0, level)
     s.repeat_last_n = opt_int(fname, "repeat_last_n", o.repeat_last_n, 64, -1, level)
@@ -531,7 +534,7 @@ local function generate_beam(self, h, prompt, o, level)
     local r = beam_res[0]
     local got = C.tl_generate_beam(h, ph, ptr, n, p, beams, alpha, self._out, self._out_cap, r)
     if got < 0 then
-        raise_rc(got, "generate", level)
+        return fail_rc(got, "generate", level) -- nil, err, code (KV full: out of memory)
     end
     local info = {
         score = r.score, logprob = r.logprob, n_generated = r.n_generated,
@@ -583,12 +586,9 @@ function Model:generate(prompt, opts)
         end
     end
     if rc < 0 then
-        local msg = lib.last_error()
+        local a, msg, code = fail_rc(rc, "generate", 2)
         C.tl_request_release(h, id)
-        if rc == S.ERR_NOMEM or rc == S.ERR_KV_FULL then
-            error("out of memory: " .. msg, 2)
-        end
-        error("generate: " .. msg, 2)
+        return a, msg, code
     end
     C.tl_request_release(h, id)
     return result(out, total, o.as_cdata)
@@ -598,11 +598,12 @@ end
 -- register_prefix(pool, tokens, { loops = 0, cache_window = 0 }) -> n.
 -- Prefills tokens once and pins them in pool under (tokens, loops,
 -- cache_window). Returns #tokens, also when the key is already there (a
--- no-op); returns 0 plus a reason on invalid arguments (nil pool, no
--- tokens, more than max_seq_len) or a failed build (docs/prefix-pool.md).
--- Raises on a closed model, on out of memory, on misuse (a pool argument
--- that is not a PrefixPool, a freed pool, ids that are not valid tokens,
--- negative loops/cache_window).
+-- no-op); returns 0 plus a reason (and code) on invalid arguments (nil
+-- pool, no tokens, more than max_seq_len) or a prefix the model cannot
+-- build (vocab-only), as docs/prefix-pool.md says; nil, "out of memory: ...", code
+-- when the KV arena cannot hold it. Raises on a closed model and on misuse
+-- (a pool argument that is not a PrefixPool, a freed pool, ids that are
+-- not valid tokens, negative loops/cache_window).
 local REG_KEYS = keyset { "loops", "cache_window", "n" }
 
 function Model:register_prefix(pool, tokens, opts)
@@ -629,11 +630,13 @@ function Model:register_prefix(pool, tokens, opts)
     if got > 0 then
         return got
     end
-    local msg = lib.last_error()
-    if msg:find("out of memory", 1, true) or msg:find("KV cache full", 1, true) then
-        error("out of memory: " .. msg, 2)
+    -- The seed returns 0 for a prefix it cannot take (bad ids, too long, a
+    -- vocab-only model or another model's pool); memory and the like are
+    -- runtime failures: nil, message, code.
+    if got == S.ERR_INVALID_ARG or got == S.ERR_TOO_LONG or got == S.ERR_STATE then
+        return 0, lib.last_error(), got
     end
-    return 0, msg
+    return fail_rc(got, "register_prefix", 2)
 end
 
 
@@ -667,18 +670,21 @@ end
 local REQ_STATES = { [0] = "queued", [1] = "running", [2] = "done", [3] = "cancelled", [4] = "failed" }
 
 -- request_state(id) -> "queued" | "running" | "done" | "cancelled" |
--- "failed" (then also the reason), or nil for an unknown id.
+-- "failed" (then also the reason and its TL_ERR_* code), or nil for an
+-- unknown id.
+-- Polled on every event-loop tick: its cdata are allocated once, here.
+local state_info = ffi_new("tl_request_info[1]")
+local state_fin = ffi_new("int[1]")
+
 function Model:request_state(id)
     local h = self.h or closed("request_state", 2)
-    local info = ffi_new("tl_request_info[1]")
-    if C.tl_request_get_info(h, id, info) ~= 0 then
+    if C.tl_request_get_info(h, id, state_info) ~= 0 then
         return nil
     end
-    local state = REQ_STATES[info[0].state]
+    local state = REQ_STATES[state_info[0].state]
     if state == "failed" then
-        local fin = ffi_new("int[1]")
-        C.tl_request_take(h, id, nil, 0, fin)
-        return state, lib.last_error()
+        local rc = C.tl_request_take(h, id, nil, 0, state_fin)
+        return state, lib.last_error(), rc < 0 and rc or lib.last_error_code()
     end
     return state
 end
@@ -707,7 +713,7 @@ function Model:generate_with_pool(pool, prompt, opts)
     check_len(self, "generate_with_pool", n, 2)
     local got = C.tl_generate_with_pool(h, ph, ptr, n, p, self._out, self._out_cap)
     if got < 0 then
-        raise_rc(got, "generate_with_pool", 2)
+        return fail_rc(got, "generate_with_pool", 2)
     end
     return result(self._out, got, o.as_cdata)
 end
@@ -729,7 +735,7 @@ function Model:build_prefix_cache(tokens, opts)
     end
     local rc = C.tl_prefix_build(h, ptr, n, loops, window, prefix_out)
     if rc ~= 0 then
-        raise_rc(rc, "build_prefix_cache", 2)
+        return fail_rc(rc, "build_prefix_cache", 2)
     end
     return new_handle(self, "Prefix", prefix_out[0], n, loops, window)
 end
@@ -760,7 +766,7 @@ function Model:generate_from_prefix_cache(prefix, opts)
     check_len(self, "generate_from_prefix_cache", prefix.n + n, 2)
     local got = C.tl_generate_from_prefix(h, ph, ptr, n, p, self._out, self._out_cap)
     if got < 0 then
-        raise_rc(got, "generate_from_prefix_cache", 2)
+        return fail_rc(got, "generate_from_prefix_cache", 2)
     end
     return result(self._out, got, o.as_cdata)
 end
@@ -779,7 +785,7 @@ function Model:build_resume_handle(prompt, opts)
     end
     local rc = C.tl_resume_build(h, ptr, n, prefix_out)
     if rc ~= 0 then
-        raise_rc(rc, "build_resume_handle", 2)
+        return fail_rc(rc, "build_resume_handle", 2)
     end
     return new_handle(self, "Resume", prefix_out[0], n, nil, 0)
 end
@@ -794,7 +800,7 @@ function Model:resume_generate(handle, opts)
     check_len(self, "resume_generate", handle.n, 2)
     local got = C.tl_resume_generate(h, ph, p, self._out, self._out_cap)
     if got < 0 then
-        raise_rc(got, "resume_generate", 2)
+        return fail_rc(got, "resume_generate", 2)
     end
     return result(self._out, got, o.as_cdata)
 end
@@ -966,21 +972,21 @@ end
 function Model:stream_text(prompt, opts)
     local _ = self.h or closed("stream_text", 2)
     local next_tok, s = self:stream(prompt, opts)
-    local pending = ""
+    local dec = textstream.new(nil) -- the decoder the server's SSE path uses
+    local one = {}
     local model = self
     return function()
         while true do
             local tok = next_tok(s)
             if tok == nil then
-                local rest = pending
-                pending = ""
+                local held, partial = dec:finish()
+                local rest = held .. partial
                 return rest ~= "" and rest or nil
             end
-            local buf = pending .. model:piece(tok)
-            local n = C.tl_utf8_complete_prefix(buf, #buf)
-            pending = buf:sub(n + 1)
-            if n > 0 then
-                return buf:sub(1, n)
+            one[1] = model:piece(tok)
+            local text = dec:push(one, 1)
+            if text ~= "" then
+                return text
             end
         end
     end

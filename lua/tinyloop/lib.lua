@@ -31,20 +31,12 @@ if not pcall(ffi.typeof, "tl_model_params") then
 end
 
 
--- Status codes (enum tl_status) by name and names by code.
-_M.status = {
-    OK = 0,
-    ERR_INVALID_ARG = -1,
-    ERR_IO = -2,
-    ERR_FORMAT = -3,
-    ERR_UNSUPPORTED = -4,
-    ERR_NOMEM = -5,
-    ERR_KV_FULL = -6,
-    ERR_TOO_LONG = -7,
-    ERR_BUFFER = -8,
-    ERR_STATE = -9,
-    ERR_BUSY = -10,
-}
+-- Status codes (enum tl_status) by name and names by code, read from the
+-- generated cdef (so a code added to engine/tinyloop.h needs no edit here).
+_M.status = {}
+for name in require("tinyloop.cdef"):match("enum tl_status {(.-)}"):gmatch("TL_([%u_]+)%s*=") do
+    _M.status[name] = tonumber(ffi.cast("enum tl_status", "TL_" .. name))
+end
 _M.status_name = {}
 for name, code in pairs(_M.status) do
     _M.status_name[code] = "TL_" .. name
@@ -121,6 +113,13 @@ end
 -- The message of the last failure on this thread.
 function _M.last_error()
     return ffi_string(_M.C.tl_last_error())
+end
+
+
+-- The TL_ERR_* code that went with last_error() (compare with
+-- lib.status.ERR_* or C.TL_ERR_*).
+function _M.last_error_code()
+    return _M.C.tl_last_error_code()
 end
 
 

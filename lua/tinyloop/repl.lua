@@ -233,7 +233,10 @@ function _M.make_env(session, opts)
     function env.gen(text, n)
         local m = need_model()
         local prompt = m:tokenize(text)
-        local ids = m:generate_with_pool(env.pool, prompt, { max_tokens = room(m, prompt, n), temperature = 0 })
+        local ids, err = m:generate_with_pool(env.pool, prompt, { max_tokens = room(m, prompt, n), temperature = 0 })
+        if not ids then
+            return nil, err
+        end
         return m:detokenize(ids)
     end
 

@@ -17,6 +17,7 @@ local eng = require "tinyloop.server_engine"
 local oa = require "tinyloop.server_openai"
 local metrics = require "tinyloop.server_metrics"
 local lru = require "tinyloop.lru"
+local textstream = require "tinyloop.textstream"
 
 local C = require("tinyloop.lib").load()
 local ffi_new = ffi.new
@@ -694,19 +695,6 @@ local function fill_params(o, tenant)
 end
 
 
--- The first stop string found in text -> its start and length, or nil.
-local function find_stop(text, stops, from)
-    local best, len
-    for i = 1, #stops do
-        local a = text:find(stops[i], from, true)
-        if a and (not best or a < best or (a == best and #stops[i] < len)) then
-            best, len = a, #stops[i]
-        end
-    end
-    return best, len
-end
-
-
 -- ---- generation -----------------------------------------------------------------------------
 
 -- Runs one request to its end. r: { id, stream, chat, stop, ... }.
@@ -714,18 +702,10 @@ end
 local function run(r)
     local id = r.id
     local sema = engine:semaphore(id)
-    local pending = ""     -- bytes not yet complete UTF-8
-    local text = {}        -- emitted (non-stream: all) text pieces
-    local held = ""        -- streamed text held back while a stop string may be forming
-    local hold = 0
-    if r.stop then
-        for i = 1, #r.stop do
-            hold = math.max(hold, #r.stop[i] - 1)
-        end
-    end
+    local dec = textstream.new(r.stop) -- UTF-8 and stop strings, as stream_text
+    local text = {}        -- non-stream: the text pieces
+    local parts = {}
     local n_tok, last, first = 0, nil, true
-    local all = ""
-    local raw = 0          -- bytes of every piece so far (all, then pending)
     local deadline = r.t0 + (cfg.request_timeout or 600)
     while true do
         local n, fin_or_err, rc = engine:take(id, tok_buf, TOK_CAP)
@@ -746,54 +726,15 @@ local function run(r)
                 end
             end
             last = now
-            local parts, ends = {}, {}
-            local raw_before = raw
             for i = 0, n - 1 do
-                local piece = model:piece(tok_buf[i])
-                parts[i + 1] = piece
-                raw = raw + #piece
-                ends[i + 1] = raw
+                parts[i + 1] = model:piece(tok_buf[i])
             end
-            local n_before = n_tok
-            n_tok = n_tok + n
-            pending = pending .. concat(parts)
-            local k = C.tl_utf8_complete_prefix(pending, #pending)
-            local out = pending:sub(1, k)
-            pending = pending:sub(k + 1)
-            if r.stop then
-                local before = #all
-                all = all .. out
-                local at, len = find_stop(all, r.stop, math.max(1, before - hold))
-                if at then
-                    -- usage counts the tokens up to the one that completes
-                    -- the stop string, not those the engine made after it
-                    local stop_end, upto = at + len - 1, 0
-                    if stop_end > raw_before then
-                        upto = 1
-                        while ends[upto] < stop_end do
-                            upto = upto + 1
-                        end
-                    end
-                    n_tok = n_before + upto
-                    out = all:sub(before + 1, at - 1)
-                    if at - 1 < before then
-                        -- the stop began inside held-back text
-                        held = held:sub(1, #held - (before - (at - 1)))
-                        out = ""
-                    end
-                    r.stopped = true
-                end
-            end
+            local out, used = dec:push(parts, n)
+            n_tok = n_tok + used
+            r.stopped = dec.stopped or nil
             if r.stream then
-                local emit = held .. out
-                if not r.stopped and hold > 0 then
-                    held = emit:sub(math.max(1, #emit - hold + 1))
-                    emit = emit:sub(1, #emit - #held)
-                else
-                    held = ""
-                end
-                if emit ~= "" then
-                    ngx_print(oa.chunk(r, r.chat, emit, nil, first))
+                if out ~= "" then
+                    ngx_print(oa.chunk(r, r.chat, out, nil, first))
                     first = false
                     ngx_flush(false)
                 end
@@ -816,9 +757,14 @@ local function run(r)
         end
         sema:wait(1)
     end
-    if r.stream and held ~= "" then
-        ngx_print(oa.chunk(r, r.chat, held, nil, first))
-        first = false
+    local held = dec:finish() -- an incomplete last character is dropped
+    if held ~= "" then
+        if r.stream then
+            ngx_print(oa.chunk(r, r.chat, held, nil, first))
+            first = false
+        else
+            text[#text + 1] = held
+        end
     end
     r.first_sent = not first
     r.text = concat(text)

@@ -3,6 +3,7 @@
 -- completion / chat objects, SSE chunks and usage with cached tokens.
 -- luacheck: globals ngx
 local cjson = require "cjson.safe"
+local SAMPLING = require("tinyloop.args").SAMPLING
 
 local type, tostring, floor, format = type, tostring, math.floor, string.format
 local ngx_time = ngx.time
@@ -94,7 +95,7 @@ local function sampling(body, o, max_default)
         end
         o.temperature = v
     else
-        o.temperature = 1.0
+        o.temperature = SAMPLING.temperature
     end
     v = body.top_p
     if v ~= nil and v ~= cjson.null then
@@ -102,6 +103,8 @@ local function sampling(body, o, max_default)
             return bad("top_p", "expected a number in (0, 1], got " .. tostring(v))
         end
         o.top_p = v
+    else
+        o.top_p = SAMPLING.top_p
     end
     v = body.top_k
     if v ~= nil and v ~= cjson.null then
@@ -109,6 +112,8 @@ local function sampling(body, o, max_default)
             return bad("top_k", "expected an integer in [0, 2147483647], got " .. tostring(v))
         end
         o.top_k = v
+    else
+        o.top_k = o.temperature > 0 and SAMPLING.top_k or 0 -- greedy ignores it
     end
     v = body.seed
     if v ~= nil and v ~= cjson.null then

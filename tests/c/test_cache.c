@@ -252,14 +252,15 @@ static void test_pool_semantics(void) {
     tl_pool_get_stats(p, &ps);
     CHECK(ps.hit_tokens - before >= 20, "the longest registered prefix wins (%lld tokens reused)",
           (long long)(ps.hit_tokens - before));
-    /* errors: 0 and a message */
-    CHECK(tl_pool_register(m, p, t, 0, 2, 0) == 0 && strstr(tl_last_error(), "empty"), "an empty prefix returns 0 (%s)",
+    /* errors: a negative code and a message, like every other call */
+    CHECK(tl_pool_register(m, p, t, 0, 2, 0) == TL_ERR_INVALID_ARG && strstr(tl_last_error(), "empty"),
+          "an empty prefix returns TL_ERR_INVALID_ARG (%s)",
           tl_last_error());
     t[3] = 100000;
-    CHECK(tl_pool_register(m, p, t, 5, 2, 0) == 0 && strstr(tl_last_error(), "100000"),
-          "an out-of-vocab prefix returns 0 naming the id (%s)", tl_last_error());
+    CHECK(tl_pool_register(m, p, t, 5, 2, 0) == TL_ERR_INVALID_ARG && strstr(tl_last_error(), "100000"),
+          "an out-of-vocab prefix returns TL_ERR_INVALID_ARG naming the id (%s)", tl_last_error());
     t[3] = 3 + 39 % 300;
-    CHECK(tl_pool_register(m, NULL, t, 5, 2, 0) == 0, "a NULL pool returns 0");
+    CHECK(tl_pool_register(m, NULL, t, 5, 2, 0) == TL_ERR_INVALID_ARG, "a NULL pool returns TL_ERR_INVALID_ARG");
     int rc = tl_generate_with_pool(m, p, t, 250, greedy(10, 2), out, 80);
     CHECK(rc == TL_ERR_TOO_LONG && strstr(tl_last_error(), "prompt length 250 + max_tokens 10 exceeds max_seq_len 256"),
           "prompt + max_tokens past max_seq_len names the numbers (%s)", tl_last_error());

@@ -81,4 +81,13 @@ describe("Model:generate() with beams", function()
         assert.has_error(function() model:generate(prompt, { beams = 2, pool = {} }) end,
             "bad argument 'pool' to generate (expected a tinyloop.PrefixPool, got table)")
     end)
+
+    it("returns nil, err, code when the beams do not fit in the KV arena (a runtime failure)", function()
+        local small = tl.Model(helpers.model_path, { kv_mem = 64 * 1024 })
+        local got, err, code = small:generate(prompt, { max_tokens = 64, beams = 256, no_cache = true })
+        small:close()
+        assert.is_nil(got)
+        assert.matches("^out of memory: ", err)
+        assert.are.equal(tl.lib.C.TL_ERR_KV_FULL, code)
+    end)
 end)

@@ -1,0 +1,69 @@
+-- The Lua error convention (lua/README.md, issue 16): misuse raises with
+-- error(msg, 2); a runtime failure returns nil, message, code, the code
+-- from the generated enum (C.TL_ERR_*), never matched from the message.
+local helpers = require "helpers"
+
+local range = helpers.range
+
+describe("tinyloop error convention", function()
+    local tl = require "tinyloop"
+    local lib = require "tinyloop.lib"
+    local C = lib.C
+
+    it("reads status codes from the generated cdef, not a copy", function()
+        assert.are.equal(tonumber(C.TL_ERR_KV_FULL), lib.status.ERR_KV_FULL)
+        assert.are.equal(tonumber(C.TL_ERR_BUSY), lib.status.ERR_BUSY)
+        assert.are.equal(0, lib.status.OK)
+        assert.are.equal("TL_ERR_INVALID_ARG", lib.status_name[C.TL_ERR_INVALID_ARG])
+    end)
+
+    it("last_error_code() returns the code that went with last_error()", function()
+        C.tl_pool_register(nil, nil, nil, 0, 0, 0)
+        assert.are.equal(tonumber(C.TL_ERR_INVALID_ARG), lib.last_error_code())
+        assert.truthy(lib.last_error():find("NULL"), lib.last_error())
+    end)
+
+    it("tl_pool_register returns a negative code on failure, like every other call", function()
+        local pool = tl.PrefixPool(2)
+        assert.are.equal(tonumber(C.TL_ERR_INVALID_ARG), C.tl_pool_register(nil, pool.h, nil, 0, 0, 0))
+    end)
+
+    if helpers.skip_without_model() then
+        return
+    end
+
+    -- A model whose arena holds 4 blocks (64 tokens) of its 5 layers.
+    local function small_model()
+        local probe = tl.Model(helpers.model_path)
+        local info = probe:info()
+        probe:close()
+        return tl.Model(helpers.model_path, { kv_mem = 20 * (info.kv_bytes / info.kv_blocks_total) })
+    end
+
+    it("generate returns nil, 'out of memory: ...', TL_ERR_KV_FULL when the KV arena cannot hold it", function()
+        local m = small_model()
+        local out, err, code = m:generate(range(100, 129), { max_tokens = 90, temperature = 0, ignore_eos = true })
+        assert.is_nil(out)
+        assert.truthy(err:find("^out of memory: "), err)
+        assert.are.equal(tonumber(C.TL_ERR_KV_FULL), code)
+        -- the model still works afterwards
+        assert.are.equal(4, #m:generate(range(100, 109), { max_tokens = 4, temperature = 0, ignore_eos = true }))
+        m:close()
+    end)
+
+    it("build_prefix_cache returns nil, err, code when the prefix cannot fit", function()
+        local m = small_model()
+        local pf, err, code = m:build_prefix_cache(range(3, 100))
+        assert.is_nil(pf)
+        assert.truthy(err:find("^out of memory: "), err)
+        assert.are.equal(tonumber(C.TL_ERR_KV_FULL), code)
+        m:close()
+    end)
+
+    it("misuse still raises, naming the argument and value", function()
+        local m = tl.Model(helpers.model_path)
+        assert.has_error(function() m:generate({ 1, 2 }, { max_tokns = 3 }) end)
+        assert.has_error(function() m:generate({ 1, 2 }, { temperature = "hot" }) end)
+        m:close()
+    end)
+end)
