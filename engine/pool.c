@@ -252,13 +252,9 @@ int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int 
     int ns = tl_sched_namespace(m, eff, window, salt);
     tl_radix_node *node = NULL;
     if (ns >= 0) {
-        /* The seed drops the victim first, so the new entry can use its memory. */
-        pthread_mutex_lock(&p->mu);
-        if (p->n == p->capacity) {
-            p->st.evictions++;
-            drop_entry(p, victim(p));
-        }
-        pthread_mutex_unlock(&p->mu);
+        /* Build first: the victim is dropped (tl_pool_add_built) only once
+         * the new entry exists, so a failed register leaves the pool as it
+         * was. The victim's KV is not available to the build. */
         node = tl_sched_cache_prefix(m, ns, eff, window, tokens, n, tenant);
         if (node && tl_pool_add_built(p, tokens, n, eff, window, node) < 0) node = NULL;
         tl_radix_namespace_release(&m->cache, ns);

@@ -911,6 +911,9 @@ tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window,
     if (tl_seq_new(m, loops, &seq)) return NULL;
     seq->window = window;
     if (L > 0 && tl_radix_share(&m->cache, node, L, &seq->bt) == 0) {
+        /* Lock only the matched tokens, as admission does: the rest of a
+         * longer cached node stays evictable for this prefill. */
+        node = tl_radix_cut(&m->cache, node, L);
         tl_radix_lock(node, 1);
         locked = node;
         seq->n_pos = L;
