@@ -318,8 +318,13 @@ static int admit(tl_model *m, tl_request *r) {
     r->ns = tl_sched_namespace(m, r->p.loops, r->p.cache_window, r->p.salt);
     if (r->ns < 0) return TL_ERR_NOMEM;
     tl_radix_node *node = NULL;
-    int L = tl_radix_match(&m->cache, r->ns, r->tokens, r->n_prompt, r->n_prompt - 1, &node);
-    if (r->p.salt != 0) { /* a salted request may also reuse shareable (operator) prefixes */
+    int L = r->pool ? tl_pool_scoped_match(r->pool, r->tokens, r->n_prompt, r->p.loops, r->p.cache_window,
+                                           r->p.salt, &node)
+                    : -1;
+    int scoped = L >= 0; /* scope "pool": only the pool's own entries */
+    if (scoped && L > r->n_prompt - 1) L = r->n_prompt - 1;
+    if (!scoped) L = tl_radix_match(&m->cache, r->ns, r->tokens, r->n_prompt, r->n_prompt - 1, &node);
+    if (r->p.salt != 0 && !scoped) { /* a salted request may also reuse shareable (operator) prefixes */
         int ns0 = tl_sched_namespace(m, r->p.loops, r->p.cache_window, 0);
         tl_radix_node *n0 = NULL;
         int L0 = ns0 >= 0 ? tl_radix_match(&m->cache, ns0, r->tokens, r->n_prompt, r->n_prompt - 1, &n0) : 0;
@@ -335,6 +340,7 @@ static int admit(tl_model *m, tl_request *r) {
     s->st.lookups++;
     /* Any failure to reuse the cache falls through to computing everything. */
     if (L > 0 && tl_radix_share(&m->cache, node, L, &r->seq->bt) == 0) {
+        tl_pool_attribute_hit(m, node, L);
         node = tl_radix_cut(&m->cache, node, L);
         tl_radix_lock(node, 1);
         r->locked = node;
@@ -344,7 +350,7 @@ static int admit(tl_model *m, tl_request *r) {
         s->st.hit_tokens += L;
         s->st.prefill_tokens_saved += L;
     }
-    if (r->pool) tl_pool_count_lookup(r->pool, r->tokens, r->n_prompt, r->p.loops, r->p.cache_window, r->n_cached);
+    if (r->pool) tl_pool_count_lookup(r->pool);
     return TL_OK;
 }
 

@@ -331,6 +331,15 @@ void tl_pool_free(tl_pool *pool);
 int tl_pool_size(const tl_pool *pool);
 int64_t tl_pool_total_cached_tokens(const tl_pool *pool);
 int tl_pool_set_policy(tl_pool *pool, int policy);
+/* What a call through the pool may reuse. SHARED (the default): the longest
+ * cached prefix anywhere in the cache (other pools' entries, earlier
+ * generations), as the radix cache is meant to share. POOL: only this
+ * pool's own entries, the longest one the prompt starts with (the seed's
+ * "only registered prefixes"; an empty pool then matches nothing).
+ * Either way a hit is counted by the pool whose entry owns the reused
+ * blocks. Can be changed at any time. */
+enum tl_pool_scope { TL_POOL_SCOPE_SHARED = 0, TL_POOL_SCOPE_POOL = 1 };
+int tl_pool_set_scope(tl_pool *pool, int scope);
 /* Cache isolation for the pool's entries: they are built in the salt's
  * namespace and only requests with the same salt match them (0 = the
  * common namespace). Set before the first register. */

@@ -176,6 +176,75 @@ static void test_failed_register_keeps_victim(void) {
     tl_model_close(m);
 }
 
+/* ---- 5. the pool's match scope and whose hit it is ------------------------------------------------- */
+
+static int n_cached_via(tl_model *m, tl_pool *pool, const int32_t *prompt, int n) {
+    tl_generate_params gp = greedy(4);
+    int64_t id;
+    if (tl_request_submit(m, prompt, n, &gp, pool, &id)) return -1;
+    while (tl_model_step(m) > 0) {
+    }
+    tl_request_info info;
+    tl_request_get_info(m, id, &info);
+    tl_request_release(m, id);
+    return info.n_cached;
+}
+
+static void test_scope_and_attribution(void) {
+    enum { N = 40, S = 10 };
+    int32_t p[N + S], out[N + S + 4];
+    fill(p, N + S, 9);
+    tl_model *m = open_blocks(0);
+    CHECK(m != NULL, "the model opens (%s)", tl_last_error());
+    if (!m) return;
+    tl_pool *a, *b, *scoped;
+    tl_pool_new(4, &a);
+    tl_pool_new(4, &b);
+    tl_pool_new(4, &scoped);
+    CHECK(tl_pool_set_scope(scoped, TL_POOL_SCOPE_POOL) == TL_OK, "set_scope(POOL) is accepted");
+    CHECK(tl_pool_set_scope(scoped, 7) == TL_ERR_INVALID_ARG &&
+              strstr(tl_last_error(), "pool scope 7 is not TL_POOL_SCOPE_SHARED (0) or _POOL (1)"),
+          "an unknown scope is refused with its value (%s)", tl_last_error());
+    tl_pool_register(m, a, p, N, 0, 0);
+
+    /* shared (default): B reuses A's entry, and the hit is A's */
+    tl_generate_with_pool(m, b, p, N + S, greedy(4), out, N + S + 4);
+    tl_pool_stats sa, sb;
+    tl_pool_get_stats(a, &sa);
+    tl_pool_get_stats(b, &sb);
+    CHECK(sb.lookups == 1 && sb.hits == 0 && sb.hit_tokens == 0,
+          "an empty shared pool counts the lookup but not A's hit (%lld lookups, %lld hits)", (long long)sb.lookups,
+          (long long)sb.hits);
+    CHECK(sa.lookups == 0 && sa.hits == 1 && sa.hit_tokens == N,
+          "the hit goes to A, whose entry owns the %d reused tokens (%lld hits, %lld tokens)", N, (long long)sa.hits,
+          (long long)sa.hit_tokens);
+
+    /* scope POOL: an empty pool matches nothing, though the prompt is cached */
+    int c = n_cached_via(m, scoped, p, N + S);
+    CHECK(c == 0, "an empty pool with scope POOL reuses nothing (%d cached tokens)", c);
+    c = n_cached_via(m, b, p, N + S);
+    CHECK(c == N + S - 1, "the same prompt through a shared pool reuses %d tokens (%d)", N + S - 1, c);
+    /* with its own entry it reuses exactly that entry, not the longer cached run */
+    tl_pool_register(m, scoped, p, 20, 0, 0);
+    c = n_cached_via(m, scoped, p, N + S);
+    CHECK(c == 20, "scope POOL reuses only its own 20-token entry (%d cached tokens)", c);
+    tl_pool_stats ss;
+    tl_pool_get_stats(scoped, &ss);
+    CHECK(ss.hits == 1 && ss.hit_tokens == 20, "... and counts that hit (%lld hits, %lld tokens)", (long long)ss.hits,
+          (long long)ss.hit_tokens);
+    int32_t x[N + S + 4], y[4];
+    tl_generate_with_pool(m, scoped, p, N + S, greedy(4), x, N + S + 4);
+    tl_generate_params gp = greedy(4);
+    gp.no_cache = 1;
+    tl_generate(m, p, N + S, gp, y, 4);
+    CHECK(!memcmp(x + N + S, y, sizeof y), "scope POOL generates what plain generation does");
+    check_invariants(m, "after the scope checks");
+    tl_pool_free(a);
+    tl_pool_free(b);
+    tl_pool_free(scoped);
+    tl_model_close(m);
+}
+
 int main(void) {
     tm_spec s = tm_default_spec();
     s.n_ctx = 512;
@@ -184,6 +253,7 @@ int main(void) {
     test_register_fits_where_generate_does();
     test_dropped_first_child_frees_its_block();
     test_failed_register_keeps_victim();
+    test_scope_and_attribution();
     remove(model_path);
     return test_summary();
 }
