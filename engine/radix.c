@@ -153,6 +153,7 @@ static void node_free(tl_radix *t, tl_radix_node *n) {
         t->cached_tokens -= n->n_tokens;
     }
     node_release_blocks(t, n);
+    free(n->logits);
     free(n->kids);
     free(n->tokens);
     free(n);

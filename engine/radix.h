@@ -49,6 +49,8 @@ struct tl_radix_node {
     int lb_first, n_lb;     /* logical blocks held: [lb_first, lb_first + n_lb) */
     int32_t *blocks;        /* (n_lb, depth) block ids */
     int lock, pin;
+    float *logits;          /* (n_vocab) after the node's last position, kept for a pinned
+                               entry so a prompt ending here needs no pass (NULL: none) */
     int shareable;          /* pins by shareable pool entries: reusable across salts */
     uint64_t last_access;   /* tree clock tick */
     uint32_t hits;

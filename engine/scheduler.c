@@ -309,8 +309,35 @@ static void complete_register(tl_model *m, tl_request *r) {
 
 /* Longest cached prefix: share its blocks and lock its path. The last
  * prompt token is always computed, so a full match still yields logits. */
+/* The node of a match of L tokens (node contains position L - 1) seen as
+ * a match of L - 1: the node containing position L - 2. */
+static tl_radix_node *one_shorter(tl_radix_node *node, int L) {
+    if (L <= 1) return NULL;
+    return node->start < L - 1 ? node : node->parent;
+}
+
+static int ensure_logits(tl_sched *s, int rows, int n_vocab);
+
+/* A prompt through a pool that ends exactly at a node keeping its last
+ * logits (a pinned entry's) computes nothing: its first token is drawn
+ * from a copy of them now and accepted once the request runs. */
+static int full_match(tl_model *m, tl_request *r, tl_radix_node *node, int L) {
+    tl_sched *s = m->sched;
+    int nv = m->hp.n_vocab;
+    if (!r->pool || r->p.max_tokens < 1 || L != r->n_prompt || !node || !node->logits ||
+        node->start + node->n_tokens != L || ensure_logits(s, 1, nv))
+        return 0;
+    memcpy(s->logits, node->logits, (size_t)nv * sizeof *s->logits); /* the sampler works in place */
+    s->smp.p = r->p.sampling;
+    s->smp.rng = r->rng;
+    r->first_tok = tl_sampler_sample(&s->smp, s->logits, r->tokens, r->n_prompt);
+    r->first_rng = s->smp.rng;
+    return 1;
+}
+
 static int admit(tl_model *m, tl_request *r) {
     tl_sched *s = m->sched;
+    r->first_tok = -1;
     int rc = tl_seq_new(m, r->p.loops, &r->seq);
     if (rc) return rc;
     r->seq->window = r->p.cache_window;
@@ -322,9 +349,10 @@ static int admit(tl_model *m, tl_request *r) {
                                            r->p.salt, &node)
                     : -1;
     int scoped = L >= 0; /* scope "pool": only the pool's own entries */
-    if (scoped && L > r->n_prompt - 1) L = r->n_prompt - 1;
-    if (!scoped) L = tl_radix_match(&m->cache, r->ns, r->tokens, r->n_prompt, r->n_prompt - 1, &node);
-    if (r->p.salt != 0 && !scoped) { /* a salted request may also reuse shareable (operator) prefixes */
+    if (!scoped) L = tl_radix_match(&m->cache, r->ns, r->tokens, r->n_prompt, r->n_prompt, &node);
+    /* Without kept logits the last prompt token is computed for them. */
+    if (L == r->n_prompt && !full_match(m, r, node, L)) node = one_shorter(node, L--);
+    if (r->p.salt != 0 && !scoped && r->first_tok < 0) { /* a salted request may also reuse shareable (operator) prefixes */
         int ns0 = tl_sched_namespace(m, r->p.loops, r->p.cache_window, 0);
         tl_radix_node *n0 = NULL;
         int L0 = ns0 >= 0 ? tl_radix_match(&m->cache, ns0, r->tokens, r->n_prompt, r->n_prompt - 1, &n0) : 0;
@@ -744,6 +772,10 @@ static void admit_queued(tl_model *m) {
         pthread_mutex_unlock(&s->mu);
         running++;
         reserved += need;
+        if (best->first_tok >= 0) { /* a full match: its first token is drawn already */
+            best->rng = best->first_rng;
+            accept_token(m, best, best->first_tok);
+        }
     }
 }
 
@@ -911,10 +943,19 @@ tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window,
                                      int tenant) {
     tl_radix_node *node = NULL;
     int L = tl_radix_match(&m->cache, ns, tokens, n, n, &node);
+    /* The entry keeps its last position's logits (a prompt equal to it then
+     * computes nothing): unless a node ending at n has them, the last token
+     * is computed. */
+    if (L == n && !(node->start + node->n_tokens == n && node->logits)) node = one_shorter(node, L--);
+    float *logits = L < n ? malloc((size_t)m->hp.n_vocab * sizeof *logits) : NULL;
     tl_seq *seq = NULL;
     tl_radix_node *locked = NULL;
     tl_radix_node *end = NULL;
-    if (tl_seq_new(m, loops, &seq)) return NULL;
+    if ((L < n && !logits) || tl_seq_new(m, loops, &seq)) {
+        free(logits);
+        tl_set_error(TL_ERR_NOMEM, "out of memory building a prefix of %d tokens", n);
+        return NULL;
+    }
     seq->window = window;
     if (L > 0 && tl_radix_share(&m->cache, node, L, &seq->bt) == 0) {
         /* Lock only the matched tokens, as admission does: the rest of a
@@ -927,12 +968,17 @@ tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window,
     while (seq->n_pos < n) {
         int chunk = n - seq->n_pos < PREFILL_BUDGET ? n - seq->n_pos : PREFILL_BUDGET;
         const int32_t *t = tokens + seq->n_pos;
-        if (tl_forward(m, &seq, &t, &chunk, 1, NULL, NULL)) goto out;
+        if (tl_forward(m, &seq, &t, &chunk, 1, seq->n_pos + chunk == n ? logits : NULL, NULL)) goto out;
         m->sched->st.prefill_tokens += chunk;
     }
     end = tl_radix_insert(&m->cache, ns, tokens, n, &seq->bt, tenant);
     if (!end) tl_set_error(TL_ERR_NOMEM, "out of memory inserting a prefix into the cache");
+    if (end && !end->logits) {
+        end->logits = logits;
+        logits = NULL;
+    }
 out:
+    free(logits);
     if (locked) tl_radix_lock(locked, -1);
     tl_seq_free(seq);
     return end;

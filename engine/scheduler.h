@@ -26,6 +26,8 @@ typedef struct tl_request {
     int reg_orphan;          /* a registration whose pool was freed: prefill and cache unpinned */
     int news;                /* tokens or a state change since the last notification */
     int64_t queued_step;     /* scheduler step it was first considered for admission (aging) */
+    int first_tok;           /* >= 0: sampled at admission from a full match's kept logits */
+    uint64_t first_rng;      /* the sampler state after that draw */
 } tl_request;
 
 /* A change asked for from a thread that must not wait for a step (a

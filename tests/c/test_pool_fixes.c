@@ -176,6 +176,62 @@ static void test_failed_register_keeps_victim(void) {
     tl_model_close(m);
 }
 
+/* ---- 4. a fully cached prompt prefills nothing ------------------------------------------------ */
+
+static int64_t prefill_tokens(const tl_model *m) {
+    tl_cache_stats st;
+    tl_model_get_stats(m, &st);
+    return st.prefill_tokens;
+}
+
+static void test_full_match_prefills_nothing(void) {
+    enum { N = 40, GEN = 8 };
+    int32_t p[N], a[GEN], b[N + GEN];
+    fill(p, N, 10);
+    tl_model *m = open_blocks(0);
+    CHECK(m != NULL, "the model opens (%s)", tl_last_error());
+    if (!m) return;
+    tl_generate_params gp = greedy(GEN);
+    gp.no_cache = 1;
+    tl_generate(m, p, N, gp, a, GEN);
+    tl_pool *pool;
+    tl_pool_new(2, &pool);
+    tl_pool_register(m, pool, p, N, 0, 0);
+    for (int k = 0; k < 2; k++) { /* twice: the first pass must not use up the kept logits */
+        int64_t p0 = prefill_tokens(m);
+        int nb = tl_generate_with_pool(m, pool, p, N, greedy(GEN), b, N + GEN);
+        CHECK(prefill_tokens(m) - p0 == 0, "a prompt equal to a registered entry prefills %lld tokens, not 1 (call %d)",
+              (long long)(prefill_tokens(m) - p0), k + 1);
+        CHECK(nb == N + GEN && !memcmp(a, b + N, sizeof a), "... and generates what plain generation does (call %d)",
+              k + 1);
+    }
+    /* registering a prefix already cached by a generation computes its last token once, then never again */
+    int32_t q[N];
+    fill(q, N, 11);
+    int32_t out[GEN];
+    tl_generate(m, q, N, greedy(GEN), out, GEN);
+    int64_t p0 = prefill_tokens(m);
+    tl_pool_register(m, pool, q, N, 0, 0);
+    int64_t reg = prefill_tokens(m) - p0;
+    p0 = prefill_tokens(m);
+    tl_generate_with_pool(m, pool, q, N, greedy(GEN), b, N + GEN);
+    CHECK(reg == 1 && prefill_tokens(m) - p0 == 0,
+          "an entry over cached tokens computes 1 token at register (%lld) and none per call (%lld)", (long long)reg,
+          (long long)(prefill_tokens(m) - p0));
+    /* with a temperature, the kept logits draw what a computed pass draws */
+    tl_generate_params t = greedy(GEN);
+    t.sampling.temperature = 0.8f;
+    t.sampling.seed = 42;
+    int32_t c[N + GEN];
+    tl_generate_with_pool(m, pool, p, N, t, b, N + GEN);
+    t.no_cache = 1;
+    tl_generate(m, p, N, t, c, GEN);
+    CHECK(!memcmp(b + N, c, GEN * sizeof *c), "a sampled generation from a full match equals the computed one (seed 42)");
+    check_invariants(m, "after full matches");
+    tl_pool_free(pool);
+    tl_model_close(m);
+}
+
 /* ---- 5. the pool's match scope and whose hit it is ------------------------------------------------- */
 
 static int n_cached_via(tl_model *m, tl_pool *pool, const int32_t *prompt, int n) {
@@ -253,6 +309,7 @@ int main(void) {
     test_register_fits_where_generate_does();
     test_dropped_first_child_frees_its_block();
     test_failed_register_keeps_victim();
+    test_full_match_prefills_nothing();
     test_scope_and_attribution();
     remove(model_path);
     return test_summary();
