@@ -352,9 +352,11 @@ int tl_pool_set_shareable(tl_pool *pool, int shareable);
 /* Tenant id charged for the pool's entries (per-tenant budgets). */
 int tl_pool_set_tenant(tl_pool *pool, int tenant);
 
-/* Prefills tokens once and pins them. Returns n_tokens (the matchable
- * length) on success, 0 on invalid arguments or failure (message in
- * tl_last_error()). */
+/* Prefills tokens once and pins them, with the logits of the last position
+ * (a prompt equal to the entry then computes nothing). A full pool drops
+ * its victim only after the new entry is built. Returns n_tokens (the
+ * matchable length) on success, 0 on invalid arguments or failure (message
+ * in tl_last_error(); the pool is unchanged). */
 int tl_pool_register(tl_model *model, tl_pool *pool, const int32_t *tokens, int n_tokens, int loops,
                      int cache_window);
 
@@ -372,6 +374,9 @@ int tl_pool_register_submit(tl_model *model, tl_pool *pool, const int32_t *token
 int tl_generate_with_pool(tl_model *model, tl_pool *pool, const int32_t *prompt, int n_prompt,
                           tl_generate_params params, int32_t *out, int cap);
 
+/* lookups: calls through this pool; hits, hit_tokens: reuses of this
+ * pool's entries (the entry's tokens reused), whatever the call went
+ * through (tl_pool_set_scope). */
 typedef struct tl_pool_stats {
     int size, capacity, policy;
     int64_t total_cached_tokens;
