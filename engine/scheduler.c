@@ -165,6 +165,7 @@ static void request_stop(tl_model *m, tl_request *r, int insert) {
 
 static void request_free(tl_model *m, tl_request *r) {
     request_stop(m, r, 0);
+    free(r->reg_logits);
     free(r->tokens);
     free(r);
 }
@@ -298,6 +299,10 @@ static void complete_register(tl_model *m, tl_request *r) {
         fail(m, r, TL_ERR_NOMEM, "out of memory inserting a prefix into the cache");
         return;
     }
+    if (!node->logits) { /* a prompt equal to the entry then computes nothing */
+        node->logits = r->reg_logits;
+        r->reg_logits = NULL;
+    }
     if (r->reg_pool) tl_pool_add_built(r->reg_pool, r->tokens, r->n_prompt, r->p.loops, r->p.cache_window, node);
     request_stop(m, r, 0);
     pthread_mutex_lock(&m->sched->mu);
@@ -416,6 +421,14 @@ static void sample_into(tl_model *m, tl_request *r, float *logits) {
     accept_token(m, r, tok);
 }
 
+/* A registration's last prompt position: its logits go with the entry
+ * (complete_register). Without memory the entry just keeps none. */
+static void keep_reg_logits(tl_model *m, tl_request *r, const float *logits) {
+    size_t bytes = (size_t)m->hp.n_vocab * sizeof *logits;
+    if (!r->reg_logits) r->reg_logits = malloc(bytes);
+    if (r->reg_logits) memcpy(r->reg_logits, logits, bytes);
+}
+
 /* The top_k a request's chain selects from (0 or > n_vocab: the vocab). */
 static int effective_top_k(const tl_request *r, int n_vocab) {
     int k = r->p.sampling.top_k;
@@ -459,7 +472,7 @@ static int device_sampling(tl_model *m, tl_request *const *rq, const int *want, 
         tl_backend_sample *d = &s->dev_smp[row];
         memset(d, 0, sizeof *d);
         int k = effective_top_k(r, nv);
-        if (p->temperature > 0 && k > max_k) {
+        if ((p->temperature > 0 && k > max_k) || r->reg_pool) { /* a registration keeps its logits */
             row++;
             continue;
         }
@@ -557,7 +570,7 @@ static int run_group(tl_model *m, int loops) {
         seqs[nb] = r->seq;
         toks[nb] = r->tokens + pos;
         ntok[nb] = n;
-        want[nb] = pos + n == total && !r->reg_pool && !r->reg_orphan;
+        want[nb] = pos + n == total && !r->reg_orphan;
         prompt_part[nb] = pos < r->n_prompt ? n : 0;
         nb++;
     }
@@ -619,6 +632,8 @@ static int run_group(tl_model *m, int loops) {
                 rq[i]->rng = s->dev_rng[row - 1];
                 accept_token(m, rq[i], tok);
             }
+        } else if (want[i] && rq[i]->reg_pool) {
+            keep_reg_logits(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
         } else if (want[i]) {
             sample_into(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
         }

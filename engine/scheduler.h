@@ -24,6 +24,7 @@ typedef struct tl_request {
     int cancel_req, release_req; /* set by any thread; acted on by the stepping thread */
     tl_pool *reg_pool;       /* a registration (tl_pool_register_submit): prefill, then pin here */
     int reg_orphan;          /* a registration whose pool was freed: prefill and cache unpinned */
+    float *reg_logits;       /* a registration's last position logits, kept with its entry */
     int news;                /* tokens or a state change since the last notification */
     int64_t queued_step;     /* scheduler step it was first considered for admission (aging) */
     int first_tok;           /* >= 0: sampled at admission from a full match's kept logits */

@@ -218,6 +218,22 @@ static void test_full_match_prefills_nothing(void) {
     CHECK(reg == 1 && prefill_tokens(m) - p0 == 0,
           "an entry over cached tokens computes 1 token at register (%lld) and none per call (%lld)", (long long)reg,
           (long long)(prefill_tokens(m) - p0));
+    /* the non-blocking register (the server's) keeps them too */
+    int32_t r[N];
+    fill(r, N, 12);
+    int64_t id;
+    int rc = tl_pool_register_submit(m, pool, r, N, 0, 0, &id);
+    while (rc == TL_OK && tl_model_step(m) > 0) {
+    }
+    tl_request_release(m, id);
+    p0 = prefill_tokens(m);
+    int nr = tl_generate_with_pool(m, pool, r, N, greedy(GEN), b, N + GEN);
+    int64_t pre = prefill_tokens(m) - p0;
+    gp.no_cache = 1;
+    tl_generate(m, r, N, gp, a, GEN);
+    CHECK(rc == TL_OK && pre == 0 && nr == N + GEN && !memcmp(a, b + N, sizeof a),
+          "an entry registered with register_submit serves its full match with no prefill (%lld) and plain's tokens",
+          (long long)pre);
     /* with a temperature, the kept logits draw what a computed pass draws */
     tl_generate_params t = greedy(GEN);
     t.sampling.temperature = 0.8f;
