@@ -53,9 +53,8 @@ int tl_pool_new(int capacity, tl_pool **out) {
 static void drop_entry(tl_pool *p, int i) {
     pool_entry *e = &p->e[i];
     if (e->node && p->model) {
-        e->node->pin--;
         e->node->shareable -= p->shareable;
-        tl_radix_prune(&p->model->cache, e->node);
+        tl_radix_unpin(&p->model->cache, e->node);
     }
     free(e->tokens);
     p->e[i] = p->e[--p->n];

@@ -664,6 +664,15 @@ void tl_radix_prune(tl_radix *t, tl_radix_node *n) {
     }
 }
 
+void tl_radix_unpin(tl_radix *t, tl_radix_node *n) {
+    assert(n->pin > 0);
+    if (--n->pin == 0) {
+        free(n->logits);
+        n->logits = NULL;
+    }
+    tl_radix_prune(t, n);
+}
+
 static void walk(tl_radix_node *n, const tl_radix_ns *ns, void (*fn)(const tl_radix_node *, const tl_radix_ns *, void *),
                  void *ud) {
     if (n->parent) fn(n, ns, ud);

@@ -161,6 +161,10 @@ int tl_radix_evict(tl_radix *t, int blocks_needed);
  * a pool drops an entry: its KV is released unless something else holds it). */
 void tl_radix_prune(tl_radix *t, tl_radix_node *node);
 
+/* Drops one pin of node; with the last, its kept logits go and the chain
+ * of leaves ending at it is pruned. */
+void tl_radix_unpin(tl_radix *t, tl_radix_node *node);
+
 /* Checks the namespace and tenant tables against the tree (tests): each
  * namespace's node count, no empty unheld namespace, every key found by
  * its hash, each tenant's usage equal to its nodes' blocks, no empty
