@@ -312,8 +312,6 @@ static void complete_register(tl_model *m, tl_request *r) {
     pthread_mutex_unlock(&m->sched->mu);
 }
 
-/* Longest cached prefix: share its blocks and lock its path. The last
- * prompt token is always computed, so a full match still yields logits. */
 /* The node of a match of L tokens (node contains position L - 1) seen as
  * a match of L - 1: the node containing position L - 2. */
 static tl_radix_node *one_shorter(tl_radix_node *node, int L) {
@@ -340,6 +338,9 @@ static int full_match(tl_model *m, tl_request *r, tl_radix_node *node, int L) {
     return 1;
 }
 
+/* Longest cached prefix: share its blocks and lock its path. The last
+ * prompt token is computed for its logits unless a full match through a
+ * pool finds them kept (full_match). */
 static int admit(tl_model *m, tl_request *r) {
     tl_sched *s = m->sched;
     r->first_tok = -1;
@@ -357,7 +358,8 @@ static int admit(tl_model *m, tl_request *r) {
     if (!scoped) L = tl_radix_match(&m->cache, r->ns, r->tokens, r->n_prompt, r->n_prompt, &node);
     /* Without kept logits the last prompt token is computed for them. */
     if (L == r->n_prompt && !full_match(m, r, node, L)) node = one_shorter(node, L--);
-    if (r->p.salt != 0 && !scoped && r->first_tok < 0) { /* a salted request may also reuse shareable (operator) prefixes */
+    /* a salted request may also reuse shareable (operator) prefixes */
+    if (r->p.salt != 0 && !scoped && r->first_tok < 0) {
         int ns0 = tl_sched_namespace(m, r->p.loops, r->p.cache_window, 0);
         tl_radix_node *n0 = NULL;
         int L0 = ns0 >= 0 ? tl_radix_match(&m->cache, ns0, r->tokens, r->n_prompt, r->n_prompt - 1, &n0) : 0;
@@ -383,6 +385,7 @@ static int admit(tl_model *m, tl_request *r) {
         s->st.hit_tokens += L;
         s->st.prefill_tokens_saved += L;
     }
+    if (r->n_cached < r->n_prompt) r->first_tok = -1; /* the share failed: compute it all */
     if (r->pool) tl_pool_count_lookup(r->pool);
     return TL_OK;
 }
