@@ -491,18 +491,6 @@ static void remove_leaf(tl_radix *t, tl_radix_node *n) {
     ns_maybe_free(t, ns);
 }
 
-static void merge_into_child(tl_radix *t, tl_radix_node *u);
-
-/* Evicts leaf n; a branch point it leaves with one child joins it. */
-static void evict_leaf(tl_radix *t, tl_radix_node *n) {
-    tl_radix_node *p = n->parent;
-    int below_root = p->parent != NULL; /* a root may go with its namespace */
-    t->evictions++;
-    t->evicted_tokens += n->n_tokens;
-    remove_leaf(t, n);
-    if (below_root && p->n_kids == 1) merge_into_child(t, p);
-}
-
 static int over_budget(const tl_radix *t, int tenant) {
     const tl_radix_tenant *e = tenant_find(t, tenant);
     return e && e->budget > 0 && e->usage > e->budget;
@@ -568,7 +556,9 @@ int tl_radix_evict(tl_radix *t, int need) {
             tl_radix_node *victim = c.v[best];
             c.v[best] = c.v[--c.n];
             c.s[best] = c.s[c.n];
-            evict_leaf(t, victim); /* a joined parent was no leaf: not in c */
+            t->evictions++;
+            t->evicted_tokens += victim->n_tokens;
+            remove_leaf(t, victim);
         }
         free(c.v);
         free(c.s);
@@ -606,7 +596,9 @@ void tl_radix_enforce_budget(tl_radix *t, int tenant) {
         for (int i = 0; i < t->n_ns; i++)
             if (t->ns[i].root) collect_tenant(t->ns[i].root, tenant, &victim);
         if (!victim) return;
-        evict_leaf(t, victim);
+        t->evictions++;
+        t->evicted_tokens += victim->n_tokens;
+        remove_leaf(t, victim);
     }
 }
 
