@@ -136,6 +136,7 @@ static int prefill(tl_model *m, const int32_t *prompt, int n_prompt, const tl_ge
         m->sched->st.lookups++;
         /* our references keep the shared blocks alive; no lock needed */
         if (L > 0 && tl_radix_share(&m->cache, node, L, &seq->bt) == 0) {
+            tl_pool_attribute_hit(m, node, L); /* the pool whose entry owns the blocks */
             seq->n_pos = L;
             *n_cached = L;
             m->sched->st.hits++;
@@ -219,8 +220,7 @@ int tl_generate_beam(tl_model *m, tl_pool *pool, const int32_t *prompt, int n_pr
     n_cur = 1;
     if (pool) {
         tl_sched_compute_lock(m);
-        tl_pool_count_lookup(pool, prompt, n_prompt, tl_model_effective_loops(m, gp.loops), gp.cache_window,
-                             n_cached);
+        tl_pool_count_lookup(pool);
         tl_sched_compute_unlock(m);
     }
 

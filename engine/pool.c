@@ -24,6 +24,7 @@ typedef struct pool_entry {
 struct tl_pool {
     pthread_mutex_t mu;
     int capacity, policy;
+    int scope;             /* TL_POOL_SCOPE_SHARED or _POOL */
     uint64_t salt;         /* namespace of the entries */
     int shareable, tenant;
     tl_model *model;       /* bound on first register */
@@ -52,9 +53,8 @@ int tl_pool_new(int capacity, tl_pool **out) {
 static void drop_entry(tl_pool *p, int i) {
     pool_entry *e = &p->e[i];
     if (e->node && p->model) {
-        e->node->pin--;
         e->node->shareable -= p->shareable;
-        tl_radix_prune(&p->model->cache, e->node);
+        tl_radix_unpin(&p->model->cache, e->node);
     }
     free(e->tokens);
     p->e[i] = p->e[--p->n];
@@ -145,6 +145,16 @@ int tl_pool_set_policy(tl_pool *p, int policy) {
     return TL_OK;
 }
 
+int tl_pool_set_scope(tl_pool *p, int scope) {
+    if (!p) return tl_set_error(TL_ERR_INVALID_ARG, "pool must not be NULL");
+    if (scope != TL_POOL_SCOPE_SHARED && scope != TL_POOL_SCOPE_POOL)
+        return tl_set_error(TL_ERR_INVALID_ARG, "pool scope %d is not TL_POOL_SCOPE_SHARED (0) or _POOL (1)", scope);
+    pthread_mutex_lock(&p->mu);
+    p->scope = scope;
+    pthread_mutex_unlock(&p->mu);
+    return TL_OK;
+}
+
 static int before_first_register(const tl_pool *p, const char *what) {
     if (!p) return tl_set_error(TL_ERR_INVALID_ARG, "pool must not be NULL");
     if (p->n) return tl_set_error(TL_ERR_STATE, "set the pool's %s before registering entries (it has %d)", what, p->n);
@@ -182,22 +192,60 @@ int tl_pool_get_stats(const tl_pool *p, tl_pool_stats *o) {
     return TL_OK;
 }
 
-void tl_pool_count_lookup(tl_pool *p, const int32_t *prompt, int n, int loops, int window, int matched) {
-    /* Entries the prompt starts with were used now (the LRU policy). */
+void tl_pool_count_lookup(tl_pool *p) {
     pthread_mutex_lock(&p->mu);
-    for (int i = 0; i < p->n; i++) {
-        const pool_entry *e = &p->e[i];
-        if (e->n <= n && e->loops == loops && e->window == window && !memcmp(e->tokens, prompt, (size_t)e->n * 4)) {
-            p->e[i].last_use = ++p->clock;
-            p->e[i].hits++;
-        }
-    }
     p->st.lookups++;
-    if (matched > 0) {
-        p->st.hits++;
-        p->st.hit_tokens += matched;
-    }
     pthread_mutex_unlock(&p->mu);
+}
+
+void tl_pool_attribute_hit(tl_model *m, const tl_radix_node *node, int matched) {
+    /* The pool entries pinning a node on the matched path own the reused
+     * blocks, whichever pool (or none) the request came through. */
+    enum { MAX_PINNED = 32 };
+    const tl_radix_node *pinned[MAX_PINNED];
+    int n_pinned = 0;
+    for (const tl_radix_node *x = node; x && x->parent && n_pinned < MAX_PINNED; x = x->parent)
+        if (x->pin > 0) pinned[n_pinned++] = x;
+    if (!n_pinned) return;
+    tl_sched *s = m->sched;
+    pthread_mutex_lock(&s->mu); /* the pool list; lock order: s->mu, then a pool's mu */
+    for (int k = 0; k < s->n_pools; k++) {
+        tl_pool *p = s->pools[k];
+        int served = 0;
+        pthread_mutex_lock(&p->mu);
+        for (int i = 0; i < p->n; i++)
+            for (int j = 0; j < n_pinned; j++)
+                if (p->e[i].node == pinned[j]) {
+                    p->e[i].last_use = ++p->clock;
+                    p->e[i].hits++;
+                    int tok = p->e[i].n < matched ? p->e[i].n : matched;
+                    if (tok > served) served = tok;
+                }
+        if (served) {
+            p->st.hits++;
+            p->st.hit_tokens += served;
+        }
+        pthread_mutex_unlock(&p->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+int tl_pool_scoped_match(tl_pool *p, const int32_t *prompt, int n, int loops, int window, uint64_t salt,
+                         tl_radix_node **node) {
+    pthread_mutex_lock(&p->mu);
+    int scoped = p->scope == TL_POOL_SCOPE_POOL, best = -1;
+    /* only entries of the request's namespace (or shareable ones) */
+    if (scoped && (p->shareable || p->salt == salt))
+        for (int i = 0; i < p->n; i++) {
+            const pool_entry *e = &p->e[i];
+            if (e->node && e->n <= n && e->loops == loops && e->window == window &&
+                !memcmp(e->tokens, prompt, (size_t)e->n * 4) && (best < 0 || e->n > p->e[best].n))
+                best = i;
+        }
+    *node = best >= 0 ? p->e[best].node : NULL;
+    int len = best >= 0 ? p->e[best].n : 0;
+    pthread_mutex_unlock(&p->mu);
+    return scoped ? len : -1;
 }
 
 static int find_entry(const tl_pool *p, const int32_t *tokens, int n, int loops, int window) {
@@ -253,13 +301,9 @@ int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int 
     int ns = tl_sched_namespace(m, eff, window, salt);
     tl_radix_node *node = NULL;
     if (ns >= 0) {
-        /* The seed drops the victim first, so the new entry can use its memory. */
-        pthread_mutex_lock(&p->mu);
-        if (p->n == p->capacity) {
-            p->st.evictions++;
-            drop_entry(p, victim(p));
-        }
-        pthread_mutex_unlock(&p->mu);
+        /* Build first: the victim is dropped (tl_pool_add_built) only once
+         * the new entry exists, so a failed register leaves the pool as it
+         * was. The victim's KV is not available to the build. */
         node = tl_sched_cache_prefix(m, ns, eff, window, tokens, n, tenant);
         if (node && tl_pool_add_built(p, tokens, n, eff, window, node) < 0) node = NULL;
         tl_radix_namespace_release(&m->cache, ns);

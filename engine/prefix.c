@@ -40,10 +40,7 @@ void tl_prefix_free(tl_prefix *h) {
     if (!h) return;
     tl_model *m = h->model;
     tl_sched_compute_lock(m);
-    if (h->node) {
-        h->node->pin--;
-        tl_radix_prune(&m->cache, h->node);
-    }
+    if (h->node) tl_radix_unpin(&m->cache, h->node);
     for (int i = 0; h->blocks && i < h->n_lb * h->prelude; i++) tl_kv_unref(&m->kv, h->blocks[i]);
     tl_sched_compute_unlock(m);
     free(h->blocks);

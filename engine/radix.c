@@ -153,6 +153,7 @@ static void node_free(tl_radix *t, tl_radix_node *n) {
         t->cached_tokens -= n->n_tokens;
     }
     node_release_blocks(t, n);
+    free(n->logits);
     free(n->kids);
     free(n->tokens);
     free(n);
@@ -601,14 +602,75 @@ void tl_radix_enforce_budget(tl_radix *t, int tenant) {
     }
 }
 
+/* Joins u to its only child c when nothing refers to u itself (no pin, no
+ * lock ending at u): the reverse of a split. Where the two sequences wrote
+ * different copies of the block straddling their boundary, u's copy serves
+ * only matches ending inside u; c's copy is valid for those positions too
+ * (radix.h), so the join drops u's and frees one block per virtual layer.
+ * c keeps its identity (pool entries and handles point at it). */
+static void merge_into_child(tl_radix *t, tl_radix_node *u) {
+    if (!u->parent || u->n_kids != 1 || u->pin != 0) return;
+    tl_radix_node *c = NULL;
+    for (int i = 0; i < u->cap_kids && !c; i++) c = u->kids[i];
+    if (u->lock != c->lock) return; /* a request's lock ends at u */
+    int depth = ns_depth(t, u->ns);
+    int keep = c->lb_first - u->lb_first; /* u's blocks before c's first */
+    int n_lb = keep + c->n_lb, n_tok = u->n_tokens + c->n_tokens;
+    int32_t *blocks = malloc((size_t)n_lb * (size_t)depth * sizeof *blocks);
+    int32_t *tokens = malloc((size_t)n_tok * sizeof *tokens);
+    if (!blocks || !tokens) { /* the tree stays valid unmerged */
+        free(blocks);
+        free(tokens);
+        return;
+    }
+    memcpy(blocks, u->blocks, (size_t)keep * (size_t)depth * sizeof *blocks);
+    memcpy(blocks + keep * depth, c->blocks, (size_t)c->n_lb * (size_t)depth * sizeof *blocks);
+    memcpy(tokens, u->tokens, (size_t)u->n_tokens * sizeof *tokens);
+    memcpy(tokens + u->n_tokens, c->tokens, (size_t)c->n_tokens * sizeof *tokens);
+    /* u's blocks from c's first on are dropped; the ones kept move to c's tenant */
+    for (int j = keep * depth; j < u->n_lb * depth; j++) tl_kv_unref(t->kv, u->blocks[j]);
+    charge(t, u, -u->n_lb * depth);
+    charge(t, c, keep * depth);
+    free(u->blocks);
+    u->blocks = NULL;
+    u->n_lb = 0;
+    free(c->blocks);
+    free(c->tokens);
+    c->blocks = blocks;
+    c->tokens = tokens;
+    c->n_lb = n_lb;
+    c->lb_first = u->lb_first;
+    c->start = u->start;
+    c->n_tokens = n_tok;
+    if (u->last_access > c->last_access) c->last_access = u->last_access;
+    c->parent = u->parent;
+    kid_replace(u->parent, u, c); /* same first token */
+    u->n_kids = 0;
+    t->cached_tokens += u->n_tokens; /* node_free subtracts them; c holds them now */
+    node_free(t, u);
+}
+
 void tl_radix_prune(tl_radix *t, tl_radix_node *n) {
     while (n && n->parent && n->n_kids == 0 && n->lock == 0 && n->pin == 0) {
         tl_radix_node *p = n->parent;
         int at_root = p->parent == NULL; /* the root is freed with its namespace after its last node */
         remove_leaf(t, n);
         if (at_root) break;
+        if (p->n_kids) { /* a branch point left with one child: join them */
+            merge_into_child(t, p);
+            break;
+        }
         n = p;
     }
+}
+
+void tl_radix_unpin(tl_radix *t, tl_radix_node *n) {
+    assert(n->pin > 0);
+    if (--n->pin == 0) {
+        free(n->logits);
+        n->logits = NULL;
+    }
+    tl_radix_prune(t, n);
 }
 
 static void walk(tl_radix_node *n, const tl_radix_ns *ns, void (*fn)(const tl_radix_node *, const tl_radix_ns *, void *),

@@ -49,6 +49,8 @@ struct tl_radix_node {
     int lb_first, n_lb;     /* logical blocks held: [lb_first, lb_first + n_lb) */
     int32_t *blocks;        /* (n_lb, depth) block ids */
     int lock, pin;
+    float *logits;          /* (n_vocab) after the node's last position, kept for a pinned
+                               entry so a prompt ending here needs no pass (NULL: none) */
     int shareable;          /* pins by shareable pool entries: reusable across salts */
     uint64_t last_access;   /* tree clock tick */
     uint32_t hits;
@@ -158,6 +160,10 @@ int tl_radix_evict(tl_radix *t, int blocks_needed);
 /* Removes the chain of unlocked, unpinned leaves ending at node (used when
  * a pool drops an entry: its KV is released unless something else holds it). */
 void tl_radix_prune(tl_radix *t, tl_radix_node *node);
+
+/* Drops one pin of node; with the last, its kept logits go and the chain
+ * of leaves ending at it is pruned. */
+void tl_radix_unpin(tl_radix *t, tl_radix_node *node);
 
 /* Checks the namespace and tenant tables against the tree (tests): each
  * namespace's node count, no empty unheld namespace, every key found by

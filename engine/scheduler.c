@@ -165,6 +165,7 @@ static void request_stop(tl_model *m, tl_request *r, int insert) {
 
 static void request_free(tl_model *m, tl_request *r) {
     request_stop(m, r, 0);
+    free(r->reg_logits);
     free(r->tokens);
     free(r);
 }
@@ -298,6 +299,10 @@ static void complete_register(tl_model *m, tl_request *r) {
         fail(m, r, TL_ERR_NOMEM, "out of memory inserting a prefix into the cache");
         return;
     }
+    if (!node->logits) { /* a prompt equal to the entry then computes nothing */
+        node->logits = r->reg_logits;
+        r->reg_logits = NULL;
+    }
     if (r->reg_pool) tl_pool_add_built(r->reg_pool, r->tokens, r->n_prompt, r->p.loops, r->p.cache_window, node);
     request_stop(m, r, 0);
     pthread_mutex_lock(&m->sched->mu);
@@ -307,10 +312,38 @@ static void complete_register(tl_model *m, tl_request *r) {
     pthread_mutex_unlock(&m->sched->mu);
 }
 
+/* The node of a match of L tokens (node contains position L - 1) seen as
+ * a match of L - 1: the node containing position L - 2. */
+static tl_radix_node *one_shorter(tl_radix_node *node, int L) {
+    if (L <= 1) return NULL;
+    return node->start < L - 1 ? node : node->parent;
+}
+
+static int ensure_logits(tl_sched *s, int rows, int n_vocab);
+
+/* A prompt through a pool that ends exactly at a node keeping its last
+ * logits (a pinned entry's) computes nothing: its first token is drawn
+ * from a copy of them now and accepted once the request runs. */
+static int full_match(tl_model *m, tl_request *r, tl_radix_node *node, int L) {
+    tl_sched *s = m->sched;
+    int nv = m->hp.n_vocab;
+    if (!r->pool || r->p.max_tokens < 1 || L != r->n_prompt || !node || !node->logits ||
+        node->start + node->n_tokens != L || ensure_logits(s, 1, nv))
+        return 0;
+    memcpy(s->logits, node->logits, (size_t)nv * sizeof *s->logits); /* the sampler works in place */
+    s->smp.p = r->p.sampling;
+    s->smp.rng = r->rng;
+    r->first_tok = tl_sampler_sample(&s->smp, s->logits, r->tokens, r->n_prompt);
+    r->first_rng = s->smp.rng;
+    return 1;
+}
+
 /* Longest cached prefix: share its blocks and lock its path. The last
- * prompt token is always computed, so a full match still yields logits. */
+ * prompt token is computed for its logits unless a full match through a
+ * pool finds them kept (full_match). */
 static int admit(tl_model *m, tl_request *r) {
     tl_sched *s = m->sched;
+    r->first_tok = -1;
     int rc = tl_seq_new(m, r->p.loops, &r->seq);
     if (rc) return rc;
     r->seq->window = r->p.cache_window;
@@ -318,8 +351,15 @@ static int admit(tl_model *m, tl_request *r) {
     r->ns = tl_sched_namespace(m, r->p.loops, r->p.cache_window, r->p.salt);
     if (r->ns < 0) return TL_ERR_NOMEM;
     tl_radix_node *node = NULL;
-    int L = tl_radix_match(&m->cache, r->ns, r->tokens, r->n_prompt, r->n_prompt - 1, &node);
-    if (r->p.salt != 0) { /* a salted request may also reuse shareable (operator) prefixes */
+    int L = r->pool ? tl_pool_scoped_match(r->pool, r->tokens, r->n_prompt, r->p.loops, r->p.cache_window,
+                                           r->p.salt, &node)
+                    : -1;
+    int scoped = L >= 0; /* scope "pool": only the pool's own entries */
+    if (!scoped) L = tl_radix_match(&m->cache, r->ns, r->tokens, r->n_prompt, r->n_prompt, &node);
+    /* Without kept logits the last prompt token is computed for them. */
+    if (L == r->n_prompt && !full_match(m, r, node, L)) node = one_shorter(node, L--);
+    /* a salted request may also reuse shareable (operator) prefixes */
+    if (r->p.salt != 0 && !scoped && r->first_tok < 0) {
         int ns0 = tl_sched_namespace(m, r->p.loops, r->p.cache_window, 0);
         tl_radix_node *n0 = NULL;
         int L0 = ns0 >= 0 ? tl_radix_match(&m->cache, ns0, r->tokens, r->n_prompt, r->n_prompt - 1, &n0) : 0;
@@ -335,6 +375,7 @@ static int admit(tl_model *m, tl_request *r) {
     s->st.lookups++;
     /* Any failure to reuse the cache falls through to computing everything. */
     if (L > 0 && tl_radix_share(&m->cache, node, L, &r->seq->bt) == 0) {
+        tl_pool_attribute_hit(m, node, L);
         node = tl_radix_cut(&m->cache, node, L);
         tl_radix_lock(node, 1);
         r->locked = node;
@@ -344,7 +385,8 @@ static int admit(tl_model *m, tl_request *r) {
         s->st.hit_tokens += L;
         s->st.prefill_tokens_saved += L;
     }
-    if (r->pool) tl_pool_count_lookup(r->pool, r->tokens, r->n_prompt, r->p.loops, r->p.cache_window, r->n_cached);
+    if (r->n_cached < r->n_prompt) r->first_tok = -1; /* the share failed: compute it all */
+    if (r->pool) tl_pool_count_lookup(r->pool);
     return TL_OK;
 }
 
@@ -380,6 +422,14 @@ static void sample_into(tl_model *m, tl_request *r, float *logits) {
     int tok = tl_sampler_sample(&s->smp, logits, r->tokens, r->n_prompt + r->n_gen);
     r->rng = s->smp.rng;
     accept_token(m, r, tok);
+}
+
+/* A registration's last prompt position: its logits go with the entry
+ * (complete_register). Without memory the entry just keeps none. */
+static void keep_reg_logits(tl_model *m, tl_request *r, const float *logits) {
+    size_t bytes = (size_t)m->hp.n_vocab * sizeof *logits;
+    if (!r->reg_logits) r->reg_logits = malloc(bytes);
+    if (r->reg_logits) memcpy(r->reg_logits, logits, bytes);
 }
 
 /* The top_k a request's chain selects from (0 or > n_vocab: the vocab). */
@@ -425,7 +475,7 @@ static int device_sampling(tl_model *m, tl_request *const *rq, const int *want, 
         tl_backend_sample *d = &s->dev_smp[row];
         memset(d, 0, sizeof *d);
         int k = effective_top_k(r, nv);
-        if (p->temperature > 0 && k > max_k) {
+        if ((p->temperature > 0 && k > max_k) || r->reg_pool) { /* a registration keeps its logits */
             row++;
             continue;
         }
@@ -523,7 +573,7 @@ static int run_group(tl_model *m, int loops) {
         seqs[nb] = r->seq;
         toks[nb] = r->tokens + pos;
         ntok[nb] = n;
-        want[nb] = pos + n == total && !r->reg_pool && !r->reg_orphan;
+        want[nb] = pos + n == total && !r->reg_orphan;
         prompt_part[nb] = pos < r->n_prompt ? n : 0;
         nb++;
     }
@@ -585,6 +635,8 @@ static int run_group(tl_model *m, int loops) {
                 rq[i]->rng = s->dev_rng[row - 1];
                 accept_token(m, rq[i], tok);
             }
+        } else if (want[i] && rq[i]->reg_pool) {
+            keep_reg_logits(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
         } else if (want[i]) {
             sample_into(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
         }
@@ -738,6 +790,10 @@ static void admit_queued(tl_model *m) {
         pthread_mutex_unlock(&s->mu);
         running++;
         reserved += need;
+        if (best->first_tok >= 0) { /* a full match: its first token is drawn already */
+            best->rng = best->first_rng;
+            accept_token(m, best, best->first_tok);
+        }
     }
 }
 
@@ -905,12 +961,24 @@ tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window,
                                      int tenant) {
     tl_radix_node *node = NULL;
     int L = tl_radix_match(&m->cache, ns, tokens, n, n, &node);
+    /* The entry keeps its last position's logits (a prompt equal to it then
+     * computes nothing): unless a node ending at n has them, the last token
+     * is computed. */
+    if (L == n && !(node->start + node->n_tokens == n && node->logits)) node = one_shorter(node, L--);
+    float *logits = L < n ? malloc((size_t)m->hp.n_vocab * sizeof *logits) : NULL;
     tl_seq *seq = NULL;
     tl_radix_node *locked = NULL;
     tl_radix_node *end = NULL;
-    if (tl_seq_new(m, loops, &seq)) return NULL;
+    if ((L < n && !logits) || tl_seq_new(m, loops, &seq)) {
+        free(logits);
+        tl_set_error(TL_ERR_NOMEM, "out of memory building a prefix of %d tokens", n);
+        return NULL;
+    }
     seq->window = window;
     if (L > 0 && tl_radix_share(&m->cache, node, L, &seq->bt) == 0) {
+        /* Lock only the matched tokens, as admission does: the rest of a
+         * longer cached node stays evictable for this prefill. */
+        node = tl_radix_cut(&m->cache, node, L);
         tl_radix_lock(node, 1);
         locked = node;
         seq->n_pos = L;
@@ -918,12 +986,17 @@ tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window,
     while (seq->n_pos < n) {
         int chunk = n - seq->n_pos < PREFILL_BUDGET ? n - seq->n_pos : PREFILL_BUDGET;
         const int32_t *t = tokens + seq->n_pos;
-        if (tl_forward(m, &seq, &t, &chunk, 1, NULL, NULL)) goto out;
+        if (tl_forward(m, &seq, &t, &chunk, 1, seq->n_pos + chunk == n ? logits : NULL, NULL)) goto out;
         m->sched->st.prefill_tokens += chunk;
     }
     end = tl_radix_insert(&m->cache, ns, tokens, n, &seq->bt, tenant);
     if (!end) tl_set_error(TL_ERR_NOMEM, "out of memory inserting a prefix into the cache");
+    if (end && !end->logits) {
+        end->logits = logits;
+        logits = NULL;
+    }
 out:
+    free(logits);
     if (locked) tl_radix_lock(locked, -1);
     tl_seq_free(seq);
     return end;

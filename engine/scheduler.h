@@ -24,8 +24,11 @@ typedef struct tl_request {
     int cancel_req, release_req; /* set by any thread; acted on by the stepping thread */
     tl_pool *reg_pool;       /* a registration (tl_pool_register_submit): prefill, then pin here */
     int reg_orphan;          /* a registration whose pool was freed: prefill and cache unpinned */
+    float *reg_logits;       /* a registration's last position logits, kept with its entry */
     int news;                /* tokens or a state change since the last notification */
     int64_t queued_step;     /* scheduler step it was first considered for admission (aging) */
+    int first_tok;           /* >= 0: sampled at admission from a full match's kept logits */
+    uint64_t first_rng;      /* the sampler state after that draw */
 } tl_request;
 
 /* A change asked for from a thread that must not wait for a step (a
@@ -141,9 +144,19 @@ void tl_pool_key(const tl_pool *pool, uint64_t *salt, int *tenant);
 int tl_pool_add_built(tl_pool *pool, const int32_t *tokens, int n, int loops, int window, tl_radix_node *node);
 /* pool.c: called by the model on close. */
 void tl_pool_detach_model(tl_pool *pool);
-/* pool.c: counts a lookup against the pool and touches the entries the
- * prompt starts with (LRU). Runs in the stepping thread. */
-void tl_pool_count_lookup(tl_pool *pool, const int32_t *prompt, int n, int loops, int window, int matched);
+/* pool.c: counts a lookup made through the pool. */
+void tl_pool_count_lookup(tl_pool *pool);
+/* pool.c: a request reused `matched` tokens along the path ending at node:
+ * the entries (of any pool bound to m) pinning a node on that path are
+ * used now (LRU, hits) and their pools count the hit. Runs in the
+ * stepping thread. */
+void tl_pool_attribute_hit(tl_model *m, const tl_radix_node *node, int matched);
+/* pool.c: with scope TL_POOL_SCOPE_POOL, the length of the longest entry of
+ * the pool that the prompt starts with in the request's namespace (0: none)
+ * and its node in *node; -1 when the pool's scope is shared (match the
+ * whole cache). */
+int tl_pool_scoped_match(tl_pool *pool, const int32_t *prompt, int n, int loops, int window, uint64_t salt,
+                         tl_radix_node **node);
 
 /* Checks the KV / cache invariants (tests): every block's refcount equals
  * its holders (tree nodes, running sequences, extra holders in `extra`

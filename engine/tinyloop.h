@@ -332,6 +332,15 @@ void tl_pool_free(tl_pool *pool);
 int tl_pool_size(const tl_pool *pool);
 int64_t tl_pool_total_cached_tokens(const tl_pool *pool);
 int tl_pool_set_policy(tl_pool *pool, int policy);
+/* What a call through the pool may reuse. SHARED (the default): the longest
+ * cached prefix anywhere in the cache (other pools' entries, earlier
+ * generations), as the radix cache is meant to share. POOL: only this
+ * pool's own entries, the longest one the prompt starts with (the seed's
+ * "only registered prefixes"; an empty pool then matches nothing).
+ * Either way a hit is counted by the pool whose entry owns the reused
+ * blocks. Can be changed at any time. */
+enum tl_pool_scope { TL_POOL_SCOPE_SHARED = 0, TL_POOL_SCOPE_POOL = 1 };
+int tl_pool_set_scope(tl_pool *pool, int scope);
 /* Cache isolation for the pool's entries: they are built in the salt's
  * namespace and only requests with the same salt match them (0 = the
  * common namespace). Set before the first register. */
@@ -344,10 +353,13 @@ int tl_pool_set_shareable(tl_pool *pool, int shareable);
 /* Tenant id charged for the pool's entries (per-tenant budgets). */
 int tl_pool_set_tenant(tl_pool *pool, int tenant);
 
-/* Prefills tokens once and pins them. Returns n_tokens (the matchable
- * length) on success, a TL_ERR_* code on failure like every other call
- * (TL_ERR_INVALID_ARG / TL_ERR_TOO_LONG for bad arguments, TL_ERR_KV_FULL
- * when the prefix cannot fit; message in tl_last_error()). */
+/* Prefills tokens once and pins them, with the logits of the last position
+ * (a prompt equal to the entry then computes nothing). A full pool drops
+ * its victim only after the new entry is built. Returns n_tokens (the
+ * matchable length) on success, a TL_ERR_* code on failure like every other
+ * call (TL_ERR_INVALID_ARG / TL_ERR_TOO_LONG for bad arguments,
+ * TL_ERR_KV_FULL when the prefix cannot fit; message in tl_last_error(); the
+ * pool is unchanged). */
 int tl_pool_register(tl_model *model, tl_pool *pool, const int32_t *tokens, int n_tokens, int loops,
                      int cache_window);
 
@@ -365,6 +377,9 @@ int tl_pool_register_submit(tl_model *model, tl_pool *pool, const int32_t *token
 int tl_generate_with_pool(tl_model *model, tl_pool *pool, const int32_t *prompt, int n_prompt,
                           tl_generate_params params, int32_t *out, int cap);
 
+/* lookups: calls through this pool; hits, hit_tokens: reuses of this
+ * pool's entries (the entry's tokens reused), whatever the call went
+ * through (tl_pool_set_scope). */
 typedef struct tl_pool_stats {
     int size, capacity, policy;
     int64_t total_cached_tokens;

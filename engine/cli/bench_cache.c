@@ -72,16 +72,18 @@ static double chat(tl_model *m, int no_cache, int sys_len, int turns, int user_l
             fill(hist[c] + len[c], user_len, nv, (uint32_t)(c * 131 + t));
             len[c] += user_len;
             int got = tl_generate(m, hist[c], len[c], gp, hist[c] + len[c], reply_len);
-            if (got < 0) {
-                fprintf(stderr, "bench cache: %s\n", tl_last_error());
-                got = 0;
+            if (got < 0) { /* a ratio from partial runs would mislead: stop with the reason */
+                fprintf(stderr, "bench cache: multi-turn chat: %s\n", tl_last_error());
+                tokens = -1;
+                goto out;
             }
             len[c] += got;
             tokens += got;
         }
+out:;
     double dt = tl_now() - t0;
     for (int c = 0; c < CONV; c++) free(hist[c]);
-    return tokens / dt;
+    return tokens < 0 ? -1 : tokens / dt;
 }
 
 /* Blocks held by n requests on prefix + 8 distinct tokens, once all have
@@ -184,12 +186,28 @@ int tl_cli_bench_cache(int n_models, const char *const *models, tl_model_params 
         }
         tl_model_info info;
         tl_model_get_info(m, &info);
+        /* Every prompt is sized to the model: the TTFT prompt and the
+         * memory bench's prefix + 8 + 4 fit in max_seq_len - 64 + 32 + 1,
+         * and the chat runs as many turns (up to 6) as its history fits. */
         int prefix = info.max_seq_len >= 2048 ? 1536 : info.max_seq_len - 64;
+        int sys_len = info.max_seq_len >= 2048 ? 256 : info.max_seq_len / 4, user = 16, reply = 16;
+        int turns = (info.max_seq_len - sys_len) / (user + reply);
+        if (turns > 6) turns = 6;
+        if (prefix < 32 || turns < 1) {
+            fprintf(stderr, "bench cache: max_seq_len %d of %s is too short for the bench (it needs at least 96)\n",
+                    info.max_seq_len, models[i]);
+            tl_model_close(m);
+            return 1;
+        }
         const char *name = strrchr(models[i], '/') ? strrchr(models[i], '/') + 1 : models[i];
         printf("%s (max_seq_len %d, %d threads)\n", name, info.max_seq_len, info.n_threads);
         bench_ttft(m, prefix, 32);
-        int sys_len = info.max_seq_len >= 2048 ? 256 : 64, turns = 6, user = 16, reply = 16;
-        double cold = chat(m, 1, sys_len, turns, user, reply), warm = chat(m, 0, sys_len, turns, user, reply);
+        double cold = chat(m, 1, sys_len, turns, user, reply);
+        double warm = cold < 0 ? -1 : chat(m, 0, sys_len, turns, user, reply);
+        if (warm < 0) {
+            tl_model_close(m);
+            return 1;
+        }
         printf("  multi-turn chat, 8 conversations x %d turns: %.0f tok/s cached vs %.0f uncached -> %.2fx\n", turns,
                warm, cold, warm / cold);
         bench_memory(m, prefix);

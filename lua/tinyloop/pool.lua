@@ -74,6 +74,20 @@ function Pool:set_policy(policy)
 end
 
 
+local POOL_SCOPE = { shared = 0, pool = 1 }
+
+-- set_scope("shared" | "pool"): what a call through the pool may reuse:
+-- the whole prefix cache (the default) or only this pool's entries.
+function Pool:set_scope(scope)
+    local h = pool_handle(self, "set_scope", 2)
+    local s = POOL_SCOPE[scope]
+    if not s then
+        bad("set_scope", "scope", "expected \"shared\" or \"pool\", got " .. show(scope))
+    end
+    C.tl_pool_set_scope(h, s)
+end
+
+
 -- set_salt(salt), set_shareable(bool), set_tenant(id): the namespace, the
 -- cross-salt sharing and the tenant charged for the pool's entries (set
 -- before the first register).

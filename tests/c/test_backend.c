@@ -196,6 +196,38 @@ static void test_window_and_failure(void) {
     }
 }
 
+/* A pool entry registered through the non-blocking path on a backend that
+ * samples on its device keeps its last logits on the host, so a prompt
+ * equal to it prefills nothing and gives the computed tokens. */
+static void test_pool_full_match(void) {
+    enum { N = 40, GEN = 8 };
+    tl_model *m = open_fake(0, 0, 0);
+    if (!m) return;
+    int32_t p[N], ref[GEN], out[N + GEN];
+    fill(p, N, 77);
+    int nr = ref_generate(m, p, N, GEN, 1, NULL, ref);
+    tl_pool *pool;
+    tl_pool_new(2, &pool);
+    int64_t id;
+    int rc = tl_pool_register_submit(m, pool, p, N, 0, 0, &id);
+    while (rc == TL_OK && tl_model_step(m) > 0) {
+    }
+    tl_request_release(m, id);
+    tl_cache_stats s0, s1;
+    tl_model_get_stats(m, &s0);
+    tl_generate_params gp = tl_generate_default_params();
+    gp.max_tokens = GEN;
+    gp.ignore_eos = 1;
+    int n = tl_generate_with_pool(m, pool, p, N, gp, out, N + GEN);
+    tl_model_get_stats(m, &s1);
+    CHECK(rc == TL_OK && nr == GEN && n == N + GEN && !memcmp(out + N, ref, sizeof ref),
+          "a full match of a registered entry on the backend gives the computed tokens");
+    CHECK(s1.prefill_tokens == s0.prefill_tokens, "... and prefills nothing (%lld tokens)",
+          (long long)(s1.prefill_tokens - s0.prefill_tokens));
+    tl_pool_free(pool);
+    tl_model_close(m);
+}
+
 int main(void) {
     const char *shared = test_shared_dir();
     if (!shared) {
@@ -207,5 +239,6 @@ int main(void) {
     test_cache();
     test_sampling();
     test_window_and_failure();
+    test_pool_full_match();
     return test_summary();
 }

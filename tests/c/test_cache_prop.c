@@ -54,13 +54,13 @@ static void ref_register(ref_pool *rp, const int32_t *t, int n, int loops, int w
     for (int i = 0; i < rp->n; i++)
         if (rp->e[i].n == n && rp->e[i].loops == loops && rp->e[i].window == window && !memcmp(rp->e[i].t, t, (size_t)n * 4))
             return;
+    if (returned <= 0) return; /* the build failed (memory): nothing new, the victim stays (build first, evict after) */
     if (rp->n == rp->cap) {
         int v = 0;
         for (int i = 1; i < rp->n; i++)
             if (rp->e[i].n < rp->e[v].n || (rp->e[i].n == rp->e[v].n && rp->e[i].order < rp->e[v].order)) v = i;
         rp->e[v] = rp->e[--rp->n];
     }
-    if (returned <= 0) return; /* the build failed (memory): the victim is gone, nothing new */
     ref_entry *e = &rp->e[rp->n++];
     memcpy(e->t, t, (size_t)n * 4);
     e->n = n;

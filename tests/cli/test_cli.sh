@@ -42,6 +42,12 @@ PY
     check "CLI reports prompt + max_tokens past max_seq_len" $?
     $BIN generate -m "$MODEL" -p "Once upon a time" -n 200 --max-seq-len 512 --ids >/dev/null
     check "CLI --max-seq-len 512 lifts the file's 128" $?
+    out=$($BIN bench cache -m "$MODEL" -t 1 2>&1); r=$?
+    [ $r = 0 ] && ! printf '%s' "$out" | grep -q "exceeds" && printf '%s' "$out" | grep -q "multi-turn chat, 8 conversations x 3 turns"
+    check "CLI bench cache sizes its chat to a 128-token model (no errors, 3 turns)" $?
+    err=$($BIN bench cache -m "$MODEL" -t 1 --max-seq-len 64 2>&1); r=$?
+    [ $r != 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] && printf '%s' "$err" | grep -q "max_seq_len 64 .* too short"
+    check "CLI bench cache fails with one message for a model too short for it" $?
 fi
 err=$($BIN generate -m /nonexistent.gguf -p x 2>&1); r=$?
 [ $r != 0 ] && printf '%s' "$err" | grep -q "/nonexistent.gguf"
