@@ -38,6 +38,13 @@ lua/tinyloop/cdef.lua: engine/tinyloop.h bindings/gen_cdef.lua
 DEPFLAGS := -MMD -MP
 -include $(shell find build -name '*.d' 2>/dev/null)
 
+# An object without its .d (built by an older Makefile, before -MMD) would
+# never see a header change: such objects are removed here, so they rebuild
+# once with their dependencies recorded.
+NODEP_OBJ := $(shell find build/obj build/asan -name '*.o' 2>/dev/null | while read -r o; do \
+                 [ -f "$${o%.o}.d" ] || echo "$$o"; done)
+$(if $(NODEP_OBJ),$(shell rm -f $(NODEP_OBJ)))
+
 build/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -c $< -o $@

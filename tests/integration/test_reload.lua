@@ -159,7 +159,11 @@ local ok_run, run_err = pcall(function()
     local c = T.post(port, "/v1/completions", { prompt = "Once", max_tokens = 4 })
     check("a completion is refused with 503 and Retry-After meanwhile", c and c.status == 503
         and c.headers["retry-after"], c and c.body)
-    os.execute(string.format("ln -s '%s' '%s'", T.MODEL, late))
+    -- A copy, not a link: nginx's workers (nobody) may not traverse the
+    -- checkout's folders (a mode 0700 clone); renamed into place whole, so a
+    -- retry never sees half a file.
+    os.execute(string.format("cp '%s' '%s.part' && chmod 644 '%s.part' && mv '%s.part' '%s'", T.MODEL, late,
+        late, late, late))
     local t0, up = T.now(), false
     while T.now() - t0 < 45 do
         h = T.request(port, "GET", "/health")
