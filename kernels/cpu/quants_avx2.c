@@ -354,7 +354,8 @@ static inline AI T2 void mk_q(int kind, int R, int C, int pf, int64_t n, float *
 /* The staged driver: like TILE_DRIVER_RC (same micro-tiles, same order)
  * with each row group's weight scales converted once for all its tokens.
  * Rows longer than MAXNB blocks, and single tokens (decode: nothing to
- * share the conversion with), take the unstaged driver UNSTAGED. */
+ * share the conversion with), take the unstaged driver. RB * CB <= 8 (the
+ * rows of mk_q_s's ds). */
 static inline AI T2 void tdq(int kind, int RB, int CB, int64_t n, int nr, int nt, float *out, size_t ldo,
                              const void *w, size_t ldw, const void *x, size_t ldx,
                              void (*unstaged)(int64_t, int, int, float *, size_t, const void *, size_t, const void *,
@@ -399,7 +400,7 @@ TILE_DRIVER(vdt_q8_0u, T2, MK_Q8_0, 2)
 TILE_DRIVER(vdt_q4_0u, T2, MK_Q4_0, 2)
 /* q5_0 unpacks more per weight block (the 5th bits), so it pays to share
  * that across 4 tokens; 2 rows keep the 8 accumulators in registers. */
-TILE_DRIVER_RC(vdt_q5_0u, T2, MK_Q5_0, 2, 4)
+TILE_DRIVER_RC(vdt_q5_0, T2, MK_Q5_0, 2, 4)
 #define TILE_DRIVER_Q(NAME, KIND, RB, CB)                                                                             \
     static T2 void NAME(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x, \
                         size_t ldx) {                                                                                 \
@@ -666,13 +667,13 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_BF16] = vdt_bf16_1;
     t->vec_dot[TL_TYPE_Q4_0] = vdt_q4_0u_1;
     t->vec_dot[TL_TYPE_Q4_1] = vd_q4_1;
-    t->vec_dot[TL_TYPE_Q5_0] = vdt_q5_0u_1;
+    t->vec_dot[TL_TYPE_Q5_0] = vdt_q5_0_1;
     t->vec_dot[TL_TYPE_Q8_0] = vdt_q8_0u_1;
     t->vec_dot_tile[TL_TYPE_F32] = vdt_f32;
     t->vec_dot_tile[TL_TYPE_F16] = vdt_f16;
     t->vec_dot_tile[TL_TYPE_BF16] = vdt_bf16;
     t->vec_dot_tile[TL_TYPE_Q4_0] = vdt_q4_0;
-    t->vec_dot_tile[TL_TYPE_Q5_0] = vdt_q5_0u;
+    t->vec_dot_tile[TL_TYPE_Q5_0] = vdt_q5_0;
     t->vec_dot_tile[TL_TYPE_Q8_0] = vdt_q8_0;
     t->vec_dot[TL_TYPE_Q4_K] = vdt_q4_K_1;
     t->vec_dot[TL_TYPE_Q5_K] = vdt_q5_K_1;
