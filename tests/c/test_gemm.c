@@ -46,9 +46,11 @@ static void test_tiles(void) {
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const int type = types[ti], vt = tl_type_info(type)->vec_dot_type, bs = tl_type_info(type)->block_size;
-        /* an odd block count (tails of grouped loops), and one block */
-        const int64_t sizes[2] = {bs == 1 ? 75 : bs == 32 ? 32 * 11 : 256 * 3, bs == 1 ? 8 : bs};
-        for (int si = 0; si < 2; si++) {
+        /* an odd block count (tails of grouped loops), and one block; for
+         * 32-element blocks also 75 blocks (the AVX2 staged scale products
+         * go 8 blocks at a time: 9 groups and a tail of 3) */
+        const int64_t sizes[3] = {bs == 1 ? 75 : bs == 32 ? 32 * 11 : 256 * 3, bs == 1 ? 8 : bs, 32 * 75};
+        for (int si = 0; si < (bs == 32 ? 3 : 2); si++) {
             const int64_t n = sizes[si];
             const size_t rw = tl_row_size(type, n), rx = tl_row_size(vt, n), ldo = MAXR + PAD;
             uint8_t *w = malloc(rw * MAXR), *x = malloc(rx * MAXT);
