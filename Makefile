@@ -21,7 +21,7 @@ DEFAULT_MODEL := $(or $(TINYLOOP_MODELS),$(HOME)/.cache/tinyloop/models)/gemma-3
 MODEL   ?= $(DEFAULT_MODEL)
 SMALL_MODEL := ../shared/models/stories260K.gguf
 
-.PHONY: all test test-c test-asan fuzz bench bench-plot run repl serve model clean deps deps-check install uninstall soak
+.PHONY: all test test-c test-asan fuzz bench bench-plot run repl serve model clean deps deps-check install uninstall soak test-long
 all: build/libtinyloop.so build/libtinyloop.a bin/tinyloop $(TOOLS) lua/tinyloop/cdef.lua
 
 # The CUDA kernels (build/libtinyloop-cuda.so, `make test-cuda`) when nvcc
@@ -103,6 +103,12 @@ test: deps all $(TESTS) $(EMU_TESTS)
 test-asan: deps-check build/libtinyloop-asan.a $(ASAN_TESTS) $(EMU_ASAN_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	  TL_TEST_QUICK=1 sh tests/run.sh build/tests-asan $(ASAN_TESTS) $(EMU_ASAN_TESTS)
+
+# make test-long: the cache property test at 1,000,000 random operations
+# (make test runs 100,000), plain and under ASan/UBSan.
+test-long: build/tests/test_cache_prop build/tests-asan/test_cache_prop
+	@TL_PROP_OPS=1000000 sh tests/run.sh build/tests build/tests/test_cache_prop
+	@ASAN_OPTIONS=detect_leaks=1 TL_PROP_OPS=1000000 sh tests/run.sh build/tests-asan build/tests-asan/test_cache_prop
 
 FUZZ_TIME ?= 60
 # The fuzz targets (tests/fuzz/fuzz_*.c) link one instrumented build of the
