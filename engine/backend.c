@@ -99,6 +99,7 @@ void tl_backend_close(tl_model *m) {
     free(b->phys);
     free(b);
     m->backend = NULL;
+    m->compute = &tl_cpu_compute;
 }
 
 int tl_backend_max_tokens(const tl_model *m) { return m->backend ? m->backend->desc.max_batch_tokens : INT_MAX; }
@@ -148,6 +149,7 @@ int tl_backend_select(tl_model *m, int *n_blocks, int bs, int kv_type, int kv_au
         return TL_OK;
     }
     m->backend = b;
+    m->compute = &tl_plugin_compute;
     int got = ops->kv_blocks ? ops->kv_blocks(b->ctx) : *n_blocks;
     if (got < *n_blocks || got > b->desc.kv_blocks_max) {
         tl_backend_close(m);
@@ -175,8 +177,8 @@ static int grow(void **p, int *cap, int need, size_t elem) {
     return 0;
 }
 
-int tl_backend_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
-                       int T, float *logits, const tl_forward_opts *opts) {
+static int plugin_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
+                          int T, float *logits, const tl_forward_opts *opts) {
     struct tl_backend_state *b = m->backend;
     if (T > b->desc.max_batch_tokens)
         return tl_set_error(TL_ERR_INVALID_ARG, "%s backend: a batch of %d tokens exceeds its limit of %d",
@@ -225,3 +227,5 @@ int tl_backend_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
     if (rc) return tl_set_error(TL_ERR_STATE, "%s backend: %s", b->ops->name, msg);
     return TL_OK;
 }
+
+const tl_compute_ops tl_plugin_compute = {"plugin", plugin_forward};

@@ -125,7 +125,7 @@ static int prefill(tl_model *m, const int32_t *prompt, int n_prompt, const tl_ge
     if (rc) goto out;
     seq->window = gp->cache_window;
     if (!gp->no_cache) {
-        ns = tl_sched_namespace(m, gp->loops, gp->cache_window, gp->salt);
+        ns = tl_cache_namespace(m, gp->loops, gp->cache_window, gp->salt);
         if (ns < 0) {
             rc = TL_ERR_NOMEM;
             goto out;
@@ -148,6 +148,7 @@ static int prefill(tl_model *m, const int32_t *prompt, int n_prompt, const tl_ge
         int chunk = n_prompt - seq->n_pos < BEAM_PREFILL_CHUNK ? n_prompt - seq->n_pos : BEAM_PREFILL_CHUNK;
         const int32_t *t = prompt + seq->n_pos;
         int last = seq->n_pos + chunk == n_prompt;
+        tl_cache_reserve(m, &seq, &chunk, 1); /* short: the pass fails with KV full */
         rc = tl_forward(m, &seq, &t, &chunk, 1, last ? logits : NULL, NULL);
         if (rc) goto out;
         m->sched->st.prefill_tokens += chunk;
@@ -288,6 +289,7 @@ int tl_generate_beam(tl_model *m, tl_pool *pool, const int32_t *prompt, int n_pr
                 seqs[i] = cur[i].seq;
                 tok_ptrs[i] = &cur[i].toks[cur[i].n - 1];
             }
+            tl_cache_reserve(m, seqs, ones, n_cur);
             rc = tl_forward(m, seqs, tok_ptrs, ones, n_cur, logits, NULL);
             note_peak(m, base, &peak);
         }

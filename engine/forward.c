@@ -432,8 +432,8 @@ static void layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
 
 /* ---- the batch ---------------------------------------------------------------------- */
 
-static int check_batch(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
-                       int *T_out) {
+int tl_forward_check(const tl_model *m, tl_seq *const *seqs, const int32_t *const *tokens, const int *n_tokens,
+                     int n_seq, int *T_out) {
     if (!m || !seqs || !tokens || !n_tokens || n_seq < 1)
         return tl_set_error(TL_ERR_INVALID_ARG, "tl_batch_forward: NULL argument or n_seq %d < 1", n_seq);
     int64_t T = 0;
@@ -474,14 +474,19 @@ static int blocks_needed(const tl_kv_pool *kv, const tl_seq *s, int n) {
     return need;
 }
 
+int tl_forward_blocks_needed(const tl_model *m, tl_seq *const *seqs, const int *n_tokens, int n_seq) {
+    int need = 0;
+    for (int i = 0; i < n_seq; i++) need += blocks_needed(&m->kv, seqs[i], n_tokens[i]);
+    return need;
+}
+
 /* Gives every sequence the blocks its new positions need (copying shared
- * partial blocks first), evicting cached prefixes when short; all or
- * nothing. */
+ * partial blocks first); all or nothing. The forward pass never evicts:
+ * the caller made room through the cache (tl_cache_make_room), which owns
+ * what may be dropped. */
 static int reserve_blocks(tl_model *m, tl_seq **seqs, const int *n_tokens, int n_seq) {
     tl_kv_pool *kv = &m->kv;
-    int need = 0;
-    for (int i = 0; i < n_seq; i++) need += blocks_needed(kv, seqs[i], n_tokens[i]);
-    if (need > kv->n_free) tl_radix_evict(&m->cache, need);
+    int need = tl_forward_blocks_needed(m, seqs, n_tokens, n_seq);
     if (need > kv->n_free)
         return tl_set_error(TL_ERR_KV_FULL,
                             "KV cache full: the batch needs %d more blocks (%d sequences, depth %d), %d of %d blocks "
@@ -501,29 +506,30 @@ static int reserve_blocks(tl_model *m, tl_seq **seqs, const int *n_tokens, int n
     return TL_OK;
 }
 
-int tl_batch_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
-                     float *logits) {
-    return tl_forward(m, seqs, tokens, n_tokens, n_seq, logits, NULL);
-}
-
+/* The backend's pass over blocks already reserved; on success every
+ * sequence advances by its tokens, on failure the blocks taken for the new
+ * positions go back. */
 int tl_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
                float *logits, const tl_forward_opts *opts) {
     static const tl_forward_opts no_opts = {.vl_capture = -1};
     if (!opts) opts = &no_opts;
     int T = 0, rc;
-    if ((rc = check_batch(m, seqs, tokens, n_tokens, n_seq, &T))) return rc;
-    if ((rc = scratch_reserve(m, T, n_seq))) return rc;
+    if ((rc = tl_forward_check(m, seqs, tokens, n_tokens, n_seq, &T))) return rc;
     if ((rc = reserve_blocks(m, seqs, n_tokens, n_seq))) return rc;
-    if (m->backend) {
-        rc = tl_backend_forward(m, seqs, tokens, n_tokens, n_seq, T, logits, opts);
-        if (rc) {
-            for (int i = 0; i < n_seq; i++) tl_block_table_truncate(&seqs[i]->bt, &m->kv, seqs[i]->n_pos);
-            return rc;
-        }
-        for (int i = 0; i < n_seq; i++) seqs[i]->n_pos += n_tokens[i];
-        return TL_OK;
+    rc = m->compute->forward(m, seqs, tokens, n_tokens, n_seq, T, logits, opts);
+    if (rc) {
+        for (int i = 0; i < n_seq; i++) tl_block_table_truncate(&seqs[i]->bt, &m->kv, seqs[i]->n_pos);
+        return rc;
     }
+    for (int i = 0; i < n_seq; i++) seqs[i]->n_pos += n_tokens[i];
+    return TL_OK;
+}
 
+/* The CPU backend's pass (tl_cpu_compute). */
+static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
+                       int T, float *logits, const tl_forward_opts *opts) {
+    int rc = scratch_reserve(m, T, n_seq);
+    if (rc) return rc;
     const tl_hparams *hp = &m->hp;
     tl_scratch *s = m->scratch;
     double t_start = s->profile ? tl_now() : 0;
@@ -565,7 +571,8 @@ int tl_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const i
         }
         if (rows) matmul(m, logits, &m->output, s->logits_x, rows);
     }
-    for (int i = 0; i < n_seq; i++) seqs[i]->n_pos += n_tokens[i];
     if (s->profile) s->prof[2] += tl_now() - t_start;
     return TL_OK;
 }
+
+const tl_compute_ops tl_cpu_compute = {"cpu", cpu_forward};

@@ -296,6 +296,7 @@ int tl_model_open(const char *path, tl_model_params params, tl_model **out) {
     tl_model *m = calloc(1, sizeof *m);
     if (!m) return tl_set_error(TL_ERR_NOMEM, "out of memory");
     m->params = params;
+    m->compute = &tl_cpu_compute; /* until a plugin attaches (tl_backend_select) */
     int rc = TL_OK;
     m->file = gguf_open(path);
     if (!m->file) { rc = TL_ERR_FORMAT; goto fail; }

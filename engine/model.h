@@ -66,6 +66,7 @@ struct tl_model {
     struct tl_tokq *tokq;       /* tokenize_async.c: jobs off the caller's thread */
 
     struct tl_backend_state *backend; /* NULL: the CPU (backend.c) */
+    const struct tl_compute_ops *compute; /* the forward pass: tl_cpu_compute or the plugin's */
     tl_threadpool *tp;
     tl_kv_pool kv;
     tl_radix cache;             /* the automatic prefix cache over kv */
@@ -105,10 +106,6 @@ int tl_backend_sample_k(const tl_model *m);
 void tl_backend_attach_pool(tl_model *m);
 void tl_backend_close(tl_model *m);
 const char *tl_backend_name(const tl_model *m);
-struct tl_forward_opts;
-/* One pass on the backend; opts as tl_forward's (want_logits, resume, sampling). */
-int tl_backend_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
-                       int T, float *logits, const struct tl_forward_opts *opts);
 
 /* chat.c */
 void tl_chat_detect(tl_model *m);
@@ -139,6 +136,18 @@ void tl_forward_free(tl_model *m);
  * would cost a tiny model a few percent). */
 void tl_forward_profile(tl_model *m, int on, double out[3]);
 
+struct tl_forward_opts;
+/* A backend's forward pass, as tl_forward calls it (the same shape for the
+ * built-in CPU and a plugin, so forward.c has no backend switch): T new
+ * tokens over blocks tl_forward reserved; positions advance in tl_forward. */
+typedef struct tl_compute_ops {
+    const char *name;
+    int (*forward)(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq, int T,
+                   float *logits, const struct tl_forward_opts *opts);
+} tl_compute_ops;
+extern const tl_compute_ops tl_cpu_compute;    /* forward.c */
+extern const tl_compute_ops tl_plugin_compute; /* backend.c: the dlopened plugin's */
+
 /* Options of the internal forward entry point. */
 typedef struct tl_forward_opts {
     const int *want_logits; /* (n_seq) 0/1 per sequence; NULL = all. Rows of
@@ -154,7 +163,15 @@ typedef struct tl_forward_opts {
     int32_t *ids_out;
 } tl_forward_opts;
 
+/* Pure compute: the blocks the new positions need must be free (the
+ * caller reserves them through the cache, cache.h); KV full otherwise. */
 int tl_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
                float *logits, const tl_forward_opts *opts);
+/* tl_forward's argument checks; *T_out = total tokens. */
+int tl_forward_check(const tl_model *m, tl_seq *const *seqs, const int32_t *const *tokens, const int *n_tokens,
+                     int n_seq, int *T_out);
+/* Free blocks tl_forward would take for these sequences and token counts
+ * (new logical blocks plus private copies of shared partial ones). */
+int tl_forward_blocks_needed(const tl_model *m, tl_seq *const *seqs, const int *n_tokens, int n_seq);
 
 #endif

@@ -294,25 +294,14 @@ int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int 
     if (hit >= 0) p->e[hit].last_use = ++p->clock;
     pthread_mutex_unlock(&p->mu);
     if (hit >= 0) return n;
-    uint64_t salt;
-    int tenant;
-    tl_pool_key(p, &salt, &tenant);
-    tl_sched_compute_lock(m);
-    int ns = tl_sched_namespace(m, eff, window, salt);
-    tl_radix_node *node = NULL;
-    if (ns >= 0) {
-        /* Build first: the victim is dropped (tl_pool_add_built) only once
-         * the new entry exists, so a failed register leaves the pool as it
-         * was. The victim's KV is not available to the build. */
-        node = tl_sched_cache_prefix(m, ns, eff, window, tokens, n, tenant);
-        if (node && tl_pool_add_built(p, tokens, n, eff, window, node) < 0) node = NULL;
-        tl_radix_namespace_release(&m->cache, ns);
-    }
-    tl_sched_compute_unlock(m);
-    if (node) return n;
-    if (ns < 0) return ns;
-    rc = tl_last_error_code();
-    return rc < 0 ? rc : tl_set_error(TL_ERR_NOMEM, "register_prefix: the prefix could not be built");
+    /* A TL_RK_REGISTER request, waited for: it prefills in the
+     * scheduler's batches, and only once the entry is built does the pool
+     * drop a victim (tl_pool_add_built), so a failed register leaves the
+     * pool as it was. */
+    int64_t id;
+    rc = tl_pool_register_submit(m, p, tokens, n, loops, window, &id);
+    if (rc == TL_OK) rc = tl_sched_wait(m, id, NULL, 0, NULL, NULL);
+    return rc < 0 ? rc : n;
 }
 
 int tl_pool_add_built(tl_pool *p, const int32_t *tokens, int n, int loops, int window, tl_radix_node *node) {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "prefix.h"
 #include "scheduler.h"
 #include "util.h"
 
@@ -67,14 +68,13 @@ int tl_prefix_build(tl_model *m, const int32_t *tokens, int n, int loops, int wi
     if (!h) return TL_ERR_NOMEM;
     h->loops = tl_model_effective_loops(m, loops);
     h->window = window;
-    tl_sched_compute_lock(m);
-    int ns = tl_sched_namespace(m, h->loops, window, 0);
-    h->node = ns < 0 ? NULL : tl_sched_cache_prefix(m, ns, h->loops, window, tokens, n, 0);
-    if (h->node) h->node->pin++;
-    if (ns >= 0) tl_radix_namespace_release(&m->cache, ns);
-    tl_sched_compute_unlock(m);
-    if (!h->node) {
-        rc = tl_last_error_code() < 0 ? tl_last_error_code() : TL_ERR_NOMEM;
+    /* A TL_RK_PIN request, waited for: it prefills in the scheduler's
+     * batches and pins its node for us. */
+    int64_t id;
+    rc = tl_sched_submit_pin(m, tokens, n, h->loops, window, &id);
+    if (rc == TL_OK) rc = tl_sched_wait(m, id, NULL, 0, NULL, &h->node);
+    if (rc >= 0 && !h->node) rc = tl_set_error(TL_ERR_STATE, "build_prefix_cache: the prefix was not pinned");
+    if (rc < 0) {
         tl_prefix_free(h);
         return rc;
     }
@@ -127,6 +127,7 @@ int tl_resume_build(tl_model *m, const int32_t *prompt, int n, tl_prefix **out) 
     if ((rc = tl_seq_new(m, h->loops, &seq))) goto fail;
     tl_forward_opts fo = {.vl_capture = h->prelude, .x_capture = h->x};
     tl_sched_compute_lock(m);
+    tl_cache_reserve(m, &seq, &n, 1); /* short: the pass fails with KV full */
     rc = tl_forward(m, &seq, &prompt, &n, 1, NULL, &fo);
     for (int lb = 0; rc == TL_OK && lb < h->n_lb; lb++)
         for (int vl = 0; vl < h->prelude; vl++) {
@@ -147,15 +148,21 @@ fail:
     return rc;
 }
 
-/* A sequence at depth(loops) whose prelude layers share the handle's blocks
- * and whose other layers get fresh blocks. */
-static int resume_seq(tl_model *m, const tl_prefix *h, int loops, tl_seq **out) {
+const int32_t *tl_resume_tokens(const tl_prefix *h, int *n) {
+    *n = h->n;
+    return h->tokens;
+}
+
+int tl_resume_prelude(const tl_prefix *h) { return h->prelude; }
+
+const float *tl_resume_x(const tl_prefix *h) { return h->x; }
+
+int tl_resume_seq(tl_model *m, const tl_prefix *h, int loops, tl_seq **out) {
     tl_seq *seq;
     int rc = tl_seq_new(m, loops, &seq);
     if (rc) return rc;
     int depth = seq->bt.depth, fresh = h->n_lb * (depth - h->prelude);
-    if (fresh > m->kv.n_free) tl_radix_evict(&m->cache, fresh);
-    if (fresh > m->kv.n_free) {
+    if (!tl_cache_make_room(m, fresh)) {
         tl_seq_free(seq);
         return tl_set_error(TL_ERR_KV_FULL, "KV cache full: resuming %d tokens at loops %d needs %d blocks, %d free",
                             h->n, loops, fresh, m->kv.n_free);
@@ -176,8 +183,8 @@ static int resume_seq(tl_model *m, const tl_prefix *h, int loops, tl_seq **out) 
     return TL_OK;
 }
 
-static int resume_run(tl_model *m, tl_prefix *h, tl_generate_params gp, int32_t *out, int cap);
-
+/* A request of kind TL_RK_RESUME, waited for: it batches with everything
+ * else the scheduler runs and holds no lock across the generation. */
 int tl_resume_generate(tl_model *m, tl_prefix *h, tl_generate_params gp, int32_t *out, int cap) {
     int rc = check_model(m, out);
     if (rc) return rc;
@@ -188,46 +195,7 @@ int tl_resume_generate(tl_model *m, tl_prefix *h, tl_generate_params gp, int32_t
         gp.no_cache = 1;
         return tl_sched_run(m, h->tokens, h->n, &gp, NULL, out, cap, NULL);
     }
-    tl_sched_compute_lock(m);
-    rc = resume_run(m, h, gp, out, cap);
-    tl_sched_compute_unlock(m);
-    return rc;
-}
-
-static int resume_run(tl_model *m, tl_prefix *h, tl_generate_params gp, int32_t *out, int cap) {
-    int rc;
-    int loops = tl_model_effective_loops(m, gp.loops), n_vocab = m->hp.n_vocab;
-    int limit = gp.max_tokens < cap ? gp.max_tokens : cap;
-    tl_sampler smp;
-    if ((rc = tl_sampler_init(&smp, &gp.sampling, n_vocab))) return rc;
-    float *logits = malloc((size_t)n_vocab * sizeof *logits);
-    int32_t *hist = malloc(((size_t)h->n + (size_t)limit + 1) * sizeof *hist);
-    tl_seq *seq = NULL;
-    if (!logits || !hist) {
-        rc = tl_set_error(TL_ERR_NOMEM, "out of memory");
-        goto done;
-    }
-    if ((rc = resume_seq(m, h, loops, &seq))) goto done;
-    memcpy(hist, h->tokens, (size_t)h->n * sizeof *hist);
-    tl_forward_opts fo = {.vl_begin = h->prelude, .x_in = h->x, .vl_capture = -1};
-    const int32_t *toks = h->tokens;
-    int n = h->n;
-    if ((rc = tl_forward(m, &seq, &toks, &n, 1, logits, &fo))) goto done;
-    int n_out = 0;
-    while (n_out < limit) {
-        int tok = tl_sampler_sample(&smp, logits, hist, h->n + n_out);
-        if (tl_model_is_eog(m, tok) && !gp.ignore_eos) break;
-        out[n_out] = hist[h->n + n_out] = tok;
-        if (++n_out == limit) break;
-        toks = &out[n_out - 1];
-        int one = 1;
-        if ((rc = tl_forward(m, &seq, &toks, &one, 1, logits, NULL))) goto done;
-    }
-    rc = n_out;
-done:
-    tl_seq_free(seq);
-    free(hist);
-    free(logits);
-    tl_sampler_free(&smp);
-    return rc;
+    int64_t id;
+    if ((rc = tl_sched_submit_resume(m, h, &gp, &id))) return rc;
+    return tl_sched_wait(m, id, out, cap, NULL, NULL);
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "prefix.h"
 #include "util.h"
 
 #define PREFILL_BUDGET 512
@@ -37,6 +38,7 @@ int tl_sched_init(tl_model *m) {
 }
 
 static void request_free(tl_model *m, tl_request *r);
+static void batch_free(tl_batch *b);
 
 void tl_sched_free(tl_model *m) {
     tl_sched *s = m->sched;
@@ -55,6 +57,7 @@ void tl_sched_free(tl_model *m) {
     for (int i = 0; i < s->n_pools; i++) tl_pool_detach_model(s->pools[i]);
     free(s->pools);
     free(s->reqs);
+    batch_free(&s->batch);
     free(s->logits);
     free(s->dev_smp);
     free(s->dev_ids);
@@ -102,14 +105,6 @@ void tl_sched_detach_pool(tl_model *m, tl_pool *pool) {
         }
     }
     pthread_mutex_unlock(&s->mu);
-}
-
-/* The caller holds the namespace until tl_radix_namespace_release. */
-int tl_sched_namespace(tl_model *m, int loops, int window, uint64_t salt) {
-    int eff = tl_model_effective_loops(m, loops);
-    int ns = tl_radix_namespace(&m->cache, eff, window, salt, tl_model_depth(m, eff));
-    if (ns < 0) tl_set_error(TL_ERR_NOMEM, "out of memory for a cache namespace");
-    return ns;
 }
 
 int tl_sched_check_tokens(const tl_model *m, const int32_t *tokens, int n) {
@@ -165,6 +160,7 @@ static void request_stop(tl_model *m, tl_request *r, int insert) {
 
 static void request_free(tl_model *m, tl_request *r) {
     request_stop(m, r, 0);
+    if (r->pinned) tl_radix_unpin(&m->cache, r->pinned); /* its caller never took it */
     free(r->reg_logits);
     free(r->tokens);
     free(r);
@@ -287,13 +283,41 @@ int tl_pool_register_submit(tl_model *m, tl_pool *pool, const int32_t *tokens, i
     tl_pool_key(pool, &p.salt, &p.tenant);
     tl_request *r = request_new(m, tokens, n, &p);
     if (!r) return TL_ERR_NOMEM;
+    r->kind = TL_RK_REGISTER;
     r->reg_pool = pool;
     return request_enqueue(m, r, id_out);
 }
 
-/* A registration request has its prefix in KV: insert it, pin it in its
- * pool (the pool's policy makes room) and end the request. */
-static void complete_register(tl_model *m, tl_request *r) {
+int tl_sched_submit_pin(tl_model *m, const int32_t *tokens, int n, int loops, int window, int64_t *id_out) {
+    tl_generate_params p = tl_generate_default_params();
+    p.max_tokens = 0;
+    p.loops = loops;
+    p.cache_window = window;
+    tl_request *r = request_new(m, tokens, n, &p);
+    if (!r) return TL_ERR_NOMEM;
+    r->kind = TL_RK_PIN;
+    return request_enqueue(m, r, id_out);
+}
+
+int tl_sched_submit_resume(tl_model *m, const tl_prefix *h, const tl_generate_params *p, int64_t *id_out) {
+    int n;
+    const int32_t *prompt = tl_resume_tokens(h, &n);
+    tl_sampler probe;
+    int rc = tl_sampler_init(&probe, &p->sampling, 1); /* validates the sampling fields */
+    if (rc) return rc;
+    tl_sampler_free(&probe);
+    tl_request *r = request_new(m, prompt, n, p);
+    if (!r) return TL_ERR_NOMEM;
+    r->kind = TL_RK_RESUME;
+    r->resume = h;
+    r->p.no_cache = 1; /* its KV is the handle's plus private blocks: nothing to insert */
+    return request_enqueue(m, r, id_out);
+}
+
+/* A build request (TL_RK_REGISTER, TL_RK_PIN) has its prefix in KV:
+ * insert it with its last logits, pin it (in its pool, whose policy then
+ * makes room, or for the waiting caller) and end the request. */
+static void complete_build(tl_model *m, tl_request *r) {
     tl_radix_node *node = tl_radix_insert(&m->cache, r->ns, r->tokens, r->n_prompt, &r->seq->bt, r->p.tenant);
     if (!node) {
         fail(m, r, TL_ERR_NOMEM, "out of memory inserting a prefix into the cache");
@@ -303,7 +327,14 @@ static void complete_register(tl_model *m, tl_request *r) {
         node->logits = r->reg_logits;
         r->reg_logits = NULL;
     }
-    if (r->reg_pool) tl_pool_add_built(r->reg_pool, r->tokens, r->n_prompt, r->p.loops, r->p.cache_window, node);
+    if (r->kind == TL_RK_PIN) {
+        node->pin++;
+        r->pinned = node;
+    } else if (r->reg_pool &&
+               tl_pool_add_built(r->reg_pool, r->tokens, r->n_prompt, r->p.loops, r->p.cache_window, node) < 0) {
+        fail(m, r, tl_last_error_code(), tl_last_error());
+        return;
+    }
     request_stop(m, r, 0);
     pthread_mutex_lock(&m->sched->mu);
     r->state = TL_REQ_DONE;
@@ -311,6 +342,10 @@ static void complete_register(tl_model *m, tl_request *r) {
     r->news = 1;
     pthread_mutex_unlock(&m->sched->mu);
 }
+
+/* Build requests prefill a prefix and keep its last logits with it. */
+static int is_build(const tl_request *r) { return r->kind == TL_RK_REGISTER || r->kind == TL_RK_PIN; }
+static int keeps_logits(const tl_request *r) { return r->kind == TL_RK_PIN || r->reg_pool; }
 
 /* The node of a match of L tokens (node contains position L - 1) seen as
  * a match of L - 1: the node containing position L - 2. */
@@ -344,11 +379,12 @@ static int full_match(tl_model *m, tl_request *r, tl_radix_node *node, int L) {
 static int admit(tl_model *m, tl_request *r) {
     tl_sched *s = m->sched;
     r->first_tok = -1;
+    if (r->kind == TL_RK_RESUME) return tl_resume_seq(m, r->resume, r->p.loops, &r->seq);
     int rc = tl_seq_new(m, r->p.loops, &r->seq);
     if (rc) return rc;
     r->seq->window = r->p.cache_window;
     if (r->p.no_cache) return TL_OK;
-    r->ns = tl_sched_namespace(m, r->p.loops, r->p.cache_window, r->p.salt);
+    r->ns = tl_cache_namespace(m, r->p.loops, r->p.cache_window, r->p.salt);
     if (r->ns < 0) return TL_ERR_NOMEM;
     tl_radix_node *node = NULL;
     int L = r->pool ? tl_pool_scoped_match(r->pool, r->tokens, r->n_prompt, r->p.loops, r->p.cache_window,
@@ -360,7 +396,7 @@ static int admit(tl_model *m, tl_request *r) {
     if (L == r->n_prompt && !full_match(m, r, node, L)) node = one_shorter(node, L--);
     /* a salted request may also reuse shareable (operator) prefixes */
     if (r->p.salt != 0 && !scoped && r->first_tok < 0) {
-        int ns0 = tl_sched_namespace(m, r->p.loops, r->p.cache_window, 0);
+        int ns0 = tl_cache_namespace(m, r->p.loops, r->p.cache_window, 0);
         tl_radix_node *n0 = NULL;
         int L0 = ns0 >= 0 ? tl_radix_match(&m->cache, ns0, r->tokens, r->n_prompt, r->n_prompt - 1, &n0) : 0;
         tl_radix_namespace_release(&m->cache, ns0); /* n0 stays: its nodes keep ns0 alive */
@@ -372,17 +408,20 @@ static int admit(tl_model *m, tl_request *r) {
             node = n0;
         }
     }
-    s->st.lookups++;
+    /* A build reuses what is cached but is no lookup of the cache's
+     * users: it counts in no hit statistics. */
+    int counted = !is_build(r);
+    s->st.lookups += counted;
     /* Any failure to reuse the cache falls through to computing everything. */
     if (L > 0 && tl_radix_share(&m->cache, node, L, &r->seq->bt) == 0) {
-        tl_pool_attribute_hit(m, node, L);
+        if (counted) tl_pool_attribute_hit(m, node, L);
         node = tl_radix_cut(&m->cache, node, L);
         tl_radix_lock(node, 1);
         r->locked = node;
         r->seq->n_pos = L;
         r->n_cached = L;
-        s->st.hits++;
-        s->st.hit_tokens += L;
+        s->st.hits += counted;
+        s->st.hit_tokens += counted ? L : 0;
         s->st.prefill_tokens_saved += L;
     }
     if (r->n_cached < r->n_prompt) r->first_tok = -1; /* the share failed: compute it all */
@@ -475,7 +514,7 @@ static int device_sampling(tl_model *m, tl_request *const *rq, const int *want, 
         tl_backend_sample *d = &s->dev_smp[row];
         memset(d, 0, sizeof *d);
         int k = effective_top_k(r, nv);
-        if ((p->temperature > 0 && k > max_k) || r->reg_pool) { /* a registration keeps its logits */
+        if ((p->temperature > 0 && k > max_k) || keeps_logits(r)) { /* a registration keeps its logits */
             row++;
             continue;
         }
@@ -502,7 +541,7 @@ static int device_sampling(tl_model *m, tl_request *const *rq, const int *want, 
  * stays proportional to the window. Its tokens are then no longer
  * inserted into the cache (the tree needs every position's KV). */
 static void drop_behind_window(tl_model *m, tl_request *r) {
-    if (!r->seq || r->p.cache_window <= 0 || r->reg_pool || r->reg_orphan) return;
+    if (!r->seq || r->p.cache_window <= 0 || is_build(r)) return;
     int lb_end = (r->seq->n_pos - r->p.cache_window + 1) / m->kv.block_size;
     if (lb_end >= 2) tl_block_table_drop_before(&r->seq->bt, &m->kv, lb_end);
 }
@@ -540,23 +579,51 @@ static void batch_swap_last(tl_request **rq, tl_seq **seqs, const int32_t **toks
     prompt_part[l] = x;
 }
 
+/* A resume request's prompt runs alone: its first pass starts at the loop
+ * block from the handle's hidden states (no other sequence could share
+ * that pass); its decode steps then batch with everyone's. */
+static int in_resume_prefill(const tl_request *r) {
+    return r->kind == TL_RK_RESUME && r->seq && r->seq->n_pos < r->n_prompt;
+}
+
+static void run_resume_prefill(tl_model *m, tl_request *r) {
+    tl_sched *s = m->sched;
+    int n = r->n_prompt - r->seq->n_pos, want = 1;
+    if (ensure_logits(s, 1, m->hp.n_vocab)) {
+        fail(m, r, TL_ERR_NOMEM, "out of memory for a row of logits");
+        return;
+    }
+    int D = m->hp.n_embd;
+    tl_forward_opts fo = {.want_logits = &want,
+                          .vl_begin = tl_resume_prelude(r->resume),
+                          .x_in = tl_resume_x(r->resume) + (size_t)r->seq->n_pos * D,
+                          .vl_capture = -1};
+    const int32_t *t = r->tokens + r->seq->n_pos;
+    tl_cache_reserve(m, &r->seq, &n, 1); /* short: the pass fails with KV full */
+    int rc = tl_forward(m, &r->seq, &t, &n, 1, s->logits, &fo);
+    if (rc) {
+        fail(m, r, rc, tl_last_error());
+        return;
+    }
+    s->st.prefill_tokens += n;
+    if (r->p.max_tokens > 0) sample_into(m, r, s->logits);
+    else finish(m, r, TL_FINISH_LENGTH);
+}
+
 /* One forward pass over the running requests of one loop depth. */
 static int run_group(tl_model *m, int loops) {
     tl_sched *s = m->sched;
-    int cap = s->n, nb = 0, budget = s->prefill_budget, rc;
+    int nb = 0, budget = s->prefill_budget, rc;
     int room = tl_backend_max_tokens(m); /* a backend takes at most this many tokens per pass */
-    tl_request **rq = malloc((size_t)cap * sizeof *rq);
-    tl_seq **seqs = malloc((size_t)cap * sizeof *seqs);
-    const int32_t **toks = malloc((size_t)cap * sizeof *toks);
-    int *ntok = malloc((size_t)cap * sizeof *ntok), *want = malloc((size_t)cap * sizeof *want);
-    int *prompt_part = malloc((size_t)cap * sizeof *prompt_part);
-    if (!rq || !seqs || !toks || !ntok || !want || !prompt_part) {
-        rc = tl_set_error(TL_ERR_NOMEM, "out of memory for a batch");
-        goto out;
-    }
+    /* the batch arrays grow with the request list (merge_and_reap) */
+    tl_batch *b = &s->batch;
+    tl_request **rq = b->rq;
+    tl_seq **seqs = b->seqs;
+    const int32_t **toks = b->toks;
+    int *ntok = b->ntok, *want = b->want, *prompt_part = b->prompt_part;
     for (int i = 0; i < s->n; i++) {
         tl_request *r = s->reqs[i];
-        if (r->state != TL_REQ_RUNNING || r->p.loops != loops) continue;
+        if (r->state != TL_REQ_RUNNING || r->p.loops != loops || in_resume_prefill(r)) continue;
         int pos = r->seq->n_pos, total = r->n_prompt + r->n_gen, n;
         if (pos < r->n_prompt) {
             n = r->n_prompt - pos;
@@ -591,6 +658,7 @@ static int run_group(tl_model *m, int loops) {
             fo.sample = s->dev_smp;
             fo.ids_out = s->dev_ids;
         }
+        tl_cache_reserve(m, seqs, ntok, nb); /* short: the pass fails with KV full */
         rc = tl_forward(m, seqs, toks, ntok, nb, rows ? s->logits : NULL, &fo);
         if (rc == TL_OK) break;
         /* The batch does not fit. Locked cache paths go first: a running
@@ -635,23 +703,44 @@ static int run_group(tl_model *m, int loops) {
                 rq[i]->rng = s->dev_rng[row - 1];
                 accept_token(m, rq[i], tok);
             }
-        } else if (want[i] && rq[i]->reg_pool) {
+        } else if (want[i] && keeps_logits(rq[i])) {
             keep_reg_logits(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
         } else if (want[i]) {
             sample_into(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
         }
-        if ((rq[i]->reg_pool || rq[i]->reg_orphan) && rq[i]->seq && rq[i]->seq->n_pos == rq[i]->n_prompt)
-            complete_register(m, rq[i]);
+        if (is_build(rq[i]) && rq[i]->seq && rq[i]->seq->n_pos == rq[i]->n_prompt) complete_build(m, rq[i]);
         drop_behind_window(m, rq[i]);
     }
 out:
-    free(rq);
-    free(seqs);
-    free(toks);
-    free(ntok);
-    free(want);
-    free(prompt_part);
     return rc;
+}
+
+/* The step's batch arrays hold cap requests (one growth per doubling of
+ * the request list, none per step). */
+static int batch_grow(tl_batch *b, int cap) {
+#define GROW(f)                                                     \
+    do {                                                            \
+        void *p_ = realloc((void *)b->f, (size_t)cap * sizeof *b->f); \
+        if (!p_) return -1;                                         \
+        b->f = p_;                                                  \
+    } while (0)
+    GROW(rq);
+    GROW(seqs);
+    GROW(toks);
+    GROW(ntok);
+    GROW(want);
+    GROW(prompt_part);
+#undef GROW
+    return 0;
+}
+
+static void batch_free(tl_batch *b) {
+    free(b->rq);
+    free(b->seqs);
+    free((void *)b->toks);
+    free(b->ntok);
+    free(b->want);
+    free(b->prompt_part);
 }
 
 /* Moves new submissions into the step's list and acts on cancel/release
@@ -663,10 +752,8 @@ static void merge_and_reap(tl_model *m) {
         int cap = s->cap ? s->cap : 16;
         while (cap < s->n + s->n_in) cap *= 2;
         tl_request **v = realloc(s->reqs, (size_t)cap * sizeof *v);
-        if (v) {
-            s->reqs = v;
-            s->cap = cap;
-        }
+        if (v) s->reqs = v;
+        if (v && batch_grow(&s->batch, cap) == 0) s->cap = cap; /* else the new ones wait for memory */
     }
     if (s->n_in > 0 && s->n + s->n_in <= s->cap) {
         memcpy(s->reqs + s->n, s->incoming, (size_t)s->n_in * sizeof *s->reqs);
@@ -763,13 +850,16 @@ static void admit_queued(tl_model *m) {
         }
         if (!best) return;
         int rc = admit(m, best);
+        if (rc == TL_ERR_KV_FULL && running > 0) { /* a resume's fresh blocks: wait for the running ones */
+            request_stop(m, best, 0);
+            return;
+        }
         if (rc) {
             fail(m, best, rc, tl_last_error());
             continue;
         }
         int need = blocks_to_come(m, best);
-        if (need + reserved > m->kv.n_free) tl_radix_evict(&m->cache, need + reserved);
-        if (need + reserved > m->kv.n_free && drop_path_locks(m, best)) tl_radix_evict(&m->cache, need + reserved);
+        if (!tl_cache_make_room(m, need + reserved) && drop_path_locks(m, best)) tl_cache_make_room(m, need + reserved);
         if (need + reserved > m->kv.n_free) {
             if (running == 0) {
                 char msg[256];
@@ -803,6 +893,8 @@ int tl_sched_step(tl_model *m) {
     tl_sched_apply_msgs(m);
     merge_and_reap(m);
     admit_queued(m);
+    for (int i = 0; i < s->n; i++)
+        if (s->reqs[i]->state == TL_REQ_RUNNING && in_resume_prefill(s->reqs[i])) run_resume_prefill(m, s->reqs[i]);
     /* One pass per distinct loop depth among running requests. */
     for (int i = 0; i < s->n; i++) {
         tl_request *r = s->reqs[i];
@@ -919,87 +1011,52 @@ int tl_sched_run(tl_model *m, const int32_t *prompt, int n_prompt, const tl_gene
     int64_t id;
     int rc = tl_request_submit(m, prompt, n_prompt, p, pool, &id);
     if (rc) return rc;
-    if (m->sched->engine_running) {
-        rc = tl_engine_wait_run(m, id, out, cap);
-        if (n_cached) {
-            tl_request_info info;
-            if (tl_request_get_info(m, id, &info) == TL_OK) *n_cached = info.n_cached;
-        }
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", tl_last_error());
-        tl_request_release(m, id);
-        if (rc < 0) tl_set_error(rc, "%s", msg);
-        return rc;
-    }
-    int n = 0, finished = 0;
-    while (!finished) {
-        tl_request_info info;
-        tl_request_get_info(m, id, &info);
-        if (info.state <= TL_REQ_RUNNING && (rc = tl_sched_step(m)) < 0) break;
-        int got = tl_request_take(m, id, out + n, cap - n, &finished);
+    return tl_sched_wait(m, id, out, cap, n_cached, NULL);
+}
+
+int tl_sched_wait(tl_model *m, int64_t id, int32_t *out, int cap, int *n_cached, tl_radix_node **pinned) {
+    tl_sched *s = m->sched;
+    int n = 0, rc = 0;
+    for (;;) {
+        int finished = 0;
+        int got = tl_request_take(m, id, n < cap ? out + n : NULL, cap - n, &finished);
         if (got < 0) {
             rc = got;
             break;
         }
         n += got;
-        if (n == cap && !finished) { /* caller's buffer is full: stop here */
-            tl_request_cancel(m, id);
-            finished = 1;
-        }
         rc = n;
+        if (finished) break;
+        if (cap > 0 && n == cap) { /* the caller's buffer is full: stop here */
+            tl_request_cancel(m, id);
+            break;
+        }
+        if (s->engine_running) {
+            if ((rc = tl_sched_wait_news(m, id))) break;
+            continue;
+        }
+        /* no engine thread: this caller steps the scheduler */
+        tl_sched_compute_lock(m);
+        int st = tl_sched_step(m);
+        tl_sched_compute_unlock(m);
+        if (st < 0) {
+            rc = st;
+            break;
+        }
     }
-    tl_request_info info;
-    if (n_cached && tl_request_get_info(m, id, &info) == TL_OK) *n_cached = info.n_cached;
     char msg[512];
     snprintf(msg, sizeof msg, "%s", tl_last_error());
+    pthread_mutex_lock(&s->mu);
+    tl_request *r = find(m, id);
+    if (r && n_cached) *n_cached = r->n_cached;
+    if (r && pinned) {
+        *pinned = r->pinned; /* the caller's now */
+        r->pinned = NULL;
+    }
+    pthread_mutex_unlock(&s->mu);
     tl_request_release(m, id);
     if (rc < 0) tl_set_error(rc, "%s", msg);
     return rc;
-}
-
-tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window, const int32_t *tokens, int n,
-                                     int tenant) {
-    tl_radix_node *node = NULL;
-    int L = tl_radix_match(&m->cache, ns, tokens, n, n, &node);
-    /* The entry keeps its last position's logits (a prompt equal to it then
-     * computes nothing): unless a node ending at n has them, the last token
-     * is computed. */
-    if (L == n && !(node->start + node->n_tokens == n && node->logits)) node = one_shorter(node, L--);
-    float *logits = L < n ? malloc((size_t)m->hp.n_vocab * sizeof *logits) : NULL;
-    tl_seq *seq = NULL;
-    tl_radix_node *locked = NULL;
-    tl_radix_node *end = NULL;
-    if ((L < n && !logits) || tl_seq_new(m, loops, &seq)) {
-        free(logits);
-        tl_set_error(TL_ERR_NOMEM, "out of memory building a prefix of %d tokens", n);
-        return NULL;
-    }
-    seq->window = window;
-    if (L > 0 && tl_radix_share(&m->cache, node, L, &seq->bt) == 0) {
-        /* Lock only the matched tokens, as admission does: the rest of a
-         * longer cached node stays evictable for this prefill. */
-        node = tl_radix_cut(&m->cache, node, L);
-        tl_radix_lock(node, 1);
-        locked = node;
-        seq->n_pos = L;
-    }
-    while (seq->n_pos < n) {
-        int chunk = n - seq->n_pos < PREFILL_BUDGET ? n - seq->n_pos : PREFILL_BUDGET;
-        const int32_t *t = tokens + seq->n_pos;
-        if (tl_forward(m, &seq, &t, &chunk, 1, seq->n_pos + chunk == n ? logits : NULL, NULL)) goto out;
-        m->sched->st.prefill_tokens += chunk;
-    }
-    end = tl_radix_insert(&m->cache, ns, tokens, n, &seq->bt, tenant);
-    if (!end) tl_set_error(TL_ERR_NOMEM, "out of memory inserting a prefix into the cache");
-    if (end && !end->logits) {
-        end->logits = logits;
-        logits = NULL;
-    }
-out:
-    free(logits);
-    if (locked) tl_radix_lock(locked, -1);
-    tl_seq_free(seq);
-    return end;
 }
 
 /* ---- statistics and checks ------------------------------------------------------------------ */

@@ -5,11 +5,24 @@
 
 #include <pthread.h>
 
+#include "cache.h"
 #include "model.h"
 #include "sampler.h"
 
+/* Request kinds: one state machine and one step (admit, batch, forward,
+ * sample, deliver) for all of them. */
+enum {
+    TL_RK_GENERATE = 0, /* prompt -> sampled tokens; inserted into the cache on finish */
+    TL_RK_REGISTER,     /* prefill a pool entry and pin it in its pool (tl_pool_register[_submit]) */
+    TL_RK_PIN,          /* prefill a prefix and pin its node for the caller (tl_prefix_build) */
+    TL_RK_RESUME,       /* a resume handle's prompt at another depth: the loop block from its hidden states */
+};
+
+struct tl_prefix;
+
 typedef struct tl_request {
     int64_t id;
+    int kind;                /* TL_RK_* */
     int state, finish, error;
     char errmsg[256];
     int32_t *tokens;         /* prompt then generated (cap = n_prompt + max_tokens) */
@@ -25,6 +38,8 @@ typedef struct tl_request {
     tl_pool *reg_pool;       /* a registration (tl_pool_register_submit): prefill, then pin here */
     int reg_orphan;          /* a registration whose pool was freed: prefill and cache unpinned */
     float *reg_logits;       /* a registration's last position logits, kept with its entry */
+    tl_radix_node *pinned;   /* TL_RK_PIN: the pinned node, until the waiting caller takes it */
+    const struct tl_prefix *resume; /* TL_RK_RESUME: the handle (outlives the request: its caller waits) */
     int news;                /* tokens or a state change since the last notification */
     int64_t queued_step;     /* scheduler step it was first considered for admission (aging) */
     int first_tok;           /* >= 0: sampled at admission from a full match's kept logits */
@@ -42,6 +57,15 @@ typedef struct tl_sched_msg {
     tl_pool *pool;           /* TL_MSG_POOL_FREE */
 } tl_sched_msg;
 
+/* One forward pass's batch, parallel arrays with room for every request
+ * (grown with the request list, so a step allocates nothing). */
+typedef struct tl_batch {
+    tl_request **rq;
+    tl_seq **seqs;
+    const int32_t **toks;
+    int *ntok, *want, *prompt_part;
+} tl_batch;
+
 /* Locking (see engine.c): `mu` guards the request lists, the fields
  * take/get_info read, and the flags; `compute_mu` is held by whoever steps
  * or otherwise touches the KV pool and the radix tree. Without the engine
@@ -49,6 +73,7 @@ typedef struct tl_sched_msg {
 typedef struct tl_sched {
     tl_request **reqs;       /* in submission order; owned by the stepping thread */
     int n, cap;
+    tl_batch batch;          /* room for cap requests */
     tl_request **incoming;   /* submitted, not yet seen by a step (guarded by mu) */
     int n_in, cap_in;
     int n_queued, max_queue;
@@ -114,17 +139,19 @@ int tl_engine_wait_run(tl_model *m, int64_t id, int32_t *out, int cap);
  * engine); for news that does not come from a step (tokenize jobs). */
 void tl_engine_post_ids(tl_model *m, const int64_t *ids, int n);
 
-/* Namespace for (loops, window, salt) at the model's depth for loops, held
- * by the caller until tl_radix_namespace_release. */
-int tl_sched_namespace(tl_model *m, int loops, int window, uint64_t salt);
 /* Runs one request to completion, stepping the whole scheduler. Returns
  * generated count or an error; out receives the generated tokens. */
 int tl_sched_run(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p, tl_pool *pool,
                  int32_t *out, int cap, int *n_cached);
-/* Fills the KV of tokens into the cache (reusing what is there), and
- * returns the node ending exactly at n (the caller pins it), or NULL. */
-tl_radix_node *tl_sched_cache_prefix(tl_model *m, int ns, int loops, int window, const int32_t *tokens, int n,
-                                     int tenant);
+/* Waits for request id (the engine thread steps it, or this thread steps
+ * the scheduler), taking up to cap tokens into out (a full buffer cancels
+ * the rest), then releases it. n_cached and pinned (a TL_RK_PIN's node,
+ * pinned for the caller) may be NULL. Returns the count or an error. */
+int tl_sched_wait(tl_model *m, int64_t id, int32_t *out, int cap, int *n_cached, tl_radix_node **pinned);
+/* Queues a TL_RK_PIN request for tokens (checked by the caller). */
+int tl_sched_submit_pin(tl_model *m, const int32_t *tokens, int n, int loops, int window, int64_t *id_out);
+/* Queues a TL_RK_RESUME request for handle h (its prompt checked). */
+int tl_sched_submit_resume(tl_model *m, const struct tl_prefix *h, const tl_generate_params *p, int64_t *id_out);
 /* Ids in the vocab, at least one. */
 int tl_sched_check_tokens(const tl_model *m, const int32_t *tokens, int n);
 int tl_sched_check_prompt(const tl_model *m, const int32_t *prompt, int n_prompt, int max_tokens);

@@ -162,7 +162,7 @@ static void test_sharing(void) {
     tl_model_get_stats(m, &st0);
     /* snapshot the prefix's blocks */
     tl_radix_node *node = NULL;
-    int ns = tl_sched_namespace(m, 0, 0, 0);
+    int ns = tl_cache_namespace(m, 0, 0, 0);
     tl_radix_match(&m->cache, ns, prompt, PREFIX, PREFIX, &node);
     int n_ids = node ? node->n_lb * 2 : 0;
     size_t bytes = m->kv.block_bytes;

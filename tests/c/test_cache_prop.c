@@ -192,7 +192,7 @@ int main(void) {
             }
             for (int j = 0; j < rp->n; j++) {
                 ref_entry *e = &rp->e[j];
-                int ns = tl_sched_namespace(m, e->loops, e->window, 0);
+                int ns = tl_cache_namespace(m, e->loops, e->window, 0);
                 if (tl_radix_match(&m->cache, ns, e->t, e->n, e->n, NULL) != e->n && bad_pin++ < 3)
                     printf("  op %d: a pinned entry of %d tokens is no longer fully cached\n", op, e->n);
                 tl_radix_namespace_release(&m->cache, ns); /* an emptied namespace is then freed */
