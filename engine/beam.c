@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "pool.h"
 #include "scheduler.h"
 #include "util.h"
 
@@ -177,7 +178,7 @@ int tl_generate_beam(tl_model *m, tl_pool *pool, const int32_t *prompt, int n_pr
     if (beams < 1 || beams > BEAM_MAX)
         return tl_set_error(TL_ERR_INVALID_ARG, "beams %d must be in [1, %d]", beams, BEAM_MAX);
     if (!isfinite(alpha)) return tl_set_error(TL_ERR_INVALID_ARG, "length_penalty %g must be finite", (double)alpha);
-    int rc = tl_sched_check_prompt(m, prompt, n_prompt, gp.max_tokens);
+    int rc = tl_request_check_prompt(m, prompt, n_prompt, gp.max_tokens);
     if (rc) return rc;
     if (!out || cap < gp.max_tokens)
         return tl_set_error(TL_ERR_BUFFER, "output buffer of %d tokens is smaller than max_tokens %d", cap,

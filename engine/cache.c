@@ -1,5 +1,5 @@
-/* cache.c - namespaces, room in the KV arena, tenant budgets, eviction
- * weights, statistics and the invariant checker (see cache.h). */
+/* cache.c - namespaces, room in the KV arena, tenant budgets, the node
+ * listing and the refcount checker (see cache.h). */
 #include "cache.h"
 
 #include <stdlib.h>
@@ -30,4 +30,55 @@ int tl_batch_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, c
     if (tl_forward_check(m, seqs, tokens, n_tokens, n_seq, &T)) return tl_last_error_code();
     tl_cache_reserve(m, seqs, n_tokens, n_seq);
     return tl_forward(m, seqs, tokens, n_tokens, n_seq, logits, NULL);
+}
+
+int tl_cache_apply_budget(tl_model *m, int tenant, int max_blocks) {
+    if (tl_radix_set_budget(&m->cache, tenant, max_blocks))
+        return tl_set_error(TL_ERR_NOMEM, "out of memory for tenant budgets");
+    tl_radix_enforce_budget(&m->cache, tenant);
+    return TL_OK;
+}
+
+typedef struct {
+    tl_cache_node *out;
+    int cap, n;
+} nodes_ctx;
+
+static void add_node(const tl_radix_node *n, const tl_radix_ns *ns, void *ud) {
+    nodes_ctx *c = ud;
+    if (c->n < c->cap)
+        c->out[c->n] = (tl_cache_node){.id = n->id, .parent = n->parent && n->parent->parent ? n->parent->id : 0,
+                                       .start = n->start, .n_tokens = n->n_tokens, .n_blocks = n->n_lb * ns->depth,
+                                       .hits = n->hits, .last_access = n->last_access, .tenant = n->tenant,
+                                       .pinned = n->pin > 0, .locked = n->lock > 0, .leaf = n->n_kids == 0,
+                                       .shareable = n->shareable > 0, .loops = ns->loops,
+                                       .cache_window = ns->cache_window, .salt = ns->salt};
+    c->n++;
+}
+
+int tl_cache_nodes(tl_model *m, tl_cache_node *out, int cap) {
+    nodes_ctx c = {out, cap, 0};
+    tl_radix_walk(&m->cache, add_node, &c);
+    return c.n;
+}
+
+static void count_node(const tl_radix_node *n, const tl_radix_ns *ns, void *ud) {
+    int32_t *count = ud;
+    for (int i = 0; i < n->n_lb * ns->depth; i++) count[n->blocks[i]]++;
+}
+
+int tl_cache_check(tl_model *m, int32_t *count) {
+    tl_kv_pool *kv = &m->kv;
+    tl_radix_walk(&m->cache, count_node, count);
+    int used = 0;
+    for (int b = 0; b < kv->n_blocks; b++) {
+        used += kv->refcnt[b] > 0;
+        if (kv->refcnt[b] != count[b])
+            return tl_set_error(TL_ERR_STATE, "block %d has refcount %d but %d holders", b, kv->refcnt[b], count[b]);
+    }
+    if (used + kv->n_free != kv->n_blocks)
+        return tl_set_error(TL_ERR_STATE, "%d used + %d free != %d blocks", used, kv->n_free, kv->n_blocks);
+    char msg[256];
+    if (tl_radix_check(&m->cache, msg, sizeof msg)) return tl_set_error(TL_ERR_STATE, "%s", msg);
+    return TL_OK;
 }

@@ -155,7 +155,7 @@ int tl_engine_wait_run(tl_model *m, int64_t id, int32_t *out, int cap) {
             tl_request_cancel(m, id);
             return n;
         }
-        int rc = tl_sched_wait_news(m, id);
+        int rc = tl_request_wait_news(m, id);
         if (rc) return rc;
     }
 }

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pool.h"
 #include "scheduler.h"
 #include "util.h"
 
@@ -282,7 +283,7 @@ int tl_pool_check_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n
         return tl_set_error(TL_ERR_INVALID_ARG, "loops %d and cache_window %d must be >= 0", loops, window);
     if (n > m->max_seq_len)
         return tl_set_error(TL_ERR_TOO_LONG, "prefix length %d exceeds max_seq_len %d", n, m->max_seq_len);
-    return tl_sched_check_tokens(m, tokens, n);
+    return tl_request_check_tokens(m, tokens, n);
 }
 
 int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int loops, int window) {
@@ -336,7 +337,7 @@ int tl_generate_with_pool(tl_model *m, tl_pool *p, const int32_t *prompt, int n_
     if (!m->arch) return tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot generate");
     int rc = tl_pool_bind(p, m);
     if (rc) return rc;
-    rc = tl_sched_check_prompt(m, prompt, n_prompt, gp.max_tokens);
+    rc = tl_request_check_prompt(m, prompt, n_prompt, gp.max_tokens);
     if (rc) return rc;
     if (!out || cap < n_prompt + gp.max_tokens)
         return tl_set_error(TL_ERR_BUFFER, "output buffer of %d tokens is smaller than prompt %d + max_tokens %d", cap,

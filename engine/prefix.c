@@ -60,7 +60,7 @@ int tl_prefix_build(tl_model *m, const int32_t *tokens, int n, int loops, int wi
     int rc = check_model(m, out);
     if (rc) return rc;
     *out = NULL;
-    if ((rc = tl_sched_check_tokens(m, tokens, n))) return rc;
+    if ((rc = tl_request_check_tokens(m, tokens, n))) return rc;
     if (n > m->max_seq_len) return tl_set_error(TL_ERR_TOO_LONG, "prefix length %d exceeds max_seq_len %d", n, m->max_seq_len);
     if (loops < 0 || window < 0)
         return tl_set_error(TL_ERR_INVALID_ARG, "loops %d and cache_window %d must be >= 0", loops, window);
@@ -71,7 +71,7 @@ int tl_prefix_build(tl_model *m, const int32_t *tokens, int n, int loops, int wi
     /* A TL_RK_PIN request, waited for: it prefills in the scheduler's
      * batches and pins its node for us. */
     int64_t id;
-    rc = tl_sched_submit_pin(m, tokens, n, h->loops, window, &id);
+    rc = tl_request_submit_pin(m, tokens, n, h->loops, window, &id);
     if (rc == TL_OK) rc = tl_sched_wait(m, id, NULL, 0, NULL, &h->node);
     if (rc >= 0 && !h->node) rc = tl_set_error(TL_ERR_STATE, "build_prefix_cache: the prefix was not pinned");
     if (rc < 0) {
@@ -110,7 +110,7 @@ int tl_resume_build(tl_model *m, const int32_t *prompt, int n, tl_prefix **out) 
     int rc = check_model(m, out);
     if (rc) return rc;
     *out = NULL;
-    if ((rc = tl_sched_check_prompt(m, prompt, n, 1))) return rc;
+    if ((rc = tl_request_check_prompt(m, prompt, n, 1))) return rc;
     tl_prefix *h = handle_new(m, KIND_RESUME, prompt, n);
     if (!h) return TL_ERR_NOMEM;
     h->prelude = m->loop_start < m->loop_end ? m->loop_start : 0;
@@ -190,12 +190,12 @@ int tl_resume_generate(tl_model *m, tl_prefix *h, tl_generate_params gp, int32_t
     if (rc) return rc;
     if (!h || h->kind != KIND_RESUME || h->model != m)
         return tl_set_error(TL_ERR_INVALID_ARG, "resume handle is NULL, of another kind, or of another model");
-    if ((rc = tl_sched_check_prompt(m, h->tokens, h->n, gp.max_tokens))) return rc;
+    if ((rc = tl_request_check_prompt(m, h->tokens, h->n, gp.max_tokens))) return rc;
     if (h->prelude == 0) { /* nothing depth-independent to reuse */
         gp.no_cache = 1;
         return tl_sched_run(m, h->tokens, h->n, &gp, NULL, out, cap, NULL);
     }
     int64_t id;
-    if ((rc = tl_sched_submit_resume(m, h, &gp, &id))) return rc;
+    if ((rc = tl_request_submit_resume(m, h, &gp, &id))) return rc;
     return tl_sched_wait(m, id, out, cap, NULL, NULL);
 }

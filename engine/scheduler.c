@@ -1,4 +1,4 @@
-/* scheduler.c - requests and the scheduler step.
+/* scheduler.c - the scheduler step, and the request calls that need it.
  *
  * A step admits queued requests (longest cached prefix: share its blocks,
  * lock its path), then runs one batched forward pass per loop depth:
@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pool.h"
 #include "prefix.h"
 #include "util.h"
 
@@ -37,7 +38,6 @@ int tl_sched_init(tl_model *m) {
     return tl_sampler_init(&s->smp, &greedy, m->hp.n_vocab);
 }
 
-static void request_free(tl_model *m, tl_request *r);
 static void batch_free(tl_batch *b);
 
 void tl_sched_free(tl_model *m) {
@@ -46,8 +46,8 @@ void tl_sched_free(tl_model *m) {
     tl_engine_stop(m);
     tl_sched_apply_msgs(m); /* any posted while the engine stopped */
     free(s->msgs);
-    for (int i = 0; i < s->n; i++) request_free(m, s->reqs[i]);
-    for (int i = 0; i < s->n_in; i++) request_free(m, s->incoming[i]);
+    for (int i = 0; i < s->n; i++) tl_request_free(m, s->reqs[i]);
+    for (int i = 0; i < s->n_in; i++) tl_request_free(m, s->incoming[i]);
     free(s->incoming);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->compute_mu);
@@ -106,246 +106,6 @@ void tl_sched_detach_pool(tl_model *m, tl_pool *pool) {
     }
     pthread_mutex_unlock(&s->mu);
 }
-
-int tl_sched_check_tokens(const tl_model *m, const int32_t *tokens, int n) {
-    if (!tokens || n < 1) return tl_set_error(TL_ERR_INVALID_ARG, "prompt is empty (n_prompt %d)", n);
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= m->hp.n_vocab)
-            return tl_set_error(TL_ERR_INVALID_ARG, "prompt token %d at index %d is outside the vocab [0, %d)",
-                                tokens[i], i, m->hp.n_vocab);
-    return TL_OK;
-}
-
-int tl_sched_check_prompt(const tl_model *m, const int32_t *prompt, int n_prompt, int max_tokens) {
-    if (!prompt || n_prompt < 1) return tl_set_error(TL_ERR_INVALID_ARG, "prompt is empty (n_prompt %d)", n_prompt);
-    if (max_tokens < 1) return tl_set_error(TL_ERR_INVALID_ARG, "max_tokens %d must be >= 1", max_tokens);
-    if ((int64_t)n_prompt + max_tokens > m->max_seq_len)
-        return tl_set_error(TL_ERR_TOO_LONG, "prompt length %d + max_tokens %d exceeds max_seq_len %d", n_prompt,
-                            max_tokens, m->max_seq_len);
-    return tl_sched_check_tokens(m, prompt, n_prompt);
-}
-
-/* ---- request lifetime ----------------------------------------------------------- */
-
-/* Caller holds mu. */
-static tl_request *find(const tl_model *m, int64_t id) {
-    const tl_sched *s = m->sched;
-    for (int i = 0; i < s->n; i++)
-        if (s->reqs[i]->id == id) return s->reqs[i];
-    for (int i = 0; i < s->n_in; i++)
-        if (s->incoming[i]->id == id) return s->incoming[i];
-    return NULL;
-}
-
-/* Drops the request's KV and cache lock; with insert, its tokens go into
- * the cache first. */
-static void request_stop(tl_model *m, tl_request *r, int insert) {
-    if (r->seq) {
-        if (insert && r->ns >= 0 && r->seq->n_pos > 0 && r->seq->bt.n_released == 0) {
-            tl_radix_insert(&m->cache, r->ns, r->tokens, r->seq->n_pos, &r->seq->bt, r->p.tenant);
-            tl_radix_enforce_budget(&m->cache, r->p.tenant);
-        }
-        tl_seq_free(r->seq);
-        r->seq = NULL;
-    }
-    if (r->locked) {
-        tl_radix_lock(r->locked, -1);
-        r->locked = NULL;
-    }
-    if (r->ns >= 0) { /* after the insert: an emptied namespace can go */
-        tl_radix_namespace_release(&m->cache, r->ns);
-        r->ns = -1;
-    }
-}
-
-static void request_free(tl_model *m, tl_request *r) {
-    request_stop(m, r, 0);
-    if (r->pinned) tl_radix_unpin(&m->cache, r->pinned); /* its caller never took it */
-    free(r->reg_logits);
-    free(r->tokens);
-    free(r);
-}
-
-static void finish(tl_model *m, tl_request *r, int reason) {
-    request_stop(m, r, 1);
-    pthread_mutex_lock(&m->sched->mu);
-    r->state = TL_REQ_DONE;
-    r->finish = reason;
-    r->news = 1;
-    pthread_mutex_unlock(&m->sched->mu);
-    m->sched->st.requests_finished++;
-}
-
-static void fail(tl_model *m, tl_request *r, int code, const char *msg) {
-    request_stop(m, r, 0);
-    pthread_mutex_lock(&m->sched->mu);
-    if (r->state == TL_REQ_QUEUED) m->sched->n_queued--;
-    r->state = TL_REQ_FAILED;
-    r->finish = TL_FINISH_ERROR;
-    r->error = code;
-    r->news = 1;
-    snprintf(r->errmsg, sizeof r->errmsg, "%s", msg);
-    pthread_mutex_unlock(&m->sched->mu);
-}
-
-/* Back to the queue (KV short): its KV is dropped and recomputed later. */
-static void requeue(tl_model *m, tl_request *r) {
-    request_stop(m, r, 0);
-    r->n_cached = 0;
-    pthread_mutex_lock(&m->sched->mu);
-    r->state = TL_REQ_QUEUED;
-    m->sched->n_queued++;
-    pthread_mutex_unlock(&m->sched->mu);
-}
-
-static tl_request *request_new(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p);
-static int request_enqueue(tl_model *m, tl_request *r, int64_t *id_out);
-
-int tl_request_submit(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p, tl_pool *pool,
-                      int64_t *id_out) {
-    if (!m || !p || !id_out) return tl_set_error(TL_ERR_INVALID_ARG, "model, params and id_out must not be NULL");
-    if (!m->arch) return tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot generate");
-    int rc = tl_sched_check_prompt(m, prompt, n_prompt, p->max_tokens);
-    if (rc) return rc;
-    if (p->loops < 0) return tl_set_error(TL_ERR_INVALID_ARG, "loops %d must be >= 0", p->loops);
-    if (p->cache_window < 0) return tl_set_error(TL_ERR_INVALID_ARG, "cache_window %d must be >= 0", p->cache_window);
-    if (p->tenant < 0) return tl_set_error(TL_ERR_INVALID_ARG, "tenant %d must be >= 0", p->tenant);
-    if (pool && (rc = tl_pool_bind(pool, m))) return rc;
-    tl_sampler probe;
-    if ((rc = tl_sampler_init(&probe, &p->sampling, 1))) return rc; /* validates the sampling fields */
-    tl_sampler_free(&probe);
-    tl_request *r = request_new(m, prompt, n_prompt, p);
-    if (!r) return TL_ERR_NOMEM;
-    r->pool = pool;
-    return request_enqueue(m, r, id_out);
-}
-
-/* A queued request for prompt (room for max_tokens more), or NULL with the
- * error set. */
-static tl_request *request_new(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p) {
-    tl_request *r = calloc(1, sizeof *r);
-    if (r) r->tokens = malloc(((size_t)n_prompt + (size_t)p->max_tokens) * sizeof *r->tokens);
-    if (!r || !r->tokens) {
-        free(r);
-        tl_set_error(TL_ERR_NOMEM, "out of memory for a request of %d tokens", n_prompt);
-        return NULL;
-    }
-    memcpy(r->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
-    r->n_prompt = n_prompt;
-    r->p = *p;
-    r->p.loops = tl_model_effective_loops(m, p->loops);
-    r->rng = p->sampling.seed;
-    r->ns = -1;
-    r->state = TL_REQ_QUEUED;
-    return r;
-}
-
-/* Queues r (taking it) unless the queue is full; wakes the engine. */
-static int request_enqueue(tl_model *m, tl_request *r, int64_t *id_out) {
-    tl_sched *s = m->sched;
-    pthread_mutex_lock(&s->mu);
-    int rc = TL_OK;
-    if (s->n_queued >= s->max_queue) {
-        rc = tl_set_error(TL_ERR_BUSY, "queue full: %d requests waiting (max_queue %d)", s->max_queue, s->max_queue);
-    } else if (s->n_in == s->cap_in) {
-        int cap = s->cap_in ? s->cap_in * 2 : 16;
-        tl_request **v = realloc(s->incoming, (size_t)cap * sizeof *v);
-        if (!v) rc = tl_set_error(TL_ERR_NOMEM, "out of memory for requests");
-        else {
-            s->incoming = v;
-            s->cap_in = cap;
-        }
-    }
-    if (rc) {
-        pthread_mutex_unlock(&s->mu);
-        free(r->tokens);
-        free(r);
-        return rc;
-    }
-    r->id = s->next_id++;
-    s->incoming[s->n_in++] = r;
-    s->n_queued++;
-    *id_out = r->id;
-    pthread_cond_signal(&s->cv);
-    pthread_mutex_unlock(&s->mu);
-    return TL_OK;
-}
-
-int tl_pool_register_submit(tl_model *m, tl_pool *pool, const int32_t *tokens, int n, int loops, int window,
-                            int64_t *id_out) {
-    if (!id_out) return tl_set_error(TL_ERR_INVALID_ARG, "id_out must not be NULL");
-    int rc = tl_pool_check_register(m, pool, tokens, n, loops, window);
-    if (rc) return rc;
-    tl_generate_params p = tl_generate_default_params();
-    p.max_tokens = 0;
-    p.loops = loops;
-    p.cache_window = window;
-    tl_pool_key(pool, &p.salt, &p.tenant);
-    tl_request *r = request_new(m, tokens, n, &p);
-    if (!r) return TL_ERR_NOMEM;
-    r->kind = TL_RK_REGISTER;
-    r->reg_pool = pool;
-    return request_enqueue(m, r, id_out);
-}
-
-int tl_sched_submit_pin(tl_model *m, const int32_t *tokens, int n, int loops, int window, int64_t *id_out) {
-    tl_generate_params p = tl_generate_default_params();
-    p.max_tokens = 0;
-    p.loops = loops;
-    p.cache_window = window;
-    tl_request *r = request_new(m, tokens, n, &p);
-    if (!r) return TL_ERR_NOMEM;
-    r->kind = TL_RK_PIN;
-    return request_enqueue(m, r, id_out);
-}
-
-int tl_sched_submit_resume(tl_model *m, const tl_prefix *h, const tl_generate_params *p, int64_t *id_out) {
-    int n;
-    const int32_t *prompt = tl_resume_tokens(h, &n);
-    tl_sampler probe;
-    int rc = tl_sampler_init(&probe, &p->sampling, 1); /* validates the sampling fields */
-    if (rc) return rc;
-    tl_sampler_free(&probe);
-    tl_request *r = request_new(m, prompt, n, p);
-    if (!r) return TL_ERR_NOMEM;
-    r->kind = TL_RK_RESUME;
-    r->resume = h;
-    r->p.no_cache = 1; /* its KV is the handle's plus private blocks: nothing to insert */
-    return request_enqueue(m, r, id_out);
-}
-
-/* A build request (TL_RK_REGISTER, TL_RK_PIN) has its prefix in KV:
- * insert it with its last logits, pin it (in its pool, whose policy then
- * makes room, or for the waiting caller) and end the request. */
-static void complete_build(tl_model *m, tl_request *r) {
-    tl_radix_node *node = tl_radix_insert(&m->cache, r->ns, r->tokens, r->n_prompt, &r->seq->bt, r->p.tenant);
-    if (!node) {
-        fail(m, r, TL_ERR_NOMEM, "out of memory inserting a prefix into the cache");
-        return;
-    }
-    if (!node->logits) { /* a prompt equal to the entry then computes nothing */
-        node->logits = r->reg_logits;
-        r->reg_logits = NULL;
-    }
-    if (r->kind == TL_RK_PIN) {
-        node->pin++;
-        r->pinned = node;
-    } else if (r->reg_pool &&
-               tl_pool_add_built(r->reg_pool, r->tokens, r->n_prompt, r->p.loops, r->p.cache_window, node) < 0) {
-        fail(m, r, tl_last_error_code(), tl_last_error());
-        return;
-    }
-    request_stop(m, r, 0);
-    pthread_mutex_lock(&m->sched->mu);
-    r->state = TL_REQ_DONE;
-    r->finish = TL_FINISH_LENGTH;
-    r->news = 1;
-    pthread_mutex_unlock(&m->sched->mu);
-}
-
-/* Build requests prefill a prefix and keep its last logits with it. */
-static int is_build(const tl_request *r) { return r->kind == TL_RK_REGISTER || r->kind == TL_RK_PIN; }
-static int keeps_logits(const tl_request *r) { return r->kind == TL_RK_PIN || r->reg_pool; }
 
 /* The node of a match of L tokens (node contains position L - 1) seen as
  * a match of L - 1: the node containing position L - 2. */
@@ -410,7 +170,7 @@ static int admit(tl_model *m, tl_request *r) {
     }
     /* A build reuses what is cached but is no lookup of the cache's
      * users: it counts in no hit statistics. */
-    int counted = !is_build(r);
+    int counted = !tl_request_is_build(r);
     s->st.lookups += counted;
     /* Any failure to reuse the cache falls through to computing everything. */
     if (L > 0 && tl_radix_share(&m->cache, node, L, &r->seq->bt) == 0) {
@@ -444,14 +204,14 @@ static void accept_token(tl_model *m, tl_request *r, int tok) {
     tl_sched *s = m->sched;
     s->st.generated_tokens++;
     if (tl_model_is_eog(m, tok) && !r->p.ignore_eos) {
-        finish(m, r, TL_FINISH_EOS);
+        tl_request_finish(m, r, TL_FINISH_EOS);
         return;
     }
     pthread_mutex_lock(&s->mu);
     r->tokens[r->n_prompt + r->n_gen++] = tok;
     r->news = 1;
     pthread_mutex_unlock(&s->mu);
-    if (r->n_gen == r->p.max_tokens) finish(m, r, TL_FINISH_LENGTH);
+    if (r->n_gen == r->p.max_tokens) tl_request_finish(m, r, TL_FINISH_LENGTH);
 }
 
 static void sample_into(tl_model *m, tl_request *r, float *logits) {
@@ -514,7 +274,7 @@ static int device_sampling(tl_model *m, tl_request *const *rq, const int *want, 
         tl_backend_sample *d = &s->dev_smp[row];
         memset(d, 0, sizeof *d);
         int k = effective_top_k(r, nv);
-        if ((p->temperature > 0 && k > max_k) || keeps_logits(r)) { /* a registration keeps its logits */
+        if ((p->temperature > 0 && k > max_k) || tl_request_keeps_logits(r)) { /* a registration keeps its logits */
             row++;
             continue;
         }
@@ -541,7 +301,7 @@ static int device_sampling(tl_model *m, tl_request *const *rq, const int *want, 
  * stays proportional to the window. Its tokens are then no longer
  * inserted into the cache (the tree needs every position's KV). */
 static void drop_behind_window(tl_model *m, tl_request *r) {
-    if (!r->seq || r->p.cache_window <= 0 || is_build(r)) return;
+    if (!r->seq || r->p.cache_window <= 0 || tl_request_is_build(r)) return;
     int lb_end = (r->seq->n_pos - r->p.cache_window + 1) / m->kv.block_size;
     if (lb_end >= 2) tl_block_table_drop_before(&r->seq->bt, &m->kv, lb_end);
 }
@@ -590,7 +350,7 @@ static void run_resume_prefill(tl_model *m, tl_request *r) {
     tl_sched *s = m->sched;
     int n = r->n_prompt - r->seq->n_pos, want = 1;
     if (ensure_logits(s, 1, m->hp.n_vocab)) {
-        fail(m, r, TL_ERR_NOMEM, "out of memory for a row of logits");
+        tl_request_fail(m, r, TL_ERR_NOMEM, "out of memory for a row of logits");
         return;
     }
     int D = m->hp.n_embd;
@@ -602,12 +362,12 @@ static void run_resume_prefill(tl_model *m, tl_request *r) {
     tl_cache_reserve(m, &r->seq, &n, 1); /* short: the pass fails with KV full */
     int rc = tl_forward(m, &r->seq, &t, &n, 1, s->logits, &fo);
     if (rc) {
-        fail(m, r, rc, tl_last_error());
+        tl_request_fail(m, r, rc, tl_last_error());
         return;
     }
     s->st.prefill_tokens += n;
     if (r->p.max_tokens > 0) sample_into(m, r, s->logits);
-    else finish(m, r, TL_FINISH_LENGTH);
+    else tl_request_finish(m, r, TL_FINISH_LENGTH);
 }
 
 /* One forward pass over the running requests of one loop depth. */
@@ -684,8 +444,8 @@ static int run_group(tl_model *m, int loops) {
                 v = i;
         batch_swap_last(rq, seqs, toks, ntok, want, prompt_part, v, nb);
         tl_request *victim = rq[nb - 1];
-        if (victim->n_gen == 0 && nb > 1) requeue(m, victim);
-        else fail(m, victim, rc, tl_last_error());
+        if (victim->n_gen == 0 && nb > 1) tl_request_requeue(m, victim);
+        else tl_request_fail(m, victim, rc, tl_last_error());
         nb--;
         rc = TL_OK;
     }
@@ -698,17 +458,17 @@ static int run_group(tl_model *m, int loops) {
                 char msg[128];
                 snprintf(msg, sizeof msg, "the %s backend sampled token id %d, outside the vocab [0, %d)",
                          tl_backend_name(m), tok, m->hp.n_vocab);
-                fail(m, rq[i], TL_ERR_STATE, msg);
+                tl_request_fail(m, rq[i], TL_ERR_STATE, msg);
             } else {
                 rq[i]->rng = s->dev_rng[row - 1];
                 accept_token(m, rq[i], tok);
             }
-        } else if (want[i] && keeps_logits(rq[i])) {
+        } else if (want[i] && tl_request_keeps_logits(rq[i])) {
             keep_reg_logits(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
         } else if (want[i]) {
             sample_into(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
         }
-        if (is_build(rq[i]) && rq[i]->seq && rq[i]->seq->n_pos == rq[i]->n_prompt) complete_build(m, rq[i]);
+        if (tl_request_is_build(rq[i]) && rq[i]->seq && rq[i]->seq->n_pos == rq[i]->n_prompt) tl_request_complete_build(m, rq[i]);
         drop_behind_window(m, rq[i]);
     }
 out:
@@ -771,7 +531,7 @@ static void merge_and_reap(tl_model *m) {
     for (int i = 0; i < s->n; i++) {
         tl_request *r = s->reqs[i];
         if ((r->cancel_req || r->release_req) && r->state <= TL_REQ_RUNNING) {
-            request_stop(m, r, 0);
+            tl_request_stop(m, r, 0);
             pthread_mutex_lock(&s->mu);
             if (r->state == TL_REQ_QUEUED) s->n_queued--;
             r->state = TL_REQ_CANCELLED;
@@ -784,7 +544,7 @@ static void merge_and_reap(tl_model *m) {
             memmove(&s->reqs[i], &s->reqs[i + 1], (size_t)(s->n - i - 1) * sizeof *s->reqs);
             s->n--;
             pthread_mutex_unlock(&s->mu);
-            request_free(m, r);
+            tl_request_free(m, r);
             i--;
         }
     }
@@ -851,11 +611,11 @@ static void admit_queued(tl_model *m) {
         if (!best) return;
         int rc = admit(m, best);
         if (rc == TL_ERR_KV_FULL && running > 0) { /* a resume's fresh blocks: wait for the running ones */
-            request_stop(m, best, 0);
+            tl_request_stop(m, best, 0);
             return;
         }
         if (rc) {
-            fail(m, best, rc, tl_last_error());
+            tl_request_fail(m, best, rc, tl_last_error());
             continue;
         }
         int need = blocks_to_come(m, best);
@@ -867,10 +627,10 @@ static void admit_queued(tl_model *m) {
                          "KV cache full: a prompt of %d tokens + max_tokens %d needs %d blocks, %d of %d free with "
                          "nothing else running",
                          best->n_prompt, best->p.max_tokens, need, m->kv.n_free, m->kv.n_blocks);
-                fail(m, best, TL_ERR_KV_FULL, msg); /* still QUEUED: fail() counts it out */
+                tl_request_fail(m, best, TL_ERR_KV_FULL, msg); /* still QUEUED: tl_request_fail() counts it out */
                 continue;
             }
-            request_stop(m, best, 0); /* wait for running requests to free blocks */
+            tl_request_stop(m, best, 0); /* wait for running requests to free blocks */
             best->n_cached = 0;
             return;
         }
@@ -921,36 +681,12 @@ int tl_model_step(tl_model *m) {
     return tl_sched_step(m);
 }
 
-int tl_request_take(tl_model *m, int64_t id, int32_t *out, int cap, int *finished) {
-    if (finished) *finished = 0;
-    if (!m || (cap > 0 && !out) || cap < 0) return tl_set_error(TL_ERR_INVALID_ARG, "take: bad arguments (cap %d)", cap);
-    tl_sched *s = m->sched;
-    pthread_mutex_lock(&s->mu);
-    tl_request *r = find(m, id);
-    if (!r) {
-        pthread_mutex_unlock(&s->mu);
-        return tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
-    }
-    int n = r->n_gen - r->n_taken;
-    if (n > cap) n = cap;
-    if (n > 0) memcpy(out, r->tokens + r->n_prompt + r->n_taken, (size_t)n * sizeof *out);
-    r->n_taken += n;
-    int ended = r->state >= TL_REQ_DONE && r->n_taken == r->n_gen;
-    int failed = ended && r->state == TL_REQ_FAILED && n == 0, err = r->error;
-    char msg[256];
-    if (failed) snprintf(msg, sizeof msg, "%s", r->errmsg);
-    pthread_mutex_unlock(&s->mu);
-    if (finished) *finished = ended;
-    if (failed) return tl_set_error(err, "%s", msg);
-    return n;
-}
-
 /* Sets a flag for the stepping thread, or acts at once without an engine. */
 static int request_flag(tl_model *m, int64_t id, int release) {
     tl_sched *s = m ? m->sched : NULL;
     if (!s) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
     pthread_mutex_lock(&s->mu);
-    tl_request *r = find(m, id);
+    tl_request *r = tl_request_find(m, id);
     if (!r) {
         pthread_mutex_unlock(&s->mu);
         return tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
@@ -968,41 +704,6 @@ static int request_flag(tl_model *m, int64_t id, int release) {
 int tl_request_cancel(tl_model *m, int64_t id) { return request_flag(m, id, 0); }
 
 int tl_request_release(tl_model *m, int64_t id) { return request_flag(m, id, 1); }
-
-int tl_request_get_info(const tl_model *m, int64_t id, tl_request_info *o) {
-    if (!m || !o) return tl_set_error(TL_ERR_INVALID_ARG, "model and out must not be NULL");
-    tl_sched *s = m->sched;
-    pthread_mutex_lock(&s->mu);
-    const tl_request *r = find(m, id);
-    if (r)
-        *o = (tl_request_info){.state = r->state, .finish_reason = r->finish, .n_prompt = r->n_prompt,
-                               .n_generated = r->n_gen, .n_taken = r->n_taken, .n_cached = r->n_cached,
-                               .error = r->error};
-    pthread_mutex_unlock(&s->mu);
-    if (!r) return tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
-    return TL_OK;
-}
-
-int tl_sched_wait_news(tl_model *m, int64_t id) {
-    tl_sched *s = m->sched;
-    int rc = TL_OK;
-    pthread_mutex_lock(&s->mu);
-    for (;;) {
-        tl_request *r = find(m, id);
-        if (!r) {
-            rc = tl_set_error(TL_ERR_INVALID_ARG, "no request with id %lld", (long long)id);
-            break;
-        }
-        if (r->n_gen > r->n_taken || r->state >= TL_REQ_DONE) break;
-        if (!s->engine_running) {
-            rc = tl_set_error(TL_ERR_STATE, "the engine stopped while request %lld was running", (long long)id);
-            break;
-        }
-        pthread_cond_wait(&s->done_cv, &s->mu);
-    }
-    pthread_mutex_unlock(&s->mu);
-    return rc;
-}
 
 /* ---- synchronous helpers ------------------------------------------------------------------- */
 
@@ -1032,7 +733,7 @@ int tl_sched_wait(tl_model *m, int64_t id, int32_t *out, int cap, int *n_cached,
             break;
         }
         if (s->engine_running) {
-            if ((rc = tl_sched_wait_news(m, id))) break;
+            if ((rc = tl_request_wait_news(m, id))) break;
             continue;
         }
         /* no engine thread: this caller steps the scheduler */
@@ -1047,7 +748,7 @@ int tl_sched_wait(tl_model *m, int64_t id, int32_t *out, int cap, int *n_cached,
     char msg[512];
     snprintf(msg, sizeof msg, "%s", tl_last_error());
     pthread_mutex_lock(&s->mu);
-    tl_request *r = find(m, id);
+    tl_request *r = tl_request_find(m, id);
     if (r && n_cached) *n_cached = r->n_cached;
     if (r && pinned) {
         *pinned = r->pinned; /* the caller's now */
@@ -1097,14 +798,6 @@ int tl_model_get_stats(const tl_model *m, tl_cache_stats *o) {
     return TL_OK;
 }
 
-/* Caller holds compute_mu (or no engine runs). */
-static int apply_budget(tl_model *m, int tenant, int max_blocks) {
-    if (tl_radix_set_budget(&m->cache, tenant, max_blocks))
-        return tl_set_error(TL_ERR_NOMEM, "out of memory for tenant budgets");
-    tl_radix_enforce_budget(&m->cache, tenant);
-    return TL_OK;
-}
-
 int tl_model_set_tenant_budget(tl_model *m, int tenant, int max_blocks) {
     if (!m || !m->sched) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
     if (tenant < 0) return tl_set_error(TL_ERR_INVALID_ARG, "tenant %d must be >= 0", tenant);
@@ -1116,7 +809,7 @@ int tl_model_set_tenant_budget(tl_model *m, int tenant, int max_blocks) {
     int rc = tl_sched_post_msg(m, &msg);
     if (rc) return rc < 0 ? rc : TL_OK;
     tl_sched_compute_lock(m);
-    rc = apply_budget(m, tenant, max_blocks);
+    rc = tl_cache_apply_budget(m, tenant, max_blocks);
     tl_sched_compute_unlock(m);
     return rc;
 }
@@ -1156,7 +849,7 @@ void tl_sched_apply_msgs(tl_model *m) {
     pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < n; i++) {
         const tl_sched_msg *g = &v[i];
-        if (g->kind == TL_MSG_BUDGET) apply_budget(m, g->tenant, g->max_blocks); /* no memory: the old budget stays */
+        if (g->kind == TL_MSG_BUDGET) tl_cache_apply_budget(m, g->tenant, g->max_blocks); /* no memory: the old budget stays */
         else if (g->kind == TL_MSG_POOL_FREE) tl_pool_free_now(g->pool);
     }
     free(v);
@@ -1170,30 +863,12 @@ int tl_model_tenant_blocks(tl_model *m, int tenant) {
     return n;
 }
 
-typedef struct {
-    tl_cache_node *out;
-    int cap, n;
-} nodes_ctx;
-
-static void add_node(const tl_radix_node *n, const tl_radix_ns *ns, void *ud) {
-    nodes_ctx *c = ud;
-    if (c->n < c->cap)
-        c->out[c->n] = (tl_cache_node){.id = n->id, .parent = n->parent && n->parent->parent ? n->parent->id : 0,
-                                       .start = n->start, .n_tokens = n->n_tokens, .n_blocks = n->n_lb * ns->depth,
-                                       .hits = n->hits, .last_access = n->last_access, .tenant = n->tenant,
-                                       .pinned = n->pin > 0, .locked = n->lock > 0, .leaf = n->n_kids == 0,
-                                       .shareable = n->shareable > 0, .loops = ns->loops,
-                                       .cache_window = ns->cache_window, .salt = ns->salt};
-    c->n++;
-}
-
 int tl_model_cache_nodes(tl_model *m, tl_cache_node *out, int cap) {
     if (!m || cap < 0 || (cap > 0 && !out)) return tl_set_error(TL_ERR_INVALID_ARG, "cache_nodes: bad arguments");
-    nodes_ctx c = {out, cap, 0};
     tl_sched_compute_lock(m);
-    tl_radix_walk(&m->cache, add_node, &c);
+    int n = tl_cache_nodes(m, out, cap);
     tl_sched_compute_unlock(m);
-    return c.n;
+    return n;
 }
 
 int tl_model_set_evict_weights(tl_model *m, double recency, double hits, double tokens, double depth) {
@@ -1207,38 +882,16 @@ int tl_model_set_evict_weights(tl_model *m, double recency, double hits, double 
     return TL_OK;
 }
 
-typedef struct {
-    int32_t *count;
-    int depth_of_ns[64];
-    const tl_radix *t;
-} holder_ctx;
-
-static void count_node(const tl_radix_node *n, const tl_radix_ns *ns, void *ud) {
-    holder_ctx *c = ud;
-    for (int i = 0; i < n->n_lb * ns->depth; i++) c->count[n->blocks[i]]++;
-}
-
 int tl_sched_check_invariants(tl_model *m, const int32_t *extra, int n_extra) {
-    tl_kv_pool *kv = &m->kv;
-    holder_ctx c = {.count = calloc((size_t)kv->n_blocks, sizeof(int32_t)), .t = &m->cache};
-    if (!c.count) return tl_set_error(TL_ERR_NOMEM, "out of memory");
-    tl_radix_walk(&m->cache, count_node, &c);
+    int32_t *count = calloc((size_t)m->kv.n_blocks, sizeof *count);
+    if (!count) return tl_set_error(TL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < m->sched->n; i++) {
         const tl_seq *s = m->sched->reqs[i]->seq;
         if (!s) continue;
-        for (int j = s->bt.n_released * s->bt.depth; j < s->bt.n_logical * s->bt.depth; j++) c.count[s->bt.ids[j]]++;
+        for (int j = s->bt.n_released * s->bt.depth; j < s->bt.n_logical * s->bt.depth; j++) count[s->bt.ids[j]]++;
     }
-    for (int i = 0; i < n_extra; i++) c.count[extra[i]]++;
-    int used = 0, rc = 0;
-    for (int b = 0; b < kv->n_blocks && !rc; b++) {
-        used += kv->refcnt[b] > 0;
-        if (kv->refcnt[b] != c.count[b])
-            rc = tl_set_error(TL_ERR_STATE, "block %d has refcount %d but %d holders", b, kv->refcnt[b], c.count[b]);
-    }
-    if (!rc && used + kv->n_free != kv->n_blocks)
-        rc = tl_set_error(TL_ERR_STATE, "%d used + %d free != %d blocks", used, kv->n_free, kv->n_blocks);
-    char msg[256];
-    if (!rc && tl_radix_check(&m->cache, msg, sizeof msg)) rc = tl_set_error(TL_ERR_STATE, "%s", msg);
-    free(c.count);
+    for (int i = 0; i < n_extra; i++) count[extra[i]]++;
+    int rc = tl_cache_check(m, count);
+    free(count);
     return rc;
 }

@@ -1,5 +1,6 @@
-/* scheduler.h - requests and the scheduler (continuous batching over the
- * paged KV and the radix prefix cache). Internal. */
+/* scheduler.h - the scheduler: continuous batching of every request kind over
+ * the paged KV and the radix prefix cache (scheduler.c), the engine thread's
+ * side of it (engine.c) and the locks. Internal. */
 #ifndef TL_SCHED_H
 #define TL_SCHED_H
 
@@ -7,44 +8,8 @@
 
 #include "cache.h"
 #include "model.h"
+#include "request.h"
 #include "sampler.h"
-
-/* Request kinds: one state machine and one step (admit, batch, forward,
- * sample, deliver) for all of them. */
-enum {
-    TL_RK_GENERATE = 0, /* prompt -> sampled tokens; inserted into the cache on finish */
-    TL_RK_REGISTER,     /* prefill a pool entry and pin it in its pool (tl_pool_register[_submit]) */
-    TL_RK_PIN,          /* prefill a prefix and pin its node for the caller (tl_prefix_build) */
-    TL_RK_RESUME,       /* a resume handle's prompt at another depth: the loop block from its hidden states */
-};
-
-struct tl_prefix;
-
-typedef struct tl_request {
-    int64_t id;
-    int kind;                /* TL_RK_* */
-    int state, finish, error;
-    char errmsg[256];
-    int32_t *tokens;         /* prompt then generated (cap = n_prompt + max_tokens) */
-    int n_prompt, n_gen, n_taken;
-    tl_generate_params p;
-    uint64_t rng;            /* sampler state between steps */
-    tl_seq *seq;
-    int n_cached;            /* prompt tokens served by the cache */
-    int ns;                  /* radix namespace, -1 without cache */
-    tl_radix_node *locked;   /* matched node, locked while running */
-    tl_pool *pool;
-    int cancel_req, release_req; /* set by any thread; acted on by the stepping thread */
-    tl_pool *reg_pool;       /* a registration (tl_pool_register_submit): prefill, then pin here */
-    int reg_orphan;          /* a registration whose pool was freed: prefill and cache unpinned */
-    float *reg_logits;       /* a registration's last position logits, kept with its entry */
-    tl_radix_node *pinned;   /* TL_RK_PIN: the pinned node, until the waiting caller takes it */
-    const struct tl_prefix *resume; /* TL_RK_RESUME: the handle (outlives the request: its caller waits) */
-    int news;                /* tokens or a state change since the last notification */
-    int64_t queued_step;     /* scheduler step it was first considered for admission (aging) */
-    int first_tok;           /* >= 0: sampled at admission from a full match's kept logits */
-    uint64_t first_rng;      /* the sampler state after that draw */
-} tl_request;
 
 /* A change asked for from a thread that must not wait for a step (a
  * request handler): queued under `mu` and applied by the stepping thread
@@ -123,16 +88,11 @@ void tl_sched_apply_msgs(tl_model *m);
  * nothing queued when no engine thread runs (the caller applies it
  * itself); TL_ERR_NOMEM when the queue cannot grow. */
 int tl_sched_post_msg(tl_model *m, const tl_sched_msg *msg);
-/* pool.c: frees the pool now (the caller holds compute_mu, or no engine
- * thread runs). */
-void tl_pool_free_now(tl_pool *pool);
 
 /* engine.c: compute lock for calls that touch the KV pool or tree while an
  * engine thread may be stepping; waits for a step boundary. */
 void tl_sched_compute_lock(tl_model *m);
 void tl_sched_compute_unlock(tl_model *m);
-/* Blocks until request id has untaken tokens or has ended (engine mode). */
-int tl_sched_wait_news(tl_model *m, int64_t id);
 /* engine.c: runs one request to completion while the engine thread steps. */
 int tl_engine_wait_run(tl_model *m, int64_t id, int32_t *out, int cap);
 /* engine.c: writes ids to the notification descriptors (no-op without an
@@ -148,42 +108,9 @@ int tl_sched_run(tl_model *m, const int32_t *prompt, int n_prompt, const tl_gene
  * the rest), then releases it. n_cached and pinned (a TL_RK_PIN's node,
  * pinned for the caller) may be NULL. Returns the count or an error. */
 int tl_sched_wait(tl_model *m, int64_t id, int32_t *out, int cap, int *n_cached, tl_radix_node **pinned);
-/* Queues a TL_RK_PIN request for tokens (checked by the caller). */
-int tl_sched_submit_pin(tl_model *m, const int32_t *tokens, int n, int loops, int window, int64_t *id_out);
-/* Queues a TL_RK_RESUME request for handle h (its prompt checked). */
-int tl_sched_submit_resume(tl_model *m, const struct tl_prefix *h, const tl_generate_params *p, int64_t *id_out);
-/* Ids in the vocab, at least one. */
-int tl_sched_check_tokens(const tl_model *m, const int32_t *tokens, int n);
-int tl_sched_check_prompt(const tl_model *m, const int32_t *prompt, int n_prompt, int max_tokens);
 
 void tl_sched_attach_pool(tl_model *m, tl_pool *pool);
 void tl_sched_detach_pool(tl_model *m, tl_pool *pool);
-/* pool.c: the argument checks of register and register_submit (binds the
- * pool to m); TL_OK or the error with its message. */
-int tl_pool_check_register(tl_model *m, tl_pool *pool, const int32_t *tokens, int n, int loops, int window);
-/* pool.c: binds an unbound pool to m (error if bound to another model). */
-int tl_pool_bind(tl_pool *pool, tl_model *m);
-/* pool.c: the namespace salt and tenant of the pool's entries. */
-void tl_pool_key(const tl_pool *pool, uint64_t *salt, int *tenant);
-/* pool.c: adds a built entry whose node ends at n (pinning it), making room
- * by the pool's policy; a key already present only drops the new build.
- * Runs with the compute lock held. */
-int tl_pool_add_built(tl_pool *pool, const int32_t *tokens, int n, int loops, int window, tl_radix_node *node);
-/* pool.c: called by the model on close. */
-void tl_pool_detach_model(tl_pool *pool);
-/* pool.c: counts a lookup made through the pool. */
-void tl_pool_count_lookup(tl_pool *pool);
-/* pool.c: a request reused `matched` tokens along the path ending at node:
- * the entries (of any pool bound to m) pinning a node on that path are
- * used now (LRU, hits) and their pools count the hit. Runs in the
- * stepping thread. */
-void tl_pool_attribute_hit(tl_model *m, const tl_radix_node *node, int matched);
-/* pool.c: with scope TL_POOL_SCOPE_POOL, the length of the longest entry of
- * the pool that the prompt starts with in the request's namespace (0: none)
- * and its node in *node; -1 when the pool's scope is shared (match the
- * whole cache). */
-int tl_pool_scoped_match(tl_pool *pool, const int32_t *prompt, int n, int loops, int window, uint64_t salt,
-                         tl_radix_node **node);
 
 /* Checks the KV / cache invariants (tests): every block's refcount equals
  * its holders (tree nodes, running sequences, extra holders in `extra`

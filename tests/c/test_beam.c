@@ -275,7 +275,7 @@ static void test_pool_and_engine(void) {
     for (int i = 0; i < 10000 && !fin; i++) {
         int r = tl_request_take(m, id, t, 64, &fin);
         if (r > 0) got += r;
-        if (!fin) tl_sched_wait_news(m, id);
+        if (!fin) tl_request_wait_news(m, id);
     }
     CHECK(fin && got == 30, "the engine's request finishes alongside it (%d tokens)", got);
     tl_request_release(m, id);
