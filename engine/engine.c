@@ -18,9 +18,6 @@
 #include "scheduler.h"
 #include "util.h"
 
-void tl_sched_compute_lock(tl_model *m) { pthread_mutex_lock(&m->sched->compute_mu); }
-void tl_sched_compute_unlock(tl_model *m) { pthread_mutex_unlock(&m->sched->compute_mu); }
-
 /* Writes the ids of requests with news; clears their flags. */
 static void notify(tl_model *m, const tl_cache_stats *st) {
     tl_sched *s = m->sched;
@@ -142,23 +139,6 @@ void tl_engine_stop(tl_model *m) {
 }
 
 int tl_engine_notify_fd(const tl_model *m) { return m && m->sched ? m->sched->notify_rd : -1; }
-
-int tl_engine_wait_run(tl_model *m, int64_t id, int32_t *out, int cap) {
-    int n = 0;
-    for (;;) {
-        int finished = 0;
-        int got = tl_request_take(m, id, out + n, cap - n, &finished);
-        if (got < 0) return got;
-        n += got;
-        if (finished) return n;
-        if (n == cap) {
-            tl_request_cancel(m, id);
-            return n;
-        }
-        int rc = tl_request_wait_news(m, id);
-        if (rc) return rc;
-    }
-}
 
 void tl_engine_post_ids(tl_model *m, const int64_t *ids, int n) {
     tl_sched *s = m->sched;

@@ -435,7 +435,7 @@ static void layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
 int tl_forward_check(const tl_model *m, tl_seq *const *seqs, const int32_t *const *tokens, const int *n_tokens,
                      int n_seq, int *T_out) {
     if (!m || !seqs || !tokens || !n_tokens || n_seq < 1)
-        return tl_set_error(TL_ERR_INVALID_ARG, "tl_batch_forward: NULL argument or n_seq %d < 1", n_seq);
+        return tl_set_error(TL_ERR_INVALID_ARG, "forward: NULL argument or n_seq %d < 1", n_seq);
     int64_t T = 0;
     int nv = m->hp.n_vocab;
     for (int i = 0; i < n_seq; i++) {

@@ -6,17 +6,6 @@
 #include "scheduler.h"
 #include "util.h"
 
-tl_generate_params tl_generate_default_params(void) {
-    tl_generate_params p;
-    memset(&p, 0, sizeof p);
-    p.max_tokens = 128;
-    p.sampling.temperature = 0.0f;
-    p.sampling.top_p = 1.0f;
-    p.sampling.repeat_penalty = 1.0f;
-    p.sampling.repeat_last_n = 64;
-    return p;
-}
-
 int tl_generate(tl_model *m, const int32_t *prompt, int n_prompt, tl_generate_params gp, int32_t *out, int cap) {
     if (!m) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
     if (!m->arch) return tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot generate");

@@ -20,12 +20,6 @@ static const tl_arch archs[] = {
      .embd_scale = 1, .swa_pattern = 6, .rope_base_swa = 10000.0f},
 };
 
-int tl_model_layer_window(const tl_model *m, int L) {
-    int p = m->arch->swa_pattern;
-    if (!m->hp.sliding_window || p <= 0 || L % p == p - 1) return 0;
-    return m->hp.sliding_window;
-}
-
 static const tl_arch *find_arch(const char *name, size_t len) {
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         if (strlen(archs[i].name) == len && memcmp(archs[i].name, name, len) == 0) return &archs[i];
@@ -227,24 +221,6 @@ static int load_loops(tl_model *m) {
     return TL_OK;
 }
 
-int tl_model_effective_loops(const tl_model *m, int loops) {
-    if (m->loop_start == m->loop_end) return 1;
-    return loops > 0 ? loops : m->loop_default;
-}
-
-int tl_model_depth(const tl_model *m, int loops) {
-    int core = m->loop_end - m->loop_start;
-    return m->hp.n_layer - core + core * tl_model_effective_loops(m, loops);
-}
-
-int tl_model_phys_layer(const tl_model *m, int loops, int vl) {
-    int core = m->loop_end - m->loop_start;
-    if (vl < m->loop_start || core == 0) return vl;
-    int looped = core * tl_model_effective_loops(m, loops);
-    if (vl < m->loop_start + looped) return m->loop_start + (vl - m->loop_start) % core;
-    return vl - looped + core;
-}
-
 /* ---- open / close ----------------------------------------------------------- */
 
 static int init_runtime(tl_model *m) {
@@ -296,6 +272,7 @@ int tl_model_open(const char *path, tl_model_params params, tl_model **out) {
     tl_model *m = calloc(1, sizeof *m);
     if (!m) return tl_set_error(TL_ERR_NOMEM, "out of memory");
     m->params = params;
+    pthread_mutex_init(&m->pools_mu, NULL);
     m->compute = &tl_cpu_compute; /* until a plugin attaches (tl_backend_select) */
     int rc = TL_OK;
     m->file = gguf_open(path);
@@ -346,6 +323,7 @@ fail:;
 void tl_model_close(tl_model *m) {
     if (!m) return;
     tl_tokq_free(m); /* its thread reads the vocab and posts through the engine */
+    tl_engine_stop(m);
     tl_sched_free(m); /* requests and pools let go of the cache first */
     tl_radix_destroy(&m->cache);
     tl_forward_free(m);
@@ -357,6 +335,7 @@ void tl_model_close(tl_model *m) {
     free(m->layers);
     tl_tokenizer_free(m->tok);
     gguf_close(m->file);
+    pthread_mutex_destroy(&m->pools_mu);
     free(m);
 }
 
@@ -419,27 +398,3 @@ int tl_token_to_piece(const tl_model *m, int32_t id, char *out, int cap) {
         return tl_set_error(TL_ERR_INVALID_ARG, "token id %d is outside the vocab", id);
     return tl_tokenizer_piece(m->tok, id, 0, out, cap);
 }
-
-/* ---- sequences ------------------------------------------------------------------ */
-
-int tl_seq_new(tl_model *m, int loops, tl_seq **out) {
-    if (!m || !out) return tl_set_error(TL_ERR_INVALID_ARG, "model and out must not be NULL");
-    *out = NULL;
-    if (!m->arch) return tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot run");
-    if (loops < 0) return tl_set_error(TL_ERR_INVALID_ARG, "loops %d must be >= 0", loops);
-    tl_seq *s = calloc(1, sizeof *s);
-    if (!s) return tl_set_error(TL_ERR_NOMEM, "out of memory");
-    s->model = m;
-    s->loops = tl_model_effective_loops(m, loops);
-    s->bt.depth = tl_model_depth(m, s->loops);
-    *out = s;
-    return TL_OK;
-}
-
-void tl_seq_free(tl_seq *s) {
-    if (!s) return;
-    tl_block_table_release(&s->bt, &s->model->kv);
-    free(s);
-}
-
-int tl_seq_len(const tl_seq *s) { return s ? s->n_pos : 0; }

@@ -4,6 +4,7 @@
 #ifndef TL_MODEL_H
 #define TL_MODEL_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "backend.h"
@@ -72,6 +73,9 @@ struct tl_model {
     tl_radix cache;             /* the automatic prefix cache over kv */
     struct tl_scratch *scratch; /* forward.c */
     struct tl_sched *sched;     /* scheduler.c: requests */
+    struct tl_pool **pools;     /* pool_entry.c: pools bound to this model (under pools_mu) */
+    int n_pools, cap_pools;
+    pthread_mutex_t pools_mu;
 };
 
 /* Sliding window of physical layer L (0: attends to everything). */

@@ -1,6 +1,8 @@
-/* pool.c - the PrefixPool: registered prefixes pinned in the model's radix
- * cache, with a capacity and an eviction policy (shortest entry first, as
- * docs/prefix-pool.md defines it, or least recently used). */
+/* pool.c - the PrefixPool's public API: registered prefixes pinned in the
+ * model's radix cache, with a capacity and an eviction policy (shortest
+ * entry first, as docs/prefix-pool.md defines it, least recently used, or
+ * cost). Registering is a TL_RK_REGISTER request (request.c, scheduler.c);
+ * the entries themselves are pool_entry.c. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,31 +11,6 @@
 #include "pool.h"
 #include "scheduler.h"
 #include "util.h"
-
-typedef struct pool_entry {
-    int32_t *tokens;
-    int n, loops, window;
-    tl_radix_node *node;   /* pinned node ending at n */
-    uint64_t order;        /* registration order: ties in length drop the oldest */
-    uint64_t last_use;     /* for the LRU policy */
-    int64_t hits;          /* prompts that started with it (the COST policy) */
-} pool_entry;
-
-/* Entries change from the caller's thread (register, free) and from the
- * engine thread (asynchronous registrations, lookups): `mu` guards them.
- * Lock order: the model's compute lock, then mu. */
-struct tl_pool {
-    pthread_mutex_t mu;
-    int capacity, policy;
-    int scope;             /* TL_POOL_SCOPE_SHARED or _POOL */
-    uint64_t salt;         /* namespace of the entries */
-    int shareable, tenant;
-    tl_model *model;       /* bound on first register */
-    pool_entry *e;
-    int n;
-    uint64_t clock;
-    tl_pool_stats st;
-};
 
 int tl_pool_new(int capacity, tl_pool **out) {
     if (!out) return tl_set_error(TL_ERR_INVALID_ARG, "out must not be NULL");
@@ -51,28 +28,6 @@ int tl_pool_new(int capacity, tl_pool **out) {
     return TL_OK;
 }
 
-static void drop_entry(tl_pool *p, int i) {
-    pool_entry *e = &p->e[i];
-    if (e->node && p->model) {
-        e->node->shareable -= p->shareable;
-        tl_radix_unpin(&p->model->cache, e->node);
-    }
-    free(e->tokens);
-    p->e[i] = p->e[--p->n];
-    memset(&p->e[p->n], 0, sizeof p->e[p->n]);
-}
-
-void tl_pool_free_now(tl_pool *p) {
-    tl_model *m = p->model;
-    pthread_mutex_lock(&p->mu);
-    while (p->n) drop_entry(p, p->n - 1);
-    pthread_mutex_unlock(&p->mu);
-    if (m) tl_sched_detach_pool(m, p);
-    pthread_mutex_destroy(&p->mu);
-    free(p->e);
-    free(p);
-}
-
 void tl_pool_free(tl_pool *p) {
     if (!p) return;
     tl_model *m = p->model;
@@ -86,33 +41,9 @@ void tl_pool_free(tl_pool *p) {
     tl_sched_msg msg = {.kind = TL_MSG_POOL_FREE, .pool = p};
     if (tl_sched_post_msg(m, &msg) == 1) return;
     tl_sched_compute_lock(m);
+    tl_sched_forget_pool(m, p);
     tl_pool_free_now(p);
     tl_sched_compute_unlock(m);
-}
-
-void tl_pool_detach_model(tl_pool *p) {
-    /* The tree is going away with its model: forget the nodes. */
-    pthread_mutex_lock(&p->mu);
-    for (int i = 0; i < p->n; i++) {
-        free(p->e[i].tokens);
-        memset(&p->e[i], 0, sizeof p->e[i]);
-    }
-    p->n = 0;
-    p->model = NULL;
-    pthread_mutex_unlock(&p->mu);
-}
-
-void tl_pool_key(const tl_pool *p, uint64_t *salt, int *tenant) {
-    *salt = p->shareable ? 0 : p->salt;
-    *tenant = p->tenant;
-}
-
-int tl_pool_bind(tl_pool *p, tl_model *m) {
-    if (p->model == m) return TL_OK;
-    if (p->model) return tl_set_error(TL_ERR_INVALID_ARG, "pool is bound to another model");
-    p->model = m;
-    tl_sched_attach_pool(m, p);
-    return TL_OK;
 }
 
 int tl_pool_size(const tl_pool *p) {
@@ -193,87 +124,6 @@ int tl_pool_get_stats(const tl_pool *p, tl_pool_stats *o) {
     return TL_OK;
 }
 
-void tl_pool_count_lookup(tl_pool *p) {
-    pthread_mutex_lock(&p->mu);
-    p->st.lookups++;
-    pthread_mutex_unlock(&p->mu);
-}
-
-void tl_pool_attribute_hit(tl_model *m, const tl_radix_node *node, int matched) {
-    /* The pool entries pinning a node on the matched path own the reused
-     * blocks, whichever pool (or none) the request came through. */
-    enum { MAX_PINNED = 32 };
-    const tl_radix_node *pinned[MAX_PINNED];
-    int n_pinned = 0;
-    for (const tl_radix_node *x = node; x && x->parent && n_pinned < MAX_PINNED; x = x->parent)
-        if (x->pin > 0) pinned[n_pinned++] = x;
-    if (!n_pinned) return;
-    tl_sched *s = m->sched;
-    pthread_mutex_lock(&s->mu); /* the pool list; lock order: s->mu, then a pool's mu */
-    for (int k = 0; k < s->n_pools; k++) {
-        tl_pool *p = s->pools[k];
-        int served = 0;
-        pthread_mutex_lock(&p->mu);
-        for (int i = 0; i < p->n; i++)
-            for (int j = 0; j < n_pinned; j++)
-                if (p->e[i].node == pinned[j]) {
-                    p->e[i].last_use = ++p->clock;
-                    p->e[i].hits++;
-                    int tok = p->e[i].n < matched ? p->e[i].n : matched;
-                    if (tok > served) served = tok;
-                }
-        if (served) {
-            p->st.hits++;
-            p->st.hit_tokens += served;
-        }
-        pthread_mutex_unlock(&p->mu);
-    }
-    pthread_mutex_unlock(&s->mu);
-}
-
-int tl_pool_scoped_match(tl_pool *p, const int32_t *prompt, int n, int loops, int window, uint64_t salt,
-                         tl_radix_node **node) {
-    pthread_mutex_lock(&p->mu);
-    int scoped = p->scope == TL_POOL_SCOPE_POOL, best = -1;
-    /* only entries of the request's namespace (or shareable ones) */
-    if (scoped && (p->shareable || p->salt == salt))
-        for (int i = 0; i < p->n; i++) {
-            const pool_entry *e = &p->e[i];
-            if (e->node && e->n <= n && e->loops == loops && e->window == window &&
-                !memcmp(e->tokens, prompt, (size_t)e->n * 4) && (best < 0 || e->n > p->e[best].n))
-                best = i;
-        }
-    *node = best >= 0 ? p->e[best].node : NULL;
-    int len = best >= 0 ? p->e[best].n : 0;
-    pthread_mutex_unlock(&p->mu);
-    return scoped ? len : -1;
-}
-
-static int find_entry(const tl_pool *p, const int32_t *tokens, int n, int loops, int window) {
-    for (int i = 0; i < p->n; i++) {
-        const pool_entry *e = &p->e[i];
-        if (e->n == n && e->loops == loops && e->window == window && !memcmp(e->tokens, tokens, (size_t)n * 4))
-            return i;
-    }
-    return -1;
-}
-
-/* The entry the policy drops: the shortest (the first registered among
- * equals), or the least recently used. */
-static int victim(const tl_pool *p) {
-    int v = 0;
-    for (int i = 1; i < p->n; i++) {
-        const pool_entry *a = &p->e[i], *b = &p->e[v];
-        int worse;
-        if (p->policy == TL_POOL_EVICT_LRU) worse = a->last_use < b->last_use;
-        else if (p->policy == TL_POOL_EVICT_COST)
-            worse = (double)a->n * (1.0 + (double)a->hits) < (double)b->n * (1.0 + (double)b->hits);
-        else worse = a->n < b->n || (a->n == b->n && a->order < b->order);
-        if (worse) v = i;
-    }
-    return v;
-}
-
 int tl_pool_check_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int loops, int window) {
     if (!m || !p) return tl_set_error(TL_ERR_INVALID_ARG, "model and pool must not be NULL");
     if (!m->arch) return tl_set_error(TL_ERR_STATE, "model was opened vocab_only; it cannot build a prefix");
@@ -286,12 +136,29 @@ int tl_pool_check_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n
     return tl_request_check_tokens(m, tokens, n);
 }
 
+int tl_pool_register_submit(tl_model *m, tl_pool *pool, const int32_t *tokens, int n, int loops, int window,
+                            int64_t *id_out) {
+    if (!id_out) return tl_set_error(TL_ERR_INVALID_ARG, "id_out must not be NULL");
+    int rc = tl_pool_check_register(m, pool, tokens, n, loops, window);
+    if (rc) return rc;
+    tl_generate_params p = tl_generate_default_params();
+    p.max_tokens = 0;
+    p.loops = loops;
+    p.cache_window = window;
+    tl_pool_key(pool, &p.salt, &p.tenant);
+    tl_request *r = tl_request_new(m, tokens, n, &p);
+    if (!r) return TL_ERR_NOMEM;
+    r->kind = TL_RK_REGISTER;
+    r->reg_pool = pool;
+    return tl_request_enqueue(m, r, id_out);
+}
+
 int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int loops, int window) {
     int rc = tl_pool_check_register(m, p, tokens, n, loops, window);
     if (rc) return rc;
     int eff = tl_model_effective_loops(m, loops);
     pthread_mutex_lock(&p->mu);
-    int hit = find_entry(p, tokens, n, eff, window);
+    int hit = tl_pool_find_entry(p, tokens, n, eff, window);
     if (hit >= 0) p->e[hit].last_use = ++p->clock;
     pthread_mutex_unlock(&p->mu);
     if (hit >= 0) return n;
@@ -303,32 +170,6 @@ int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int 
     rc = tl_pool_register_submit(m, p, tokens, n, loops, window, &id);
     if (rc == TL_OK) rc = tl_sched_wait(m, id, NULL, 0, NULL, NULL);
     return rc < 0 ? rc : n;
-}
-
-int tl_pool_add_built(tl_pool *p, const int32_t *tokens, int n, int loops, int window, tl_radix_node *node) {
-    int32_t *copy = malloc((size_t)n * sizeof *copy);
-    if (!copy) return tl_set_error(TL_ERR_NOMEM, "out of memory copying a prefix of %d tokens", n);
-    memcpy(copy, tokens, (size_t)n * sizeof *copy);
-    pthread_mutex_lock(&p->mu);
-    if (find_entry(p, tokens, n, loops, window) >= 0) { /* registered meanwhile */
-        pthread_mutex_unlock(&p->mu);
-        free(copy);
-        return TL_OK;
-    }
-    /* Pin first: dropping the victim prunes its path, which may run through
-     * the new node (a shorter prefix of the victim's tokens). */
-    node->pin++;
-    node->shareable += p->shareable;
-    if (p->n == p->capacity) {
-        p->st.evictions++;
-        drop_entry(p, victim(p));
-    }
-    uint64_t now = ++p->clock;
-    p->e[p->n++] = (pool_entry){.tokens = copy, .n = n, .loops = loops, .window = window, .node = node,
-                                .order = now, .last_use = now};
-    p->st.registrations++;
-    pthread_mutex_unlock(&p->mu);
-    return TL_OK;
 }
 
 int tl_generate_with_pool(tl_model *m, tl_pool *p, const int32_t *prompt, int n_prompt, tl_generate_params gp,

@@ -4,7 +4,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "prefix.h"
 #include "scheduler.h"
 #include "util.h"
 
@@ -148,41 +147,6 @@ fail:
     return rc;
 }
 
-const int32_t *tl_resume_tokens(const tl_prefix *h, int *n) {
-    *n = h->n;
-    return h->tokens;
-}
-
-int tl_resume_prelude(const tl_prefix *h) { return h->prelude; }
-
-const float *tl_resume_x(const tl_prefix *h) { return h->x; }
-
-int tl_resume_seq(tl_model *m, const tl_prefix *h, int loops, tl_seq **out) {
-    tl_seq *seq;
-    int rc = tl_seq_new(m, loops, &seq);
-    if (rc) return rc;
-    int depth = seq->bt.depth, fresh = h->n_lb * (depth - h->prelude);
-    if (!tl_cache_make_room(m, fresh)) {
-        tl_seq_free(seq);
-        return tl_set_error(TL_ERR_KV_FULL, "KV cache full: resuming %d tokens at loops %d needs %d blocks, %d free",
-                            h->n, loops, fresh, m->kv.n_free);
-    }
-    seq->bt.ids = malloc((size_t)h->n_lb * (size_t)depth * sizeof *seq->bt.ids);
-    if (!seq->bt.ids) {
-        tl_seq_free(seq);
-        return tl_set_error(TL_ERR_NOMEM, "out of memory");
-    }
-    seq->bt.cap_logical = seq->bt.n_logical = h->n_lb;
-    for (int lb = 0; lb < h->n_lb; lb++)
-        for (int vl = 0; vl < depth; vl++) {
-            int id = vl < h->prelude ? h->blocks[lb * h->prelude + vl] : tl_kv_alloc(&m->kv);
-            if (vl < h->prelude) tl_kv_ref(&m->kv, id);
-            seq->bt.ids[lb * depth + vl] = id;
-        }
-    *out = seq;
-    return TL_OK;
-}
-
 /* A request of kind TL_RK_RESUME, waited for: it batches with everything
  * else the scheduler runs and holds no lock across the generation. */
 int tl_resume_generate(tl_model *m, tl_prefix *h, tl_generate_params gp, int32_t *out, int cap) {
@@ -195,7 +159,8 @@ int tl_resume_generate(tl_model *m, tl_prefix *h, tl_generate_params gp, int32_t
         gp.no_cache = 1;
         return tl_sched_run(m, h->tokens, h->n, &gp, NULL, out, cap, NULL);
     }
+    tl_resume_view v = {.prelude = h->prelude, .n_lb = h->n_lb, .blocks = h->blocks, .x = h->x};
     int64_t id;
-    if ((rc = tl_request_submit_resume(m, h, &gp, &id))) return rc;
+    if ((rc = tl_request_submit_resume(m, h->tokens, h->n, &v, &gp, &id))) return rc;
     return tl_sched_wait(m, id, out, cap, NULL, NULL);
 }

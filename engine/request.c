@@ -9,9 +9,19 @@
 #include <string.h>
 
 #include "pool.h"
-#include "prefix.h"
 #include "scheduler.h"
 #include "util.h"
+
+tl_generate_params tl_generate_default_params(void) {
+    tl_generate_params p;
+    memset(&p, 0, sizeof p);
+    p.max_tokens = 128;
+    p.sampling.temperature = 0.0f;
+    p.sampling.top_p = 1.0f;
+    p.sampling.repeat_penalty = 1.0f;
+    p.sampling.repeat_last_n = 64;
+    return p;
+}
 
 int tl_request_check_tokens(const tl_model *m, const int32_t *tokens, int n) {
     if (!tokens || n < 1) return tl_set_error(TL_ERR_INVALID_ARG, "prompt is empty (n_prompt %d)", n);
@@ -175,23 +185,6 @@ int tl_request_enqueue(tl_model *m, tl_request *r, int64_t *id_out) {
     return TL_OK;
 }
 
-int tl_pool_register_submit(tl_model *m, tl_pool *pool, const int32_t *tokens, int n, int loops, int window,
-                            int64_t *id_out) {
-    if (!id_out) return tl_set_error(TL_ERR_INVALID_ARG, "id_out must not be NULL");
-    int rc = tl_pool_check_register(m, pool, tokens, n, loops, window);
-    if (rc) return rc;
-    tl_generate_params p = tl_generate_default_params();
-    p.max_tokens = 0;
-    p.loops = loops;
-    p.cache_window = window;
-    tl_pool_key(pool, &p.salt, &p.tenant);
-    tl_request *r = tl_request_new(m, tokens, n, &p);
-    if (!r) return TL_ERR_NOMEM;
-    r->kind = TL_RK_REGISTER;
-    r->reg_pool = pool;
-    return tl_request_enqueue(m, r, id_out);
-}
-
 int tl_request_submit_pin(tl_model *m, const int32_t *tokens, int n, int loops, int window, int64_t *id_out) {
     tl_generate_params p = tl_generate_default_params();
     p.max_tokens = 0;
@@ -203,9 +196,8 @@ int tl_request_submit_pin(tl_model *m, const int32_t *tokens, int n, int loops, 
     return tl_request_enqueue(m, r, id_out);
 }
 
-int tl_request_submit_resume(tl_model *m, const tl_prefix *h, const tl_generate_params *p, int64_t *id_out) {
-    int n;
-    const int32_t *prompt = tl_resume_tokens(h, &n);
+int tl_request_submit_resume(tl_model *m, const int32_t *prompt, int n, const tl_resume_view *v,
+                             const tl_generate_params *p, int64_t *id_out) {
     tl_sampler probe;
     int rc = tl_sampler_init(&probe, &p->sampling, 1); /* validates the sampling fields */
     if (rc) return rc;
@@ -213,7 +205,7 @@ int tl_request_submit_resume(tl_model *m, const tl_prefix *h, const tl_generate_
     tl_request *r = tl_request_new(m, prompt, n, p);
     if (!r) return TL_ERR_NOMEM;
     r->kind = TL_RK_RESUME;
-    r->resume = h;
+    r->resume = *v;
     r->p.no_cache = 1; /* its KV is the handle's plus private blocks: nothing to insert */
     return tl_request_enqueue(m, r, id_out);
 }

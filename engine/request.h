@@ -15,7 +15,14 @@ enum {
     TL_RK_RESUME,       /* a resume handle's prompt at another depth: the loop block from its hidden states */
 };
 
-struct tl_prefix;
+/* What a TL_RK_RESUME request reads of its handle (prefix.c fills it; the
+ * handle outlives the request, whose caller waits for it). */
+typedef struct tl_resume_view {
+    int prelude;            /* virtual layers whose KV the handle holds; the first pass starts here */
+    int n_lb;               /* logical blocks of the prompt */
+    const int32_t *blocks;  /* (n_lb, prelude) the handle's block ids */
+    const float *x;         /* (n_prompt, n_embd) hidden states entering layer `prelude` */
+} tl_resume_view;
 
 typedef struct tl_request {
     int64_t id;
@@ -36,7 +43,7 @@ typedef struct tl_request {
     int reg_orphan;          /* a registration whose pool was freed: prefill and cache unpinned */
     float *reg_logits;       /* a registration's last position logits, kept with its entry */
     tl_radix_node *pinned;   /* TL_RK_PIN: the pinned node, until the waiting caller takes it */
-    const struct tl_prefix *resume; /* TL_RK_RESUME: the handle (outlives the request: its caller waits) */
+    tl_resume_view resume;   /* TL_RK_RESUME */
     int news;                /* tokens or a state change since the last notification */
     int64_t queued_step;     /* scheduler step it was first considered for admission (aging) */
     int first_tok;           /* >= 0: sampled at admission from a full match's kept logits */
@@ -57,8 +64,9 @@ tl_request *tl_request_new(tl_model *m, const int32_t *prompt, int n_prompt, con
 int tl_request_enqueue(tl_model *m, tl_request *r, int64_t *id_out);
 /* Queues a TL_RK_PIN request for tokens (checked by the caller). */
 int tl_request_submit_pin(tl_model *m, const int32_t *tokens, int n, int loops, int window, int64_t *id_out);
-/* Queues a TL_RK_RESUME request for handle h (its prompt checked). */
-int tl_request_submit_resume(tl_model *m, const struct tl_prefix *h, const tl_generate_params *p, int64_t *id_out);
+/* Queues a TL_RK_RESUME request for a handle's prompt (checked) and view. */
+int tl_request_submit_resume(tl_model *m, const int32_t *prompt, int n, const tl_resume_view *v,
+                             const tl_generate_params *p, int64_t *id_out);
 
 /* The request with this id, submitted or stepping (caller holds mu). */
 tl_request *tl_request_find(const tl_model *m, int64_t id);

@@ -13,7 +13,6 @@
 #include <string.h>
 
 #include "pool.h"
-#include "prefix.h"
 #include "util.h"
 
 #define PREFILL_BUDGET 512
@@ -40,10 +39,13 @@ int tl_sched_init(tl_model *m) {
 
 static void batch_free(tl_batch *b);
 
+void tl_sched_compute_lock(tl_model *m) { pthread_mutex_lock(&m->sched->compute_mu); }
+void tl_sched_compute_unlock(tl_model *m) { pthread_mutex_unlock(&m->sched->compute_mu); }
+
+/* The engine thread is stopped (tl_model_close stops it first). */
 void tl_sched_free(tl_model *m) {
     tl_sched *s = m->sched;
     if (!s) return;
-    tl_engine_stop(m);
     tl_sched_apply_msgs(m); /* any posted while the engine stopped */
     free(s->msgs);
     for (int i = 0; i < s->n; i++) tl_request_free(m, s->reqs[i]);
@@ -54,8 +56,7 @@ void tl_sched_free(tl_model *m) {
     pthread_mutex_destroy(&s->ext_mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->done_cv);
-    for (int i = 0; i < s->n_pools; i++) tl_pool_detach_model(s->pools[i]);
-    free(s->pools);
+    tl_pool_detach_all(m);
     free(s->reqs);
     batch_free(&s->batch);
     free(s->logits);
@@ -68,30 +69,9 @@ void tl_sched_free(tl_model *m) {
     m->sched = NULL;
 }
 
-/* The list changes from the caller's thread (a first register binds) and
- * from the stepping thread (a pool freed between steps): under mu. */
-void tl_sched_attach_pool(tl_model *m, tl_pool *pool) {
+void tl_sched_forget_pool(tl_model *m, tl_pool *pool) {
     tl_sched *s = m->sched;
     pthread_mutex_lock(&s->mu);
-    if (s->n_pools == s->cap_pools) {
-        int cap = s->cap_pools ? s->cap_pools * 2 : 4;
-        tl_pool **p = realloc(s->pools, (size_t)cap * sizeof *p);
-        if (!p) { /* the pool then is not detached on close: the model outlives it in practice */
-            pthread_mutex_unlock(&s->mu);
-            return;
-        }
-        s->pools = p;
-        s->cap_pools = cap;
-    }
-    s->pools[s->n_pools++] = pool;
-    pthread_mutex_unlock(&s->mu);
-}
-
-void tl_sched_detach_pool(tl_model *m, tl_pool *pool) {
-    tl_sched *s = m->sched;
-    pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < s->n_pools; i++)
-        if (s->pools[i] == pool) s->pools[i--] = s->pools[--s->n_pools];
     /* requests in flight stop counting against a freed pool; its pending
      * registrations still cache their prefix, unpinned */
     for (int k = 0; k < 2; k++) {
@@ -133,13 +113,37 @@ static int full_match(tl_model *m, tl_request *r, tl_radix_node *node, int L) {
     return 1;
 }
 
+/* A resume request's sequence at its depth: the prelude layers share the
+ * handle's blocks, the loop-block layers get fresh ones (room made through
+ * the cache); KV full when they do not fit. */
+static int resume_seq(tl_model *m, tl_request *r) {
+    const tl_resume_view *v = &r->resume;
+    int rc = tl_seq_new(m, r->p.loops, &r->seq);
+    if (rc) return rc;
+    tl_seq *seq = r->seq;
+    int depth = seq->bt.depth, fresh = v->n_lb * (depth - v->prelude);
+    if (!tl_cache_make_room(m, fresh))
+        return tl_set_error(TL_ERR_KV_FULL, "KV cache full: resuming %d tokens at loops %d needs %d blocks, %d free",
+                            r->n_prompt, r->p.loops, fresh, m->kv.n_free);
+    seq->bt.ids = malloc((size_t)v->n_lb * (size_t)depth * sizeof *seq->bt.ids);
+    if (!seq->bt.ids) return tl_set_error(TL_ERR_NOMEM, "out of memory");
+    seq->bt.cap_logical = seq->bt.n_logical = v->n_lb;
+    for (int lb = 0; lb < v->n_lb; lb++)
+        for (int vl = 0; vl < depth; vl++) {
+            int id = vl < v->prelude ? v->blocks[lb * v->prelude + vl] : tl_kv_alloc(&m->kv);
+            if (vl < v->prelude) tl_kv_ref(&m->kv, id);
+            seq->bt.ids[lb * depth + vl] = id;
+        }
+    return TL_OK;
+}
+
 /* Longest cached prefix: share its blocks and lock its path. The last
  * prompt token is computed for its logits unless a full match through a
  * pool finds them kept (full_match). */
 static int admit(tl_model *m, tl_request *r) {
     tl_sched *s = m->sched;
     r->first_tok = -1;
-    if (r->kind == TL_RK_RESUME) return tl_resume_seq(m, r->resume, r->p.loops, &r->seq);
+    if (r->kind == TL_RK_RESUME) return resume_seq(m, r);
     int rc = tl_seq_new(m, r->p.loops, &r->seq);
     if (rc) return rc;
     r->seq->window = r->p.cache_window;
@@ -355,8 +359,8 @@ static void run_resume_prefill(tl_model *m, tl_request *r) {
     }
     int D = m->hp.n_embd;
     tl_forward_opts fo = {.want_logits = &want,
-                          .vl_begin = tl_resume_prelude(r->resume),
-                          .x_in = tl_resume_x(r->resume) + (size_t)r->seq->n_pos * D,
+                          .vl_begin = r->resume.prelude,
+                          .x_in = r->resume.x + (size_t)r->seq->n_pos * D,
                           .vl_capture = -1};
     const int32_t *t = r->tokens + r->seq->n_pos;
     tl_cache_reserve(m, &r->seq, &n, 1); /* short: the pass fails with KV full */
@@ -850,7 +854,10 @@ void tl_sched_apply_msgs(tl_model *m) {
     for (int i = 0; i < n; i++) {
         const tl_sched_msg *g = &v[i];
         if (g->kind == TL_MSG_BUDGET) tl_cache_apply_budget(m, g->tenant, g->max_blocks); /* no memory: the old budget stays */
-        else if (g->kind == TL_MSG_POOL_FREE) tl_pool_free_now(g->pool);
+        else if (g->kind == TL_MSG_POOL_FREE) {
+            tl_sched_forget_pool(m, g->pool);
+            tl_pool_free_now(g->pool);
+        }
     }
     free(v);
 }

@@ -68,8 +68,6 @@ typedef struct tl_sched {
     int prefill_budget;      /* prompt tokens per step across requests */
     int64_t steps;           /* steps taken (the aging clock) */
     int aging_steps;         /* steps waited per priority level gained (> 0) */
-    tl_pool **pools;         /* pools bound to this model, detached on close */
-    int n_pools, cap_pools;
     tl_cache_stats st;       /* counters (the block fields are filled on read) */
 } tl_sched;
 
@@ -89,12 +87,10 @@ void tl_sched_apply_msgs(tl_model *m);
  * itself); TL_ERR_NOMEM when the queue cannot grow. */
 int tl_sched_post_msg(tl_model *m, const tl_sched_msg *msg);
 
-/* engine.c: compute lock for calls that touch the KV pool or tree while an
+/* Compute lock for calls that touch the KV pool or tree while an
  * engine thread may be stepping; waits for a step boundary. */
 void tl_sched_compute_lock(tl_model *m);
 void tl_sched_compute_unlock(tl_model *m);
-/* engine.c: runs one request to completion while the engine thread steps. */
-int tl_engine_wait_run(tl_model *m, int64_t id, int32_t *out, int cap);
 /* engine.c: writes ids to the notification descriptors (no-op without an
  * engine); for news that does not come from a step (tokenize jobs). */
 void tl_engine_post_ids(tl_model *m, const int64_t *ids, int n);
@@ -109,8 +105,9 @@ int tl_sched_run(tl_model *m, const int32_t *prompt, int n_prompt, const tl_gene
  * pinned for the caller) may be NULL. Returns the count or an error. */
 int tl_sched_wait(tl_model *m, int64_t id, int32_t *out, int cap, int *n_cached, tl_radix_node **pinned);
 
-void tl_sched_attach_pool(tl_model *m, tl_pool *pool);
-void tl_sched_detach_pool(tl_model *m, tl_pool *pool);
+/* A pool being freed: requests in flight stop pointing at it (its pending
+ * registrations still cache their prefix, unpinned). */
+void tl_sched_forget_pool(tl_model *m, tl_pool *pool);
 
 /* Checks the KV / cache invariants (tests): every block's refcount equals
  * its holders (tree nodes, running sequences, extra holders in `extra`
