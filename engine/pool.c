@@ -168,7 +168,7 @@ int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int 
      * pool as it was. */
     int64_t id;
     rc = tl_pool_register_submit(m, p, tokens, n, loops, window, &id);
-    if (rc == TL_OK) rc = tl_sched_wait(m, id, NULL, 0, NULL, NULL);
+    if (rc == TL_OK) rc = tl_sched_wait(m, id, NULL, 0, NULL);
     return rc < 0 ? rc : n;
 }
 

@@ -71,7 +71,9 @@ int tl_prefix_build(tl_model *m, const int32_t *tokens, int n, int loops, int wi
      * batches and pins its node for us. */
     int64_t id;
     rc = tl_request_submit_pin(m, tokens, n, h->loops, window, &id);
-    if (rc == TL_OK) rc = tl_sched_wait(m, id, NULL, 0, NULL, &h->node);
+    tl_wait_result res = {0};
+    if (rc == TL_OK) rc = tl_sched_wait(m, id, NULL, 0, &res);
+    h->node = res.pinned;
     if (rc >= 0 && !h->node) rc = tl_set_error(TL_ERR_STATE, "build_prefix_cache: the prefix was not pinned");
     if (rc < 0) {
         tl_prefix_free(h);
@@ -162,5 +164,5 @@ int tl_resume_generate(tl_model *m, tl_prefix *h, tl_generate_params gp, int32_t
     tl_resume_view v = {.prelude = h->prelude, .n_lb = h->n_lb, .blocks = h->blocks, .x = h->x};
     int64_t id;
     if ((rc = tl_request_submit_resume(m, h->tokens, h->n, &v, &gp, &id))) return rc;
-    return tl_sched_wait(m, id, out, cap, NULL, NULL);
+    return tl_sched_wait(m, id, out, cap, NULL);
 }

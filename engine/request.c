@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "beam.h"
 #include "pool.h"
 #include "scheduler.h"
 #include "util.h"
@@ -64,6 +65,8 @@ void tl_request_stop(tl_model *m, tl_request *r, int insert) {
         tl_seq_free(r->seq);
         r->seq = NULL;
     }
+    tl_beam_free(r->beam); /* and every live beam's sequence */
+    r->beam = NULL;
     if (r->locked) {
         tl_radix_lock(r->locked, -1);
         r->locked = NULL;
@@ -193,6 +196,17 @@ int tl_request_submit_pin(tl_model *m, const int32_t *tokens, int n, int loops, 
     tl_request *r = tl_request_new(m, tokens, n, &p);
     if (!r) return TL_ERR_NOMEM;
     r->kind = TL_RK_PIN;
+    return tl_request_enqueue(m, r, id_out);
+}
+
+int tl_request_submit_beam(tl_model *m, const int32_t *prompt, int n, const tl_generate_params *p, tl_pool *pool,
+                           int beams, float alpha, int64_t *id_out) {
+    tl_request *r = tl_request_new(m, prompt, n, p);
+    if (!r) return TL_ERR_NOMEM;
+    r->kind = TL_RK_BEAM;
+    r->beams = beams;
+    r->alpha = alpha;
+    r->pool = pool;
     return tl_request_enqueue(m, r, id_out);
 }
 

@@ -13,6 +13,7 @@ enum {
     TL_RK_REGISTER,     /* prefill a pool entry and pin it in its pool (tl_pool_register[_submit]) */
     TL_RK_PIN,          /* prefill a prefix and pin its node for the caller (tl_prefix_build) */
     TL_RK_RESUME,       /* a resume handle's prompt at another depth: the loop block from its hidden states */
+    TL_RK_BEAM,         /* beam search: the prompt prefilled once, then every live beam a sequence in the batch */
 };
 
 /* What a TL_RK_RESUME request reads of its handle (prefix.c fills it; the
@@ -44,6 +45,10 @@ typedef struct tl_request {
     float *reg_logits;       /* a registration's last position logits, kept with its entry */
     tl_radix_node *pinned;   /* TL_RK_PIN: the pinned node, until the waiting caller takes it */
     tl_resume_view resume;   /* TL_RK_RESUME */
+    int beams;               /* TL_RK_BEAM: width and length penalty */
+    float alpha;
+    struct tl_beam *beam;    /* TL_RK_BEAM: the search, from admission (its beams own their sequences) */
+    tl_beam_result beam_res; /* TL_RK_BEAM: the scores, once it has ended */
     int news;                /* tokens or a state change since the last notification */
     int64_t queued_step;     /* scheduler step it was first considered for admission (aging) */
     int first_tok;           /* >= 0: sampled at admission from a full match's kept logits */
@@ -64,6 +69,9 @@ tl_request *tl_request_new(tl_model *m, const int32_t *prompt, int n_prompt, con
 int tl_request_enqueue(tl_model *m, tl_request *r, int64_t *id_out);
 /* Queues a TL_RK_PIN request for tokens (checked by the caller). */
 int tl_request_submit_pin(tl_model *m, const int32_t *tokens, int n, int loops, int window, int64_t *id_out);
+/* Queues a TL_RK_BEAM request (arguments checked by the caller). */
+int tl_request_submit_beam(tl_model *m, const int32_t *prompt, int n, const tl_generate_params *p, tl_pool *pool,
+                           int beams, float alpha, int64_t *id_out);
 /* Queues a TL_RK_RESUME request for a handle's prompt (checked) and view. */
 int tl_request_submit_resume(tl_model *m, const int32_t *prompt, int n, const tl_resume_view *v,
                              const tl_generate_params *p, int64_t *id_out);

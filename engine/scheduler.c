@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "beam.h"
 #include "pool.h"
 #include "util.h"
 
@@ -102,7 +103,7 @@ static int ensure_logits(tl_sched *s, int rows, int n_vocab);
 static int full_match(tl_model *m, tl_request *r, tl_radix_node *node, int L) {
     tl_sched *s = m->sched;
     int nv = m->hp.n_vocab;
-    if (!r->pool || r->p.max_tokens < 1 || L != r->n_prompt || !node || !node->logits ||
+    if (r->kind != TL_RK_GENERATE || !r->pool || r->p.max_tokens < 1 || L != r->n_prompt || !node || !node->logits ||
         node->start + node->n_tokens != L || ensure_logits(s, 1, nv))
         return 0;
     memcpy(s->logits, node->logits, (size_t)nv * sizeof *s->logits); /* the sampler works in place */
@@ -144,6 +145,12 @@ static int admit(tl_model *m, tl_request *r) {
     tl_sched *s = m->sched;
     r->first_tok = -1;
     if (r->kind == TL_RK_RESUME) return resume_seq(m, r);
+    if (r->kind == TL_RK_BEAM) {
+        if (!(r->beam = tl_beam_new(r->beams, r->alpha, r->p.max_tokens, m->hp.n_vocab)))
+            return tl_set_error(TL_ERR_NOMEM, "out of memory for %d beams over a vocab of %d", r->beams,
+                                m->hp.n_vocab);
+        r->beam->base = m->kv.n_blocks - m->kv.n_free;
+    }
     int rc = tl_seq_new(m, r->p.loops, &r->seq);
     if (rc) return rc;
     r->seq->window = r->p.cache_window;
@@ -278,7 +285,8 @@ static int device_sampling(tl_model *m, tl_request *const *rq, const int *want, 
         tl_backend_sample *d = &s->dev_smp[row];
         memset(d, 0, sizeof *d);
         int k = effective_top_k(r, nv);
-        if ((p->temperature > 0 && k > max_k) || tl_request_keeps_logits(r)) { /* a registration keeps its logits */
+        /* a registration keeps its logits; a beam search reads all of them */
+        if ((p->temperature > 0 && k > max_k) || tl_request_keeps_logits(r) || r->kind == TL_RK_BEAM) {
             row++;
             continue;
         }
@@ -318,29 +326,96 @@ static int64_t effective_priority(const tl_sched *s, tl_request *r) {
     return (int64_t)r->p.priority + (s->steps - r->queued_step) / s->aging_steps;
 }
 
-/* Moves batch entry v to the end (the entry a failed pass drops). */
-static void batch_swap_last(tl_request **rq, tl_seq **seqs, const int32_t **toks, int *ntok, int *want,
-                            int *prompt_part, int v, int nb) {
-    int l = nb - 1;
-    if (v == l) return;
-    tl_request *r = rq[v];
-    rq[v] = rq[l];
-    rq[l] = r;
-    tl_seq *q = seqs[v];
-    seqs[v] = seqs[l];
-    seqs[l] = q;
-    const int32_t *t = toks[v];
-    toks[v] = toks[l];
-    toks[l] = t;
-    int x = ntok[v];
-    ntok[v] = ntok[l];
-    ntok[l] = x;
-    x = want[v];
-    want[v] = want[l];
-    want[l] = x;
-    x = prompt_part[v];
-    prompt_part[v] = prompt_part[l];
-    prompt_part[l] = x;
+/* Adds one sequence's part of the pass to the batch. */
+static void batch_add(tl_batch *b, int *nb, tl_request *r, tl_seq *seq, const int32_t *toks, int n, int want,
+                      int prompt_part) {
+    int i = (*nb)++;
+    b->rq[i] = r;
+    b->seqs[i] = seq;
+    b->toks[i] = toks;
+    b->ntok[i] = n;
+    b->want[i] = want;
+    b->prompt_part[i] = prompt_part;
+}
+
+/* Takes every entry of r out of the batch (a failed pass drops it). */
+static void batch_drop(tl_batch *b, int *nb, const tl_request *r) {
+    int k = 0;
+    for (int i = 0; i < *nb; i++) {
+        if (b->rq[i] == r) continue;
+        b->rq[k] = b->rq[i];
+        b->seqs[k] = b->seqs[i];
+        b->toks[k] = b->toks[i];
+        b->ntok[k] = b->ntok[i];
+        b->want[k] = b->want[i];
+        b->prompt_part[k] = b->prompt_part[i];
+        k++;
+    }
+    *nb = k;
+}
+
+/* The batch arrays hold cap sequences: they grow when a step needs more
+ * than any step before (doubling), so steady decoding allocates nothing. */
+static int batch_reserve(tl_batch *b, int cap) {
+    if (cap <= b->cap) return 0;
+    if (cap < 2 * b->cap) cap = 2 * b->cap;
+#define GROW(f)                                                        \
+    do {                                                               \
+        void *p_ = realloc((void *)b->f, (size_t)cap * sizeof *b->f); \
+        if (!p_) return -1;                                            \
+        b->f = p_;                                                     \
+    } while (0)
+    GROW(rq);
+    GROW(seqs);
+    GROW(toks);
+    GROW(ntok);
+    GROW(want);
+    GROW(prompt_part);
+#undef GROW
+    b->cap = cap;
+    return 0;
+}
+
+/* A beam search past its prompt runs one sequence per live beam. */
+static int searching(const tl_request *r) { return r->kind == TL_RK_BEAM && r->beam && r->beam->n_cur > 0; }
+
+/* Whether a request has delivered or chosen tokens (it cannot go back to
+ * the queue without losing them). */
+static int progressed(const tl_request *r) { return r->n_gen > 0 || searching(r); }
+
+/* The prompt of a beam request is in KV: it goes into the cache (unless
+ * no_cache) and becomes the search's first beam, which then steps from the
+ * prompt's logits row. */
+static void beam_begin(tl_model *m, tl_request *r) {
+    if (r->ns >= 0) {
+        tl_radix_insert(&m->cache, r->ns, r->tokens, r->n_prompt, &r->seq->bt, r->p.tenant);
+        tl_radix_enforce_budget(&m->cache, r->p.tenant);
+    }
+    tl_beam_start(r->beam, r->seq);
+    r->seq = NULL;
+}
+
+/* One step of a search from its live beams' rows; at the end the best
+ * sequence is delivered as the request's tokens. */
+static void beam_step(tl_model *m, tl_request *r, const float *rows) {
+    tl_beam *b = r->beam;
+    int rc = tl_beam_advance(m, b, rows, r->p.ignore_eos);
+    tl_beam_note_peak(m, b);
+    if (rc < 0) {
+        tl_request_fail(m, r, rc, tl_last_error());
+        return;
+    }
+    if (rc == 0) return;
+    tl_beam_result res;
+    int n = tl_beam_result_of(b, &res);
+    res.n_cached = r->n_cached;
+    pthread_mutex_lock(&m->sched->mu);
+    memcpy(r->tokens + r->n_prompt, b->best_toks, (size_t)n * sizeof *r->tokens);
+    r->n_gen = n;
+    r->beam_res = res;
+    pthread_mutex_unlock(&m->sched->mu);
+    m->sched->st.generated_tokens += n;
+    tl_request_finish(m, r, res.finish_reason);
 }
 
 /* A resume request's prompt runs alone: its first pass starts at the loop
@@ -377,17 +452,22 @@ static void run_resume_prefill(tl_model *m, tl_request *r) {
 /* One forward pass over the running requests of one loop depth. */
 static int run_group(tl_model *m, int loops) {
     tl_sched *s = m->sched;
-    int nb = 0, budget = s->prefill_budget, rc;
-    int room = tl_backend_max_tokens(m); /* a backend takes at most this many tokens per pass */
-    /* the batch arrays grow with the request list (merge_and_reap) */
     tl_batch *b = &s->batch;
-    tl_request **rq = b->rq;
-    tl_seq **seqs = b->seqs;
-    const int32_t **toks = b->toks;
-    int *ntok = b->ntok, *want = b->want, *prompt_part = b->prompt_part;
+    int nb = 0, budget = s->prefill_budget, rc, need = 0;
+    int room = tl_backend_max_tokens(m); /* a backend takes at most this many tokens per pass */
+    for (int i = 0; i < s->n; i++) need += searching(s->reqs[i]) ? s->reqs[i]->beam->n_cur : 1;
+    if (batch_reserve(b, need)) return tl_set_error(TL_ERR_NOMEM, "out of memory for a batch of %d sequences", need);
     for (int i = 0; i < s->n; i++) {
         tl_request *r = s->reqs[i];
         if (r->state != TL_REQ_RUNNING || r->p.loops != loops || in_resume_prefill(r)) continue;
+        if (searching(r)) {
+            tl_beam *bm = r->beam;
+            if (room < bm->n_cur) continue; /* its beams wait for the next step, together */
+            room -= bm->n_cur;
+            for (int k = 0; k < bm->n_cur; k++)
+                batch_add(b, &nb, r, bm->cur[k].seq, &bm->cur[k].toks[bm->cur[k].n - 1], 1, 1, 0);
+            continue;
+        }
         int pos = r->seq->n_pos, total = r->n_prompt + r->n_gen, n;
         if (pos < r->n_prompt) {
             n = r->n_prompt - pos;
@@ -400,102 +480,87 @@ static int run_group(tl_model *m, int loops) {
         if (n > room) n = r->seq->n_pos < r->n_prompt ? room : 0; /* the rest waits for the next step */
         if (n == 0) continue;
         room -= n;
-        rq[nb] = r;
-        seqs[nb] = r->seq;
-        toks[nb] = r->tokens + pos;
-        ntok[nb] = n;
-        want[nb] = pos + n == total && !r->reg_orphan;
-        prompt_part[nb] = pos < r->n_prompt ? n : 0;
-        nb++;
+        batch_add(b, &nb, r, r->seq, r->tokens + pos, n, pos + n == total && !r->reg_orphan,
+                  pos < r->n_prompt ? n : 0);
     }
     rc = TL_OK;
     while (nb > 0) {
         int rows = 0;
-        for (int i = 0; i < nb; i++) rows += want[i];
-        if (ensure_logits(s, rows, m->hp.n_vocab)) {
-            rc = tl_set_error(TL_ERR_NOMEM, "out of memory for %d rows of logits", rows);
-            goto out;
-        }
-        tl_forward_opts fo = {.want_logits = want, .vl_capture = -1};
+        for (int i = 0; i < nb; i++) rows += b->want[i];
+        if (ensure_logits(s, rows, m->hp.n_vocab))
+            return tl_set_error(TL_ERR_NOMEM, "out of memory for %d rows of logits", rows);
+        tl_forward_opts fo = {.want_logits = b->want, .vl_capture = -1};
         if (rows && tl_backend_sample_k(m) > 0) {
-            if ((rc = device_sampling(m, rq, want, nb, rows))) goto out;
+            if ((rc = device_sampling(m, b->rq, b->want, nb, rows))) return rc;
             fo.sample = s->dev_smp;
             fo.ids_out = s->dev_ids;
         }
-        tl_cache_reserve(m, seqs, ntok, nb); /* short: the pass fails with KV full */
-        rc = tl_forward(m, seqs, toks, ntok, nb, rows ? s->logits : NULL, &fo);
+        tl_cache_reserve(m, b->seqs, b->ntok, nb); /* short: the pass fails with KV full */
+        rc = tl_forward(m, b->seqs, b->toks, b->ntok, nb, rows ? s->logits : NULL, &fo);
         if (rc == TL_OK) break;
         /* The batch does not fit. Locked cache paths go first: a running
          * request holds references on every block it uses, so its lock only
-         * keeps the tree from evicting; dropping it can free memory. Then the
-         * youngest request leaves the batch with the error. */
+         * keeps the tree from evicting; dropping it can free memory. */
         int dropped = 0;
         for (int i = 0; i < nb; i++)
-            if (rq[i]->locked) {
-                tl_radix_lock(rq[i]->locked, -1);
-                rq[i]->locked = NULL;
+            if (b->rq[i]->locked) {
+                tl_radix_lock(b->rq[i]->locked, -1);
+                b->rq[i]->locked = NULL;
                 dropped = 1;
             }
         if (dropped) continue;
-        /* A request still in its prompt goes back to the queue while others
-         * run (admission retries it when blocks free up); one that has
-         * produced tokens, or that is alone, fails with the error. Of those
-         * still in their prompt, the lowest effective priority goes back
-         * (the youngest among equals), so admission's order holds. */
-        int v = nb - 1;
+        /* Then one request leaves the batch. One still in its prompt goes
+         * back to the queue while others run (admission retries it when
+         * blocks free up); one that has produced (or, searching, chosen)
+         * tokens, or that is alone, fails with the error. Of those still in
+         * their prompt, the lowest effective priority goes back (the
+         * youngest among equals), so admission's order holds. */
+        tl_request *victim = b->rq[nb - 1];
         for (int i = nb - 2; i >= 0; i--)
-            if (rq[i]->n_gen == 0 && (rq[v]->n_gen > 0 || effective_priority(s, rq[i]) < effective_priority(s, rq[v])))
-                v = i;
-        batch_swap_last(rq, seqs, toks, ntok, want, prompt_part, v, nb);
-        tl_request *victim = rq[nb - 1];
-        if (victim->n_gen == 0 && nb > 1) tl_request_requeue(m, victim);
+            if (!progressed(b->rq[i]) &&
+                (progressed(victim) || effective_priority(s, b->rq[i]) < effective_priority(s, victim)))
+                victim = b->rq[i];
+        int alone = 1;
+        for (int i = 0; i < nb; i++) alone &= b->rq[i] == victim;
+        batch_drop(b, &nb, victim);
+        if (!progressed(victim) && !alone) tl_request_requeue(m, victim);
         else tl_request_fail(m, victim, rc, tl_last_error());
-        nb--;
         rc = TL_OK;
     }
+    const int nv = m->hp.n_vocab;
     int row = 0;
     for (int i = 0; i < nb; i++) {
-        s->st.prefill_tokens += prompt_part[i];
-        if (want[i] && tl_backend_sample_k(m) > 0 && s->dev_smp[row].on_device) {
+        tl_request *r = b->rq[i];
+        s->st.prefill_tokens += b->prompt_part[i];
+        if (r->kind == TL_RK_BEAM && b->want[i]) {
+            /* a search's rows are consecutive: its prompt's one, or one per live beam */
+            int k = searching(r) ? r->beam->n_cur : 1;
+            if (!searching(r)) beam_begin(m, r);
+            beam_step(m, r, s->logits + (size_t)row * nv);
+            row += k;
+            i += k - 1;
+            continue;
+        }
+        if (b->want[i] && tl_backend_sample_k(m) > 0 && s->dev_smp[row].on_device) {
             int tok = s->dev_ids[row++];
-            if (tok < 0 || tok >= m->hp.n_vocab) {
+            if (tok < 0 || tok >= nv) {
                 char msg[128];
                 snprintf(msg, sizeof msg, "the %s backend sampled token id %d, outside the vocab [0, %d)",
-                         tl_backend_name(m), tok, m->hp.n_vocab);
-                tl_request_fail(m, rq[i], TL_ERR_STATE, msg);
+                         tl_backend_name(m), tok, nv);
+                tl_request_fail(m, r, TL_ERR_STATE, msg);
             } else {
-                rq[i]->rng = s->dev_rng[row - 1];
-                accept_token(m, rq[i], tok);
+                r->rng = s->dev_rng[row - 1];
+                accept_token(m, r, tok);
             }
-        } else if (want[i] && tl_request_keeps_logits(rq[i])) {
-            keep_reg_logits(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
-        } else if (want[i]) {
-            sample_into(m, rq[i], s->logits + (size_t)row++ * m->hp.n_vocab);
+        } else if (b->want[i] && tl_request_keeps_logits(r)) {
+            keep_reg_logits(m, r, s->logits + (size_t)row++ * nv);
+        } else if (b->want[i]) {
+            sample_into(m, r, s->logits + (size_t)row++ * nv);
         }
-        if (tl_request_is_build(rq[i]) && rq[i]->seq && rq[i]->seq->n_pos == rq[i]->n_prompt) tl_request_complete_build(m, rq[i]);
-        drop_behind_window(m, rq[i]);
+        if (tl_request_is_build(r) && r->seq && r->seq->n_pos == r->n_prompt) tl_request_complete_build(m, r);
+        drop_behind_window(m, r);
     }
-out:
-    return rc;
-}
-
-/* The step's batch arrays hold cap requests (one growth per doubling of
- * the request list, none per step). */
-static int batch_grow(tl_batch *b, int cap) {
-#define GROW(f)                                                     \
-    do {                                                            \
-        void *p_ = realloc((void *)b->f, (size_t)cap * sizeof *b->f); \
-        if (!p_) return -1;                                         \
-        b->f = p_;                                                  \
-    } while (0)
-    GROW(rq);
-    GROW(seqs);
-    GROW(toks);
-    GROW(ntok);
-    GROW(want);
-    GROW(prompt_part);
-#undef GROW
-    return 0;
+    return TL_OK;
 }
 
 static void batch_free(tl_batch *b) {
@@ -516,8 +581,10 @@ static void merge_and_reap(tl_model *m) {
         int cap = s->cap ? s->cap : 16;
         while (cap < s->n + s->n_in) cap *= 2;
         tl_request **v = realloc(s->reqs, (size_t)cap * sizeof *v);
-        if (v) s->reqs = v;
-        if (v && batch_grow(&s->batch, cap) == 0) s->cap = cap; /* else the new ones wait for memory */
+        if (v) {
+            s->reqs = v;
+            s->cap = cap;
+        }
     }
     if (s->n_in > 0 && s->n + s->n_in <= s->cap) {
         memcpy(s->reqs + s->n, s->incoming, (size_t)s->n_in * sizeof *s->reqs);
@@ -560,8 +627,17 @@ static void merge_and_reap(tl_model *m) {
  * its window and one prefill chunk, plus the blocks awaiting release:
  * (window + chunk) / block_size + 3. */
 static int blocks_to_come(const tl_model *m, const tl_request *r) {
-    const tl_block_table *bt = &r->seq->bt;
     int bs = m->kv.block_size;
+    if (searching(r)) { /* each live beam: the blocks its remaining tokens reach, plus a tail copy */
+        const tl_beam *b = r->beam;
+        return b->B * ((r->p.max_tokens - b->step + bs - 1) / bs + 1) * tl_model_depth(m, r->p.loops);
+    }
+    /* a search still in its prompt: every beam but the first may copy the
+     * prompt's partial block and reach max_tokens further */
+    int beam_tails = r->kind == TL_RK_BEAM ? (r->beams - 1) * ((r->n_prompt + r->p.max_tokens + bs - 1) / bs -
+                                                                r->n_prompt / bs) * r->seq->bt.depth
+                                           : 0;
+    const tl_block_table *bt = &r->seq->bt;
     int final = (r->n_prompt + r->p.max_tokens + bs - 1) / bs - bt->n_released;
     if (r->p.cache_window > 0) {
         int chunk = r->n_prompt < m->sched->prefill_budget ? r->n_prompt : m->sched->prefill_budget;
@@ -572,7 +648,7 @@ static int blocks_to_come(const tl_model *m, const tl_request *r) {
     if (need < 0) need = 0;
     int lb = r->seq->n_pos / bs;
     int cow = lb < bt->n_logical && bt->ids[lb * bt->depth] >= 0 && m->kv.refcnt[bt->ids[lb * bt->depth]] > 1;
-    return (need + cow) * bt->depth;
+    return (need + cow) * bt->depth + beam_tails;
 }
 
 /* Under KV pressure the running requests' locks on their matched cache
@@ -716,10 +792,13 @@ int tl_sched_run(tl_model *m, const int32_t *prompt, int n_prompt, const tl_gene
     int64_t id;
     int rc = tl_request_submit(m, prompt, n_prompt, p, pool, &id);
     if (rc) return rc;
-    return tl_sched_wait(m, id, out, cap, n_cached, NULL);
+    tl_wait_result res = {0};
+    rc = tl_sched_wait(m, id, out, cap, &res);
+    if (n_cached) *n_cached = res.n_cached;
+    return rc;
 }
 
-int tl_sched_wait(tl_model *m, int64_t id, int32_t *out, int cap, int *n_cached, tl_radix_node **pinned) {
+int tl_sched_wait(tl_model *m, int64_t id, int32_t *out, int cap, tl_wait_result *res) {
     tl_sched *s = m->sched;
     int n = 0, rc = 0;
     for (;;) {
@@ -753,10 +832,11 @@ int tl_sched_wait(tl_model *m, int64_t id, int32_t *out, int cap, int *n_cached,
     snprintf(msg, sizeof msg, "%s", tl_last_error());
     pthread_mutex_lock(&s->mu);
     tl_request *r = tl_request_find(m, id);
-    if (r && n_cached) *n_cached = r->n_cached;
-    if (r && pinned) {
-        *pinned = r->pinned; /* the caller's now */
+    if (r && res) {
+        res->n_cached = r->n_cached;
+        res->pinned = r->pinned; /* the caller's now */
         r->pinned = NULL;
+        res->beam = r->beam_res;
     }
     pthread_mutex_unlock(&s->mu);
     tl_request_release(m, id);
@@ -893,9 +973,14 @@ int tl_sched_check_invariants(tl_model *m, const int32_t *extra, int n_extra) {
     int32_t *count = calloc((size_t)m->kv.n_blocks, sizeof *count);
     if (!count) return tl_set_error(TL_ERR_NOMEM, "out of memory");
     for (int i = 0; i < m->sched->n; i++) {
-        const tl_seq *s = m->sched->reqs[i]->seq;
-        if (!s) continue;
-        for (int j = s->bt.n_released * s->bt.depth; j < s->bt.n_logical * s->bt.depth; j++) count[s->bt.ids[j]]++;
+        const tl_request *r = m->sched->reqs[i];
+        int n_beams = searching(r) ? r->beam->n_cur : 0;
+        for (int k = -1; k < n_beams; k++) {
+            const tl_seq *s = k < 0 ? r->seq : r->beam->cur[k].seq;
+            if (!s) continue;
+            for (int j = s->bt.n_released * s->bt.depth; j < s->bt.n_logical * s->bt.depth; j++)
+                if (s->bt.ids[j] >= 0) count[s->bt.ids[j]]++;
+        }
     }
     for (int i = 0; i < n_extra; i++) count[extra[i]]++;
     int rc = tl_cache_check(m, count);

@@ -22,9 +22,11 @@ typedef struct tl_sched_msg {
     tl_pool *pool;           /* TL_MSG_POOL_FREE */
 } tl_sched_msg;
 
-/* One forward pass's batch, parallel arrays with room for every request
- * (grown with the request list, so a step allocates nothing). */
+/* One forward pass's batch: parallel arrays, one entry per sequence (a
+ * request's, or each live beam's), room for cap (grown only when a step
+ * needs more than any before). */
 typedef struct tl_batch {
+    int cap;
     tl_request **rq;
     tl_seq **seqs;
     const int32_t **toks;
@@ -38,7 +40,7 @@ typedef struct tl_batch {
 typedef struct tl_sched {
     tl_request **reqs;       /* in submission order; owned by the stepping thread */
     int n, cap;
-    tl_batch batch;          /* room for cap requests */
+    tl_batch batch;
     tl_request **incoming;   /* submitted, not yet seen by a step (guarded by mu) */
     int n_in, cap_in;
     int n_queued, max_queue;
@@ -99,11 +101,17 @@ void tl_engine_post_ids(tl_model *m, const int64_t *ids, int n);
  * generated count or an error; out receives the generated tokens. */
 int tl_sched_run(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p, tl_pool *pool,
                  int32_t *out, int cap, int *n_cached);
+/* What a synchronous caller gets back besides the tokens. */
+typedef struct tl_wait_result {
+    int n_cached;          /* prompt tokens served by the cache */
+    tl_radix_node *pinned; /* TL_RK_PIN: the node, pinned for the caller */
+    tl_beam_result beam;   /* TL_RK_BEAM: the scores */
+} tl_wait_result;
 /* Waits for request id (the engine thread steps it, or this thread steps
  * the scheduler), taking up to cap tokens into out (a full buffer cancels
- * the rest), then releases it. n_cached and pinned (a TL_RK_PIN's node,
- * pinned for the caller) may be NULL. Returns the count or an error. */
-int tl_sched_wait(tl_model *m, int64_t id, int32_t *out, int cap, int *n_cached, tl_radix_node **pinned);
+ * the rest), then releases it; res (may be NULL) is filled when the
+ * request still exists. Returns the count or an error. */
+int tl_sched_wait(tl_model *m, int64_t id, int32_t *out, int cap, tl_wait_result *res);
 
 /* A pool being freed: requests in flight stop pointing at it (its pending
  * registrations still cache their prefix, unpinned). */
