@@ -426,6 +426,30 @@ function Model:info()
 end
 
 
+-- kv_blocks(n_tokens [, loops = 0]) -> the KV blocks a sequence of
+-- n_tokens positions holds at that loop depth (0: the model's default), and
+-- the arena's total. A request whose prompt + max_tokens needs more than
+-- the total can never run, whatever else is cached or running: the data to
+-- tell that from "KV full right now" (both fail with TL_ERR_KV_FULL). The
+-- depth rule is tl_model_depth's: the layers outside the loop block once,
+-- the block's layers once per loop.
+function Model:kv_blocks(n_tokens, loops)
+    local h = self.h or closed("kv_blocks", 2)
+    n_tokens = opt_int("kv_blocks", "n_tokens", n_tokens, nil, 0, 2)
+    if n_tokens == nil then
+        bad("kv_blocks", "n_tokens", "expected an integer >= 0, got nil")
+    end
+    loops = opt_int("kv_blocks", "loops", loops, 0, 0, 2)
+    C.tl_model_get_info(h, info_buf)
+    local i = info_buf[0]
+    local core = i.loop_end - i.loop_start
+    local eff = core == 0 and 1 or (loops > 0 and loops or i.loop_default)
+    local depth = i.n_layer - core + core * eff
+    local bs = i.kv_block_size
+    return floor((n_tokens + bs - 1) / bs) * depth, i.kv_blocks_total
+end
+
+
 local TOK_KEYS = keyset { "add_special", "parse_special", "as_cdata" }
 
 -- tokenize(text, { add_special = true, parse_special = false, as_cdata })

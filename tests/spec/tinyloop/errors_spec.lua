@@ -67,3 +67,44 @@ describe("tinyloop error convention", function()
         m:close()
     end)
 end)
+
+
+describe("Model:kv_blocks()", function()
+    local tl = require "tinyloop"
+    local C = require("tinyloop.lib").C
+
+    if helpers.skip_without_model() then
+        return
+    end
+
+    it("gives the blocks the engine says a request that can never fit needs, and the arena's total", function()
+        local probe = tl.Model(helpers.model_path)
+        local info = probe:info()
+        probe:close()
+        local m = tl.Model(helpers.model_path, { kv_mem = 20 * (info.kv_bytes / info.kv_blocks_total) })
+        local total_now = m:info().kv_blocks_total
+        local out, err, code = m:generate(range(100, 129), { max_tokens = 90, temperature = 0, ignore_eos = true })
+        assert.is_nil(out)
+        assert.are.equal(tonumber(C.TL_ERR_KV_FULL), code)
+        local need, total = m:kv_blocks(30 + 90)
+        -- the engine's message carries the same numbers (read here only to
+        -- check the Lua rule against C; code never reads it)
+        assert.truthy(err:find(string.format("needs %d blocks, %d of %d free", need, total, total), 1, true), err)
+        assert.are.equal(total_now, total)
+        assert.is_true(need > total)
+        assert.is_true(m:kv_blocks(10 + 4) <= total)
+        m:close()
+    end)
+
+    it("counts every layer once per loop at the requested depth", function()
+        local m = tl.Model(helpers.model_path)
+        local i = m:info()
+        local core = i.loop_end - i.loop_start
+        local bs = i.kv_block_size
+        assert.are.equal(i.n_layer * 2, (m:kv_blocks(bs + 1)))
+        assert.are.equal(core == 0 and i.n_layer or i.n_layer + 2 * core, (m:kv_blocks(1, 3)))
+        assert.are.equal(0, (m:kv_blocks(0)))
+        assert.has_error(function() m:kv_blocks(-1) end)
+        m:close()
+    end)
+end)
