@@ -212,6 +212,17 @@ local function check_len(self, fname, n_prompt, level)
 end
 
 
+-- A failed tl_request_submit: misuse (a bad argument, a prompt too long,
+-- a vocab-only model) raises; a runtime failure (the queue is busy, out
+-- of memory) returns nil, message, code.
+local function submit_failed(rc, fname, level)
+    if rc == S.ERR_TOO_LONG or rc == S.ERR_STATE then
+        raise_rc(rc, fname, level + 1)
+    end
+    return fail_rc(rc, fname, level + 1)
+end
+
+
 -- ---- PrefixPool (lua/tinyloop/pool.lua) --------------------------------------------------
 
 local pool_mod = require "tinyloop.pool"
@@ -590,7 +601,8 @@ function Model:generate(prompt, opts)
     check_len(self, "generate", n, 2)
     local rc = C.tl_request_submit(h, ptr, n, p, nil, id_out)
     if rc ~= 0 then
-        raise_rc(rc, "generate", 2)
+        local a, msg, code = submit_failed(rc, "generate", 2)
+        return a, msg, code
     end
     local id = tonumber(id_out[0])
     local out, cap, total = self._out, self._out_cap, 0
@@ -892,29 +904,26 @@ end
 _M.stream_next = stream_next
 
 
--- stream(prompt, opts) -> iterator, state: generated token ids as they
--- are produced, one scheduler step at a time (tl_request_submit /
--- tl_model_step / tl_request_take):
---   for tok in model:stream(prompt, opts) do ... end
--- opts as generate, plus pool = a PrefixPool whose statistics count the
--- lookup. Several streams on one model interleave: each step advances
--- all of them. A stream dropped early is released by the GC or close().
-function Model:stream(prompt, opts)
-    local h = self.h or closed("stream", 2)
-    local o = opt_table("stream", opts, 2)
-    local p = fill_params("stream", o, 2)
+-- Submits a stream's request: stream_next, its state; or nil, err, code
+-- when the request cannot be submitted (runtime failure). fname names the
+-- public method in messages; misuse raises at the caller of that method.
+local function open_stream(self, fname, prompt, opts, level)
+    level = level + 1
+    local h = self.h or closed(fname, level)
+    local o = opt_table(fname, opts, level)
+    local p = fill_params(fname, o, level)
     local pool, ph = o.pool, nil
     if pool ~= nil then
         if not is_pool(pool) then
-            bad("stream", "pool", "expected a tinyloop.PrefixPool, got " .. type(pool))
+            bad(fname, "pool", "expected a tinyloop.PrefixPool, got " .. type(pool), level)
         end
-        ph = pool_handle(pool, "stream", 2)
+        ph = pool_handle(pool, fname, level)
     end
-    local ptr, n = nonempty_tokens(self, "stream", "prompt", prompt, o.n, 2)
-    check_len(self, "stream", n, 2)
+    local ptr, n = nonempty_tokens(self, fname, "prompt", prompt, o.n, level)
+    check_len(self, fname, n, level)
     local rc = C.tl_request_submit(h, ptr, n, p, ph, id_out)
     if rc ~= 0 then
-        raise_rc(rc, "stream", 2)
+        return submit_failed(rc, fname, level)
     end
     local id = tonumber(id_out[0])
     local st = self._st
@@ -924,6 +933,23 @@ function Model:stream(prompt, opts)
     guard.serial = st.serial
     ffi_gc(guard, stream_gc)
     return stream_next, { st = st, id = id, done = false, guard = guard, pool = pool }
+end
+
+
+-- stream(prompt, opts) -> iterator, state: generated token ids as they
+-- are produced, one scheduler step at a time (tl_request_submit /
+-- tl_model_step / tl_request_take):
+--   for tok in model:stream(prompt, opts) do ... end
+-- opts as generate, plus pool = a PrefixPool whose statistics count the
+-- lookup. Several streams on one model interleave: each step advances
+-- all of them. A stream dropped early is released by the GC or close().
+-- A request that cannot be submitted (the queue is busy, out of memory)
+-- returns nil, err, code instead of an iterator: check it before the loop
+-- where that can happen (local it, st, code = model:stream(p, o)). A
+-- failure once the iteration runs raises (a for loop sees one value).
+function Model:stream(prompt, opts)
+    local a, b, c = open_stream(self, "stream", prompt, opts, 2) -- no tail call: levels count this frame
+    return a, b, c
 end
 
 
@@ -992,28 +1018,33 @@ end
 -- produced. A multi-byte character split across tokens is held back until
 -- it completes, so every piece is whole UTF-8 (invalid bytes pass through
 -- rather than being held forever). Pieces are raw token texts: the leading
--- space SentencePiece adds is kept. Options as stream().
-function Model:stream_text(prompt, opts)
-    local _ = self.h or closed("stream_text", 2)
-    local next_tok, s = self:stream(prompt, opts)
-    local dec = textstream.new(nil) -- the decoder the server's SSE path uses
-    local one = {}
-    local model = self
-    return function()
-        while true do
-            local tok = next_tok(s)
-            if tok == nil then
-                local held, partial = dec:finish()
-                local rest = held .. partial
-                return rest ~= "" and rest or nil
-            end
-            one[1] = model:piece(tok)
-            local text = dec:push(one, 1)
-            if text ~= "" then
-                return text
-            end
+-- space SentencePiece adds is kept. Options as stream(); like stream(), a
+-- request that cannot be submitted returns nil, err, code.
+local function text_next(t)
+    local s, dec, one = t.s, t.dec, t.one
+    while true do
+        local tok = stream_next(s)
+        if tok == nil then
+            local held, partial = dec:finish()
+            local rest = held .. partial
+            return rest ~= "" and rest or nil
+        end
+        one[1] = t.model:piece(tok)
+        local text = dec:push(one, 1)
+        if text ~= "" then
+            return text
         end
     end
+end
+
+
+function Model:stream_text(prompt, opts)
+    local _, s, code = open_stream(self, "stream_text", prompt, opts, 2)
+    if not _ then
+        return nil, s, code
+    end
+    -- the decoder the server's SSE path uses
+    return text_next, { s = s, dec = textstream.new(nil), one = {}, model = self }
 end
 
 
@@ -1059,7 +1090,7 @@ end
 
 -- chat_format, chat, chat_template, set_chat_template (lua/tinyloop/chat.lua)
 require("tinyloop.chat").install(Model, { C = C, closed = closed, bad = bad, raise_rc = raise_rc,
-    opt_table = opt_table, char_vla = char_vla })
+    opt_table = opt_table, char_vla = char_vla, open_stream = open_stream, stream_next = stream_next })
 
 
 model_mt.__tostring = function(self)
