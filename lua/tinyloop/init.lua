@@ -159,9 +159,9 @@ end
 
 -- ---- generation parameters ----------------------------------------------------------------
 --
--- Defaults as in docs/prefix-pool.md: max_tokens 128, loops 0 (the model's default
--- depth; the reference design's 8 is its own model's), temperature 1.0, top_k 50,
--- cache_window 0. Everything else as tl_generate_default_params().
+-- Defaults: args.SAMPLING (shared with the server; docs/prefix-pool.md's
+-- max_tokens 128, temperature 1.0, top_k 50), loops 0 (the model's default
+-- depth; the reference design's 8 is its own model's), cache_window 0.
 
 local GEN_KEYS = keyset {
     "max_tokens", "loops", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
@@ -173,7 +173,7 @@ local function fill_params(fname, o, level)
     level = level + 1
     check_keys(fname, o, GEN_KEYS, level)
     ffi_copy(gp, default_gp, GP_SIZE)
-    gp.max_tokens = opt_int(fname, "max_tokens", o.max_tokens, 128, 1, level)
+    gp.max_tokens = opt_int(fname, "max_tokens", o.max_tokens, SAMPLING.max_tokens, 1, level)
     gp.loops = opt_int(fname, "loops", o.loops, 0, 0, level)
     gp.cache_window = opt_int(fname, "cache_window", o.cache_window, 0, 0, level)
     gp.ignore_eos = opt_bool(fname, "ignore_eos", o.ignore_eos, level) and 1 or 0
@@ -185,11 +185,21 @@ local function fill_params(fname, o, level)
     s.temperature = opt_num(fname, "temperature", o.temperature, SAMPLING.temperature, level)
     s.top_k = opt_int(fname, "top_k", o.top_k, SAMPLING.top_k, 0, level)
     s.top_p = opt_num(fname, "top_p", o.top_p, SAMPLING.top_p, level)
-    s.min_p = opt_num(fname, "min_p", o.min_p, 0.0, level)
-    s.repeat_penalty = opt_num(fname, "repeat_penalty", o.repeat_penalty, 1.0, level)
-    s.repeat_last_n = opt_int(fname, "repeat_last_n", o.repeat_last_n, 64, -1, level)
-    s.seed = opt_int(fname, "seed", o.seed, 0, 0, level)
+    s.min_p = opt_num(fname, "min_p", o.min_p, SAMPLING.min_p, level)
+    s.repeat_penalty = opt_num(fname, "repeat_penalty", o.repeat_penalty, SAMPLING.repeat_penalty, level)
+    s.repeat_last_n = opt_int(fname, "repeat_last_n", o.repeat_last_n, SAMPLING.repeat_last_n, -1, level)
+    s.seed = opt_int(fname, "seed", o.seed, SAMPLING.seed, 0, level)
     return gp
+end
+
+
+-- generate_params(opts) -> a tl_generate_params (a new cdata) as generate
+-- would fill it from opts: to inspect the defaults (args.SAMPLING).
+function _M.generate_params(opts)
+    fill_params("generate_params", opt_table("generate_params", opts, 2), 2)
+    local p = ffi_new("tl_generate_params")
+    ffi_copy(p, gp, GP_SIZE)
+    return p
 end
 
 

@@ -18,6 +18,7 @@ local oa = require "tinyloop.server_openai"
 local metrics = require "tinyloop.server_metrics"
 local lru = require "tinyloop.lru"
 local textstream = require "tinyloop.textstream"
+local fill_sampling = require("tinyloop.args").fill_sampling
 
 local C = require("tinyloop.lib").load()
 local ffi_new = ffi.new
@@ -682,13 +683,9 @@ local function fill_params(o, tenant)
     if HAS_TENANT then
         p.tenant = tenant.id or 0
     end
-    local s = p.sampling
-    s.temperature = o.temperature
-    s.top_k = o.top_k or (o.temperature > 0 and 50 or 0)
-    s.top_p = o.top_p or 1.0
-    if o.seed then
-        s.seed = o.seed
-    else
+    -- the library's defaults (args.SAMPLING); an unset seed is random
+    local s = fill_sampling(p.sampling, o)
+    if not o.seed then
         s.seed = math.random(1, 2 ^ 31)
     end
     return p
