@@ -674,9 +674,14 @@ local function tokenize(o, tenant, chat)
 end
 
 
+-- Scratch: tl_request_submit copies the parameters before it returns, and
+-- nothing yields between filling them and the submit.
+local submit_params = ffi_new("tl_generate_params")
+local GP_SIZE = ffi.sizeof("tl_generate_params")
+
 local function fill_params(o, tenant)
-    local p = ffi_new("tl_generate_params")
-    ffi.copy(p, default_gp, ffi.sizeof(p))
+    local p = submit_params
+    ffi.copy(p, default_gp, GP_SIZE)
     p.max_tokens = o.max_tokens
     p.salt = tenant.salt or 0
     p.priority = tenant.priority or 0
