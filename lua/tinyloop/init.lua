@@ -676,8 +676,8 @@ function Model:register_prefix(pool, tokens, opts)
     if got > 0 then
         return got
     end
-    -- The seed returns 0 for a prefix it cannot take (bad ids, too long, a
-    -- vocab-only model or another model's pool); memory and the like are
+    -- docs/prefix-pool.md returns 0 for a prefix it cannot take (bad ids, too
+    -- long, a vocab-only model or another model's pool); memory and the like are
     -- runtime failures: nil, message, code.
     if got == S.ERR_INVALID_ARG or got == S.ERR_TOO_LONG or got == S.ERR_STATE then
         return 0, lib.last_error(), got

@@ -103,3 +103,18 @@ describe("error classification", function()
         assert.same({}, bad)
     end)
 end)
+
+
+-- The contract the Lua API mirrors is docs/prefix-pool.md; comments name
+-- it, not "the seed" (the sampling option `seed` is another thing).
+describe("references to the contract", function()
+    it("say docs/prefix-pool.md, not \"the seed\", in lua/tinyloop", function()
+        local bad = {}
+        local p = io.popen("cd '" .. helpers.root .. "' && grep -rniE \"the seed([^a-z_=(]|$)|seed's\" lua/tinyloop")
+        for line in p:lines() do
+            bad[#bad + 1] = line
+        end
+        p:close()
+        assert.same({}, bad)
+    end)
+end)
