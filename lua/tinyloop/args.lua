@@ -10,9 +10,35 @@ local _M = {}
 local INT_MAX = 2147483647
 local S = lib.status
 
--- The sampling defaults of both the library (Model:generate and friends)
--- and the server (an OpenAI request that leaves them out): one table.
-_M.SAMPLING = { temperature = 1.0, top_k = 50, top_p = 1.0 }
+-- The generation defaults of both the library (Model:generate and
+-- friends) and the server (an OpenAI request that leaves them out): one
+-- table (docs/prefix-pool.md's max_tokens 128, temperature 1.0, top_k 50;
+-- the rest as tl_generate_default_params()). Two server differences are
+-- OpenAI's, not other defaults: an unset max_tokens is 16 for completions
+-- and the cap for chat, and an unset seed is random per request (the
+-- library's is 0: reproducible).
+_M.SAMPLING = {
+    max_tokens = 128, temperature = 1.0, top_k = 50, top_p = 1.0, min_p = 0.0,
+    repeat_penalty = 1.0, repeat_last_n = 64, seed = 0,
+}
+
+
+-- fill_sampling(s, o): a tl_sampling_params from o's temperature, top_k,
+-- top_p (checked by the caller), the rest from SAMPLING; top_k is off at
+-- temperature 0 unless given (greedy ignores it). The server's path; the
+-- library's fill_params reads the same table for what the caller omits.
+function _M.fill_sampling(s, o)
+    local d = _M.SAMPLING
+    local t = o.temperature or d.temperature
+    s.temperature = t
+    s.top_k = o.top_k or (t > 0 and d.top_k or 0)
+    s.top_p = o.top_p or d.top_p
+    s.min_p = o.min_p or d.min_p
+    s.repeat_penalty = o.repeat_penalty or d.repeat_penalty
+    s.repeat_last_n = o.repeat_last_n or d.repeat_last_n
+    s.seed = o.seed or d.seed
+    return s
+end
 
 
 -- ---- messages -------------------------------------------------------------------------

@@ -2,16 +2,32 @@
 -- messages with the model's chat template, and a chat turn that stops at
 -- the end of the assistant's turn.
 local ffi = require "ffi"
+local textstream = require "tinyloop.textstream"
 
-local type, ipairs, next = type, ipairs, next
+local type, ipairs, next, concat = type, ipairs, next, table.concat
 local ffi_new, ffi_string = ffi.new, ffi.string
 
 local _M = {}
 
 
+-- The stop strings of a chat turn: opts.stop, and for the plain
+-- transcript format the next turn's "\nuser:" / "\nsystem:".
+function _M.stops(template, user_stops)
+    local stops = {}
+    for i, s in ipairs(user_stops or {}) do
+        stops[i] = s
+    end
+    if template == "plain" then
+        stops[#stops + 1] = "\nuser:"
+        stops[#stops + 1] = "\nsystem:"
+    end
+    return stops
+end
+
+
 function _M.install(Model, deps)
-    local C, closed, bad, raise_rc, opt_table, char_vla =
-        deps.C, deps.closed, deps.bad, deps.raise_rc, deps.opt_table, deps.char_vla
+    local C, closed, bad, raise_rc, opt_table, char_vla, open_stream =
+        deps.C, deps.closed, deps.bad, deps.raise_rc, deps.opt_table, deps.char_vla, deps.open_stream
 
     -- The messages as a tl_chat_message array (the strings stay alive through
     -- `messages` while the array is used).
@@ -124,43 +140,40 @@ function _M.install(Model, deps)
     -- chat(messages, opts) -> answer text, token ids: renders the messages,
     -- generates the assistant's turn (through opts.pool when given) and stops
     -- at an end-of-turn token or at any of opts.stop (strings; for the plain
-    -- transcript format "\nuser:" is added). Other opts as stream().
+    -- transcript format "\nuser:" is added). Other opts as stream(). Text is
+    -- cut by tinyloop.textstream, the decoder of stream_text and the server.
+    -- A request that cannot be submitted (the queue is busy, out of memory)
+    -- returns nil, err, code; a failure mid-generation raises, as in stream.
     function Model:chat(messages, opts)
         local _ = self.h or closed("chat", 2)
         local o = opt_table("chat", opts, 2)
         local prompt = self:chat_tokenize(messages)
-        local stops = {}
-        for i, s in ipairs(o.stop or {}) do
-            stops[i] = s
-        end
-        if self:chat_template() == "plain" then
-            stops[#stops + 1] = "\nuser:"
-            stops[#stops + 1] = "\nsystem:"
-        end
+        local dec = textstream.new(_M.stops(self:chat_template(), o.stop))
         local gen = {}
         for k, v in next, o do
             if k ~= "stop" then
                 gen[k] = v
             end
         end
-        local ids, text = {}, ""
-        local next_tok, st = self:stream(prompt, gen)
+        local next_tok, st, code = open_stream(self, "chat", prompt, gen, 2)
+        if not next_tok then
+            return nil, st, code
+        end
+        local ids, parts, one = {}, {}, {}
         for tok in next_tok, st do
             ids[#ids + 1] = tok
-            text = self:detokenize(ids)
-            local cut
-            for _, s in ipairs(stops) do
-                local at = text:find(s, 1, true)
-                if at and (not cut or at < cut) then
-                    cut = at
-                end
-            end
-            if cut then
-                text = text:sub(1, cut - 1)
+            one[1] = self:piece(tok)
+            parts[#parts + 1] = dec:push(one, 1)
+            if dec.stopped then
                 break
             end
         end
         self:stream_close(st) -- stops generating now instead of when collected
+        if not dec.stopped then
+            local held, partial = dec:finish()
+            parts[#parts + 1] = held .. partial
+        end
+        local text = concat(parts)
         return (text:gsub("^%s+", ""):gsub("%s+$", "")), ids
     end
 end

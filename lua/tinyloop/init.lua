@@ -159,9 +159,9 @@ end
 
 -- ---- generation parameters ----------------------------------------------------------------
 --
--- Defaults as in docs/prefix-pool.md: max_tokens 128, loops 0 (the model's default
--- depth; the reference design's 8 is its own model's), temperature 1.0, top_k 50,
--- cache_window 0. Everything else as tl_generate_default_params().
+-- Defaults: args.SAMPLING (shared with the server; docs/prefix-pool.md's
+-- max_tokens 128, temperature 1.0, top_k 50), loops 0 (the model's default
+-- depth; the reference design's 8 is its own model's), cache_window 0.
 
 local GEN_KEYS = keyset {
     "max_tokens", "loops", "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
@@ -173,7 +173,7 @@ local function fill_params(fname, o, level)
     level = level + 1
     check_keys(fname, o, GEN_KEYS, level)
     ffi_copy(gp, default_gp, GP_SIZE)
-    gp.max_tokens = opt_int(fname, "max_tokens", o.max_tokens, 128, 1, level)
+    gp.max_tokens = opt_int(fname, "max_tokens", o.max_tokens, SAMPLING.max_tokens, 1, level)
     gp.loops = opt_int(fname, "loops", o.loops, 0, 0, level)
     gp.cache_window = opt_int(fname, "cache_window", o.cache_window, 0, 0, level)
     gp.ignore_eos = opt_bool(fname, "ignore_eos", o.ignore_eos, level) and 1 or 0
@@ -185,11 +185,21 @@ local function fill_params(fname, o, level)
     s.temperature = opt_num(fname, "temperature", o.temperature, SAMPLING.temperature, level)
     s.top_k = opt_int(fname, "top_k", o.top_k, SAMPLING.top_k, 0, level)
     s.top_p = opt_num(fname, "top_p", o.top_p, SAMPLING.top_p, level)
-    s.min_p = opt_num(fname, "min_p", o.min_p, 0.0, level)
-    s.repeat_penalty = opt_num(fname, "repeat_penalty", o.repeat_penalty, 1.0, level)
-    s.repeat_last_n = opt_int(fname, "repeat_last_n", o.repeat_last_n, 64, -1, level)
-    s.seed = opt_int(fname, "seed", o.seed, 0, 0, level)
+    s.min_p = opt_num(fname, "min_p", o.min_p, SAMPLING.min_p, level)
+    s.repeat_penalty = opt_num(fname, "repeat_penalty", o.repeat_penalty, SAMPLING.repeat_penalty, level)
+    s.repeat_last_n = opt_int(fname, "repeat_last_n", o.repeat_last_n, SAMPLING.repeat_last_n, -1, level)
+    s.seed = opt_int(fname, "seed", o.seed, SAMPLING.seed, 0, level)
     return gp
+end
+
+
+-- generate_params(opts) -> a tl_generate_params (a new cdata) as generate
+-- would fill it from opts: to inspect the defaults (args.SAMPLING).
+function _M.generate_params(opts)
+    fill_params("generate_params", opt_table("generate_params", opts, 2), 2)
+    local p = ffi_new("tl_generate_params")
+    ffi_copy(p, gp, GP_SIZE)
+    return p
 end
 
 
@@ -209,6 +219,17 @@ local function check_len(self, fname, n_prompt, level)
         bad(fname, "max_tokens", format("prompt length %d + max_tokens %d exceeds max_seq_len %d",
             n_prompt, mt, self.max_seq_len), level + 1)
     end
+end
+
+
+-- A failed tl_request_submit: misuse (a bad argument, a prompt too long,
+-- a vocab-only model) raises; a runtime failure (the queue is busy, out
+-- of memory) returns nil, message, code.
+local function submit_failed(rc, fname, level)
+    if rc == S.ERR_TOO_LONG or rc == S.ERR_STATE then
+        raise_rc(rc, fname, level + 1)
+    end
+    return fail_rc(rc, fname, level + 1)
 end
 
 
@@ -426,6 +447,30 @@ function Model:info()
 end
 
 
+-- kv_blocks(n_tokens [, loops = 0]) -> the KV blocks a sequence of
+-- n_tokens positions holds at that loop depth (0: the model's default), and
+-- the arena's total. A request whose prompt + max_tokens needs more than
+-- the total can never run, whatever else is cached or running: the data to
+-- tell that from "KV full right now" (both fail with TL_ERR_KV_FULL). The
+-- depth rule is tl_model_depth's: the layers outside the loop block once,
+-- the block's layers once per loop.
+function Model:kv_blocks(n_tokens, loops)
+    local h = self.h or closed("kv_blocks", 2)
+    n_tokens = opt_int("kv_blocks", "n_tokens", n_tokens, nil, 0, 2)
+    if n_tokens == nil then
+        bad("kv_blocks", "n_tokens", "expected an integer >= 0, got nil")
+    end
+    loops = opt_int("kv_blocks", "loops", loops, 0, 0, 2)
+    C.tl_model_get_info(h, info_buf)
+    local i = info_buf[0]
+    local core = i.loop_end - i.loop_start
+    local eff = core == 0 and 1 or (loops > 0 and loops or i.loop_default)
+    local depth = i.n_layer - core + core * eff
+    local bs = i.kv_block_size
+    return floor((n_tokens + bs - 1) / bs) * depth, i.kv_blocks_total
+end
+
+
 local TOK_KEYS = keyset { "add_special", "parse_special", "as_cdata" }
 
 -- tokenize(text, { add_special = true, parse_special = false, as_cdata })
@@ -566,7 +611,8 @@ function Model:generate(prompt, opts)
     check_len(self, "generate", n, 2)
     local rc = C.tl_request_submit(h, ptr, n, p, nil, id_out)
     if rc ~= 0 then
-        raise_rc(rc, "generate", 2)
+        local a, msg, code = submit_failed(rc, "generate", 2)
+        return a, msg, code
     end
     local id = tonumber(id_out[0])
     local out, cap, total = self._out, self._out_cap, 0
@@ -630,8 +676,8 @@ function Model:register_prefix(pool, tokens, opts)
     if got > 0 then
         return got
     end
-    -- The seed returns 0 for a prefix it cannot take (bad ids, too long, a
-    -- vocab-only model or another model's pool); memory and the like are
+    -- docs/prefix-pool.md returns 0 for a prefix it cannot take (bad ids, too
+    -- long, a vocab-only model or another model's pool); memory and the like are
     -- runtime failures: nil, message, code.
     if got == S.ERR_INVALID_ARG or got == S.ERR_TOO_LONG or got == S.ERR_STATE then
         return 0, lib.last_error(), got
@@ -868,29 +914,26 @@ end
 _M.stream_next = stream_next
 
 
--- stream(prompt, opts) -> iterator, state: generated token ids as they
--- are produced, one scheduler step at a time (tl_request_submit /
--- tl_model_step / tl_request_take):
---   for tok in model:stream(prompt, opts) do ... end
--- opts as generate, plus pool = a PrefixPool whose statistics count the
--- lookup. Several streams on one model interleave: each step advances
--- all of them. A stream dropped early is released by the GC or close().
-function Model:stream(prompt, opts)
-    local h = self.h or closed("stream", 2)
-    local o = opt_table("stream", opts, 2)
-    local p = fill_params("stream", o, 2)
+-- Submits a stream's request: stream_next, its state; or nil, err, code
+-- when the request cannot be submitted (runtime failure). fname names the
+-- public method in messages; misuse raises at the caller of that method.
+local function open_stream(self, fname, prompt, opts, level)
+    level = level + 1
+    local h = self.h or closed(fname, level)
+    local o = opt_table(fname, opts, level)
+    local p = fill_params(fname, o, level)
     local pool, ph = o.pool, nil
     if pool ~= nil then
         if not is_pool(pool) then
-            bad("stream", "pool", "expected a tinyloop.PrefixPool, got " .. type(pool))
+            bad(fname, "pool", "expected a tinyloop.PrefixPool, got " .. type(pool), level)
         end
-        ph = pool_handle(pool, "stream", 2)
+        ph = pool_handle(pool, fname, level)
     end
-    local ptr, n = nonempty_tokens(self, "stream", "prompt", prompt, o.n, 2)
-    check_len(self, "stream", n, 2)
+    local ptr, n = nonempty_tokens(self, fname, "prompt", prompt, o.n, level)
+    check_len(self, fname, n, level)
     local rc = C.tl_request_submit(h, ptr, n, p, ph, id_out)
     if rc ~= 0 then
-        raise_rc(rc, "stream", 2)
+        return submit_failed(rc, fname, level)
     end
     local id = tonumber(id_out[0])
     local st = self._st
@@ -900,6 +943,23 @@ function Model:stream(prompt, opts)
     guard.serial = st.serial
     ffi_gc(guard, stream_gc)
     return stream_next, { st = st, id = id, done = false, guard = guard, pool = pool }
+end
+
+
+-- stream(prompt, opts) -> iterator, state: generated token ids as they
+-- are produced, one scheduler step at a time (tl_request_submit /
+-- tl_model_step / tl_request_take):
+--   for tok in model:stream(prompt, opts) do ... end
+-- opts as generate, plus pool = a PrefixPool whose statistics count the
+-- lookup. Several streams on one model interleave: each step advances
+-- all of them. A stream dropped early is released by the GC or close().
+-- A request that cannot be submitted (the queue is busy, out of memory)
+-- returns nil, err, code instead of an iterator: check it before the loop
+-- where that can happen (local it, st, code = model:stream(p, o)). A
+-- failure once the iteration runs raises (a for loop sees one value).
+function Model:stream(prompt, opts)
+    local a, b, c = open_stream(self, "stream", prompt, opts, 2) -- no tail call: levels count this frame
+    return a, b, c
 end
 
 
@@ -968,28 +1028,33 @@ end
 -- produced. A multi-byte character split across tokens is held back until
 -- it completes, so every piece is whole UTF-8 (invalid bytes pass through
 -- rather than being held forever). Pieces are raw token texts: the leading
--- space SentencePiece adds is kept. Options as stream().
-function Model:stream_text(prompt, opts)
-    local _ = self.h or closed("stream_text", 2)
-    local next_tok, s = self:stream(prompt, opts)
-    local dec = textstream.new(nil) -- the decoder the server's SSE path uses
-    local one = {}
-    local model = self
-    return function()
-        while true do
-            local tok = next_tok(s)
-            if tok == nil then
-                local held, partial = dec:finish()
-                local rest = held .. partial
-                return rest ~= "" and rest or nil
-            end
-            one[1] = model:piece(tok)
-            local text = dec:push(one, 1)
-            if text ~= "" then
-                return text
-            end
+-- space SentencePiece adds is kept. Options as stream(); like stream(), a
+-- request that cannot be submitted returns nil, err, code.
+local function text_next(t)
+    local s, dec, one = t.s, t.dec, t.one
+    while true do
+        local tok = stream_next(s)
+        if tok == nil then
+            local held, partial = dec:finish()
+            local rest = held .. partial
+            return rest ~= "" and rest or nil
+        end
+        one[1] = t.model:piece(tok)
+        local text = dec:push(one, 1)
+        if text ~= "" then
+            return text
         end
     end
+end
+
+
+function Model:stream_text(prompt, opts)
+    local _, s, code = open_stream(self, "stream_text", prompt, opts, 2)
+    if not _ then
+        return nil, s, code
+    end
+    -- the decoder the server's SSE path uses
+    return text_next, { s = s, dec = textstream.new(nil), one = {}, model = self }
 end
 
 
@@ -1035,7 +1100,7 @@ end
 
 -- chat_format, chat, chat_template, set_chat_template (lua/tinyloop/chat.lua)
 require("tinyloop.chat").install(Model, { C = C, closed = closed, bad = bad, raise_rc = raise_rc,
-    opt_table = opt_table, char_vla = char_vla })
+    opt_table = opt_table, char_vla = char_vla, open_stream = open_stream, stream_next = stream_next })
 
 
 model_mt.__tostring = function(self)

@@ -248,6 +248,8 @@ _M.Runtime_mt = runtime_mt
 -- Runtime{ path | source, kind, interval_ms = 1000, limit, log, on_swap,
 -- on_retire, name }: loads the file at once (raises when the first load
 -- fails unless opts.lazy) and serves its current version.
+--   log(line, level): level "warn" (a version rejected, on_retire failed)
+--     or "notice" (a swap); a policy's print() passes no level.
 --   on_swap(new, old): runs (guarded by pcall) after a swap; may return
 --     nil, reason to veto the swap (e.g. tenants whose prompts did not
 --     register), then the old version keeps serving.
@@ -286,7 +288,7 @@ function Runtime:_reject(reason)
     self.reloads_rejected = self.reloads_rejected + 1
     self.last_error = reason
     self.log(format("policy %s rejected: %s (still serving %s)", self.name, reason,
-        self.current and (self.current.version .. " #" .. self.current.serial) or "nothing"))
+        self.current and (self.current.version .. " #" .. self.current.serial) or "nothing"), "warn")
     return nil, reason
 end
 
@@ -316,7 +318,7 @@ function Runtime:load_source(src)
     self.reloads_ok = self.reloads_ok + 1
     self.last_error = nil
     self.history[#self.history + 1] = { serial = v.serial, version = v.version }
-    self.log(format("policy %s: now serving %s #%d", self.name, v.version, v.serial))
+    self.log(format("policy %s: now serving %s #%d", self.name, v.version, v.serial), "notice")
     if old then
         self.retired[#self.retired + 1] = old
         self:_collect()
@@ -394,7 +396,7 @@ function Runtime:_collect()
         elseif self.on_retire then
             local ok, err = pcall(self.on_retire, old)
             if not ok then
-                self.log("policy " .. self.name .. ": on_retire failed: " .. tostring(err))
+                self.log("policy " .. self.name .. ": on_retire failed: " .. tostring(err), "warn")
             end
         end
     end

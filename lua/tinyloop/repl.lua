@@ -142,7 +142,7 @@ function Session:feed(line)
     end
     if not fn then
         -- Incomplete as an expression ("x *") or as a statement ("for i = 1, 3 do"): read on.
-        if err:match("<eof>'?$") or err_expr:match("<eof>'?$") then
+        if err:match("<eof>'?$") or err_expr:match("<eof>'?$") then -- not an engine error: the Lua compiler's
             self.buffer = src
             return "more"
         end

@@ -18,6 +18,7 @@ local oa = require "tinyloop.server_openai"
 local metrics = require "tinyloop.server_metrics"
 local lru = require "tinyloop.lru"
 local textstream = require "tinyloop.textstream"
+local fill_sampling = require("tinyloop.args").fill_sampling
 
 local C = require("tinyloop.lib").load()
 local ffi_new = ffi.new
@@ -259,8 +260,8 @@ local function start_policy(path)
     -- lazy: a file that does not load leaves no version, and requests are
     -- refused (503) until a good version loads here or is published.
     local rok, rt = pcall(policy.Runtime, { path = path, kind = "tenants", interval_ms = 500,
-        name = "tenants", lazy = true, log = function(msg)
-            ngx_log(msg:find("rejected", 1, true) and ngx.WARN or ngx.NOTICE, msg)
+        name = "tenants", lazy = true, log = function(msg, level)
+            ngx_log(level == "warn" and ngx.WARN or ngx.NOTICE, msg)
         end })
     if not rok then
         return nil, rt
@@ -673,22 +674,23 @@ local function tokenize(o, tenant, chat)
 end
 
 
+-- Scratch: tl_request_submit copies the parameters before it returns, and
+-- nothing yields between filling them and the submit.
+local submit_params = ffi_new("tl_generate_params")
+local GP_SIZE = ffi.sizeof("tl_generate_params")
+
 local function fill_params(o, tenant)
-    local p = ffi_new("tl_generate_params")
-    ffi.copy(p, default_gp, ffi.sizeof(p))
+    local p = submit_params
+    ffi.copy(p, default_gp, GP_SIZE)
     p.max_tokens = o.max_tokens
     p.salt = tenant.salt or 0
     p.priority = tenant.priority or 0
     if HAS_TENANT then
         p.tenant = tenant.id or 0
     end
-    local s = p.sampling
-    s.temperature = o.temperature
-    s.top_k = o.top_k or (o.temperature > 0 and 50 or 0)
-    s.top_p = o.top_p or 1.0
-    if o.seed then
-        s.seed = o.seed
-    else
+    -- the library's defaults (args.SAMPLING); an unset seed is random
+    local s = fill_sampling(p.sampling, o)
+    if not o.seed then
         s.seed = math.random(1, 2 ^ 31)
     end
     return p
@@ -781,20 +783,24 @@ end
 
 
 -- The HTTP status, code and param of a failed generation (r.error set).
--- KV exhaustion is 503 (retry later) unless the request could not fit
--- even alone (then 400: lower max_tokens); the request timeout is 504.
+-- KV exhaustion is 503 (retry later) unless the request can never fit:
+-- its prompt + max_tokens needs more blocks than the whole arena holds
+-- (then 400: lower max_tokens). Decided from the code and the sizes
+-- (model:kv_blocks), never from the message. The request timeout is 504.
 local function failure_status(r)
     if r.timed_out then
         return 504, "request_timeout"
     end
     if r.error_rc == eng.ERR_KV_FULL then
-        if (r.n_completion or 0) == 0 and r.error:find("nothing else running", 1, true) then
+        local need, total = model:kv_blocks(r.n_prompt + r.max_tokens)
+        if (r.n_completion or 0) == 0 and need > total then
             return 400, "kv_capacity_exceeded", "max_tokens"
         end
         return 503, "kv_cache_full"
     end
     return 500, "engine_error"
 end
+_M._failure_status = failure_status
 
 
 local function generate(endpoint, chat)
@@ -885,7 +891,7 @@ local function generate(endpoint, chat)
     local r = {
         id = id, chat = chat, stream = o.stream, stop = o.stop, t0 = t0, created = ngx.time(),
         rid = format("%s-%s-%d", chat and "chatcmpl" or "cmpl", cfg.instance, serial),
-        model = cfg.model_name, n_prompt = n, n_cached = 0, usage_in_stream = true,
+        model = cfg.model_name, n_prompt = n, max_tokens = o.max_tokens, n_cached = 0, usage_in_stream = true,
     }
     in_flight = in_flight + 1
     local released = false

@@ -21,17 +21,18 @@ local lib = require "tinyloop.lib"
 local semaphore = require "ngx.semaphore"
 
 local C = lib.load()
-local ffi_new, ffi_cast, ffi_copy = ffi.new, ffi.cast, ffi.copy
-local tonumber, pairs, setmetatable = tonumber, pairs, setmetatable
+local ffi_new, ffi_copy = ffi.new, ffi.copy
+local tonumber, pairs, setmetatable, floor = tonumber, pairs, setmetatable, math.floor
 local ngx_log, ERR, WARN, INFO = ngx.log, ngx.ERR, ngx.WARN, ngx.INFO
 
 local _M = {}
 local mt = { __index = _M }
 
-_M.ERR_BUSY = -10
-_M.ERR_TOO_LONG = -7
-_M.ERR_KV_FULL = -6
-_M.ERR_INVALID_ARG = -1
+-- The engine's status codes (ERR_BUSY, ERR_KV_FULL, ...) from the
+-- generated enum, not copies of their values.
+for name, v in pairs(lib.status) do
+    _M[name] = v
+end
 
 pcall(ffi.cdef, [[
 typedef struct tl_sockaddr_un { unsigned short sun_family; char sun_path[108]; } tl_sockaddr_un;
@@ -52,7 +53,14 @@ local id_out = ffi_new("int64_t[1]")
 local finished = ffi_new("int[1]")
 local info_buf = ffi_new("tl_request_info[1]")
 local stats_buf = ffi_new("tl_cache_stats[1]")
-local int64_ptr = ffi.typeof("const int64_t *")
+-- The notifier's frame buffer: a receive (at most 65536 bytes) is copied
+-- here rather than cast per tick (ffi.cast allocates a pointer cdata).
+local NOTE_CAP = 8192
+local notes = ffi_new("int64_t[?]", NOTE_CAP)
+local STATS_KEYS = { "lookups", "hits", "hit_tokens", "prefill_tokens", "prefill_tokens_saved",
+    "generated_tokens", "requests_finished", "evictions", "evicted_tokens", "nodes",
+    "cached_tokens", "blocks_total", "blocks_free", "blocks_used", "blocks_shared",
+    "requests_active", "requests_queued" }
 
 
 
@@ -186,12 +194,15 @@ function _M._notifier(premature, self)
             if rest ~= "" then
                 data = rest .. data
             end
-            local n = math.floor(#data / 8)
-            local p = ffi_cast(int64_ptr, data)
+            local n = floor(#data / 8)
+            if n > NOTE_CAP then -- data = rest .. a receive: at most one frame more
+                n = NOTE_CAP
+            end
+            ffi_copy(notes, data, n * 8)
             local unknown = false
             for i = 0, n - 1 do
                 self.notes = self.notes + 1
-                if not self:wake(tonumber(p[i])) then
+                if not self:wake(tonumber(notes[i])) then
                     unknown = true
                 end
             end
@@ -281,10 +292,8 @@ function _M:stats()
     end
     local s = stats_buf[0]
     local t = {}
-    for _, k in ipairs({ "lookups", "hits", "hit_tokens", "prefill_tokens", "prefill_tokens_saved",
-        "generated_tokens", "requests_finished", "evictions", "evicted_tokens", "nodes",
-        "cached_tokens", "blocks_total", "blocks_free", "blocks_used", "blocks_shared",
-        "requests_active", "requests_queued" }) do
+    for i = 1, #STATS_KEYS do
+        local k = STATS_KEYS[i]
         t[k] = tonumber(s[k])
     end
     return t

@@ -55,8 +55,8 @@ local function start_policy(path)
         return nil, policy
     end
     local rok, rt = pcall(policy.Runtime, { path = path, kind = "routing", interval_ms = 500, name = "routing",
-        log = function(msg)
-            ngx.log(msg:find("rejected", 1, true) and ngx.WARN or ngx.NOTICE, msg)
+        log = function(msg, level)
+            ngx.log(level == "warn" and ngx.WARN or ngx.NOTICE, msg)
         end })
     if not rok then
         return nil, rt

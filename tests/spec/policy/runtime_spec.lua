@@ -225,13 +225,13 @@ end)
 
 
 describe("Runtime", function()
-    local dir, path, logs, t
+    local dir, path, logs, levels, t
 
     before_each(function()
         dir = helpers.tmpdir()
         path = dir .. "/routing.lua"
         write(path, routing("v1"))
-        logs, t = {}, 0
+        logs, levels, t = {}, {}, 0
     end)
 
     after_each(function()
@@ -242,7 +242,10 @@ describe("Runtime", function()
     local function rt_new(o)
         o = o or {}
         o.path, o.kind = path, "routing"
-        o.log = function(s) logs[#logs + 1] = s end
+        o.log = function(s, level)
+            logs[#logs + 1] = s
+            levels[#logs] = level
+        end
         o.clock = function() return t end
         o.interval_ms = o.interval_ms or 100
         return policy.Runtime(o)
@@ -252,6 +255,15 @@ describe("Runtime", function()
         local rt = rt_new()
         assert.same({ reloads_ok = 1, reloads_rejected = 0, version = "v1", serial = 1, retired_held = 0 },
             rt:counters())
+    end)
+
+    it("logs a swap at level notice and a rejection at level warn (the server picks ngx levels from it)", function()
+        local rt = rt_new()
+        assert.equal("notice", levels[#logs])
+        write(path, "return {")
+        assert.is_nil(rt:reload())
+        assert.matches("rejected", logs[#logs])
+        assert.equal("warn", levels[#logs])
     end)
 
     it("raises when the first load fails", function()

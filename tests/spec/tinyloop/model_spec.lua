@@ -164,7 +164,7 @@ describe("tinyloop.Model", function()
                 { n = 5, max_tokens = 8, temperature = 0 }))
         end)
 
-        it("samples with the seed's defaults (temperature 1.0, top_k 50), reproducibly per seed", function()
+        it("samples with docs/prefix-pool.md's defaults (temperature 1.0, top_k 50), reproducibly per seed", function()
             local a = model:generate(once, { max_tokens = 16, seed = 7 })
             assert.are.same(a, model:generate(once, { max_tokens = 16, seed = 7 }))
             assert.are.equal(16, #a)

@@ -139,7 +139,7 @@ describe("tinyloop.PrefixPool", function()
             assert.are.equal(4, pool:total_cached_tokens())
         end)
 
-        it("uses the model's default loop depth (0 = default, not the seed's 8)", function()
+        it("uses the model's default loop depth (0 = default, not docs/prefix-pool.md's 8)", function()
             local pool = tl.PrefixPool(4)
             model:register_prefix(pool, A)
             -- stories260K has no loop block: any loops value means 1, the same key.
@@ -156,7 +156,7 @@ describe("tinyloop.PrefixPool", function()
             assert.are.same(A, slice(out, 1, 10))
         end)
 
-        it("uses the seed's defaults: max_tokens 128, temperature 1.0, top_k 50", function()
+        it("uses docs/prefix-pool.md's defaults: max_tokens 128, temperature 1.0, top_k 50", function()
             local pool = tl.PrefixPool(4)
             -- stories260K's own context is 128: the default max_tokens does not fit.
             assert.has_error(function() model:generate_with_pool(pool, { 1, 403 }) end,
