@@ -335,7 +335,7 @@ int tl_pool_set_policy(tl_pool *pool, int policy);
 /* What a call through the pool may reuse. SHARED (the default): the longest
  * cached prefix anywhere in the cache (other pools' entries, earlier
  * generations), as the radix cache is meant to share. POOL: only this
- * pool's own entries, the longest one the prompt starts with (the seed's
+ * pool's own entries, the longest one the prompt starts with (docs/prefix-pool.md's
  * "only registered prefixes"; an empty pool then matches nothing).
  * Either way a hit is counted by the pool whose entry owns the reused
  * blocks. Can be changed at any time. */
@@ -437,8 +437,8 @@ typedef struct tl_beam_result {
  * forks by taking references on its parent's blocks; the partial tail
  * block is copied on write. B beams over a long prompt cost one prompt's
  * KV plus B tails. Unless params.no_cache the prompt is inserted into the
- * cache. The compute lock is taken per forward step, never across the
- * search, so an engine thread keeps stepping other requests in between.
+ * cache. The search is a request like any other: its beams run in the
+ * scheduler's batches, one sequence each, beside other requests.
  *
  * Writes the generated tokens (EOS not written) to out and returns their
  * count; result (may be NULL) receives the scores. Fails with
