@@ -85,13 +85,18 @@ void tl_request_free(tl_model *m, tl_request *r) {
     free(r);
 }
 
-void tl_request_finish(tl_model *m, tl_request *r, int reason) {
-    tl_request_stop(m, r, 1);
+/* Ended well: the state readers see (under mu) and news for the notifier. */
+static void set_done(tl_model *m, tl_request *r, int reason) {
     pthread_mutex_lock(&m->sched->mu);
     r->state = TL_REQ_DONE;
     r->finish = reason;
     r->news = 1;
     pthread_mutex_unlock(&m->sched->mu);
+}
+
+void tl_request_finish(tl_model *m, tl_request *r, int reason) {
+    tl_request_stop(m, r, 1);
+    set_done(m, r, reason);
     m->sched->st.requests_finished++;
 }
 
@@ -246,11 +251,7 @@ void tl_request_complete_build(tl_model *m, tl_request *r) {
         return;
     }
     tl_request_stop(m, r, 0);
-    pthread_mutex_lock(&m->sched->mu);
-    r->state = TL_REQ_DONE;
-    r->finish = TL_FINISH_LENGTH;
-    r->news = 1;
-    pthread_mutex_unlock(&m->sched->mu);
+    set_done(m, r, TL_FINISH_LENGTH);
 }
 
 int tl_request_take(tl_model *m, int64_t id, int32_t *out, int cap, int *finished) {
