@@ -491,6 +491,26 @@ static void remove_leaf(tl_radix *t, tl_radix_node *n) {
     ns_maybe_free(t, ns);
 }
 
+static void merge_into_child(tl_radix *t, tl_radix_node *u);
+
+/* Evicts leaf n. A branch point it leaves with one pinned child joins it
+ * (as on prune), dropping the branch point's copy of the straddling block:
+ * that child is never evicted, so the join changes no eviction unit. With
+ * an unpinned child the two stay apart, and eviction stays leaf by leaf
+ * (the shadow trees of policy/shadow.lua model exactly that). */
+static void evict_leaf(tl_radix *t, tl_radix_node *n) {
+    tl_radix_node *p = n->parent;
+    int below_root = p->parent != NULL; /* a root may go with its namespace */
+    t->evictions++;
+    t->evicted_tokens += n->n_tokens;
+    remove_leaf(t, n);
+    if (below_root && p->n_kids == 1) {
+        tl_radix_node *c = NULL;
+        for (int i = 0; i < p->cap_kids && !c; i++) c = p->kids[i];
+        if (c->pin > 0) merge_into_child(t, p);
+    }
+}
+
 static int over_budget(const tl_radix *t, int tenant) {
     const tl_radix_tenant *e = tenant_find(t, tenant);
     return e && e->budget > 0 && e->usage > e->budget;
@@ -556,9 +576,7 @@ int tl_radix_evict(tl_radix *t, int need) {
             tl_radix_node *victim = c.v[best];
             c.v[best] = c.v[--c.n];
             c.s[best] = c.s[c.n];
-            t->evictions++;
-            t->evicted_tokens += victim->n_tokens;
-            remove_leaf(t, victim);
+            evict_leaf(t, victim); /* a joined parent was no leaf, its child is pinned: neither is in c */
         }
         free(c.v);
         free(c.s);
@@ -596,9 +614,7 @@ void tl_radix_enforce_budget(tl_radix *t, int tenant) {
         for (int i = 0; i < t->n_ns; i++)
             if (t->ns[i].root) collect_tenant(t->ns[i].root, tenant, &victim);
         if (!victim) return;
-        t->evictions++;
-        t->evicted_tokens += victim->n_tokens;
-        remove_leaf(t, victim);
+        evict_leaf(t, victim);
     }
 }
 

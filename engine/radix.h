@@ -26,6 +26,10 @@
  * lock counts requests whose matched path runs through a node; pin counts
  * pool entries ending exactly at a node. Only leaves with lock == 0 and
  * pin == 0 are evicted (leaf-first), lowest score first (LRU by default).
+ * When a pruned leaf (an entry or handle let go) leaves its parent with one
+ * child, or an evicted leaf leaves it with one pinned child, the two are
+ * joined again: the reverse of the split, which drops the parent's copy of
+ * a straddling block that the child's own copy makes redundant.
  * Match costs O(matched tokens): child lookup is a hash probe.
  */
 #ifndef TL_RADIX_H

@@ -146,6 +146,36 @@ static void test_dropped_first_child_frees_its_block(void) {
     tl_model_close(m);
 }
 
+/* The same when the other branch is an unpinned generation the cache
+ * evicts later (as when an entry is dropped while a request locks it):
+ * the branch point joins its pinned child. */
+static void test_evicted_branch_frees_its_block(void) {
+    enum { N = 40 };
+    int32_t a[N], b[N], out[1];
+    fill(a, N, 13);
+    memcpy(b, a, 24 * sizeof *a);
+    fill(b + 24, N - 24, 14);
+    tl_model *m = open_blocks(0);
+    if (!m) return;
+    tl_pool *pool;
+    tl_pool_new(2, &pool);
+    tl_pool_register(m, pool, b, N, 0, 0);
+    int only_b = blocks_used(m); /* B alone */
+    tl_pool_free(pool);
+    tl_generate(m, a, N, greedy(1), out, 1); /* A's run is cached, unpinned */
+    tl_pool_new(2, &pool);
+    tl_pool_register(m, pool, b, N, 0, 0); /* B splits it after 24 tokens */
+    tl_radix_evict(&m->cache, m->kv.n_blocks);
+    CHECK(blocks_used(m) == only_b, "evicting A's unpinned branch leaves B's %d blocks, not %d", only_b,
+          blocks_used(m));
+    check_invariants(m, "after evicting the other branch");
+    int32_t again[N + 1];
+    int n1 = tl_generate_with_pool(m, pool, b, N, greedy(1), again, N + 1);
+    CHECK(n1 == N + 1, "the joined entry still serves a generation (%d)", n1);
+    tl_pool_free(pool);
+    tl_model_close(m);
+}
+
 /* ---- 3. a failed register keeps the pool as it was ---------------------------------------------- */
 
 static void test_failed_register_keeps_victim(void) {
@@ -324,6 +354,7 @@ int main(void) {
     if (tm_write(&s, model_path)) return 1;
     test_register_fits_where_generate_does();
     test_dropped_first_child_frees_its_block();
+    test_evicted_branch_frees_its_block();
     test_failed_register_keeps_victim();
     test_full_match_prefills_nothing();
     test_scope_and_attribution();
