@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "forward.h"
 #include "model.h"
 #include "util.h"
 

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat.h"
 #include "util.h"
 
 typedef struct beam_cand {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "forward.h"
 #include "util.h"
 
 int tl_cache_namespace(tl_model *m, int loops, int window, uint64_t salt) {

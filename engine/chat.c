@@ -7,6 +7,8 @@
  * "role: content" transcript, which base models continue sensibly (the
  * Gemma 3 270M base model answers in it, and echoes Gemma turn markers it
  * was not tuned on). tl_model_set_chat_template overrides the choice. */
+#include "chat.h"
+
 #include <assert.h>
 #include <limits.h>
 #include <stdio.h>

@@ -7,6 +7,8 @@
  * Numerics follow ggml's CPU ops (double accumulation in RMSNorm and
  * softmax sums, float RoPE with an iterated theta) so greedy tokens match
  * llama.cpp. */
+#include "forward.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

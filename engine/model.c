@@ -7,8 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat.h"
+#include "forward.h"
 #include "quants.h"
 #include "scheduler.h"
+#include "tokenize_async.h"
 #include "util.h"
 
 static const tl_arch archs[] = {

@@ -11,6 +11,7 @@
 #include "gguf.h"
 #include "kv_blocks.h"
 #include "radix.h"
+#include "shape.h"
 #include "threadpool.h"
 #include "tinyloop.h"
 #include "tokenizer.h"
@@ -78,23 +79,6 @@ struct tl_model {
     pthread_mutex_t pools_mu;
 };
 
-/* Sliding window of physical layer L (0: attends to everything). */
-int tl_model_layer_window(const tl_model *m, int L);
-
-/* Virtual depth for `loops` and the physical layer of virtual layer vl. */
-int tl_model_depth(const tl_model *m, int loops);
-int tl_model_phys_layer(const tl_model *m, int loops, int vl);
-/* Effective loops: 1 without a loop block; the default when loops <= 0. */
-int tl_model_effective_loops(const tl_model *m, int loops);
-
-struct tl_seq {
-    tl_model *model;
-    int loops;
-    int window;            /* cache_window: attend to the last `window` positions; 0 = all */
-    int n_pos;             /* positions with KV written */
-    tl_block_table bt;
-};
-
 /* backend.c */
 /* What a backend gets to build its copy of m (layer_window: n_layer ints the
  * caller owns). */
@@ -110,72 +94,5 @@ int tl_backend_sample_k(const tl_model *m);
 void tl_backend_attach_pool(tl_model *m);
 void tl_backend_close(tl_model *m);
 const char *tl_backend_name(const tl_model *m);
-
-/* chat.c */
-void tl_chat_detect(tl_model *m);
-/* A conversation rendered with its template: text and the byte ranges the
- * template wrote (markers). Owned by the struct; free with _free. */
-typedef struct tl_chat_rendered {
-    char *text;
-    size_t len;
-    tl_tok_span *markers;
-    int n_markers;
-} tl_chat_rendered;
-int tl_chat_render(const tl_model *m, const tl_chat_message *msgs, int n, int add_assistant, tl_chat_rendered *r);
-/* Tokenizes a rendered conversation (BOS as the vocab says); as tl_chat_tokenize. */
-int tl_chat_encode_rendered(const tl_model *m, const tl_chat_rendered *r, int32_t *out, int cap);
-void tl_chat_rendered_free(tl_chat_rendered *r);
-
-/* tokenize_async.c: stops the tokenizer thread and frees every job. */
-void tl_tokq_free(tl_model *m);
-int tl_model_is_eog(const tl_model *m, int id);
-
-/* forward.c */
-int tl_forward_init(tl_model *m);
-void tl_forward_free(tl_model *m);
-/* Phase timing of the CPU forward, for `tinyloop bench`: on != 0 (re)starts
- * accumulating wall seconds from zero, on == 0 stops; out (NULL allowed)
- * receives {matmuls incl. activation quantization, attention incl. the KV
- * store, whole forward} accumulated so far. Off by default (the clock reads
- * would cost a tiny model a few percent). */
-void tl_forward_profile(tl_model *m, int on, double out[3]);
-
-struct tl_forward_opts;
-/* A backend's forward pass, as tl_forward calls it (the same shape for the
- * built-in CPU and a plugin, so forward.c has no backend switch): T new
- * tokens over blocks tl_forward reserved; positions advance in tl_forward. */
-typedef struct tl_compute_ops {
-    const char *name;
-    int (*forward)(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq, int T,
-                   float *logits, const struct tl_forward_opts *opts);
-} tl_compute_ops;
-extern const tl_compute_ops tl_cpu_compute;    /* forward.c */
-extern const tl_compute_ops tl_plugin_compute; /* backend.c: the dlopened plugin's */
-
-/* Options of the internal forward entry point. */
-typedef struct tl_forward_opts {
-    const int *want_logits; /* (n_seq) 0/1 per sequence; NULL = all. Rows of
-                               `logits` are compacted: one per wanting sequence. */
-    int vl_begin;           /* first virtual layer to run (> 0: resume after a prelude) */
-    const float *x_in;      /* with vl_begin > 0: (T, n_embd) hidden states entering vl_begin */
-    int vl_capture;         /* >= 0: copy the hidden states entering this virtual layer ... */
-    float *x_capture;       /* ... into this (T, n_embd) buffer */
-    /* A backend with device sampling (tl_backend_sample_k > 0): one entry
-     * per logits row; rows with on_device get their token in ids_out
-     * instead of logits. Ignored on the CPU path (leave NULL there). */
-    const tl_backend_sample *sample;
-    int32_t *ids_out;
-} tl_forward_opts;
-
-/* Pure compute: the blocks the new positions need must be free (the
- * caller reserves them through the cache, cache.h); KV full otherwise. */
-int tl_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens, const int *n_tokens, int n_seq,
-               float *logits, const tl_forward_opts *opts);
-/* tl_forward's argument checks; *T_out = total tokens. */
-int tl_forward_check(const tl_model *m, tl_seq *const *seqs, const int32_t *const *tokens, const int *n_tokens,
-                     int n_seq, int *T_out);
-/* Free blocks tl_forward would take for these sequences and token counts
- * (new logical blocks plus private copies of shared partial ones). */
-int tl_forward_blocks_needed(const tl_model *m, tl_seq *const *seqs, const int *n_tokens, int n_seq);
 
 #endif

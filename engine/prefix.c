@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "forward.h"
 #include "scheduler.h"
 #include "util.h"
 

@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "beam.h"
+#include "chat.h"
+#include "forward.h"
 #include "pool.h"
 #include "util.h"
 

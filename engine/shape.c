@@ -2,6 +2,8 @@
  * the physical layer behind each virtual layer, sliding windows, and the
  * sequences (block tables) that run through it. Everything here reads the
  * loaded model and calls nothing above the KV arena. */
+#include "shape.h"
+
 #include <stdlib.h>
 
 #include "model.h"

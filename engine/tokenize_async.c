@@ -8,11 +8,14 @@
  * the job's (negative) id on the engine's notification descriptors. The
  * tokenizer is immutable, so jobs run alongside the engine thread and any
  * synchronous tl_tokenize call. */
+#include "tokenize_async.h"
+
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat.h"
 #include "model.h"
 #include "scheduler.h"
 #include "util.h"

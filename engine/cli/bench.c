@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "forward.h"
 #include "gguf.h"
 #include "model.h"
 #include "quants.h"
