@@ -1,11 +1,15 @@
 /* scheduler.c - the scheduler step, and the request calls that need it.
  *
  * A step admits queued requests (longest cached prefix: share its blocks,
- * lock its path), then runs one batched forward pass per loop depth:
- * prefilling requests contribute a chunk of their prompt (a shared budget
- * per step), running ones their last token. Requests whose prompt is done
- * sample a token. Finished requests insert prompt + output into the cache
- * and unlock their path. */
+ * lock its path; reserve what they may still need), then runs one batched
+ * forward pass per loop depth: prefilling requests contribute a chunk of
+ * their prompt (a shared budget per step), running ones their last token,
+ * a beam search one sequence per live beam. Requests whose prompt is done
+ * sample a token; a build (register, pin) inserts and pins its prefix
+ * instead, a search steps its beams from their rows. A resume request's
+ * prompt runs in a pass of its own (it starts at the loop block). Finished
+ * requests insert prompt + output into the cache and unlock their path.
+ * Synchronous callers submit and wait (tl_sched_wait). */
 #include "scheduler.h"
 
 #include <stdio.h>
