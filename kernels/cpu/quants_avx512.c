@@ -1,15 +1,14 @@
 /* quants_avx512.c - AVX-512 (F, BW, VL, DQ) kernels, 64 bytes per op.
  * Float rows use 16-wide FMA; K-quants handle two 32-element sub-blocks
- * per zmm with maddubs/madd (BW only); q8_0/q4_0/q5_0 use AVX512-VNNI
- * (vpdpbusd on ymm), so without VNNI those keep the AVX2 kernels; q4_1
- * always uses the AVX2 kernel. */
+ * per zmm with maddubs/madd (BW only); q8_0/q4_0/q5_0 are gemm_avx512.c's
+ * (AVX512-VNNI), so without VNNI those keep the AVX2 kernels; q4_1 always
+ * uses the AVX2 kernel. */
 #include "quants_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
 #define T5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
-#define T5N __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
 
 static inline T5 float f16(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -128,68 +127,11 @@ static inline AI T5 void mk_float(int kind, int R, int C, int pf, int64_t n, flo
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[c * ldo + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
-/* q8_0 x q8_0 with vpdpbusd: (q + 128) is unsigned, and the accumulator
- * starts at -128 * sum(y) per 4 bytes, so each int32 lane is exactly
- * sum q*y (no saturation: 4 * 255 * 127 fits). q4_0 likewise with the
- * unsigned nibble and -8 * sum(y), q5_0 with nibble | 5th bit << 4 and
- * -16 * sum(y). The offset term is per token and block, shared by the R
- * rows. */
-enum { Q_8_0, Q_4_0, Q_5_0 };
-
-static inline AI T5N void mk_q(int kind, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
-                               size_t ldw, const uint8_t *x, size_t ldx) {
-    const int64_t nb = n / 32;
-    const __m256i off = _mm256_set1_epi8(kind == Q_4_0 ? 8 : kind == Q_5_0 ? 16 : (char)0x80);
-    const __m256i m4 = _mm256_set1_epi8(0xF), x10 = _mm256_set1_epi8(0x10);
-    const __m256i nsh = _mm256_set_epi64x(4, 4, 0, 0);
-    const size_t bw = kind == Q_4_0 ? sizeof(block_q4_0) : kind == Q_5_0 ? sizeof(block_q5_0) : sizeof(block_q8_0);
-    const size_t qo = kind == Q_5_0 ? 6 : 2; /* offset of qs in the block */
-    __m256 acc[4][4];
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        if (pf) UNROLL for (int k = 0; k < R * (int)bw; k += 64) _mm_prefetch((const char *)(w + PF_QUANT + R * b * bw + k), _MM_HINT_T0);
-        __m256i y[4], base[4];
-        __m256 dy[4];
-        UNROLL for (int c = 0; c < C; c++) {
-            const block_q8_0 *yb = (const block_q8_0 *)(x + c * ldx) + b;
-            y[c] = _mm256_loadu_si256((const __m256i *)yb->qs);
-            base[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, y[c]));
-            dy[c] = _mm256_cvtph_ps(_mm_set1_epi16((short)yb->d));
-        }
-        UNROLL for (int r = 0; r < R; r++) {
-            const uint8_t *wb = w + r * ldw + b * bw;
-            __m256i q;
-            if (kind == Q_8_0) {
-                q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + qo)), off);
-            } else {
-                const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wb + qo)));
-                q = _mm256_and_si256(_mm256_srlv_epi64(t, nsh), m4);
-                if (kind == Q_5_0) {
-                    uint32_t h;
-                    memcpy(&h, wb + 2, 4);
-                    q = _mm256_mask_add_epi8(q, (__mmask32)h, q, x10);
-                }
-            }
-            uint16_t dh;
-            memcpy(&dh, wb, 2);
-            const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
-            UNROLL for (int c = 0; c < C; c++) {
-                const __m256 s = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(base[c], q, y[c]));
-                acc[r][c] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, dy[c]), acc[r][c]);
-            }
-        }
-    }
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[c * ldo + r] = hsum256(acc[r][c]);
-}
-
 /* TILE_DRIVER and the MK_* shorthands: quants_impl.h */
 
 TILE_DRIVER(vdt_f32, T5, MK_F32, 4)
 TILE_DRIVER(vdt_f16, T5, MK_F16, 4)
 TILE_DRIVER(vdt_bf16, T5, MK_BF16, 4)
-TILE_DRIVER(vdt_q8_0, T5N, MK_Q8_0, 2)
-TILE_DRIVER(vdt_q4_0, T5N, MK_Q4_0, 2)
-TILE_DRIVER(vdt_q5_0, T5N, MK_Q5_0, 2)
 
 static T5 void axpy_f32_512(float *y, float a, const float *x, int64_t n) {
     const __m512 va = _mm512_set1_ps(a);
@@ -463,14 +405,6 @@ void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni) {
     t->vec_dot_tile[TL_TYPE_Q4_K] = vdt_q4_K;
     t->vec_dot_tile[TL_TYPE_Q5_K] = vdt_q5_K;
     t->vec_dot_tile[TL_TYPE_Q6_K] = vdt_q6_K;
-    if (vnni) {
-        t->vec_dot[TL_TYPE_Q8_0] = vdt_q8_0_1;
-        t->vec_dot[TL_TYPE_Q4_0] = vdt_q4_0_1;
-        t->vec_dot_tile[TL_TYPE_Q8_0] = vdt_q8_0;
-        t->vec_dot_tile[TL_TYPE_Q4_0] = vdt_q4_0;
-        t->vec_dot[TL_TYPE_Q5_0] = vdt_q5_0_1;
-        t->vec_dot_tile[TL_TYPE_Q5_0] = vdt_q5_0;
-    }
     t->quantize_q8_0 = quantize_q8_0_512;
     t->quantize_q8_K = quantize_q8_K_512;
     t->dot_f32 = dot_f32_512;
@@ -479,6 +413,7 @@ void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni) {
     t->axpy_f16 = axpy_f16_512;
     t->f16_to_f32_row = f16_to_f32_512;
     t->f32_to_f16_row = f32_to_f16_512;
+    if (vnni) tl_gemm_fill_avx512(t); /* q8_0/q4_0/q5_0: gemm_avx512.c */
 }
 
 #else
