@@ -33,6 +33,8 @@ typedef struct tl_scratch {
     int n_chunks;
     int att_qc;              /* tokens per query chunk at most */
     float *scores;           /* per thread: (att_qc, group, max_seq_len) scores + (block_size, head_dim) K/V rows */
+    uint8_t *gemm_work;      /* per thread: tl_gemm_work_size(widest input) bytes */
+    size_t gemm_work_stride;
     size_t scores_stride;
     float *logits_x;         /* (n_seq, n_embd) */
     int profile;             /* tl_forward_profile: accumulate prof[] */
@@ -54,15 +56,20 @@ static void scratch_free_bufs(tl_scratch *s) {
     s->cap = 0;
 }
 
-static size_t max_xq_row(const tl_model *m) {
+static int64_t widest_input(const tl_model *m) {
     const tl_hparams *hp = &m->hp;
     int widest = hp->n_embd;
     if (hp->n_ff > widest) widest = hp->n_ff;
     if (hp->n_head * hp->head_dim > widest) widest = hp->n_head * hp->head_dim;
-    /* Q8_K rows are the largest activation encoding; round up to a block. */
-    int64_t n = ((int64_t)widest + 255) / 256 * 256;
+    return ((int64_t)widest + 255) / 256 * 256; /* whole blocks of any type */
+}
+
+static size_t max_xq_row(const tl_model *m) {
+    /* Q8_K rows or the GEMM path's prepared rows are the largest encoding. */
+    int64_t n = widest_input(m);
     size_t a = tl_row_size(TL_TYPE_Q8_K, n), b = tl_row_size(TL_TYPE_Q8_0, n), c = (size_t)n * sizeof(float);
-    size_t r = a > b ? a : b;
+    size_t r = a > b ? a : b, g = tl_gemm_x_size(n);
+    if (g > r) r = g;
     return (r > c ? r : c) + 64;
 }
 
@@ -113,6 +120,9 @@ int tl_forward_init(tl_model *m) {
     size_t n = (size_t)tl_threadpool_size(m->tp) * m->scratch->scores_stride;
     m->scratch->scores = tl_alloc_aligned(n * sizeof(float));
     if (!m->scratch->scores) return tl_set_error(TL_ERR_NOMEM, "out of memory for attention scores");
+    m->scratch->gemm_work_stride = (tl_gemm_work_size(widest_input(m)) + 63) & ~(size_t)63;
+    m->scratch->gemm_work = tl_alloc_aligned((size_t)tl_threadpool_size(m->tp) * m->scratch->gemm_work_stride);
+    if (!m->scratch->gemm_work) return tl_set_error(TL_ERR_NOMEM, "out of memory for the matmul workspace");
     return scratch_reserve(m, 1, 1);
 }
 
@@ -120,6 +130,7 @@ void tl_forward_free(tl_model *m) {
     if (!m->scratch) return;
     scratch_free_bufs(m->scratch);
     tl_free_aligned(m->scratch->scores);
+    tl_free_aligned(m->scratch->gemm_work);
     free(m->scratch);
     m->scratch = NULL;
 }
@@ -162,6 +173,9 @@ typedef struct {
     size_t xq_stride;
     float *out;
     int T;
+    int gemm;          /* xq holds tl_gemm_prepare rows; tiles go through tl_gemm_tile */
+    uint8_t *work;     /* gemm: thread i's workspace at work + i * work_stride */
+    size_t work_stride;
 } mm_ctx;
 
 static void mm_task(void *p, int ith, int nth) {
@@ -181,18 +195,24 @@ static void mm_task(void *p, int ith, int nth) {
      * so neither the split, the chunks nor T changes any logit. */
     int chunk = (int)((192 * 1024) / c->xq_stride);
     if (chunk < 16) chunk = 16;
+    uint8_t *work = c->work + (size_t)ith * c->work_stride;
     for (int t0 = 0; t0 < c->T; t0 += chunk) {
         int nt = c->T - t0 < chunk ? c->T - t0 : chunk;
         for (int64_t rt = r0; rt < r1; rt += 16) {
             int nr = (int)((rt + 16 < r1 ? rt + 16 : r1) - rt);
-            tl_vec_dot_tile(w->type, w->n_in, nr, nt, c->out + (size_t)t0 * rows + rt, (size_t)rows,
-                            base + (size_t)rt * row_size, row_size, c->xq + (size_t)t0 * c->xq_stride, c->xq_stride);
+            float *out = c->out + (size_t)t0 * rows + rt;
+            const uint8_t *wr = base + (size_t)rt * row_size, *xq = c->xq + (size_t)t0 * c->xq_stride;
+            if (c->gemm)
+                tl_gemm_tile(w->type, w->n_in, nr, nt, out, (size_t)rows, wr, row_size, xq, c->xq_stride, work);
+            else
+                tl_vec_dot_tile(w->type, w->n_in, nr, nt, out, (size_t)rows, wr, row_size, xq, c->xq_stride);
         }
     }
 }
 
 typedef struct {
     int type;
+    int gemm;       /* tl_gemm_prepare for weights of `type`, else tl_quantize_row to `type` */
     const float *x;
     int64_t n;
     uint8_t *xq;
@@ -202,8 +222,13 @@ typedef struct {
 
 static void quant_task(void *p, int ith, int nth) {
     const quant_ctx *c = p;
-    for (int t = ith; t < c->T; t += nth)
-        tl_quantize_row(c->type, c->x + (size_t)t * c->n, c->xq + (size_t)t * c->stride, c->n);
+    for (int t = ith; t < c->T; t += nth) {
+        const float *x = c->x + (size_t)t * c->n;
+        if (c->gemm)
+            tl_gemm_prepare(c->type, x, c->xq + (size_t)t * c->stride, c->n);
+        else
+            tl_quantize_row(c->type, x, c->xq + (size_t)t * c->stride, c->n);
+    }
 }
 
 void tl_forward_profile(tl_model *m, int on, double out[3]) {
@@ -217,10 +242,18 @@ static void matmul(tl_model *m, float *out, const tl_weight *w, const float *x, 
     tl_scratch *s = m->scratch;
     double t0 = s->profile ? tl_now() : 0;
     int vt = tl_type_info(w->type)->vec_dot_type;
-    mm_ctx c = {.w = w, .out = out, .T = T};
+    mm_ctx c = {.w = w, .out = out, .T = T, .work = s->gemm_work, .work_stride = s->gemm_work_stride};
     if (vt == TL_TYPE_F32) {
         c.xq = (const uint8_t *)x;
         c.xq_stride = (size_t)w->n_in * sizeof(float);
+    } else if (tl_gemm_has(w->type) && s->gemm_work_stride >= tl_gemm_work_size(w->n_in)) {
+        /* rows prepared back to back: a chunk of tokens is contiguous */
+        quant_ctx q = {.type = w->type, .gemm = 1, .x = x, .n = w->n_in, .xq = s->xq, .T = T};
+        q.stride = tl_gemm_x_size(w->n_in);
+        tl_threadpool_run(m->tp, quant_task, &q, T);
+        c.gemm = 1;
+        c.xq = s->xq;
+        c.xq_stride = q.stride;
     } else {
         quant_ctx q = {.type = vt, .x = x, .n = w->n_in, .xq = s->xq, .stride = s->xq_stride, .T = T};
         tl_threadpool_run(m->tp, quant_task, &q, T);

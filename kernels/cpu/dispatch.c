@@ -48,7 +48,13 @@ static int has_vnni(void) {
  * level replaced the vec_dot without supplying a tile. */
 static void drop_stale_tiles(tl_kernel_table *t, const tl_kernel_table *below) {
     for (int i = 0; i < TL_TYPE_COUNT; i++)
-        if (t->vec_dot[i] != below->vec_dot[i] && t->vec_dot_tile[i] == below->vec_dot_tile[i]) t->vec_dot_tile[i] = NULL;
+        if (t->vec_dot[i] != below->vec_dot[i]) {
+            if (t->vec_dot_tile[i] == below->vec_dot_tile[i]) t->vec_dot_tile[i] = NULL;
+            if (t->gemm_tile[i] == below->gemm_tile[i]) {
+                t->gemm_tile[i] = NULL;
+                t->gemm_prepare[i] = NULL;
+            }
+        }
 }
 
 /* The generic row loops run on the active level's dot_f32 / axpy_f32. */
@@ -143,6 +149,15 @@ void tl_vec_dot_tile(int type, int64_t n, int nr, int nt, float *out, size_t ldo
     for (int r = 0; r < nr; r++)
         for (int j = 0; j < nt; j++)
             dot(n, &out[(size_t)j * ldo + r], (const uint8_t *)w + (size_t)r * ldw, (const uint8_t *)x + (size_t)j * ldx);
+}
+
+int tl_gemm_has(int type) { return type >= 0 && type < TL_TYPE_COUNT && kt()->gemm_tile[type] != NULL; }
+
+void tl_gemm_prepare(int type, const float *x, void *xp, int64_t n) { kt()->gemm_prepare[type](x, xp, n); }
+
+void tl_gemm_tile(int type, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
+                  const void *xp, size_t ldx, void *work) {
+    kt()->gemm_tile[type](n, nr, nt, out, ldo, w, ldw, xp, ldx, work);
 }
 
 void tl_quantize_row(int type, const float *src, void *dst, int64_t n) {

@@ -62,6 +62,28 @@ tl_vec_dot_fn tl_vec_dot_ref(int type);
 void tl_vec_dot_tile(int type, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
                      const void *x, size_t ldx);
 
+/* The GEMM path: weight rows x tokens for the forward pass's matmuls, on
+ * levels that have one for the type (AVX512-VNNI: q8_0, q4_0, q5_0).
+ * Activations are prepared once per matmul, TL_GEMM_ROWS weight rows are
+ * transposed into a per-thread workspace and reused for every token. Every
+ * output is bitwise tl_vec_dot(type) of its (row, token) pair with the
+ * token quantized by tl_quantize_row, and on these levels that is bitwise
+ * the scalar reference (tl_vec_dot_ref). */
+enum { TL_GEMM_ROWS = 16 };
+/* 1 when the active level has a GEMM path for weights of this type. */
+int tl_gemm_has(int type);
+/* Bytes of one prepared activation row of n elements (a multiple of 64),
+ * and of one thread's workspace for rows of up to n elements. */
+size_t tl_gemm_x_size(int64_t n);
+size_t tl_gemm_work_size(int64_t n);
+/* xp = the activation row x prepared for weights of `type`. */
+void tl_gemm_prepare(int type, const float *x, void *xp, int64_t n);
+/* out[t*ldo + r] = dot(w + r*ldw bytes, prepared row xp + t*ldx bytes) for
+ * r < nr <= TL_GEMM_ROWS, t < nt. work: tl_gemm_work_size(n) bytes,
+ * 64-byte aligned, private to the calling thread. */
+void tl_gemm_tile(int type, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
+                  const void *xp, size_t ldx, void *work);
+
 /* Half/bfloat conversions. */
 float tl_f16_to_f32(uint16_t h);
 uint16_t tl_f32_to_f16(float f);

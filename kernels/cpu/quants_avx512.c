@@ -1,15 +1,14 @@
 /* quants_avx512.c - AVX-512 (F, BW, VL, DQ) kernels, 64 bytes per op.
  * Float rows use 16-wide FMA; K-quants handle two 32-element sub-blocks
- * per zmm with maddubs/madd (BW only); q8_0/q4_0/q5_0 use AVX512-VNNI
- * (vpdpbusd on ymm), so without VNNI those keep the AVX2 kernels; q4_1
- * always uses the AVX2 kernel. */
+ * per zmm with maddubs/madd (BW only); q8_0/q4_0/q5_0 are gemm_avx512.c's
+ * (AVX512-VNNI), so without VNNI those keep the AVX2 kernels; q4_1 always
+ * uses the AVX2 kernel. */
 #include "quants_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
 #define T5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
-#define T5N __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
 
 static inline T5 float f16(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -32,7 +31,21 @@ static inline T5 float hsum256(__m256 v) {
 /* The tail (n % 16) goes through a masked load, so there is no scalar loop. */
 static inline T5 __mmask16 tail_mask(int64_t r) { return (__mmask16)((1u << r) - 1); }
 
-static T5 float dot_f32_512(const float *a, const float *b, int64_t n) {
+#define AI __attribute__((always_inline))
+
+/* The horizontal sum every f32 dot here ends with, written out (it is the
+ * tree GCC's _mm512_reduce_add_ps uses) so that dot_rows_512 can reproduce
+ * it for 16 rows at once: ((v_i + v_i+8) + (v_i+4 + v_i+12)) per i < 4,
+ * then (i=0 + i=2) + (i=1 + i=3). */
+static inline AI T5 float hsum512(__m512 v) {
+    const __m256 t3 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
+    const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+    const __m128 t8 = _mm_add_ps(t6, _mm_shuffle_ps(t6, t6, _MM_SHUFFLE(1, 0, 3, 2)));
+    return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
+}
+
+/* dot_f32's lanes before the horizontal sum. */
+static inline AI T5 __m512 dot_f32_vec(const float *a, const float *b, int64_t n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
@@ -46,7 +59,36 @@ static T5 float dot_f32_512(const float *a, const float *b, int64_t n) {
         const __mmask16 m = tail_mask(n - i);
         s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
     }
-    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+    return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
+}
+
+static T5 float dot_f32_512(const float *a, const float *b, int64_t n) { return hsum512(dot_f32_vec(a, b, n)); }
+
+/* Attention scores for up to 16 rows at a time: each row's lanes as in
+ * dot_f32, then the 16 horizontal sums as one transposing tree with
+ * hsum512's pairing in every lane (lane r ends as row r's hsum512), so
+ * each output is bitwise tl_dot_f32(q, row) * scale. */
+static T5 void dot_rows_512(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out) {
+    const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    for (int r0 = 0; r0 < rows; r0 += 16) {
+        const int nr = rows - r0 < 16 ? rows - r0 : 16;
+        __m512 v[16], c[8], d[4], e[2];
+        for (int i = 0; i < 16; i++) v[i] = i < nr ? dot_f32_vec(q, k + (size_t)(r0 + i) * ldk, n) : _mm512_setzero_ps();
+        for (int p = 0; p < 8; p++) /* t3: lanes 0-7 row 2p, 8-15 row 2p+1 */
+            c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+        for (int p = 0; p < 4; p++) /* t6: 128-bit lane L = row 4p + L */
+            d[p] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+        for (int p = 0; p < 2; p++) /* t8: lane L = rows 8p + L (0, 1), 8p + 4 + L (2, 3) */
+            e[p] = _mm512_add_ps(_mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+        /* element 4L + m holds row 4m + L */
+        const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                       _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
+        const __m512 o = _mm512_mul_ps(_mm512_permutexvar_ps(perm, f), _mm512_set1_ps(scale));
+        _mm512_mask_storeu_ps(out + r0, tail_mask(nr), o);
+    }
 }
 
 static T5 float dot_f16_f32_512(const uint16_t *a, const float *b, int64_t n) {
@@ -75,7 +117,6 @@ static T5 float dot_f16_f32_512(const uint16_t *a, const float *b, int64_t n) {
  * the same operations in the same order whatever R and C are, so a tile
  * entry is bitwise the 1x1 result that vec_dot returns. */
 
-#define AI __attribute__((always_inline))
 /* Software prefetch distance in bytes. A 4-row group reads its rows as four
  * short interleaved streams (a q8_0 row of 768 is 13 lines), which the
  * hardware prefetcher does not follow well: measured on Zen 4, 4-row decode
@@ -128,68 +169,11 @@ static inline AI T5 void mk_float(int kind, int R, int C, int pf, int64_t n, flo
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[c * ldo + r] = _mm512_reduce_add_ps(acc[r][c]);
 }
 
-/* q8_0 x q8_0 with vpdpbusd: (q + 128) is unsigned, and the accumulator
- * starts at -128 * sum(y) per 4 bytes, so each int32 lane is exactly
- * sum q*y (no saturation: 4 * 255 * 127 fits). q4_0 likewise with the
- * unsigned nibble and -8 * sum(y), q5_0 with nibble | 5th bit << 4 and
- * -16 * sum(y). The offset term is per token and block, shared by the R
- * rows. */
-enum { Q_8_0, Q_4_0, Q_5_0 };
-
-static inline AI T5N void mk_q(int kind, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
-                               size_t ldw, const uint8_t *x, size_t ldx) {
-    const int64_t nb = n / 32;
-    const __m256i off = _mm256_set1_epi8(kind == Q_4_0 ? 8 : kind == Q_5_0 ? 16 : (char)0x80);
-    const __m256i m4 = _mm256_set1_epi8(0xF), x10 = _mm256_set1_epi8(0x10);
-    const __m256i nsh = _mm256_set_epi64x(4, 4, 0, 0);
-    const size_t bw = kind == Q_4_0 ? sizeof(block_q4_0) : kind == Q_5_0 ? sizeof(block_q5_0) : sizeof(block_q8_0);
-    const size_t qo = kind == Q_5_0 ? 6 : 2; /* offset of qs in the block */
-    __m256 acc[4][4];
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        if (pf) UNROLL for (int k = 0; k < R * (int)bw; k += 64) _mm_prefetch((const char *)(w + PF_QUANT + R * b * bw + k), _MM_HINT_T0);
-        __m256i y[4], base[4];
-        __m256 dy[4];
-        UNROLL for (int c = 0; c < C; c++) {
-            const block_q8_0 *yb = (const block_q8_0 *)(x + c * ldx) + b;
-            y[c] = _mm256_loadu_si256((const __m256i *)yb->qs);
-            base[c] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, y[c]));
-            dy[c] = _mm256_cvtph_ps(_mm_set1_epi16((short)yb->d));
-        }
-        UNROLL for (int r = 0; r < R; r++) {
-            const uint8_t *wb = w + r * ldw + b * bw;
-            __m256i q;
-            if (kind == Q_8_0) {
-                q = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + qo)), off);
-            } else {
-                const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wb + qo)));
-                q = _mm256_and_si256(_mm256_srlv_epi64(t, nsh), m4);
-                if (kind == Q_5_0) {
-                    uint32_t h;
-                    memcpy(&h, wb + 2, 4);
-                    q = _mm256_mask_add_epi8(q, (__mmask32)h, q, x10);
-                }
-            }
-            uint16_t dh;
-            memcpy(&dh, wb, 2);
-            const __m256 dw = _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
-            UNROLL for (int c = 0; c < C; c++) {
-                const __m256 s = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(base[c], q, y[c]));
-                acc[r][c] = _mm256_fmadd_ps(s, _mm256_mul_ps(dw, dy[c]), acc[r][c]);
-            }
-        }
-    }
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[c * ldo + r] = hsum256(acc[r][c]);
-}
-
 /* TILE_DRIVER and the MK_* shorthands: quants_impl.h */
 
 TILE_DRIVER(vdt_f32, T5, MK_F32, 4)
 TILE_DRIVER(vdt_f16, T5, MK_F16, 4)
 TILE_DRIVER(vdt_bf16, T5, MK_BF16, 4)
-TILE_DRIVER(vdt_q8_0, T5N, MK_Q8_0, 2)
-TILE_DRIVER(vdt_q4_0, T5N, MK_Q4_0, 2)
-TILE_DRIVER(vdt_q5_0, T5N, MK_Q5_0, 2)
 
 static T5 void axpy_f32_512(float *y, float a, const float *x, int64_t n) {
     const __m512 va = _mm512_set1_ps(a);
@@ -199,6 +183,35 @@ static T5 void axpy_f32_512(float *y, float a, const float *x, int64_t n) {
     if (i < n) {
         const __mmask16 m = tail_mask(n - i);
         _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+/* y += a[r] * x_r for r in order: per lane the same FMAs in the same order
+ * as separate axpy_f32_512 calls, with y kept in registers across rows. */
+static T5 void axpy_rows_512(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n) {
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512 y0 = _mm512_loadu_ps(y + i), y1 = _mm512_loadu_ps(y + i + 16);
+        __m512 y2 = _mm512_loadu_ps(y + i + 32), y3 = _mm512_loadu_ps(y + i + 48);
+        for (int r = 0; r < rows; r++) {
+            const float *xr = x + (size_t)r * ldx + i;
+            const __m512 va = _mm512_set1_ps(a[r]);
+            y0 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xr), y0);
+            y1 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xr + 16), y1);
+            y2 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xr + 32), y2);
+            y3 = _mm512_fmadd_ps(va, _mm512_loadu_ps(xr + 48), y3);
+        }
+        _mm512_storeu_ps(y + i, y0);
+        _mm512_storeu_ps(y + i + 16, y1);
+        _mm512_storeu_ps(y + i + 32, y2);
+        _mm512_storeu_ps(y + i + 48, y3);
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : tail_mask(n - i);
+        __m512 y0 = _mm512_maskz_loadu_ps(m, y + i);
+        for (int r = 0; r < rows; r++)
+            y0 = _mm512_fmadd_ps(_mm512_set1_ps(a[r]), _mm512_maskz_loadu_ps(m, x + (size_t)r * ldx + i), y0);
+        _mm512_mask_storeu_ps(y + i, m, y0);
     }
 }
 
@@ -463,22 +476,17 @@ void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni) {
     t->vec_dot_tile[TL_TYPE_Q4_K] = vdt_q4_K;
     t->vec_dot_tile[TL_TYPE_Q5_K] = vdt_q5_K;
     t->vec_dot_tile[TL_TYPE_Q6_K] = vdt_q6_K;
-    if (vnni) {
-        t->vec_dot[TL_TYPE_Q8_0] = vdt_q8_0_1;
-        t->vec_dot[TL_TYPE_Q4_0] = vdt_q4_0_1;
-        t->vec_dot_tile[TL_TYPE_Q8_0] = vdt_q8_0;
-        t->vec_dot_tile[TL_TYPE_Q4_0] = vdt_q4_0;
-        t->vec_dot[TL_TYPE_Q5_0] = vdt_q5_0_1;
-        t->vec_dot_tile[TL_TYPE_Q5_0] = vdt_q5_0;
-    }
     t->quantize_q8_0 = quantize_q8_0_512;
     t->quantize_q8_K = quantize_q8_K_512;
     t->dot_f32 = dot_f32_512;
     t->dot_f16_f32 = dot_f16_f32_512;
     t->axpy_f32 = axpy_f32_512;
     t->axpy_f16 = axpy_f16_512;
+    t->dot_rows_f32 = dot_rows_512;
+    t->axpy_rows_f32 = axpy_rows_512;
     t->f16_to_f32_row = f16_to_f32_512;
     t->f32_to_f16_row = f32_to_f16_512;
+    if (vnni) tl_gemm_fill_avx512(t); /* q8_0/q4_0/q5_0: gemm_avx512.c */
 }
 
 #else

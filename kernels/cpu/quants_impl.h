@@ -122,6 +122,8 @@ typedef void (*tl_quantize_fn)(const float *src, void *dst, int64_t n);
 /* tl_vec_dot_tile without the type; NULL means "loop over vec_dot". */
 typedef void (*tl_vec_dot_tile_fn)(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
                                    const void *x, size_t ldx);
+typedef void (*tl_gemm_tile_fn)(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
+                                const void *xp, size_t ldx, void *work);
 typedef struct tl_kernel_table {
     tl_vec_dot_fn vec_dot[TL_TYPE_COUNT];
     /* Set by a level together with its vec_dot; inherited from the level
@@ -132,8 +134,8 @@ typedef struct tl_kernel_table {
     /* GEMM path (tl_gemm_*): a tile kernel over prepared activations and
      * the function preparing one activation row; NULL where the level has
      * none for the type (matmuls then use vec_dot_tile). Dropped by a level
-     * that brings its own vec_dot_tile for the type. */
-    tl_vec_dot_tile_fn gemm_tile[TL_TYPE_COUNT];
+     * that replaces the type's vec_dot without its own gemm (dispatch.c). */
+    tl_gemm_tile_fn gemm_tile[TL_TYPE_COUNT];
     tl_quantize_fn gemm_prepare[TL_TYPE_COUNT];
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     float (*dot_f16_f32)(const uint16_t *a, const float *b, int64_t n);
@@ -153,9 +155,8 @@ void tl_kernels_fill_ref(tl_kernel_table *t);
 void tl_kernels_fill_avx2(tl_kernel_table *t);
 /* vnni: the CPU has AVX512-VNNI; quant kernels need it (else they keep AVX2). */
 void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni);
-void tl_gemm_fill_avx2(tl_kernel_table *t);
-/* Bytes of one prepared activation row of gemm_avx2.c (n elements). */
-size_t tl_gemm_avx2_row_size(int64_t n);
+/* gemm_avx512.c: the VNNI GEMM path and the vec_dots it is bitwise with. */
+void tl_gemm_fill_avx512(tl_kernel_table *t);
 
 /* Scalar reference quantizer for any type tl_quantize_row accepts (the
  * dispatched tl_quantize_row uses SIMD for Q8_0/Q8_K); for tests. */

@@ -7,6 +7,12 @@
  *            within 2e-5 * sum |w_i x_i| of the scalar reference (the
  *            integer block sums are exact; only the float summation order
  *            differs), and no output outside the tile is written.
+ *   gemm     the GEMM path (tl_gemm_tile over tl_gemm_prepare rows) for
+ *            q8_0/q4_0/q5_0 at every level that has one: rows 1..16 x
+ *            tokens 1..19 (the fused few-token path, whole 8-token
+ *            micro-tiles and every leftover), each entry bitwise
+ *            tl_vec_dot at that level and bitwise the scalar reference,
+ *            nothing written outside the tile or past the workspace.
  *   forward  synthetic models of each architecture (f32, q4_0, q8_0,
  *            q4_K): a 45-token prompt prefilled in one call gives bitwise
  *            the logits of feeding it one token at a time (attention
@@ -101,6 +107,76 @@ static void test_tiles(void) {
             CHECK(spill == 0, "%s n=%lld: nothing outside the tile is written (%d)", tl_type_info(type)->name,
                   (long long)n, spill);
             free(w); free(x); free(wf); free(xf); free(src); free(out);
+        }
+    }
+}
+
+static void test_gemm_path(void) {
+    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0};
+    enum { MAXR = TL_GEMM_ROWS, MAXT = 19, PAD = 3 };
+    const int isa_max = tl_kernels_isa();
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const int type = types[ti];
+        static const int64_t sizes[] = {32, 32 * 11, 32 * 75};
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            const int64_t n = sizes[si];
+            /* rows back to back with a stride that is not a multiple of 64 */
+            const size_t rw = tl_row_size(type, n), rx = tl_row_size(TL_TYPE_Q8_0, n), xs = tl_gemm_x_size(n);
+            const size_t ldo = MAXR + PAD, ws = tl_gemm_work_size(n);
+            uint8_t *w = malloc(rw * MAXR), *x = malloc(rx * MAXT), *xp = aligned_alloc(64, xs * MAXT);
+            uint8_t *work = aligned_alloc(64, ws + 64);
+            float *src = malloc(sizeof(float) * n * MAXT), *out = malloc(sizeof(float) * ldo * MAXT);
+            for (int r = 0; r < MAXR; r++) {
+                for (int64_t i = 0; i < n; i++) src[i] = gauss() * (1 + (i / 32) % 3);
+                tl_quantize_row(type, src, w + rw * r, n);
+            }
+            for (int t = 0; t < MAXT; t++) {
+                for (int64_t i = 0; i < n; i++) src[(size_t)n * t + i] = gauss() * (t == 3 ? 40.0f : 1.0f);
+                tl_quantize_row(TL_TYPE_Q8_0, src + (size_t)n * t, x + rx * t, n);
+            }
+            int levels = 0, bad = 0, bad_ref = 0, spill = 0, past = 0;
+            for (int lvl = 0; lvl <= isa_max; lvl++) {
+                tl_kernels_set_isa(lvl);
+                if (!tl_gemm_has(type)) continue;
+                levels++;
+                for (int t = 0; t < MAXT; t++) tl_gemm_prepare(type, src + (size_t)n * t, xp + xs * t, n);
+                for (int nr = 1; nr <= MAXR; nr++)
+                    for (int nt = 1; nt <= MAXT; nt++) {
+                        if (nr > 3 && nr < 15 && nr != 9 && nt > 3 && nt != 8 && nt != 11) continue; /* keep it quick */
+                        for (size_t i = 0; i < ldo * MAXT; i++) out[i] = -12345.0f;
+                        memset(work + ws, 0x5a, 64);
+                        tl_gemm_tile(type, n, nr, nt, out, ldo, w, rw, xp, xs, work);
+                        for (int i = 0; i < 64; i++) past += work[ws + i] != 0x5a;
+                        for (int t = 0; t < MAXT; t++)
+                            for (int r = 0; r < (int)ldo; r++) {
+                                const float got = out[t * ldo + r];
+                                if (r >= nr || t >= nt) {
+                                    spill += got != -12345.0f;
+                                    continue;
+                                }
+                                float one, ref;
+                                tl_vec_dot(type)(n, &one, w + rw * r, x + rx * t);
+                                tl_vec_dot_ref(type)(n, &ref, w + rw * r, x + rx * t);
+                                bad += memcmp(&got, &one, sizeof got) != 0;
+                                bad_ref += memcmp(&got, &ref, sizeof got) != 0;
+                            }
+                    }
+            }
+            tl_kernels_set_isa(isa_max);
+            const char *name = tl_type_info(type)->name;
+            if (!levels) {
+                CHECK(1, "%s n=%lld: no level of this CPU has a GEMM path (nothing to check)", name, (long long)n);
+            } else {
+                CHECK(bad == 0, "%s n=%lld: GEMM tile entries equal vec_dot bitwise (%d levels, %d differ)", name,
+                      (long long)n, levels, bad);
+                CHECK(bad_ref == 0, "%s n=%lld: GEMM tile entries equal the scalar reference bitwise (%d differ)", name,
+                      (long long)n, bad_ref);
+                CHECK(spill == 0, "%s n=%lld: the GEMM path writes nothing outside the tile (%d)", name, (long long)n,
+                      spill);
+                CHECK(past == 0, "%s n=%lld: the GEMM path writes nothing past its workspace (%d)", name, (long long)n,
+                      past);
+            }
+            free(w); free(x); free(xp); free(work); free(src); free(out);
         }
     }
 }
@@ -244,6 +320,7 @@ static void test_rows(void) {
 int main(void) {
     tl_kernels_init();
     test_tiles();
+    test_gemm_path();
     test_forward();
     test_gelu();
     test_rows();
