@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "forward.h"
 #include "model.h"
 #include "quants.h"
 #include "test.h"
