@@ -108,8 +108,17 @@ static void test_gpt2_details(const char *dir) {
     char acc[256], outb[256];
     int na = 0, no = 0, partial_seen = 0, chunks_valid = 1;
     for (int i = 0; i < ne; i++) {
-        na += tl_tokenizer_piece(t, e[i], 0, acc + na, (int)sizeof acc - na);
+        int got = tl_tokenizer_piece(t, e[i], 0, acc + na, (int)sizeof acc - na);
+        if (got < 0) {
+            chunks_valid = 0;
+            break;
+        }
+        na += got;
         int ready = tl_utf8_complete_prefix(acc, na);
+        if (ready < 0 || ready > na || no + ready > (int)sizeof outb) {
+            chunks_valid = 0;
+            break;
+        }
         partial_seen |= ready < na;
         for (int k = 0; k < ready;) { /* every emitted chunk is valid UTF-8 */
             unsigned char c = (unsigned char)acc[k];
