@@ -141,16 +141,7 @@ int tl_pool_register_submit(tl_model *m, tl_pool *pool, const int32_t *tokens, i
     if (!id_out) return tl_set_error(TL_ERR_INVALID_ARG, "id_out must not be NULL");
     int rc = tl_pool_check_register(m, pool, tokens, n, loops, window);
     if (rc) return rc;
-    tl_generate_params p = tl_generate_default_params();
-    p.max_tokens = 0;
-    p.loops = loops;
-    p.cache_window = window;
-    tl_pool_key(pool, &p.salt, &p.tenant);
-    tl_request *r = tl_request_new(m, tokens, n, &p);
-    if (!r) return TL_ERR_NOMEM;
-    r->kind = TL_RK_REGISTER;
-    r->reg_pool = pool;
-    return tl_request_enqueue(m, r, id_out);
+    return tl_request_submit_build(m, pool, tokens, n, loops, window, id_out);
 }
 
 int tl_pool_register(tl_model *m, tl_pool *p, const int32_t *tokens, int n, int loops, int window) {

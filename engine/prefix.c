@@ -71,7 +71,7 @@ int tl_prefix_build(tl_model *m, const int32_t *tokens, int n, int loops, int wi
     /* A TL_RK_PIN request, waited for: it prefills in the scheduler's
      * batches and pins its node for us. */
     int64_t id;
-    rc = tl_request_submit_pin(m, tokens, n, h->loops, window, &id);
+    rc = tl_request_submit_build(m, NULL, tokens, n, h->loops, window, &id);
     tl_wait_result res = {0};
     if (rc == TL_OK) rc = tl_sched_wait(m, id, NULL, 0, &res);
     h->node = res.pinned;

@@ -123,6 +123,14 @@ void tl_request_requeue(tl_model *m, tl_request *r) {
 }
 
 
+/* The sampling fields are valid (a sampler accepts them); TL_OK or the error. */
+static int check_sampling(const tl_sampling_params *sp) {
+    tl_sampler probe;
+    int rc = tl_sampler_init(&probe, sp, 1);
+    if (rc == TL_OK) tl_sampler_free(&probe);
+    return rc;
+}
+
 int tl_request_submit(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p, tl_pool *pool,
                       int64_t *id_out) {
     if (!m || !p || !id_out) return tl_set_error(TL_ERR_INVALID_ARG, "model, params and id_out must not be NULL");
@@ -133,9 +141,7 @@ int tl_request_submit(tl_model *m, const int32_t *prompt, int n_prompt, const tl
     if (p->cache_window < 0) return tl_set_error(TL_ERR_INVALID_ARG, "cache_window %d must be >= 0", p->cache_window);
     if (p->tenant < 0) return tl_set_error(TL_ERR_INVALID_ARG, "tenant %d must be >= 0", p->tenant);
     if (pool && (rc = tl_pool_bind(pool, m))) return rc;
-    tl_sampler probe;
-    if ((rc = tl_sampler_init(&probe, &p->sampling, 1))) return rc; /* validates the sampling fields */
-    tl_sampler_free(&probe);
+    if ((rc = check_sampling(&p->sampling))) return rc;
     tl_request *r = tl_request_new(m, prompt, n_prompt, p);
     if (!r) return TL_ERR_NOMEM;
     r->pool = pool;
@@ -193,14 +199,17 @@ int tl_request_enqueue(tl_model *m, tl_request *r, int64_t *id_out) {
     return TL_OK;
 }
 
-int tl_request_submit_pin(tl_model *m, const int32_t *tokens, int n, int loops, int window, int64_t *id_out) {
+int tl_request_submit_build(tl_model *m, tl_pool *pool, const int32_t *tokens, int n, int loops, int window,
+                            int64_t *id_out) {
     tl_generate_params p = tl_generate_default_params();
     p.max_tokens = 0;
     p.loops = loops;
     p.cache_window = window;
+    if (pool) tl_pool_key(pool, &p.salt, &p.tenant);
     tl_request *r = tl_request_new(m, tokens, n, &p);
     if (!r) return TL_ERR_NOMEM;
-    r->kind = TL_RK_PIN;
+    r->kind = pool ? TL_RK_REGISTER : TL_RK_PIN;
+    r->reg_pool = pool;
     return tl_request_enqueue(m, r, id_out);
 }
 
@@ -217,10 +226,8 @@ int tl_request_submit_beam(tl_model *m, const int32_t *prompt, int n, const tl_g
 
 int tl_request_submit_resume(tl_model *m, const int32_t *prompt, int n, const tl_resume_view *v,
                              const tl_generate_params *p, int64_t *id_out) {
-    tl_sampler probe;
-    int rc = tl_sampler_init(&probe, &p->sampling, 1); /* validates the sampling fields */
+    int rc = check_sampling(&p->sampling);
     if (rc) return rc;
-    tl_sampler_free(&probe);
     tl_request *r = tl_request_new(m, prompt, n, p);
     if (!r) return TL_ERR_NOMEM;
     r->kind = TL_RK_RESUME;

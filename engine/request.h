@@ -67,8 +67,11 @@ int tl_request_check_prompt(const tl_model *m, const int32_t *prompt, int n_prom
  * error set; tl_request_enqueue queues it (taking it) and wakes the engine. */
 tl_request *tl_request_new(tl_model *m, const int32_t *prompt, int n_prompt, const tl_generate_params *p);
 int tl_request_enqueue(tl_model *m, tl_request *r, int64_t *id_out);
-/* Queues a TL_RK_PIN request for tokens (checked by the caller). */
-int tl_request_submit_pin(tl_model *m, const int32_t *tokens, int n, int loops, int window, int64_t *id_out);
+/* Queues a build of tokens (checked by the caller): TL_RK_REGISTER into
+ * pool (its namespace salt and tenant), or TL_RK_PIN for the caller when
+ * pool is NULL. */
+int tl_request_submit_build(tl_model *m, tl_pool *pool, const int32_t *tokens, int n, int loops, int window,
+                            int64_t *id_out);
 /* Queues a TL_RK_BEAM request (arguments checked by the caller). */
 int tl_request_submit_beam(tl_model *m, const int32_t *prompt, int n, const tl_generate_params *p, tl_pool *pool,
                            int beams, float alpha, int64_t *id_out);
