@@ -67,7 +67,7 @@ static void *open_plugin(const char *file, char *tried, size_t cap) {
     return NULL;
 }
 
-void tl_backend_describe(const tl_model *m, int n_blocks, int bs, int kv_type, int *layer_window,
+void tl_backend_describe(const tl_model *m, int n_blocks, const tl_kv_layout *kv, int *layer_window,
                          tl_backend_model *d) {
     const tl_hparams *hp = &m->hp;
     for (int l = 0; l < hp->n_layer; l++) layer_window[l] = tl_model_layer_window(m, l);
@@ -79,10 +79,10 @@ void tl_backend_describe(const tl_model *m, int n_blocks, int bs, int kv_type, i
                             .embd_scale = m->arch->embd_scale, .layer_window = layer_window,
                             .rope_freqs = m->rope_freqs, .tok_embd = m->tok_embd, .output = m->output,
                             .output_norm = m->output_norm, .layers = m->layers, .kv_blocks = n_blocks,
-                            .kv_block_size = bs, .kv_type = kv_type, .max_batch_tokens = 4096,
+                            .kv_block_size = kv->block_size, .kv_type = kv->type_k,
+                            .kv_layout = *kv, .max_batch_tokens = 4096,
                             .max_seq_len = m->max_seq_len};
-    d->kv_mem = (size_t)n_blocks * 2 * (size_t)bs * (size_t)hp->n_head_kv * (size_t)hp->head_dim *
-                (kv_type == TL_KV_F32 ? 4 : 2);
+    d->kv_mem = (size_t)n_blocks * kv->block_bytes;
 }
 
 void tl_backend_close(tl_model *m) {
@@ -107,7 +107,7 @@ int tl_backend_max_tokens(const tl_model *m) { return m->backend ? m->backend->d
 
 int tl_backend_sample_k(const tl_model *m) { return m->backend ? m->backend->ops->max_sample_k : 0; }
 
-int tl_backend_select(tl_model *m, int *n_blocks, int bs, int kv_type, int kv_auto, int kv_blocks_max) {
+int tl_backend_select(tl_model *m, int *n_blocks, const tl_kv_layout *kv, int kv_auto, int kv_blocks_max) {
     const char *want = getenv("TINYLOOP_BACKEND");
     if (want && (!strcmp(want, "cpu") || !*want)) return TL_OK;
     int forced = want && !strcmp(want, "cuda");
@@ -137,7 +137,7 @@ int tl_backend_select(tl_model *m, int *n_blocks, int bs, int kv_type, int kv_au
     }
     b->dl = dl;
     b->ops = ops;
-    tl_backend_describe(m, *n_blocks, bs, kv_type, b->layer_window, &b->desc);
+    tl_backend_describe(m, *n_blocks, kv, b->layer_window, &b->desc);
     b->desc.kv_auto = kv_auto;
     b->desc.kv_blocks_max = kv_blocks_max > *n_blocks ? kv_blocks_max : *n_blocks;
     char msg[512] = "";

@@ -13,7 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define TL_BACKEND_ABI 3
+#include "kv_layout.h"
+
+#define TL_BACKEND_ABI 4
 
 /* Largest top_k a backend samples on its device; wider (or top_k 0 with a
  * temperature) rows come back as logits and are sampled on the host. */
@@ -57,7 +59,8 @@ typedef struct tl_backend_model {
     const tl_layer *layers;        /* (n_layer) */
     /* KV arena: n_blocks blocks; a block holds one virtual layer's K then V
      * for block_size positions, each laid out [n_head_kv][block_size][head_dim]. */
-    int kv_blocks, kv_block_size, kv_type; /* kv_type: 0 f16, 1 f32 */
+    int kv_blocks, kv_block_size, kv_type; /* kv_type: K's row type (= kv_layout.type_k) */
+    tl_kv_layout kv_layout;        /* the block's bytes in the KV mode (kv_layout.h) */
     size_t kv_mem;                 /* bytes the caller sized the arena for */
     /* kv_auto: the caller set no size; the backend may grow the arena to
      * what its memory holds (up to kv_blocks_max blocks, at least

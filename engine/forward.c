@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv_mode.h"
 #include "model.h"
 #include "quants.h"
 #include "util.h"
@@ -37,6 +38,10 @@ typedef struct tl_scratch {
     size_t gemm_work_stride;
     size_t scores_stride;
     float *logits_x;         /* (n_seq, n_embd) */
+    /* store-h: one sequence's recomputed K and V, (h_cap, kv_dim) each,
+     * from its h rows (h_cap, n_embd); grown to the longest context read. */
+    float *hx, *hk, *hv;
+    int h_cap;
     int profile;             /* tl_forward_profile: accumulate prof[] */
     double prof[3];          /* seconds: matmul, attention, whole forward */
 } tl_scratch;
@@ -131,6 +136,9 @@ void tl_forward_free(tl_model *m) {
     scratch_free_bufs(m->scratch);
     tl_free_aligned(m->scratch->scores);
     tl_free_aligned(m->scratch->gemm_work);
+    tl_free_aligned(m->scratch->hx);
+    tl_free_aligned(m->scratch->hk);
+    tl_free_aligned(m->scratch->hv);
     free(m->scratch);
     m->scratch = NULL;
 }
@@ -275,15 +283,32 @@ typedef struct {
     int vl, T;
     int layer_window;  /* sliding window of this layer, 0 = none */
     float scale;
+    int c0, c1;        /* the query chunks to run */
+    int h_p0;          /* store-h: position of the first row of scratch hk / hv */
 } att_ctx;
 
-/* Head kh's rows of one block as f32: the KV layout inside a block is
- * [head][position][head_dim], so a head's slice is contiguous and converts
- * in one call. Returns a pointer to bs * hd floats (buf is used for f16). */
-static const float *kv_head_rows(const tl_kv_pool *kv, const void *base, int kh, int hd, int rows, float *buf) {
-    size_t off = (size_t)kh * kv->block_size * hd;
-    if (kv->kv_type == TL_KV_F32) return (const float *)base + off;
-    tl_f16_to_f32_row((const uint16_t *)base + off, buf, (int64_t)rows * hd);
+/* K (v 0) or V (v 1) rows of head kh in logical block b, as f32 rows *ld
+ * floats apart. The layout inside a block is [head][position][row], so a
+ * head's slice is contiguous and converts in one call (into buf, which
+ * holds block_size * head_dim floats). Store-h reads the sequence's K and
+ * V recomputed for this layer (h_recompute). */
+static const float *att_rows(const att_ctx *c, const tl_seq *seq, int b, int kh, int v, int rows, float *buf,
+                             size_t *ld) {
+    const tl_kv_pool *kv = &c->m->kv;
+    const tl_kv_layout *l = &kv->layout;
+    int hd = c->m->hp.head_dim, kv_dim = c->m->hp.n_head_kv * hd;
+    if (l->store_h) {
+        *ld = (size_t)kv_dim;
+        const float *base = v ? c->m->scratch->hv : c->m->scratch->hk;
+        return base + (size_t)(b * kv->block_size - c->h_p0) * kv_dim + (size_t)kh * hd;
+    }
+    *ld = (size_t)hd;
+    int id = seq->bt.ids[b * seq->bt.depth + c->vl];
+    int type = v ? l->type_v : l->type_k;
+    size_t rb = v ? l->row_bytes_v : l->row_bytes_k;
+    const uint8_t *src = (v ? tl_kv_v(kv, id) : tl_kv_k(kv, id)) + tl_kv_row_off(l, kh, 0, rb);
+    if (type == TL_KVT_F32) return (const float *)(const void *)src;
+    tl_kv_load_row(type, l->group, src, buf, rows * hd);
     return buf;
 }
 
@@ -305,26 +330,24 @@ static void att_task(void *p, int ith, int nth) {
     tl_model *m = c->m;
     const tl_hparams *hp = &m->hp;
     tl_scratch *s = m->scratch;
-    const tl_kv_pool *kv = &m->kv;
-    int hd = hp->head_dim, bs = kv->block_size, group = hp->n_head / hp->n_head_kv;
+    int hd = hp->head_dim, bs = m->kv.block_size, group = hp->n_head / hp->n_head_kv;
     size_t msl = (size_t)m->max_seq_len, tok_scores = (size_t)group * msl;
     float *scores = s->scores + (size_t)ith * s->scores_stride;
     float *kbuf = scores + (size_t)s->att_qc * tok_scores;
-    int total = s->n_chunks * hp->n_head_kv;
+    int total = (c->c1 - c->c0) * hp->n_head_kv;
     for (int i = ith; i < total; i += nth) {
-        int ci = i / hp->n_head_kv, kh = i % hp->n_head_kv;
+        int ci = c->c0 + i / hp->n_head_kv, kh = i % hp->n_head_kv;
         int ta = s->chunk_t0[ci], tb = s->chunk_t0[ci + 1];
         const tl_seq *seq = c->seqs[s->tok_seq[ta]];
-        int depth = seq->bt.depth;
         /* The narrower of the request's cache_window and the layer's window. */
         int w = seq->window;
         if (c->layer_window > 0 && (w == 0 || c->layer_window < w)) w = c->layer_window;
 #define FIRST_POS(pos) (w > 0 && (pos) >= w ? (pos) - w + 1 : 0)
         int b_first = FIRST_POS(s->tok_pos[ta]) / bs, pos_last = s->tok_pos[tb - 1];
         for (int b = b_first; b <= pos_last / bs; b++) {
-            int id = seq->bt.ids[b * depth + c->vl];
             int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
-            const float *k = kv_head_rows(kv, tl_kv_k(kv, id), kh, hd, rows, kbuf);
+            size_t ld;
+            const float *k = att_rows(c, seq, b, kh, 0, rows, kbuf, &ld);
             for (int t = ta; t < tb; t++) {
                 int pos = s->tok_pos[t], j0 = FIRST_POS(pos);
                 if (b < j0 / bs || b > pos / bs) continue;
@@ -333,12 +356,12 @@ static void att_task(void *p, int ith, int nth) {
                 float *sc = scores + (size_t)(t - ta) * tok_scores;
                 for (int g = 0; g < group; g++) {
                     if (hd >= 32) { /* bitwise the dot_small calls, in one call */
-                        tl_dot_rows_f32(q + g * hd, k + (size_t)r0 * hd, (size_t)hd, r1 - r0, hd, c->scale,
+                        tl_dot_rows_f32(q + g * hd, k + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale,
                                         sc + (size_t)g * msl + b * bs + r0);
                         continue;
                     }
                     for (int r = r0; r < r1; r++)
-                        sc[(size_t)g * msl + b * bs + r] = dot_small(q + g * hd, k + (size_t)r * hd, hd) * c->scale;
+                        sc[(size_t)g * msl + b * bs + r] = dot_small(q + g * hd, k + (size_t)r * ld, hd) * c->scale;
                 }
             }
         }
@@ -361,9 +384,9 @@ static void att_task(void *p, int ith, int nth) {
             }
         }
         for (int b = b_first; b <= pos_last / bs; b++) {
-            int id = seq->bt.ids[b * depth + c->vl];
             int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
-            const float *v = kv_head_rows(kv, tl_kv_v(kv, id), kh, hd, rows, kbuf);
+            size_t ld;
+            const float *v = att_rows(c, seq, b, kh, 1, rows, kbuf, &ld);
             for (int t = ta; t < tb; t++) {
                 int pos = s->tok_pos[t], j0 = FIRST_POS(pos);
                 if (b < j0 / bs || b > pos / bs) continue;
@@ -373,11 +396,11 @@ static void att_task(void *p, int ith, int nth) {
                     const float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl + b * bs;
                     float *o = out + g * hd;
                     if (hd >= 32) { /* bitwise one tl_axpy_f32 per row, in one call */
-                        tl_axpy_rows_f32(o, sc + r0, v + (size_t)r0 * hd, (size_t)hd, r1 - r0, hd);
+                        tl_axpy_rows_f32(o, sc + r0, v + (size_t)r0 * ld, ld, r1 - r0, hd);
                         continue;
                     }
                     for (int r = r0; r < r1; r++) {
-                        const float a = sc[r], *vr = v + (size_t)r * hd;
+                        const float a = sc[r], *vr = v + (size_t)r * ld;
                         for (int d = 0; d < hd; d++) o[d] += a * vr[d];
                     }
                 }
@@ -387,62 +410,145 @@ static void att_task(void *p, int ith, int nth) {
     }
 }
 
+/* Writes the new tokens' rows into their blocks: K and V per head, or in
+ * store-h the layer's normed input xb. */
 static void store_kv(tl_model *m, tl_seq **seqs, int vl, int T) {
     tl_scratch *s = m->scratch;
     tl_kv_pool *kv = &m->kv;
-    int hd = m->hp.head_dim, bs = kv->block_size;
+    const tl_kv_layout *l = &kv->layout;
+    int hd = m->hp.head_dim, bs = kv->block_size, kv_dim = m->hp.n_head_kv * hd;
     for (int t = 0; t < T; t++) {
         const tl_seq *seq = seqs[s->tok_seq[t]];
         int pos = s->tok_pos[t];
         int id = seq->bt.ids[(pos / bs) * seq->bt.depth + vl];
-        const float *k = s->k + (size_t)t * kv->kv_dim, *v = s->v + (size_t)t * kv->kv_dim;
+        if (l->store_h) {
+            tl_kv_store_row(l->type_k, l->group, s->xb + (size_t)t * m->hp.n_embd,
+                            tl_kv_k(kv, id) + tl_kv_row_off(l, 0, pos % bs, l->row_bytes_k), m->hp.n_embd);
+            continue;
+        }
+        const float *k = s->k + (size_t)t * kv_dim, *v = s->v + (size_t)t * kv_dim;
         for (int h = 0; h < m->hp.n_head_kv; h++) {
-            size_t off = ((size_t)h * bs + (size_t)(pos % bs)) * hd;
-            if (kv->kv_type == TL_KV_F32) {
-                memcpy((float *)tl_kv_k(kv, id) + off, k + (size_t)h * hd, (size_t)hd * sizeof(float));
-                memcpy((float *)tl_kv_v(kv, id) + off, v + (size_t)h * hd, (size_t)hd * sizeof(float));
-            } else {
-                tl_f32_to_f16_row(k + (size_t)h * hd, (uint16_t *)tl_kv_k(kv, id) + off, hd);
-                tl_f32_to_f16_row(v + (size_t)h * hd, (uint16_t *)tl_kv_v(kv, id) + off, hd);
-            }
+            tl_kv_store_row(l->type_k, l->group, k + (size_t)h * hd,
+                            tl_kv_k(kv, id) + tl_kv_row_off(l, h, pos % bs, l->row_bytes_k), hd);
+            tl_kv_store_row(l->type_v, l->group, v + (size_t)h * hd,
+                            tl_kv_v(kv, id) + tl_kv_row_off(l, h, pos % bs, l->row_bytes_v), hd);
         }
     }
 }
 
+/* q/k norm and RoPE of one token's K heads (or Q heads), in place. */
+static void k_finish(const tl_model *m, float *k, int n_heads, const float *norm, int pos, float rope_base) {
+    int hd = m->hp.head_dim;
+    for (int h = 0; h < n_heads; h++) {
+        float *x = k + (size_t)h * hd;
+        if (norm) rmsnorm(x, x, norm, hd, m->hp.norm_eps);
+        rope(x, pos, m->hp.n_rot, rope_base, m->arch->rope_type, m->rope_freqs);
+    }
+}
+
+static int h_reserve(tl_scratch *s, const tl_hparams *hp, int n) {
+    if (n <= s->h_cap) return TL_OK;
+    int cap = s->h_cap ? s->h_cap : 64;
+    while (cap < n) cap *= 2;
+    size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    tl_free_aligned(s->hx);
+    tl_free_aligned(s->hk);
+    tl_free_aligned(s->hv);
+    s->hx = tl_alloc_aligned((size_t)cap * hp->n_embd * sizeof(float));
+    s->hk = tl_alloc_aligned((size_t)cap * kv_dim * sizeof(float));
+    s->hv = tl_alloc_aligned((size_t)cap * kv_dim * sizeof(float));
+    s->h_cap = s->hx && s->hk && s->hv ? cap : 0;
+    return s->h_cap ? TL_OK : tl_set_error(TL_ERR_NOMEM, "store-h: out of memory for K/V of %d positions", n);
+}
+
+/* Store-h: K and V of positions [p0, p1] of one sequence at virtual layer
+ * vl, recomputed from the stored h rows with the layer's weights, in
+ * pieces the matmul scratch holds. Every position goes through the same
+ * rows of the same matmul whatever the batch, so a cached and an uncached
+ * run read identical K and V. */
+static int h_recompute(tl_model *m, const tl_seq *seq, int vl, const tl_layer *ly, int p0, int p1, float rope_base) {
+    const tl_hparams *hp = &m->hp;
+    tl_scratch *s = m->scratch;
+    const tl_kv_layout *l = &m->kv.layout;
+    int bs = m->kv.block_size, D = hp->n_embd, kv_dim = hp->n_head_kv * hp->head_dim, n = p1 - p0 + 1;
+    int rc = h_reserve(s, hp, n);
+    if (rc) return rc;
+    for (int p = p0; p <= p1; p++) {
+        int id = seq->bt.ids[(p / bs) * seq->bt.depth + vl];
+        tl_kv_load_row(l->type_k, l->group, tl_kv_k(&m->kv, id) + tl_kv_row_off(l, 0, p % bs, l->row_bytes_k),
+                       s->hx + (size_t)(p - p0) * D, D);
+    }
+    for (int i = 0; i < n; i += s->cap) {
+        int len = n - i < s->cap ? n - i : s->cap;
+        matmul(m, s->hk + (size_t)i * kv_dim, &ly->wk, s->hx + (size_t)i * D, len);
+        matmul(m, s->hv + (size_t)i * kv_dim, &ly->wv, s->hx + (size_t)i * D, len);
+    }
+    if (ly->bk) add_bias(s->hk, ly->bk, n, kv_dim);
+    if (ly->bv) add_bias(s->hv, ly->bv, n, kv_dim);
+    for (int t = 0; t < n; t++)
+        k_finish(m, s->hk + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, p0 + t, rope_base);
+    return TL_OK;
+}
+
+/* Attention of the batch at virtual layer vl, after the new rows are
+ * stored. Store-h runs one sequence at a time over its recomputed K/V. */
+static int attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T, int window, float rope_base) {
+    tl_scratch *s = m->scratch;
+    const tl_hparams *hp = &m->hp;
+    att_ctx ac = {.m = m, .seqs = seqs, .vl = vl, .T = T, .layer_window = window,
+                  .scale = 1.0f / sqrtf((float)hp->head_dim), .c0 = 0, .c1 = s->n_chunks};
+    if (!m->kv.layout.store_h) {
+        tl_threadpool_run(m->tp, att_task, &ac, s->n_chunks * hp->n_head_kv);
+        return TL_OK;
+    }
+    int bs = m->kv.block_size;
+    for (int c0 = 0, c1; c0 < s->n_chunks; c0 = c1) {
+        int seq_i = s->tok_seq[s->chunk_t0[c0]];
+        for (c1 = c0 + 1; c1 < s->n_chunks && s->tok_seq[s->chunk_t0[c1]] == seq_i; c1++) {
+        }
+        const tl_seq *seq = seqs[seq_i];
+        int w = seq->window;
+        if (window > 0 && (w == 0 || window < w)) w = window;
+        int first = s->tok_pos[s->chunk_t0[c0]], last = s->tok_pos[s->chunk_t0[c1] - 1];
+        int p0 = (w > 0 && first >= w ? first - w + 1 : 0) / bs * bs;
+        int rc = h_recompute(m, seq, vl, ly, p0, last, rope_base);
+        if (rc) return rc;
+        ac.c0 = c0;
+        ac.c1 = c1;
+        ac.h_p0 = p0;
+        tl_threadpool_run(m->tp, att_task, &ac, (c1 - c0) * hp->n_head_kv);
+    }
+    return TL_OK;
+}
+
 /* ---- one layer ------------------------------------------------------------------ */
 
-static void layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
+static int layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
     const tl_hparams *hp = &m->hp;
     const tl_layer *ly = &m->layers[L];
     tl_scratch *s = m->scratch;
     int D = hp->n_embd, hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
-    int window = tl_model_layer_window(m, L);
+    int window = tl_model_layer_window(m, L), store_h = m->kv.layout.store_h;
     float rope_base = window && m->arch->rope_base_swa > 0 ? m->arch->rope_base_swa : hp->rope_base;
 
     for (int t = 0; t < T; t++) rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, ly->attn_norm, D, hp->norm_eps);
     matmul(m, s->q, &ly->wq, s->xb, T);
-    matmul(m, s->k, &ly->wk, s->xb, T);
-    matmul(m, s->v, &ly->wv, s->xb, T);
     if (ly->bq) add_bias(s->q, ly->bq, T, q_dim);
-    if (ly->bk) add_bias(s->k, ly->bk, T, kv_dim);
-    if (ly->bv) add_bias(s->v, ly->bv, T, kv_dim);
+    if (!store_h) { /* store-h computes K and V from the stored h when it reads them */
+        matmul(m, s->k, &ly->wk, s->xb, T);
+        matmul(m, s->v, &ly->wv, s->xb, T);
+        if (ly->bk) add_bias(s->k, ly->bk, T, kv_dim);
+        if (ly->bv) add_bias(s->v, ly->bv, T, kv_dim);
+    }
     for (int t = 0; t < T; t++) {
-        for (int h = 0; h < hp->n_head; h++) {
-            float *q = s->q + (size_t)t * q_dim + (size_t)h * hd;
-            if (ly->q_norm) rmsnorm(q, q, ly->q_norm, hd, hp->norm_eps);
-            rope(q, s->tok_pos[t], hp->n_rot, rope_base, m->arch->rope_type, m->rope_freqs);
-        }
-        for (int h = 0; h < hp->n_head_kv; h++) {
-            float *k = s->k + (size_t)t * kv_dim + (size_t)h * hd;
-            if (ly->k_norm) rmsnorm(k, k, ly->k_norm, hd, hp->norm_eps);
-            rope(k, s->tok_pos[t], hp->n_rot, rope_base, m->arch->rope_type, m->rope_freqs);
-        }
+        k_finish(m, s->q + (size_t)t * q_dim, hp->n_head, ly->q_norm, s->tok_pos[t], rope_base);
+        if (!store_h) k_finish(m, s->k + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, s->tok_pos[t], rope_base);
     }
     double t0 = s->profile ? tl_now() : 0;
     store_kv(m, seqs, vl, T);
-    att_ctx ac = {.m = m, .seqs = seqs, .vl = vl, .T = T, .layer_window = window, .scale = 1.0f / sqrtf((float)hd)};
-    tl_threadpool_run(m->tp, att_task, &ac, s->n_chunks * hp->n_head_kv);
+    int rc = attend(m, seqs, vl, ly, T, window, rope_base);
     if (s->profile) s->prof[1] += tl_now() - t0;
+    if (rc) return rc;
     matmul(m, s->o, &ly->wo, s->att, T);
     for (int t = 0; t < T; t++) {
         float *o = s->o + (size_t)t * D, *x = s->x + (size_t)t * D;
@@ -463,6 +569,7 @@ static void layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
         if (ly->post_ffn_norm) rmsnorm(o, o, ly->post_ffn_norm, D, hp->norm_eps);
         for (int i = 0; i < D; i++) x[i] += o[i];
     }
+    return TL_OK;
 }
 
 /* ---- the batch ---------------------------------------------------------------------- */
@@ -593,7 +700,7 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
     int depth = seqs[0]->bt.depth;
     for (int vl = opts->vl_begin; vl < depth; vl++) {
         if (vl == opts->vl_capture) memcpy(opts->x_capture, s->x, (size_t)T * D * sizeof(float));
-        layer_forward(m, seqs, vl, tl_model_phys_layer(m, loops0, vl), T);
+        if ((rc = layer_forward(m, seqs, vl, tl_model_phys_layer(m, loops0, vl), T))) return rc;
     }
 
     if (logits) {

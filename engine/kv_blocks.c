@@ -7,22 +7,20 @@
 #include "tinyloop.h"
 #include "util.h"
 
-int tl_kv_pool_init(tl_kv_pool *p, int n_blocks, int block_size, int kv_dim, int kv_type, int with_arena) {
+int tl_kv_pool_init(tl_kv_pool *p, int n_blocks, const tl_kv_layout *layout, int with_arena) {
     memset(p, 0, sizeof *p);
-    if (n_blocks < 1 || block_size < 1 || kv_dim < 1)
-        return tl_set_error(TL_ERR_INVALID_ARG, "kv pool: n_blocks %d, block_size %d, kv_dim %d must be >= 1",
-                            n_blocks, block_size, kv_dim);
-    p->block_size = block_size;
+    if (n_blocks < 1 || layout->block_size < 1 || layout->block_bytes < 1)
+        return tl_set_error(TL_ERR_INVALID_ARG, "kv pool: n_blocks %d, block_size %d, block_bytes %zu must be >= 1",
+                            n_blocks, layout->block_size, layout->block_bytes);
+    p->layout = *layout;
+    p->block_size = layout->block_size;
     p->n_blocks = n_blocks;
-    p->kv_dim = kv_dim;
-    p->kv_type = kv_type;
-    p->elem_size = kv_type == TL_KV_F32 ? 4 : 2;
-    size_t row, bytes, total;
-    if (tl_mul_size((size_t)block_size, (size_t)kv_dim * p->elem_size, &row) ||
-        tl_mul_size(row, 2, &bytes) || tl_mul_size(bytes, (size_t)n_blocks, &total))
-        return tl_set_error(TL_ERR_NOMEM, "kv pool: %d blocks of %d positions overflow size_t", n_blocks,
-                            block_size);
-    p->block_bytes = bytes;
+    p->kv_type = layout->type_k;
+    size_t total;
+    if (tl_mul_size(layout->block_bytes, (size_t)n_blocks, &total))
+        return tl_set_error(TL_ERR_NOMEM, "kv pool: %d blocks of %zu bytes overflow size_t", n_blocks,
+                            layout->block_bytes);
+    p->block_bytes = layout->block_bytes;
     p->arena = with_arena ? tl_alloc_aligned(total) : NULL;
     p->refcnt = calloc((size_t)n_blocks, sizeof *p->refcnt);
     p->free_list = malloc((size_t)n_blocks * sizeof *p->free_list);

@@ -6,6 +6,7 @@
  * KV memory per token is proportional to the depth actually in use.
  *
  *   arena:  [ blk 0: K(n_head_kv, bs, head_dim) V(same) ][ blk 1 ] ... [ blk N-1 ]
+ *           (K and V rows in the pool's KV mode; store-h blocks hold h rows)
  *   refcnt: [ 1 ][ 2 ][ 0 ] ...        0 = on the free list
  *
  *   seq (depth D = 3, len 37, block_size 16):
@@ -22,13 +23,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kv_layout.h"
+
 typedef struct tl_kv_pool {
+    tl_kv_layout layout; /* the bytes of a block in this pool's KV mode */
     int block_size;     /* positions per block */
     int n_blocks;
-    int kv_dim;         /* n_head_kv * head_dim */
-    int kv_type;        /* TL_KV_F16 / TL_KV_F32 */
-    size_t elem_size;   /* 2 or 4 */
-    size_t block_bytes; /* K and V */
+    int kv_type;        /* K's row type (enum tl_kv_type); V's is layout.type_v */
+    size_t block_bytes; /* K and V (or h) */
     uint8_t *arena;
     int32_t *refcnt;    /* (n_blocks) */
     int32_t *free_list; /* stack of free ids */
@@ -40,18 +42,19 @@ typedef struct tl_kv_pool {
 } tl_kv_pool;
 
 /* with_arena 0: block bookkeeping only (the arena lives in a backend). */
-int tl_kv_pool_init(tl_kv_pool *p, int n_blocks, int block_size, int kv_dim, int kv_type, int with_arena);
+int tl_kv_pool_init(tl_kv_pool *p, int n_blocks, const tl_kv_layout *layout, int with_arena);
 void tl_kv_pool_destroy(tl_kv_pool *p);
 /* Returns a block id with refcount 1, or -1 when none is free. */
 int tl_kv_alloc(tl_kv_pool *p);
 void tl_kv_ref(tl_kv_pool *p, int id);
 void tl_kv_unref(tl_kv_pool *p, int id);
-/* Base of K / V rows for a block: row i at + i * kv_dim elements. */
-static inline void *tl_kv_k(const tl_kv_pool *p, int id) {
+/* Base of a block's K (or h) region and of its V region; rows inside a
+ * region as kv_layout.h says. */
+static inline uint8_t *tl_kv_k(const tl_kv_pool *p, int id) {
     return p->arena + (size_t)id * p->block_bytes;
 }
-static inline void *tl_kv_v(const tl_kv_pool *p, int id) {
-    return p->arena + (size_t)id * p->block_bytes + p->block_bytes / 2;
+static inline uint8_t *tl_kv_v(const tl_kv_pool *p, int id) {
+    return p->arena + (size_t)id * p->block_bytes + p->layout.k_bytes;
 }
 /* Copies a block's contents (copy-on-write). Returns 0 or < 0 when a
  * backend's copy failed. */

@@ -9,6 +9,7 @@
 
 #include "chat.h"
 #include "forward.h"
+#include "kv_mode.h"
 #include "quants.h"
 #include "scheduler.h"
 #include "tokenize_async.h"
@@ -32,7 +33,7 @@ static const tl_arch *find_arch(const char *name, size_t len) {
 tl_model_params tl_model_default_params(void) {
     tl_model_params p;
     memset(&p, 0, sizeof p);
-    p.kv_type = TL_KV_F16;
+    p.kv_type = TL_KV_DEFAULT;
     p.loop_start = -1;
     p.loop_end = -1;
     return p;
@@ -230,10 +231,18 @@ static int init_runtime(tl_model *m) {
     const tl_model_params *p = &m->params;
     int bs = p->kv_block_size > 0 ? p->kv_block_size : 16;
     if (bs > 4096) return tl_set_error(TL_ERR_INVALID_ARG, "kv_block_size %d is larger than 4096", bs);
-    if (p->kv_type != TL_KV_F16 && p->kv_type != TL_KV_F32)
-        return tl_set_error(TL_ERR_INVALID_ARG, "kv_type %d is not TL_KV_F16 (0) or TL_KV_F32 (1)", p->kv_type);
-    int kv_dim = m->hp.n_head_kv * m->hp.head_dim;
-    size_t block_bytes = 2 * (size_t)bs * (size_t)kv_dim * (p->kv_type == TL_KV_F32 ? 4 : 2);
+    tl_kv_mode mode;
+    int rc = tl_kv_mode_resolve(p, &mode);
+    if (rc) return rc;
+    tl_kv_layout layout;
+    if (tl_kv_layout_init(&layout, mode.type_k, mode.type_v, mode.store_h, bs, m->hp.n_head_kv, m->hp.head_dim,
+                          m->hp.n_embd)) {
+        char name[16];
+        tl_kv_mode_name(&mode, name, sizeof name);
+        return tl_set_error(TL_ERR_UNSUPPORTED, "KV mode %s needs an even row length (head_dim %d, n_embd %d)", name,
+                            m->hp.head_dim, m->hp.n_embd);
+    }
+    size_t block_bytes = layout.block_bytes;
     size_t seq_blocks = (size_t)((m->max_seq_len + bs - 1) / bs) * (size_t)tl_model_depth(m, 0);
     size_t n_blocks;
     if (p->kv_mem) {
@@ -254,11 +263,11 @@ static int init_runtime(tl_model *m) {
     if (auto_max > (size_t)INT32_MAX / 2) auto_max = (size_t)INT32_MAX / 2;
     if (auto_max > ((size_t)1 << 24)) auto_max = (size_t)1 << 24;
     int nb = (int)n_blocks;
-    int rc = tl_backend_select(m, &nb, bs, p->kv_type, p->kv_mem == 0, (int)auto_max);
+    rc = tl_backend_select(m, &nb, &layout, p->kv_mem == 0, (int)auto_max);
     if (rc) return rc;
     n_blocks = (size_t)nb;
     /* With a backend the arena lives in its memory; the pool keeps the books. */
-    if ((rc = tl_kv_pool_init(&m->kv, (int)n_blocks, bs, kv_dim, p->kv_type, m->backend == NULL))) return rc;
+    if ((rc = tl_kv_pool_init(&m->kv, (int)n_blocks, &layout, m->backend == NULL))) return rc;
     tl_backend_attach_pool(m);
     m->tp = tl_threadpool_new(p->n_threads > 0 ? p->n_threads : tl_cpu_count());
     if (!m->tp) return tl_set_error(TL_ERR_NOMEM, "cannot start %d worker threads", p->n_threads);
@@ -373,7 +382,29 @@ int tl_model_get_info(const tl_model *m, tl_model_info *o) {
     o->kv_bytes = (size_t)m->kv.n_blocks * m->kv.block_bytes;
     o->isa = tl_isa_name(tl_kernels_isa());
     o->backend = tl_backend_name(m);
+    const tl_kv_layout *l = &m->kv.layout;
+    tl_kv_mode mode = {l->type_k, l->type_v, l->store_h};
+    o->kv_type_v = l->type_v;
+    o->kv_store_h = l->store_h;
+    tl_kv_mode_name(&mode, o->kv_mode, sizeof o->kv_mode);
+    o->kv_token_bytes = l->block_bytes * (size_t)tl_model_depth(m, 0) / (size_t)l->block_size;
     return TL_OK;
+}
+
+size_t tl_model_kv_token_bytes(const tl_model *m, const char *mode_name) {
+    tl_kv_mode mode;
+    tl_kv_layout l;
+    if (!m || !m->kv.n_blocks) {
+        tl_set_error(TL_ERR_INVALID_ARG, "tl_model_kv_token_bytes: no model with a KV cache");
+        return 0;
+    }
+    if (tl_kv_mode_parse(mode_name, "mode", &mode)) return 0;
+    if (tl_kv_layout_init(&l, mode.type_k, mode.type_v, mode.store_h, m->kv.block_size, m->hp.n_head_kv,
+                          m->hp.head_dim, m->hp.n_embd)) {
+        tl_set_error(TL_ERR_UNSUPPORTED, "KV mode %s needs an even row length", mode_name);
+        return 0;
+    }
+    return l.block_bytes * (size_t)tl_model_depth(m, 0) / (size_t)l.block_size;
 }
 
 /* ---- tokenizer wrappers ------------------------------------------------------- */

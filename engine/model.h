@@ -82,11 +82,11 @@ struct tl_model {
 /* backend.c */
 /* What a backend gets to build its copy of m (layer_window: n_layer ints the
  * caller owns). */
-void tl_backend_describe(const tl_model *m, int n_blocks, int block_size, int kv_type, int *layer_window,
+void tl_backend_describe(const tl_model *m, int n_blocks, const tl_kv_layout *kv, int *layer_window,
                          tl_backend_model *out);
 /* Picks the backend; *n_blocks may grow when kv_auto and the backend's
  * memory holds more (up to kv_blocks_max). */
-int tl_backend_select(tl_model *m, int *n_blocks, int block_size, int kv_type, int kv_auto, int kv_blocks_max);
+int tl_backend_select(tl_model *m, int *n_blocks, const tl_kv_layout *kv, int kv_auto, int kv_blocks_max);
 /* Most tokens one forward pass may take (INT_MAX on the CPU). */
 int tl_backend_max_tokens(const tl_model *m);
 /* Largest top_k the backend samples on its device; 0 = none (CPU). */

@@ -55,18 +55,29 @@ double tl_clock(void);
 typedef struct tl_model tl_model;
 typedef struct tl_seq tl_seq;
 
-enum tl_kv_type { TL_KV_F16 = 0, TL_KV_F32 = 1 };
+/* KV cache element types (see engine/kv_layout.h for the block layout):
+ * q8 = int8 with one f16 scale per group of 32 along the head dimension,
+ * q4 = 4-bit with one f16 scale per group of 32. TL_KV_DEFAULT: the mode
+ * comes from the environment at model construction (TINYLOOP_KV_INT8=1:
+ * q8, TINYLOOP_KV_INT4=1: q4, TINYLOOP_KV_H_MODE=1: store-h), else f16. */
+enum tl_kv_type { TL_KV_DEFAULT = -1, TL_KV_F16 = 0, TL_KV_F32 = 1, TL_KV_Q8 = 2, TL_KV_Q4 = 3 };
 
 typedef struct tl_model_params {
     int n_threads;       /* worker threads for compute; <= 0: online cores */
     int max_seq_len;     /* tokens per sequence; <= 0: the model's context length */
     size_t kv_mem;       /* bytes for the KV block arena; 0: enough for 4 full sequences at default loops */
     int kv_block_size;   /* tokens per KV block; <= 0: 16 */
-    int kv_type;         /* enum tl_kv_type; default TL_KV_F16 */
+    int kv_type;         /* enum tl_kv_type for K and V; default TL_KV_DEFAULT (environment, else f16) */
     int loop_start;      /* first looped layer; < 0: from the file (tinyloop.loop_start) */
     int loop_end;        /* one past the last looped layer; < 0: from the file */
     int loop_default;    /* default loops; <= 0: from the file, else 1 */
     int vocab_only;      /* 1: load the tokenizer only (no tensors needed) */
+    /* The KV mode as text; when set it wins over kv_type and the
+     * environment: "f16" | "f32" | "q8" | "q4" (K and V), "<k>,<v>" for
+     * different K and V types (e.g. "q8,f16"), "h" or "h:<type>" for
+     * store-h (the layer's normed input is stored, K and V recomputed from
+     * it when read; "h" = "h:f16"). NULL: use kv_type. */
+    const char *kv_mode;
 } tl_model_params;
 /* The compute backend is chosen when a model opens: TINYLOOP_BACKEND=cpu |
  * cuda | auto (default). auto uses the CUDA plugin (libtinyloop-cuda.so,
@@ -93,7 +104,17 @@ typedef struct tl_model_info {
     size_t weight_bytes, kv_bytes;
     const char *isa; /* CPU kernel level in use */
     const char *backend; /* "cpu" or the plugin's name ("cuda") */
+    int kv_type_v;       /* V's type (kv_type is K's); store-h: h's type in both */
+    int kv_store_h;      /* 1: store-h mode */
+    char kv_mode[16];    /* canonical mode name: "f16", "q8,f16", "h:q8", ... */
+    size_t kv_token_bytes; /* KV bytes one token costs over all layers at the default loops */
 } tl_model_info;
+
+/* KV bytes one token costs in `mode` (a kv_mode string) on this model, over
+ * all layers at the default loops, block rounding included; 0 with the
+ * error set when the mode does not parse or does not fit the model. Lets
+ * `info` print every mode's cost for capacity planning. */
+size_t tl_model_kv_token_bytes(const tl_model *model, const char *mode);
 
 int tl_model_get_info(const tl_model *model, tl_model_info *out);
 

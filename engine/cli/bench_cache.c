@@ -135,7 +135,9 @@ static void bench_memory(tl_model *m, int prefix) {
 static void bench_radix(void) {
     enum { ENTRIES = 10000, ELEN = 64, PROMPT = 4096 };
     tl_kv_pool kv;
-    if (tl_kv_pool_init(&kv, ENTRIES * 8 + PROMPT, 16, 1, TL_KV_F16, 1)) return;
+    tl_kv_layout layout;
+    tl_kv_layout_init(&layout, TL_KVT_F16, TL_KVT_F16, 0, 16, 1, 1, 1);
+    if (tl_kv_pool_init(&kv, ENTRIES * 8 + PROMPT, &layout, 1)) return;
     tl_radix t;
     tl_radix_init(&t, &kv);
     int ns = tl_radix_namespace(&t, 1, 0, 0, 1);

@@ -17,7 +17,7 @@ static void usage(void) {
             "  tinyloop bench [-m MODEL]... [-n N] [--prompt-len P] [--batch B]\n"
             "  tinyloop bench cache [-m MODEL]...   (prefix-cache TTFT, chat, memory, radix timings)\n"
             "  tinyloop bench tokenize [-m VOCAB]... [-f TEXTFILE] [-r RUNS]\n"
-            "common options: -t THREADS  --max-seq-len N  --kv f16|f32  --kv-mem MB\n"
+            "common options: -t THREADS  --max-seq-len N  --kv f16|f32|q8|q4|K,V|h|h:TYPE  --kv-mem MB\n"
             "                --loop-start S --loop-end E --loop-default D\n");
 }
 
@@ -84,9 +84,8 @@ static int parse_opts(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--prompt-len")) TAKE(parse_int(a, v, &o->prompt_len));
         else if (!strcmp(a, "--batch")) TAKE(parse_int(a, v, &o->batch));
         else if (!strcmp(a, "--kv")) {
-            if (v && !strcmp(v, "f16")) o->mp.kv_type = TL_KV_F16;
-            else if (v && !strcmp(v, "f32")) o->mp.kv_type = TL_KV_F32;
-            else { fprintf(stderr, "tinyloop: --kv expects f16 or f32, got '%s'\n", v ? v : ""); return -1; }
+            if (!v) { fprintf(stderr, "tinyloop: --kv expects a KV mode (f16, f32, q8, q4, q8,f16, h, h:q8)\n"); return -1; }
+            o->mp.kv_mode = v; /* checked when the model opens */
             i++;
         } else if (!strcmp(a, "--ids")) o->ids = 1;
         else if (!strcmp(a, "--no-special")) o->no_special = 1;
@@ -260,8 +259,15 @@ static int cmd_info(opts *o) {
     printf("weights       %.2f MiB\n", (double)i.weight_bytes / (1 << 20));
     extern int tl_cli_print_tensor_types(const char *path);
     tl_cli_print_tensor_types(o->models[0]);
-    printf("kv cache      %d blocks x %d tokens, %s, %.2f MiB\n", i.kv_blocks_total, i.kv_block_size,
-           i.kv_type == TL_KV_F32 ? "f32" : "f16", (double)i.kv_bytes / (1 << 20));
+    printf("kv cache      %d blocks x %d tokens, %s, %.2f MiB, %zu bytes/token\n", i.kv_blocks_total,
+           i.kv_block_size, i.kv_mode, (double)i.kv_bytes / (1 << 20), i.kv_token_bytes);
+    static const char *const modes[] = {"f16", "f32", "q8", "q4", "h:f16", "h:q8"};
+    printf("kv modes      bytes/token:");
+    for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++)
+        printf(" %s %zu", modes[k], tl_model_kv_token_bytes(m, modes[k]));
+    /* store-h pays when the model's K+V rows are wider than its hidden state */
+    printf("; store-h %s memory here\n",
+           tl_model_kv_token_bytes(m, "h:f16") < tl_model_kv_token_bytes(m, "f16") ? "saves" : "does not save");
     printf("threads       %d\ncpu kernels   %s\nbackend       %s\n", i.n_threads, i.isa, i.backend);
     tl_model_close(m);
     return 0;

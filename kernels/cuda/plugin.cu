@@ -231,7 +231,10 @@ static int init_inner(plugin *p, const tl_backend_model *m, char *msg, size_t ca
         m->head_dim);
     REQ(m->rope_type == TL_CUDA_ROPE_NORM || m->rope_type == TL_CUDA_ROPE_NEOX, "rope_type %d", m->rope_type);
     REQ(m->ffn_act == 0 || m->ffn_act == 1, "ffn_act %d", m->ffn_act);
-    REQ(m->kv_type == TL_CUDA_KV_F16 || m->kv_type == TL_CUDA_KV_F32, "kv_type %d", m->kv_type);
+    REQ((m->kv_type == TL_CUDA_KV_F16 || m->kv_type == TL_CUDA_KV_F32) && m->kv_layout.type_v == m->kv_type &&
+            !m->kv_layout.store_h,
+        "KV mode (K type %d, V type %d, store-h %d): the CUDA backend holds f16 or f32 K and V", m->kv_type,
+        m->kv_layout.type_v, m->kv_layout.store_h);
     REQ(m->kv_blocks > 0 && m->kv_block_size > 0, "KV arena of %d blocks of %d positions", m->kv_blocks,
         m->kv_block_size);
     REQ(m->max_batch_tokens > 0, "max_batch_tokens %d (must be > 0)", m->max_batch_tokens);

@@ -317,7 +317,22 @@ local MODEL_KEYS = keyset {
     "max_seq_len", "n_threads", "kv_mem", "kv_block_size", "kv_type", "loop_start", "loop_end",
     "loop_default", "vocab_only",
 }
-local KV_TYPES = { f16 = 0, f32 = 1 }
+local KV_ROW = { f16 = true, f32 = true, q8 = true, q4 = true }
+local KV_MODES_SHOWN = { "f16", "f32", "q8", "q4", "h:f16", "h:q8" }
+
+-- A KV mode: "f16" | "f32" | "q8" | "q4", "<k>,<v>" (e.g. "q8,f16") or
+-- store-h, "h" / "h:<type>".
+local function kv_mode_ok(v)
+    if type(v) ~= "string" then return false end
+    if v == "h" then return true end
+    local ht = v:match("^h:(%w+)$")
+    if ht then return KV_ROW[ht] == true end
+    local k, rest = v:match("^(%w+)(.*)$")
+    if not k or not KV_ROW[k] then return false end
+    if rest == "" then return true end
+    local vt = rest:match("^,(%w+)$")
+    return vt ~= nil and KV_ROW[vt] == true
+end
 
 
 local function closed(name, level)
@@ -342,7 +357,9 @@ end
 
 
 -- Model(path, opts): opens a GGUF file. opts: max_seq_len, n_threads,
--- kv_mem (bytes), kv_block_size, kv_type ("f16" | "f32"), loop_start,
+-- kv_mem (bytes), kv_block_size, kv_type (a KV mode: "f16" | "f32" | "q8" |
+-- "q4" | "<k>,<v>" | "h" | "h:<type>"; unset: TINYLOOP_KV_INT8 / _INT4 /
+-- _H_MODE, else "f16"), loop_start,
 -- loop_end, loop_default, vocab_only. Unset: the C defaults.
 function _M.Model(path, opts)
     if type(path) ~= "string" then
@@ -362,11 +379,11 @@ function _M.Model(path, opts)
     end
     p.kv_block_size = opt_int("Model", "kv_block_size", o.kv_block_size, p.kv_block_size, 0, 2)
     if o.kv_type ~= nil then
-        local t = KV_TYPES[o.kv_type]
-        if not t then
-            bad("Model", "kv_type", "expected \"f16\" or \"f32\", got " .. show(o.kv_type))
+        if not kv_mode_ok(o.kv_type) then
+            bad("Model", "kv_type", "expected a KV mode (\"f16\", \"f32\", \"q8\", \"q4\", \"q8,f16\", \"h\", "
+                .. "\"h:q8\"), got " .. show(o.kv_type))
         end
-        p.kv_type = t
+        p.kv_mode = o.kv_type -- o holds the string while tl_model_open reads it
     end
     p.loop_start = opt_int("Model", "loop_start", o.loop_start, p.loop_start, 0, 2)
     p.loop_end = opt_int("Model", "loop_end", o.loop_end, p.loop_end, 0, 2)
@@ -428,6 +445,16 @@ function Model:is_closed()
 end
 
 
+-- Bytes per token of each KV mode on this model (capacity planning).
+local function kv_mode_bytes(h)
+    local t = {}
+    for k = 1, #KV_MODES_SHOWN do
+        local mode = KV_MODES_SHOWN[k]
+        t[mode] = tonumber(C.tl_model_kv_token_bytes(h, mode))
+    end
+    return t
+end
+
 function Model:info()
     local h = self.h or closed("info", 2)
     C.tl_model_get_info(h, info_buf)
@@ -438,7 +465,8 @@ function Model:info()
         n_ctx_train = i.n_ctx_train, max_seq_len = i.max_seq_len, loop_start = i.loop_start,
         loop_end = i.loop_end, loop_default = i.loop_default, rope_freq_base = i.rope_freq_base,
         norm_eps = i.norm_eps, bos = i.bos, eos = i.eos, n_threads = i.n_threads,
-        kv_block_size = i.kv_block_size, kv_type = i.kv_type == 1 and "f32" or "f16",
+        kv_block_size = i.kv_block_size, kv_type = ffi_string(i.kv_mode), kv_store_h = i.kv_store_h == 1,
+        kv_token_bytes = tonumber(i.kv_token_bytes), kv_mode_bytes = kv_mode_bytes(h),
         kv_blocks_total = i.kv_blocks_total, kv_blocks_free = i.kv_blocks_free,
         weight_bytes = tonumber(i.weight_bytes), kv_bytes = tonumber(i.kv_bytes),
         isa = i.isa ~= nil and ffi_string(i.isa) or nil,
