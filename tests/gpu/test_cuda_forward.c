@@ -83,7 +83,7 @@ typedef struct runner {
 static void fill_backend_model(runner *r, int max_batch) {
     tl_model *m = r->m;
     r->layer_window = calloc((size_t)m->hp.n_layer, sizeof(int));
-    tl_backend_describe(m, m->kv.n_blocks, m->kv.block_size, m->kv.kv_type, r->layer_window, &r->bm);
+    tl_backend_describe(m, m->kv.n_blocks, &m->kv.layout, r->layer_window, &r->bm);
     r->bm.max_batch_tokens = max_batch;
 }
 
