@@ -96,9 +96,10 @@ $(ASAN_TESTS): build/tests-asan/%: build/asan/tests/c/%.o $(TSUP_SRC:%.c=build/a
 # test-cuda) runs the same GPU tests on a real device.
 test test-asan: export TINYLOOP_BACKEND ?= cpu
 
-# make test: every test (C, CLI, Lua specs, nginx, the GPU tests on the emulation), one summary line.
+# make test: every test (C, CLI, the equivalence tests again in each lossy KV mode, Lua specs,
+# nginx, the GPU tests on the emulation), one summary line.
 test: deps all $(TESTS) $(EMU_TESTS)
-	@sh tests/run.sh build/tests $(TESTS) $(EMU_TESTS) tests/cli/test_cli.sh tests/spec/run.sh tests/integration/run.sh
+	@sh tests/run.sh build/tests $(TESTS) $(EMU_TESTS) tests/cli/test_cli.sh tests/kv_modes.sh tests/spec/run.sh tests/integration/run.sh
 
 test-asan: deps-check build/libtinyloop-asan.a $(ASAN_TESTS) $(EMU_ASAN_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \

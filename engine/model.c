@@ -387,7 +387,8 @@ int tl_model_get_info(const tl_model *m, tl_model_info *o) {
     o->kv_type_v = l->type_v;
     o->kv_store_h = l->store_h;
     tl_kv_mode_name(&mode, o->kv_mode, sizeof o->kv_mode);
-    o->kv_token_bytes = l->block_bytes * (size_t)tl_model_depth(m, 0) / (size_t)l->block_size;
+    /* A vocab-only model has no KV layout (block_size 0): no bytes per token. */
+    o->kv_token_bytes = l->block_size ? l->block_bytes * (size_t)tl_model_depth(m, 0) / (size_t)l->block_size : 0;
     return TL_OK;
 }
 

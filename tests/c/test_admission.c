@@ -81,6 +81,7 @@ int main(void) {
     snprintf(path, sizeof path, "/tmp/tl_admission_%d.gguf", (int)getpid());
     tm_write(&s, path);
     tl_model_params mp = tl_model_default_params();
+    mp.kv_type = TL_KV_F16; /* the arena is sized in f16 blocks, whatever TINYLOOP_KV_* says */
     mp.kv_mem = 16 * (2 * 16 * 32 * 2); /* 16 blocks of 16 positions x 2 layers: 128 positions */
     tl_model_open(path, mp, &model);
     CHECK(model != NULL, "the model opens (%s)", tl_last_error());

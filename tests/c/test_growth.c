@@ -26,6 +26,7 @@ static tl_model *open_model(const char *name, size_t kv_blocks) {
     tm_write(&s, path);
     tl_model_params mp = tl_model_default_params();
     mp.n_threads = 1;
+    mp.kv_type = TL_KV_F16; /* the arena is sized in f16 blocks, whatever TINYLOOP_KV_* says */
     if (kv_blocks) mp.kv_mem = kv_blocks * (2 * 16 * 32 * 2); /* blocks of 16 positions, one layer each */
     tl_model *m = NULL;
     tl_model_open(path, mp, &m);

@@ -38,10 +38,12 @@ static void test_reference(const char *shared) {
     }
     /* every ISA level gives the same greedy tokens on the first prompt */
     int best = tl_kernels_isa();
+    tl_model_params f16 = tl_model_default_params();
+    f16.kv_type = TL_KV_F16; /* llama.cpp's reference ran with f16 KV, whatever TINYLOOP_KV_* says */
     for (int isa = TL_ISA_SCALAR; isa <= best; isa++) {
         if (tl_kernels_set_isa(isa) != isa) continue;
         tl_model *m = NULL;
-        if (tl_model_open(path, tl_model_default_params(), &m)) continue;
+        if (tl_model_open(path, f16, &m)) continue;
         int32_t gen[64];
         tl_generate_params gp = tl_generate_default_params();
         gp.max_tokens = cases[0].n_gen;
@@ -181,8 +183,10 @@ static void test_quant_twins(void) {
         s.twin_f32 = 1;
         tm_write(&s, fp);
         tl_model *mq = NULL, *mf = NULL;
-        tl_model_open(qp, tl_model_default_params(), &mq);
-        tl_model_open(fp, tl_model_default_params(), &mf);
+        tl_model_params mp = tl_model_default_params();
+        mp.kv_type = TL_KV_F16; /* the tolerance is the weights' quantization alone */
+        tl_model_open(qp, mp, &mq);
+        tl_model_open(fp, mp, &mf);
         CHECK(mq && mf, "%s model and its f32 twin open (%s)", tl_type_info(type)->name, tl_last_error());
         if (mq && mf) {
             int32_t toks[20];
@@ -333,6 +337,7 @@ static void test_errors_and_sampling(void) {
     const char *path = tmp_path("err");
     tm_write(&s, path);
     tl_model_params mp = tl_model_default_params();
+    mp.kv_type = TL_KV_F16; /* the arena is sized in f16 blocks, whatever TINYLOOP_KV_* says */
     mp.kv_mem = 6 * (2 * 16 * 32 * 2); /* 6 blocks of K+V (16 x kv_dim 32, f16): 3 logical blocks at 2 layers */
     mp.max_seq_len = 200;
     tl_model *m = NULL;
