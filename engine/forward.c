@@ -33,7 +33,10 @@ typedef struct tl_scratch {
     int32_t *chunk_t0;       /* attention query chunks: tokens [chunk_t0[i], chunk_t0[i+1]), n_chunks + 1 entries */
     int n_chunks;
     int att_qc;              /* tokens per query chunk at most */
-    float *scores;           /* per thread: (att_qc, group, max_seq_len) scores + (block_size, head_dim) K/V rows */
+    float *scores;           /* per thread: (att_qc, group, max_seq_len) scores + (block_size, head_dim) K/V rows
+                              * + with k_direct, (att_qc, group) queries as q8_0 rows of qq_bytes */
+    int k_direct;            /* K rows are ggml q8_0 / q4_0 rows: scores from the int8 dot kernels */
+    size_t qq_bytes;
     uint8_t *gemm_work;      /* per thread: tl_gemm_work_size(widest input) bytes */
     size_t gemm_work_stride;
     size_t scores_stride;
@@ -120,8 +123,16 @@ int tl_forward_init(tl_model *m) {
      * are kept to about 4 MiB per thread. */
     int64_t qc = ((int64_t)1 << 20) / ((int64_t)group * m->max_seq_len);
     m->scratch->att_qc = qc < 1 ? 1 : qc > 16 ? 16 : (int)qc;
+    /* q8 / q4 K in groups of 32 is, row for row, ggml's q8_0 / q4_0: the
+     * queries are quantized to q8_0 once per chunk and the scores come from
+     * the weight kernels' int8 dot products (VNNI where present), so K is
+     * never widened to f32 (as llama.cpp's CPU path does for a q8_0 cache). */
+    const tl_kv_layout *l = &m->kv.layout;
+    m->scratch->k_direct = !l->store_h && l->group == 32 && (l->type_k == TL_KVT_Q8 || l->type_k == TL_KVT_Q4);
+    m->scratch->qq_bytes = m->scratch->k_direct ? tl_row_size(TL_TYPE_Q8_0, m->hp.head_dim) : 0;
+    size_t qq_floats = ((size_t)m->scratch->att_qc * group * m->scratch->qq_bytes + 3) / 4;
     m->scratch->scores_stride = ((size_t)m->scratch->att_qc * group * m->max_seq_len +
-                                 (size_t)m->kv.block_size * m->hp.head_dim + 15) & ~(size_t)15;
+                                 (size_t)m->kv.block_size * m->hp.head_dim + qq_floats + 15) & ~(size_t)15;
     size_t n = (size_t)tl_threadpool_size(m->tp) * m->scratch->scores_stride;
     m->scratch->scores = tl_alloc_aligned(n * sizeof(float));
     if (!m->scratch->scores) return tl_set_error(TL_ERR_NOMEM, "out of memory for attention scores");
@@ -319,6 +330,40 @@ static float dot_small(const float *a, const float *b, int n) {
     return s;
 }
 
+/* Scores of tokens [ta, tb) (queries quantized in qq, one q8_0 row per
+ * token and query head of the group) against K rows of head kh in logical
+ * block b, read as q8_0 / q4_0 rows in place. One tile call covers the rows
+ * any token of the chunk sees; a token's cells outside its own window or
+ * past its position are written but never read (its softmax runs over
+ * [first, pos] only). Each cell is bitwise tl_vec_dot of its pair, so a
+ * token's scores do not depend on the chunk it is in. */
+static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, int ta, int tb, const uint8_t *qq,
+                            float *scores) {
+    const tl_kv_pool *kv = &c->m->kv;
+    const tl_kv_layout *l = &kv->layout;
+    const tl_scratch *s = c->m->scratch;
+    int hd = c->m->hp.head_dim, bs = kv->block_size, group = c->m->hp.n_head / c->m->hp.n_head_kv;
+    size_t msl = (size_t)c->m->max_seq_len;
+    int w = seq->window;
+    if (c->layer_window > 0 && (w == 0 || c->layer_window < w)) w = c->layer_window;
+    int lo = bs, hi = 0;
+    for (int t = ta; t < tb; t++) {
+        int pos = s->tok_pos[t], j0 = w > 0 && pos >= w ? pos - w + 1 : 0;
+        if (b < j0 / bs || b > pos / bs) continue;
+        int r0 = b == j0 / bs ? j0 % bs : 0, r1 = b == pos / bs ? pos % bs + 1 : bs;
+        if (r0 < lo) lo = r0;
+        if (r1 > hi) hi = r1;
+    }
+    if (lo >= hi) return;
+    int id = seq->bt.ids[b * seq->bt.depth + c->vl];
+    const uint8_t *k = tl_kv_k(kv, id) + tl_kv_row_off(l, kh, lo, l->row_bytes_k);
+    int type = l->type_k == TL_KVT_Q8 ? TL_TYPE_Q8_0 : TL_TYPE_Q4_0;
+    float *out = scores + (size_t)b * bs + lo;
+    tl_vec_dot_tile(type, hd, hi - lo, (tb - ta) * group, out, msl, k, l->row_bytes_k, qq, s->qq_bytes);
+    for (int p = 0; p < (tb - ta) * group; p++)
+        for (int r = 0; r < hi - lo; r++) out[(size_t)p * msl + r] *= c->scale;
+}
+
 /* One task = one KV head and one chunk of consecutive tokens of a
  * sequence: each K/V block is converted once for the chunk, and the query
  * heads of the group share it. Every token still computes its scores, its
@@ -334,6 +379,7 @@ static void att_task(void *p, int ith, int nth) {
     size_t msl = (size_t)m->max_seq_len, tok_scores = (size_t)group * msl;
     float *scores = s->scores + (size_t)ith * s->scores_stride;
     float *kbuf = scores + (size_t)s->att_qc * tok_scores;
+    uint8_t *qq = (uint8_t *)(kbuf + (size_t)bs * hd);
     int total = (c->c1 - c->c0) * hp->n_head_kv;
     for (int i = ith; i < total; i += nth) {
         int ci = c->c0 + i / hp->n_head_kv, kh = i % hp->n_head_kv;
@@ -344,7 +390,15 @@ static void att_task(void *p, int ith, int nth) {
         if (c->layer_window > 0 && (w == 0 || c->layer_window < w)) w = c->layer_window;
 #define FIRST_POS(pos) (w > 0 && (pos) >= w ? (pos) - w + 1 : 0)
         int b_first = FIRST_POS(s->tok_pos[ta]) / bs, pos_last = s->tok_pos[tb - 1];
-        for (int b = b_first; b <= pos_last / bs; b++) {
+        if (s->k_direct) {
+            for (int t = ta; t < tb; t++)
+                for (int g = 0; g < group; g++)
+                    tl_quantize_row(TL_TYPE_Q8_0, s->q + (size_t)t * hp->n_head * hd + (size_t)(kh * group + g) * hd,
+                                    qq + ((size_t)(t - ta) * group + g) * s->qq_bytes, hd);
+        }
+        for (int b = b_first; s->k_direct && b <= pos_last / bs; b++)
+            k_direct_scores(c, seq, b, kh, ta, tb, qq, scores);
+        for (int b = b_first; !s->k_direct && b <= pos_last / bs; b++) {
             int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
             size_t ld;
             const float *k = att_rows(c, seq, b, kh, 0, rows, kbuf, &ld);

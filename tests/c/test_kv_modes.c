@@ -351,9 +351,17 @@ static double batch_vs_alone(tl_model *m, const int32_t *toks, int nv) {
 
 static void test_equivalences(void) {
     static const char *const modes[] = {"q8", "q4", "q8,f16", "f16,q4", "q4,q8", "f32,q8", "h:f16", "h:q8", "h:q4"};
-    tm_spec specs[TM_ARCH_CASES];
-    const char *names[TM_ARCH_CASES];
+    tm_spec specs[TM_ARCH_CASES + 1];
+    const char *names[TM_ARCH_CASES + 1];
     int n_arch = tm_arch_cases(specs, names);
+    /* head_dim 64: q8 / q4 K rows are q8_0 / q4_0 rows and attention reads
+     * them with the int8 dot kernels (the cases above have head_dim 16,
+     * except Gemma's 64 with one KV head for four query heads) */
+    specs[n_arch] = tm_default_spec();
+    specs[n_arch].n_embd = 128;
+    specs[n_arch].n_head = specs[n_arch].n_head_kv = 2;
+    specs[n_arch].seed = 9;
+    names[n_arch++] = "llama head_dim 64";
     const int quick = getenv("TL_TEST_QUICK") != NULL;
     for (int a = 0; a < n_arch; a++) {
         const char *path = tmp_path("arch");
