@@ -9,7 +9,6 @@ local ffi_new, ffi_gc = ffi.new, ffi.gc
 local type, tonumber, error, setmetatable, getmetatable = type, tonumber, error, setmetatable, getmetatable
 local format = string.format
 local show, bad, raise_rc, opt_int = args.show, args.bad, args.raise_rc, args.opt_int
-local next = next
 
 local _M = {}
 
@@ -189,19 +188,11 @@ end
 function Pool:stats()
     C.tl_pool_get_stats(pool_handle(self, "stats", 2), pstats_buf)
     local s = pstats_buf[0]
-    -- entry_bytes: name -> bytes of each named entry (Pool:entry_bytes)
-    local named, names = {}, live_names(self)
-    if names then
-        for name, e in next, names do
-            named[name] = e.bytes
-        end
-    end
     return {
         size = s.size, capacity = s.capacity, policy = POOL_POLICY_NAME[s.policy] or "shortest",
         total_cached_tokens = tonumber(s.total_cached_tokens), lookups = tonumber(s.lookups),
         hits = tonumber(s.hits), hit_tokens = tonumber(s.hit_tokens),
         registrations = tonumber(s.registrations), evictions = tonumber(s.evictions),
-        entry_bytes = named,
     }
 end
 
