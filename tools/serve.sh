@@ -2,6 +2,7 @@
 # serve.sh - one tinyloop engine instance in the foreground on localhost
 # (examples/nginx.conf under a temporary prefix). `make serve`; any GGUF via MODEL=.
 #   MODEL=../shared/models/stories260K.gguf PORT=8080 sh tools/serve.sh
+# KV_TYPE=q8 (or TINYLOOP_KV_TYPE) picks the KV cache mode (lua/README.md).
 set -eu
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DEFAULT_MODEL="${TINYLOOP_MODELS:-$HOME/.cache/tinyloop/models}/gemma-3-270m-q4_k_m.gguf"
@@ -34,6 +35,7 @@ EOF
 } > "$PREFIX/nginx.conf"
 export TINYLOOP_MAX_SEQ_LEN="${MAX_SEQ_LEN:-}"
 export TINYLOOP_INSTANCE="${INSTANCE:-serve}"
+export TINYLOOP_KV_TYPE="${KV_TYPE:-${TINYLOOP_KV_TYPE:-}}"
 URL="http://127.0.0.1:$PORT"
 echo "tinyloop serving $MODEL at $URL (Ctrl-C stops)"
 echo "  curl -s $URL/v1/chat/completions -H 'Content-Type: application/json' -d '{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story\"}],\"max_tokens\":64}'"

@@ -320,6 +320,9 @@ local MODEL_KEYS = keyset {
 local KV_ROW = { f16 = true, f32 = true, q8 = true, q4 = true }
 local KV_MODES_SHOWN = { "f16", "f32", "q8", "q4", "h:f16", "h:q8" }
 
+local KV_MODE_EXPECTED = "expected a KV mode (\"f16\", \"f32\", \"q8\", \"q4\", \"q8,f16\", \"h\", \"h:q8\")"
+_M.KV_MODE_EXPECTED = KV_MODE_EXPECTED
+
 -- A KV mode: "f16" | "f32" | "q8" | "q4", "<k>,<v>" (e.g. "q8,f16") or
 -- store-h, "h" / "h:<type>".
 local function kv_mode_ok(v)
@@ -333,6 +336,8 @@ local function kv_mode_ok(v)
     local vt = rest:match("^,(%w+)$")
     return vt ~= nil and KV_ROW[vt] == true
 end
+-- for the server, which checks TINYLOOP_KV_TYPE before it opens a model
+_M.kv_mode_ok = kv_mode_ok
 
 
 local function closed(name, level)
@@ -380,8 +385,7 @@ function _M.Model(path, opts)
     p.kv_block_size = opt_int("Model", "kv_block_size", o.kv_block_size, p.kv_block_size, 0, 2)
     if o.kv_type ~= nil then
         if not kv_mode_ok(o.kv_type) then
-            bad("Model", "kv_type", "expected a KV mode (\"f16\", \"f32\", \"q8\", \"q4\", \"q8,f16\", \"h\", "
-                .. "\"h:q8\"), got " .. show(o.kv_type))
+            bad("Model", "kv_type", KV_MODE_EXPECTED .. ", got " .. show(o.kv_type))
         end
         p.kv_mode = o.kv_type -- o holds the string while tl_model_open reads it
     end
@@ -412,10 +416,17 @@ function _M.Model(path, opts)
     local info = info_buf[0]
     local max_seq_len = info.max_seq_len
     local cap = max_seq_len > 256 and max_seq_len or 256
+    -- The KV mode is fixed when the model opens, so stats() and the pool's
+    -- entry_bytes read these copies instead of asking C each time. Block
+    -- bytes are exact (kv_bytes is n_blocks x block_bytes); kv_token_bytes
+    -- is that spread over a block's tokens, rounded down by C.
+    local blocks = info.kv_blocks_total
     return setmetatable({
         h = h, _st = st, path = path,
         n_vocab = info.n_vocab, max_seq_len = max_seq_len, bos = info.bos, eos = info.eos,
         loop_default = info.loop_default, vocab_only = o.vocab_only == true,
+        _kv_mode = ffi_string(info.kv_mode), _kv_token_bytes = tonumber(info.kv_token_bytes),
+        _kv_block_bytes = blocks > 0 and tonumber(info.kv_bytes) / blocks or 0,
         _in = ffi_new(int32_vla, cap), _in_cap = cap,
         _out = ffi_new(int32_vla, cap), _out_cap = cap,
         _chars = ffi_new(char_vla, 1024), _chars_cap = 1024,
@@ -669,16 +680,24 @@ function Model:generate(prompt, opts)
 end
 
 
--- register_prefix(pool, tokens, { loops = 0, cache_window = 0 }) -> n.
+-- register_prefix(pool, tokens, { loops = 0, cache_window = 0, name }) -> n.
 -- Prefills tokens once and pins them in pool under (tokens, loops,
--- cache_window). Returns #tokens, also when the key is already there (a
+-- cache_window); name (a string) labels the entry for pool:entry_bytes(name).
+-- Returns #tokens, also when the key is already there (a
 -- no-op); returns 0 plus a reason (and code) on invalid arguments (nil
 -- pool, no tokens, more than max_seq_len) or a prefix the model cannot
 -- build (vocab-only), as docs/prefix-pool.md says; nil, "out of memory: ...", code
 -- when the KV arena cannot hold it. Raises on a closed model and on misuse
 -- (a pool argument that is not a PrefixPool, a freed pool, ids that are
 -- not valid tokens, negative loops/cache_window).
-local REG_KEYS = keyset { "loops", "cache_window", "n" }
+local REG_KEYS = keyset { "loops", "cache_window", "n", "name" }
+
+local function opt_name(fname, v)
+    if v ~= nil and type(v) ~= "string" then
+        bad(fname, "name", "expected a string, got " .. show(v), 3)
+    end
+    return v
+end
 
 function Model:register_prefix(pool, tokens, opts)
     local h = self.h or closed("register_prefix", 2)
@@ -686,6 +705,7 @@ function Model:register_prefix(pool, tokens, opts)
     check_keys("register_prefix", o, REG_KEYS, 2)
     local loops = opt_int("register_prefix", "loops", o.loops, 0, 0, 2)
     local window = opt_int("register_prefix", "cache_window", o.cache_window, 0, 0, 2)
+    local name = opt_name("register_prefix", o.name)
     if pool == nil then
         return 0, "pool is nil"
     end
@@ -702,6 +722,9 @@ function Model:register_prefix(pool, tokens, opts)
     end
     local got = C.tl_pool_register(h, ph, ptr, n, loops, window)
     if got > 0 then
+        if name then
+            pool_mod.name_entry(pool, name, self, n, loops)
+        end
         return got
     end
     -- docs/prefix-pool.md returns 0 for a prefix it cannot take (bad ids, too
@@ -718,13 +741,15 @@ end
 -- registration without waiting for the prefill (for event loops: the
 -- engine thread, or the next steps, run it). Poll with request_state(id);
 -- "done" means the entry is in the pool. Release the id with
--- release_request(id) when done.
+-- release_request(id) when done. opts.name labels the entry at once (its
+-- cost does not depend on the prefill), also when the build later fails.
 function Model:register_prefix_async(pool, tokens, opts)
     local h = self.h or closed("register_prefix_async", 2)
     local o = opt_table("register_prefix_async", opts, 2)
     check_keys("register_prefix_async", o, REG_KEYS, 2)
     local loops = opt_int("register_prefix_async", "loops", o.loops, 0, 0, 2)
     local window = opt_int("register_prefix_async", "cache_window", o.cache_window, 0, 0, 2)
+    local name = opt_name("register_prefix_async", o.name)
     if not is_pool(pool) then
         bad("register_prefix_async", "pool", "expected a tinyloop.PrefixPool, got " .. type(pool))
     end
@@ -736,6 +761,9 @@ function Model:register_prefix_async(pool, tokens, opts)
     local rc = C.tl_pool_register_submit(h, ph, ptr, n, loops, window, id_out)
     if rc ~= 0 then
         raise_rc(rc, "register_prefix_async", 2)
+    end
+    if name then
+        pool_mod.name_entry(pool, name, self, n, loops)
     end
     return tonumber(id_out[0])
 end
@@ -1086,7 +1114,10 @@ function Model:stream_text(prompt, opts)
 end
 
 
--- stats() -> the model's cache statistics (tl_cache_stats) as a table.
+-- stats() -> the model's cache statistics (tl_cache_stats) as a table,
+-- with the KV mode in use (kv_mode, its canonical name as info().kv_type)
+-- and kv_token_bytes (KV bytes per token over all layers at the default
+-- loops), so a dashboard reading stats can turn blocks into bytes.
 function Model:stats()
     local h = self.h or closed("stats", 2)
     C.tl_model_get_stats(h, stats_buf)
@@ -1101,6 +1132,7 @@ function Model:stats()
         cached_tokens = tonumber(s.cached_tokens), blocks_total = s.blocks_total,
         blocks_free = s.blocks_free, blocks_used = s.blocks_used, blocks_shared = s.blocks_shared,
         requests_active = s.requests_active,
+        kv_mode = self._kv_mode, kv_token_bytes = self._kv_token_bytes,
     }
 end
 

@@ -118,6 +118,73 @@ function Pool:set_tenant(tenant)
 end
 
 
+-- ---- named entries and their KV cost -------------------------------------------------------
+--
+-- The C pool keys its entries by (tokens, loops, cache_window) and has no
+-- names. register_prefix(pool, tokens, { name = ... }) labels the entry
+-- here, on the Lua side, with what it costs in the model's KV mode, so
+-- capacity planning ("how many of these fit in kv_mem?") works from the API.
+-- A label is kept until the name is given to another entry or the pool is
+-- freed; the C pool does not say which entry a full pool drops, so an entry
+-- evicted since (stats().evictions) still reports the cost it had.
+-- Closing the model forgets the labels (its entries are gone).
+
+-- name_entry(pool, name, model, n_tokens, loops): called by
+-- Model:register_prefix / register_prefix_async once the entry is in the
+-- pool (or its build is queued). blocks: model:kv_blocks, the blocks a
+-- sequence of n_tokens holds at that loop depth, each of the mode's block
+-- size; bytes: blocks x the exact bytes of one block, with the blocks it
+-- shares with other cached prefixes counted in full (the entry's own
+-- footprint, not what registering it added).
+function _M.name_entry(pool, name, model, n, loops)
+    local blocks = model:kv_blocks(n, loops)
+    local names = pool._names
+    if not names then
+        names = {}
+        pool._names = names
+        -- weak: a pool must not keep its model open
+        pool._model_ref = setmetatable({}, { __mode = "v" })
+    end
+    pool._model_ref[1] = model
+    names[name] = {
+        n_tokens = n, loops = loops, kv_mode = model._kv_mode,
+        blocks = blocks, bytes = blocks * model._kv_block_bytes,
+    }
+end
+
+
+-- The labels, or nil once their model is closed (its entries are gone).
+local function live_names(pool)
+    local names = pool._names
+    if not names then
+        return nil
+    end
+    local m = pool._model_ref[1]
+    if not m or m:is_closed() then
+        pool._names, pool._model_ref = nil, nil
+        return nil
+    end
+    return names
+end
+
+
+-- entry_bytes(name) -> bytes, blocks: the KV memory the entry registered
+-- under name holds in the model's KV mode (exact: blocks x block bytes,
+-- see name_entry). Raises naming the value for a name no entry has.
+function Pool:entry_bytes(name)
+    pool_handle(self, "entry_bytes", 2)
+    if type(name) ~= "string" then
+        bad("entry_bytes", "name", "expected a string, got " .. show(name))
+    end
+    local names = live_names(self)
+    local e = names and names[name]
+    if not e then
+        bad("entry_bytes", "name", "no entry named " .. show(name) .. " in this pool")
+    end
+    return e.bytes, e.blocks
+end
+
+
 function Pool:stats()
     C.tl_pool_get_stats(pool_handle(self, "stats", 2), pstats_buf)
     local s = pstats_buf[0]
@@ -135,6 +202,7 @@ function Pool:free()
     local h = self.h
     if h then
         self.h = nil
+        self._names, self._model_ref = nil, nil
         ffi_gc(h, nil)
         C.tl_pool_free(h)
     end

@@ -19,6 +19,7 @@ local metrics = require "tinyloop.server_metrics"
 local lru = require "tinyloop.lru"
 local textstream = require "tinyloop.textstream"
 local fill_sampling = require("tinyloop.args").fill_sampling
+local show = require("tinyloop.args").show
 
 local C = require("tinyloop.lib").load()
 local ffi_new = ffi.new
@@ -371,13 +372,20 @@ end
 local load_state = { attempts = 0 }
 
 
+-- The model's KV mode and its cost, for /metrics and /health: fixed
+-- once the model is open.
+local kv_info = nil
+
+
 local function open_engine(opts, msl)
     load_state.attempts = load_state.attempts + 1
     local ok, m = pcall(tl.Model, cfg.model, { max_seq_len = msl, kv_mem = opts.kv_mem,
-        n_threads = opts.n_threads })
+        n_threads = opts.n_threads, kv_type = opts.kv_type })
     if not ok then
         return nil, "cannot open model " .. cfg.model .. ": " .. tostring(m)
     end
+    local mi = m:info()
+    kv_info = { mode = mi.kv_type, token_bytes = mi.kv_token_bytes }
     if opts.chat_template then
         local tok, terr = pcall(m.set_chat_template, m, opts.chat_template)
         if not tok then
@@ -441,7 +449,10 @@ end
 -- tokenize_inline_bytes (prompts up to this size tokenize in the handler, larger
 -- ones on the tokenizer thread; default 4096).
 -- metrics_key (Bearer key for /metrics and /health details; $TINYLOOP_METRICS_KEY).
--- $TINYLOOP_MAX_QUEUE and $TINYLOOP_KV_MEM override max_queue and kv_mem.
+-- kv_type (the KV cache mode: "f16", "f32", "q8", "q4", "q8,f16", "h", "h:q8", ...;
+-- unset: the engine reads $TINYLOOP_KV_INT8 / _INT4 / _H_MODE, else f16).
+-- $TINYLOOP_MAX_QUEUE, $TINYLOOP_KV_MEM and $TINYLOOP_KV_TYPE override max_queue,
+-- kv_mem and kv_type.
 function _M.init_worker(opts)
     opts = opts or {}
     cfg = opts
@@ -469,6 +480,19 @@ function _M.init_worker(opts)
     tok_buf = ffi_new("int32_t[?]", TOK_CAP)
     if not cfg.model then
         load_state.reason = "no model configured (set TINYLOOP_MODEL or pass model =)"
+        ngx_log(ERR, "tinyloop: ", load_state.reason)
+        return
+    end
+    -- A bad KV mode is a configuration error: checked here, naming where it
+    -- came from, and not retried (every attempt would fail the same way).
+    local kv_env = os.getenv("TINYLOOP_KV_TYPE")
+    if kv_env == "" then
+        kv_env = nil
+    end
+    opts.kv_type = kv_env or opts.kv_type
+    if opts.kv_type ~= nil and not tl.kv_mode_ok(opts.kv_type) then
+        load_state.reason = format("bad %s: %s, got %s", kv_env and "TINYLOOP_KV_TYPE" or "kv_type",
+            tl.KV_MODE_EXPECTED, show(opts.kv_type))
         ngx_log(ERR, "tinyloop: ", load_state.reason)
         return
     end
@@ -1008,6 +1032,7 @@ function _M.health(opts)
         queued = st and st.requests_queued or 0, running = st and st.requests_active or 0,
         notify = engine and engine.notify_mode or cjson.null, pid = ngx.worker.pid(),
         policy = policy_rt and policy_rt.current and policy_rt.current.version or cjson.null,
+        kv_mode = kv_info and kv_info.mode or cjson.null,
         reason = not engine and (load_state.reason or "the model is loading") or nil,
         retry_in = not engine and load_state.next_at
             and math.floor(math.max(0, load_state.next_at - ngx_now()) * 10 + 0.5) / 10 or nil,
@@ -1026,6 +1051,7 @@ function _M.metrics()
         in_flight = in_flight,
         policy_reloads = reload_counter and reload_counter() or 0,
         pinned_pools = pinned:count(), tenant_ids = tids:count(),
+        kv_mode = kv_info and kv_info.mode, kv_token_bytes = kv_info and kv_info.token_bytes,
     }))
 end
 

@@ -76,7 +76,8 @@ local HELP = {
 
 
 -- render(stats, extra) -> text. stats: engine snapshot (server_engine:stats());
--- extra: { policy_reloads =, in_flight =, notify_mode =, pinned_pools =, tenant_ids = }.
+-- extra: { policy_reloads =, in_flight =, notify_mode =, pinned_pools =, tenant_ids =,
+-- kv_mode =, kv_token_bytes = } (the KV ones nil until a model is open).
 function _M.render(st, extra)
     local out = {}
     local function add(s)
@@ -145,6 +146,16 @@ function _M.render(st, extra)
         extra.pinned_pools)
     metric("tinyloop_tenant_ids", "gauge", "Tenants with an engine id in this worker (bounded by max_tenants).",
         extra.tenant_ids)
+    -- The KV cache mode as an info-style gauge (the mode is a label, the
+    -- value always 1), so dashboards can group by it; absent until a model
+    -- is open. kv_token_bytes turns the block gauges into capacity.
+    add("# HELP tinyloop_kv_mode_info KV cache mode of the model (label mode; value 1).\n"
+        .. "# TYPE tinyloop_kv_mode_info gauge")
+    if extra.kv_mode then
+        add(format('tinyloop_kv_mode_info{mode="%s"} 1', extra.kv_mode))
+    end
+    metric("tinyloop_kv_token_bytes", "gauge", "KV cache bytes per token over all layers at the default loops.",
+        extra.kv_token_bytes)
     return concat(out, "\n") .. "\n"
 end
 

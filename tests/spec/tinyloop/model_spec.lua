@@ -74,7 +74,7 @@ describe("tinyloop.Model", function()
             assert.has_error(function() tl.Model(path, { n_threads = 1.5 }) end,
                 "bad argument 'n_threads' to Model (expected an integer >= 0, got 1.5)")
             assert.has_error(function() tl.Model(path, { kv_type = "q3" }) end,
-                "bad argument 'kv_type' to Model (expected \"f16\" or \"f32\", got \"q3\")")
+                "bad argument 'kv_type' to Model (" .. tl.KV_MODE_EXPECTED .. ", got \"q3\")")
             assert.has_error(function() tl.Model(path, { max_seqlen = 4 }) end,
                 "bad argument 'opts' to Model (unknown option \"max_seqlen\")")
             assert.has_error(function() tl.Model(path, 5) end,
