@@ -164,11 +164,11 @@ static int bench_one(const char *path, tl_model_params mp, int n_gen, int prompt
      * bandwidth it achieves (a lower bound; KV reads come on top). */
     char where[96]; /* what ran it: the CPU's threads and ISA, or the plugin (and its graphs setting) */
     if (strcmp(info.backend, "cpu") == 0) {
-        snprintf(where, sizeof where, "cpu, %d threads, %s", info.n_threads, info.isa);
+        snprintf(where, sizeof where, "cpu, %d threads, %s, kv %s", info.n_threads, info.isa, info.kv_mode);
     } else {
         const char *g = getenv("TINYLOOP_CUDA_GRAPHS");
-        snprintf(where, sizeof where, "%s%s", info.backend,
-                 strcmp(info.backend, "cuda") ? "" : g && !strcmp(g, "0") ? ", graphs off" : ", graphs on");
+        snprintf(where, sizeof where, "%s%s, kv %s", info.backend,
+                 strcmp(info.backend, "cuda") ? "" : g && !strcmp(g, "0") ? ", graphs off" : ", graphs on", info.kv_mode);
     }
     /* before the main line: tools read the last line */
     if (ph[2] > 0)
