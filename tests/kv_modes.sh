@@ -11,7 +11,8 @@ here=$(dirname "$0")
 bins="test_model test_cache test_engine test_beam test_pool_fixes test_admission test_growth test_resume_sched
       test_backend test_engine_msgs test_kv_modes"
 total_p=0; total_f=0
-for mode in TINYLOOP_KV_INT8=1 TINYLOOP_KV_INT4=1 TINYLOOP_KV_H_MODE=1 TINYLOOP_KV_INT8=1,TINYLOOP_KV_H_MODE=1; do
+for mode in TINYLOOP_KV_INT8=1 TINYLOOP_KV_INT4=1 TINYLOOP_KV_H_MODE=1 TINYLOOP_KV_INT8=1,TINYLOOP_KV_H_MODE=1 \
+            TINYLOOP_KV_INT4=1,TINYLOOP_KV_H_MODE=1; do
     paths=""
     for b in $bins; do [ -x "$dir/$b" ] && paths="$paths $dir/$b"; done
     echo "-- KV mode from the environment: $mode"
