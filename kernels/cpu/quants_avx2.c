@@ -130,6 +130,31 @@ static T2 void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
     for (; i < n; i++) y[i] += a * _cvtsh_ss(x[i]);
 }
 
+/* d * q per element, as the scalar code: one exact int -> float and one
+ * rounded product, so the results are bitwise equal. */
+static T2 void dequant_q8_0_avx2(const void *src, float *y, int64_t nb) {
+    const block_q8_0 *x = src;
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        const __m256 d = _mm256_set1_ps(f16(x[i].d));
+        for (int j = 0; j < 32; j += 8) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(x[i].qs + j)));
+            _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+
+static T2 void dequant_q4_0_avx2(const void *src, float *y, int64_t nb) {
+    const block_q4_0 *x = src;
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        const __m256 d = _mm256_set1_ps(f16(x[i].d));
+        const __m256i b = _mm256_sub_epi8(nibbles32(x[i].qs), _mm256_set1_epi8(8)); /* elems 0-15 | 16-31 */
+        const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int j = 0; j < 4; j++)
+            _mm256_storeu_ps(y + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[j])), d));
+    }
+}
+
 static T2 void f16_to_f32_avx2(const uint16_t *src, float *dst, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, LDH(src + i));
@@ -691,6 +716,8 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     t->axpy_f16 = axpy_f16_avx2;
     t->gelu_tanh_mul = gelu_tanh_mul_avx2;
     t->f16_to_f32_row = f16_to_f32_avx2;
+    t->dequant_q8_0 = dequant_q8_0_avx2;
+    t->dequant_q4_0 = dequant_q4_0_avx2;
     t->f32_to_f16_row = f32_to_f16_avx2;
 }
 

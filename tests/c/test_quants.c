@@ -195,6 +195,30 @@ static void test_halves(void) {
     }
     tl_kernels_set_isa(isa_max);
     free(all); free(h2); free(f2); free(v);
+
+    /* q8_0 / q4_0 rows widen to d * q at every level, bit for bit the
+     * scalar code (attention reads quantized V through these) */
+    enum { NB = 37 };
+    static uint8_t raw[NB * 34];
+    static float want[NB * 32], got[NB * 32];
+    uint32_t r = 12345;
+    const int types[2] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0};
+    for (int ti = 0; ti < 2; ti++) {
+        size_t bb = types[ti] == TL_TYPE_Q8_0 ? 34 : 18;
+        for (size_t i = 0; i < NB * bb; i++) raw[i] = (uint8_t)((r = r * 1664525u + 1013904223u) >> 24);
+        for (int b = 0; b < NB; b++) raw[b * bb + 1] &= 0x7b; /* finite scales, some subnormal */
+        tl_kernels_set_isa(TL_ISA_SCALAR);
+        tl_dequantize_row(types[ti], raw, want, NB * 32);
+        for (int lvl = 1; lvl <= isa_max; lvl++) {
+            tl_kernels_set_isa(lvl);
+            tl_dequantize_row(types[ti], raw, got, NB * 32);
+            int bad = 0;
+            for (int i = 0; i < NB * 32; i++) bad += f_bits(got[i]) != f_bits(want[i]);
+            CHECK(bad == 0, "%s %s rows dequantize bitwise as the scalar code (%d wrong)", tl_isa_name(lvl),
+                  tl_type_info(types[ti])->name, bad);
+        }
+    }
+    tl_kernels_set_isa(isa_max);
 }
 
 /* ------------------------------------------------ hand-built blocks */
