@@ -39,7 +39,7 @@ typedef struct {
     int n_threads;
     int sections;   /* bit mask of SEC_* */
     int ctx;        /* speed: attention span; <= 0: min(2048, max_seq_len) */
-    int n_agree;    /* greedy tokens compared with f16 */
+    int n_agree;    /* greedy tokens compared with f16; <= 0: per model */
     int ppl_ctx;    /* long text: tokens per scored window */
     int ppl_score;  /* long text: scored tokens per window (the window's tail); <= 0: per model */
     int ppl_chunks; /* long text: windows; <= 0: per model */
@@ -342,9 +342,11 @@ static int bench_model(const char *path, const kv_opts *o) {
     if (ctx > max_len) ctx = max_len;
     int ppl_ctx = o->ppl_ctx > 0 ? o->ppl_ctx : 512;
     if (ppl_ctx > max_len) ppl_ctx = max_len;
-    /* A big model's scored tokens cost a decode step each (Gemma's 262k
-     * vocab head dominates): two windows of which 64 tokens are scored keep
-     * the run short; a small model scores half of every window. */
+    /* A big model's scored and generated tokens cost a decode step each
+     * (Gemma's 262k-vocab head dominates) and its 2,048-token prefill per
+     * mode already takes most of the run: one window scoring its last 64
+     * tokens and 32 greedy tokens keep it short. A small model scores half
+     * of up to 4 windows and compares 64 greedy tokens. */
     int big = info.weight_bytes > ((size_t)50 << 20);
     int n_score = o->ppl_score > 0 ? o->ppl_score : big ? 64 : ppl_ctx / 2;
     if (n_score >= ppl_ctx) n_score = ppl_ctx - 1;
@@ -352,11 +354,12 @@ static int bench_model(const char *path, const kv_opts *o) {
     int32_t *par = NULL, *lng = NULL;
     int n_par = text_ids(m, o->paragraph, 0, &par);
     int n_lng = text_ids(m, o->text, ctx, &lng);
-    int chunks = n_lng / ppl_ctx, max_chunks = o->ppl_chunks > 0 ? o->ppl_chunks : big ? 2 : 64;
+    int chunks = n_lng / ppl_ctx, max_chunks = o->ppl_chunks > 0 ? o->ppl_chunks : big ? 1 : 4;
     if (chunks > max_chunks) chunks = max_chunks;
     char prompts[MAX_PROMPTS][256];
     int n_prompts = load_prompts(o->refs, prompts, MAX_PROMPTS);
-    int n_agree = o->n_agree > 255 ? 255 : o->n_agree;
+    int n_agree = o->n_agree > 0 ? o->n_agree : big ? 32 : 64;
+    if (n_agree > 255) n_agree = 255;
     tl_model_close(m);
 
     printf("%s: quality and speed per mode (%d threads, %s kernels)\n", name, info.n_threads, info.isa);
@@ -431,7 +434,7 @@ static int parse_sections(const char *s) {
 }
 
 int tl_cli_bench_kv(int argc, char **argv) {
-    kv_opts o = {.sections = SEC_MEM | SEC_QUALITY | SEC_SPEED, .n_agree = 64,
+    kv_opts o = {.sections = SEC_MEM | SEC_QUALITY | SEC_SPEED,
                  .text = "tests/data/lighthouse.txt", .paragraph = "tests/data/paragraph.txt",
                  .refs = "../shared/ref/stories260K_greedy.json"};
     const char *models[16];
@@ -454,7 +457,6 @@ int tl_cli_bench_kv(int argc, char **argv) {
         else { fprintf(stderr, "bench kv: unknown option '%s'\n", a); return 2; }
     }
     if (!o.sections) { fprintf(stderr, "bench kv: --only takes mem, quality, speed (comma separated)\n"); return 2; }
-    if (o.n_agree < 1) o.n_agree = 1;
     /* default: Gemma 3 270M when fetched (make model), and stories260K */
     static char gemma[512];
     if (n_models == 0) {
