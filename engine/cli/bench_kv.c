@@ -344,11 +344,12 @@ static int bench_model(const char *path, const kv_opts *o) {
     if (ppl_ctx > max_len) ppl_ctx = max_len;
     /* A big model's scored and generated tokens cost a decode step each
      * (Gemma's 262k-vocab head dominates) and its 2,048-token prefill per
-     * mode already takes most of the run: one window scoring its last 64
-     * tokens and 32 greedy tokens keep it short. A small model scores half
-     * of up to 4 windows and compares 64 greedy tokens. */
+     * mode already takes most of the run: one window scoring its last 128
+     * tokens (decoded in the same batch as the paragraph's) and 32 greedy
+     * tokens keep it short. A small model scores half of up to 4 windows
+     * and compares 64 greedy tokens. */
     int big = info.weight_bytes > ((size_t)50 << 20);
-    int n_score = o->ppl_score > 0 ? o->ppl_score : big ? 64 : ppl_ctx / 2;
+    int n_score = o->ppl_score > 0 ? o->ppl_score : big ? 128 : ppl_ctx / 2;
     if (n_score >= ppl_ctx) n_score = ppl_ctx - 1;
 
     int32_t *par = NULL, *lng = NULL;
