@@ -181,19 +181,34 @@ static void run_case(const quality_case *qc) {
     }
 }
 
-/* stories260K: measured (paragraph 223 + two 512-token windows scoring 256
- * each; 48 greedy tokens on the 5 reference prompts):
- *   mode    ppl/f16   agreement mean (min)
- *   (filled in from the run below) */
+/* stories260K, measured 2026-12-02 (paragraph.txt's 223 tokens after BOS
+ * and lighthouse.txt's first 512 scoring the last 256; 48 greedy tokens on
+ * the 5 reference prompts; f16 perplexity 12.046):
+ *   mode     ppl/f16   agreement with f16, mean (min) of 48
+ *   f32      0.9999    48 (48)
+ *   q8       0.9986    48 (48)
+ *   q4       1.9227     7.6 (0)   head_dim 8: groups of 8, 16 levels - a real loss
+ *   q8,f16   0.9987    48 (48)
+ *   h        0.9999    48 (48)
+ *   h:q8     1.0015    48 (48)
+ * Bounds: near-exact modes within 0.5%, q8 modes within 2% (the brief's
+ * "q8 within ~1%" plus room for the int8 attention change), q4 below 2.3x
+ * (a guard against it getting worse, not a quality claim). */
 static const bound stories_bounds[] = {
-    {"f16", 0, 0},       {"f32", 1.002, 40},   {"q8", 1.01, 24},  {"q4", 2.2, 1},
-    {"q8,f16", 1.01, 24}, {"h", 1.002, 40},    {"h:q8", 1.01, 24},
+    {"f16", 0, 0},        {"f32", 1.005, 40}, {"q8", 1.02, 24}, {"q4", 2.3, 2},
+    {"q8,f16", 1.02, 24}, {"h", 1.005, 40},   {"h:q8", 1.02, 24},
 };
 
 /* Gemma 3 270M: the lossy modes only (f32 and h are near-exact on
- * stories260K, and each Gemma mode costs seconds); measured on the last 48
- * tokens of paragraph.txt and 16 greedy tokens on 2 prompts:
- *   (filled in from the run below) */
+ * stories260K, and each Gemma mode costs seconds); measured 2026-12-02 on
+ * the last 48 tokens of paragraph.txt (f16 perplexity 13.960) and 16
+ * greedy tokens on "Once upon a time" / "Lily had a":
+ *   q8     0.9825   agreement mean 10.0 (min 4) of 16
+ *   q4     1.1627   4.0 (4)
+ *   h:q8   0.9970   16 (16)   (Gemma's K/V matmuls quantize h to q8_0 anyway)
+ * On this model even f32 KV moves perplexity by ~1% and breaks greedy ties
+ * within a few tokens (bench kv: f32 agreement 0 / 10 of 32), so the
+ * agreement bounds are loose and the perplexity bounds allow a few %. */
 static const bound gemma_bounds[] = {
     {"f16", 0, 0}, {"q8", 1.03, 3}, {"q4", 1.25, 2}, {"h:q8", 1.02, 8},
 };
