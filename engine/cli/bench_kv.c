@@ -156,11 +156,11 @@ out:
 }
 
 /* Perplexity of the paragraph (all tokens after BOS, one segment) and of
- * the long text (chunks windows of ppl_ctx tokens, each scoring its last
+ * the long text (`chunks` windows of ppl_ctx tokens, each scoring its last
  * n_score tokens; a window after the first starts with BOS in place of its
  * first token, as llama.cpp's perplexity does). Both run as one batch. */
-static int perplexity(tl_model *m, const int32_t *par, int n_par, const int32_t *lng, int n_lng, int ppl_ctx,
-                      int n_score, int chunks, int bos, mode_result *r) {
+static int perplexity(tl_model *m, const int32_t *par, int n_par, const int32_t *lng, int ppl_ctx, int n_score,
+                      int chunks, int bos, mode_result *r) {
     segment sg[1 + 64];
     int32_t *win = NULL;
     int n_seg = 0;
@@ -176,7 +176,6 @@ static int perplexity(tl_model *m, const int32_t *par, int n_par, const int32_t 
             sg[n_seg++] = (segment){w, ppl_ctx - n_score, n_score, 0};
         }
     }
-    (void)n_lng;
     int rc = score_segments(m, sg, n_seg);
     if (!rc) {
         int k = 0;
@@ -278,6 +277,12 @@ static int speed(tl_model *m, const int32_t *ids, int ctx, mode_result *r) {
 }
 
 /* ---- one model ------------------------------------------------------------------------------ */
+
+/* A table cell: the value, or "-" when `measured` is 0. */
+static void fmt(char *out, const char *f, double v, double measured) {
+    if (measured > 0) snprintf(out, 24, f, v);
+    else strcpy(out, "-");
+}
 
 static int file_exists(const char *path) {
     struct stat st;
@@ -393,8 +398,8 @@ static int bench_model(const char *path, const kv_opts *o) {
         if (o->sections & SEC_SPEED && lng && (rc = speed(m, lng, ctx, &r)))
             fprintf(stderr, "bench kv: %s speed: %s\n", kv_modes[k], tl_last_error());
         if (!rc && o->sections & SEC_QUALITY) {
-            if ((rc = perplexity(m, n_par ? par : NULL, n_par, chunks ? lng : NULL, n_lng, ppl_ctx, n_score, chunks,
-                                 info.bos, &r)))
+            if ((rc = perplexity(m, n_par ? par : NULL, n_par, chunks ? lng : NULL, ppl_ctx, n_score, chunks, info.bos,
+                                 &r)))
                 fprintf(stderr, "bench kv: %s perplexity: %s\n", kv_modes[k], tl_last_error());
             if (!rc && n_prompts > 0) {
                 if ((rc = greedy_all(m, prompts, n_prompts, n_agree, k == 0 ? ref_gen : gen)))
@@ -412,11 +417,20 @@ static int bench_model(const char *path, const kv_opts *o) {
         }
         tl_model_close(m);
         if (k == 0) f16 = r;
-        char ag[32] = "-";
-        if (r.agree_min >= 0) snprintf(ag, sizeof ag, "%d / %.1f", r.agree_min, r.agree_mean);
-        printf("  %-8s %9.3f %7.4f %9.3f %7.4f %11s %9.1f %9.1f %8.0fms %8.0fms   (%.0f s)\n", kv_modes[k], r.ppl_par,
-               f16.ppl_par > 0 ? r.ppl_par / f16.ppl_par : 0, r.ppl_long, f16.ppl_long > 0 ? r.ppl_long / f16.ppl_long : 0,
-               ag, r.prefill_tps, r.decode_tps, r.ttft_miss * 1e3, r.ttft_hit * 1e3, tl_now() - t0);
+        /* a figure not measured (section off, text missing) prints as "-" */
+        char c[9][24];
+        fmt(c[0], "%.3f", r.ppl_par, r.ppl_par);
+        fmt(c[1], "%.4f", f16.ppl_par > 0 ? r.ppl_par / f16.ppl_par : 0, r.ppl_par);
+        fmt(c[2], "%.3f", r.ppl_long, r.ppl_long);
+        fmt(c[3], "%.4f", f16.ppl_long > 0 ? r.ppl_long / f16.ppl_long : 0, r.ppl_long);
+        fmt(c[5], "%.1f", r.prefill_tps, r.ttft_miss);
+        fmt(c[6], "%.1f", r.decode_tps, r.ttft_miss);
+        fmt(c[7], "%.0fms", r.ttft_miss * 1e3, r.ttft_miss);
+        fmt(c[8], "%.0fms", r.ttft_hit * 1e3, r.ttft_miss);
+        if (r.agree_min >= 0) snprintf(c[4], sizeof c[4], "%d / %.1f", r.agree_min, r.agree_mean);
+        else strcpy(c[4], "-");
+        printf("  %-8s %9s %7s %9s %7s %11s %9s %9s %10s %10s   (%.0f s)\n", kv_modes[k], c[0], c[1], c[2], c[3], c[4],
+               c[5], c[6], c[7], c[8], tl_now() - t0);
         fflush(stdout);
     }
     free(par);
