@@ -176,7 +176,7 @@ static int perplexity(tl_model *m, const int32_t *par, int n_par, const int32_t 
             sg[n_seg++] = (segment){w, ppl_ctx - n_score, n_score, 0};
         }
     }
-    int rc = score_segments(m, sg, n_seg);
+    int rc = n_seg ? score_segments(m, sg, n_seg) : TL_OK; /* no text found: nothing to score */
     if (!rc) {
         int k = 0;
         if (par && n_par > 1) {
