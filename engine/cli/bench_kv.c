@@ -393,7 +393,10 @@ static int bench_model(const char *path, const kv_opts *o) {
         mp.max_seq_len = ctx > ppl_ctx ? ctx : ppl_ctx;
         if (mp.max_seq_len < n_par) mp.max_seq_len = n_par;
         double t0 = tl_now();
-        if (tl_model_open(path, mp, &m)) { fprintf(stderr, "bench kv: %s: %s\n", kv_modes[k], tl_last_error()); return 1; }
+        if ((rc = tl_model_open(path, mp, &m))) {
+            fprintf(stderr, "bench kv: %s: %s\n", kv_modes[k], tl_last_error());
+            break;
+        }
         /* speed first, on an empty cache and a fresh arena */
         if (o->sections & SEC_SPEED && lng && (rc = speed(m, lng, ctx, &r)))
             fprintf(stderr, "bench kv: %s speed: %s\n", kv_modes[k], tl_last_error());
