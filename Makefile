@@ -153,10 +153,20 @@ bench: all $(BENCH_MODELS)
 	@echo "== prefix cache (ratios measured in this run)"
 	./bin/tinyloop bench cache -m $(SMALL_MODEL) --max-seq-len 512
 	./bin/tinyloop bench cache -m build/bench/stories110M-q8_0.gguf --max-seq-len 2048
+	@echo "== KV cache modes (memory on the 110M shape; quality and speed on Gemma 3 270M when fetched, and stories260K)"
+	$(MAKE) --no-print-directory bench-kv
 	@echo "== serving (nginx on loopback): 1, 8, 32 clients with and without prefix reuse"
 	luajit tools/load_bench.lua $(SMALL_MODEL)
 	@echo "== eviction policies on a multi-tenant trace (LRU, shortest-first, cost-aware Lua; shadow predictions)"
 	luajit tools/trace_bench.lua
+
+# Issue 17's KV modes: bytes/token and 1,024-token sequences per 256 MiB for
+# each mode, perplexity and greedy agreement vs f16, prefill/decode tok/s at a
+# 2,048-token context and TTFT of a prefix-cache hit vs miss.
+.PHONY: bench-kv
+bench-kv: all build/bench/stories110M-q8_0.gguf
+	./bin/tinyloop bench kv --only mem -m build/bench/stories110M-q8_0.gguf
+	./bin/tinyloop bench kv
 
 # Issue 14's three-tenant TTFT test through the servers: ours (nginx) against
 # ik_llama.cpp's llama-server when ../shared/tools/anchor-build.sh has built it.

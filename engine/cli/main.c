@@ -17,6 +17,8 @@ static void usage(void) {
             "  tinyloop bench [-m MODEL]... [-n N] [--prompt-len P] [--batch B]\n"
             "  tinyloop bench cache [-m MODEL]...   (prefix-cache TTFT, chat, memory, radix timings)\n"
             "  tinyloop bench tokenize [-m VOCAB]... [-f TEXTFILE] [-r RUNS]\n"
+            "  tinyloop bench kv [-m MODEL]... [-t N] [--only mem,quality,speed] [--ctx N] [-n N]\n"
+            "                    [--ppl-ctx N] [--ppl-score N] [--ppl-chunks N] [-f TEXT]   (KV modes: memory, quality, speed)\n"
             "common options: -t THREADS  --max-seq-len N  --kv f16|f32|q8|q4|K,V|h|h:TYPE  --kv-mem MB\n"
             "                --loop-start S --loop-end E --loop-default D\n");
 }
@@ -276,6 +278,7 @@ static int cmd_info(opts *o) {
 int tl_cli_bench(int n_models, const char *const *models, tl_model_params mp, int n_gen, int prompt_len, int batch);
 int tl_cli_bench_cache(int n_models, const char *const *models, tl_model_params mp);
 int tl_cli_bench_tokenize(int argc, char **argv);
+int tl_cli_bench_kv(int argc, char **argv);
 int tl_cli_repl(int argc, char **argv);
 
 int main(int argc, char **argv) {
@@ -283,6 +286,7 @@ int main(int argc, char **argv) {
     opts o;
     if (!strcmp(argv[1], "repl")) return tl_cli_repl(argc - 2, argv + 2);
     if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "tokenize")) return tl_cli_bench_tokenize(argc - 3, argv + 3);
+    if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "kv")) return tl_cli_bench_kv(argc - 3, argv + 3);
     if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "cache")) {
         if (parse_opts(argc - 3, argv + 3, &o)) { usage(); return 2; }
         return tl_cli_bench_cache(o.n_models, o.models, o.mp);

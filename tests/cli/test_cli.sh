@@ -48,6 +48,13 @@ PY
     err=$($BIN bench cache -m "$MODEL" -t 1 --max-seq-len 64 2>&1); r=$?
     [ $r != 0 ] && [ "$(printf '%s\n' "$err" | wc -l)" = 1 ] && printf '%s' "$err" | grep -q "max_seq_len 64 .* too short"
     check "CLI bench cache fails with one message for a model too short for it" $?
+    out=$($BIN bench kv -m "$MODEL" --only mem 2>&1); r=$?
+    [ $r = 0 ] && [ "$(printf '%s\n' "$out" | grep -cE '^  (f16|f32|q8|q4|q8,f16|h|h:q8) +[0-9]+ +[0-9]+ ')" = 7 ] &&
+        printf '%s' "$out" | grep -qE '^  q8 +400 +655 '
+    check "CLI bench kv --only mem prints bytes/token and 256 MiB sequences for the 7 modes (q8: 400, 655)" $?
+    out=$($BIN bench kv -m "$MODEL" --only quality -n 4 --ppl-chunks 1 --ppl-score 16 2>&1); r=$?
+    [ $r = 0 ] && printf '%s' "$out" | grep -qE '^  q8 +[0-9]+\.[0-9]{3} +[01]\.[0-9]{4} '
+    check "CLI bench kv --only quality prints q8's perplexity and its ratio to f16" $?
 fi
 err=$($BIN generate -m /nonexistent.gguf -p x 2>&1); r=$?
 [ $r != 0 ] && printf '%s' "$err" | grep -q "/nonexistent.gguf"
@@ -55,5 +62,8 @@ check "CLI names a missing model file" $?
 err=$($BIN generate -m x -p y -n abc 2>&1); r=$?
 [ $r != 0 ] && printf '%s' "$err" | grep -q "expects an integer, got 'abc'"
 check "CLI rejects a non-integer -n" $?
+err=$($BIN bench kv --only nothing 2>&1); r=$?
+[ $r = 2 ] && printf '%s' "$err" | grep -q "only takes mem, quality, speed"
+check "CLI bench kv rejects an unknown --only section" $?
 echo "$pass passed, $fail failed"
 [ $fail = 0 ]
