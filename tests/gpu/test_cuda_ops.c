@@ -584,6 +584,44 @@ static void bench(void) {
     free(x);
 }
 
+/* Decode attention over long sequences in each KV mode: the time of one
+ * step and the K/V bytes it reads per second (q8/q4 rows are dequantized
+ * on the way into shared memory, so they should read fewer bytes in about
+ * the time of f16 or less). Arena contents do not matter for timing. */
+static void bench_attention(void) {
+    enum { S = 32, L = 2048, KVH = 8, H = 32, D = 128, B = 16, LB = L / B, iters = 20 };
+    static const int pairs[][2] = {{TL_CUDA_KV_F16, TL_CUDA_KV_F16}, {TL_CUDA_KV_Q8, TL_CUDA_KV_Q8},
+                                   {TL_CUDA_KV_Q4, TL_CUDA_KV_Q4}, {TL_CUDA_KV_Q8, TL_CUDA_KV_F16}};
+    static const char *const tn[] = {"f16", "f32", "q8", "q4"};
+    int32_t *table = xmalloc(sizeof(int32_t) * S * LB), pos[S];
+    for (int i = 0; i < S * LB; i++) table[i] = i;
+    for (int s = 0; s < S; s++) pos[s] = L - 1;
+    float *q = xmalloc(sizeof(float) * S * H * D);
+    fill(q, (size_t)S * H * D, 1.0f);
+    int32_t *dtab = dev_put(table, sizeof(int32_t) * S * LB), *dpos = dev_put(pos, sizeof pos);
+    float *dq = dev_put(q, sizeof(float) * S * H * D), *dout = dev_put(NULL, sizeof(float) * S * H * D);
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0] && dtab && dpos && dq && dout; i++) {
+        tl_cuda_kv kv = {NULL, pairs[i][0], pairs[i][1], B, KVH, D};
+        tl_kv_layout l;
+        tl_kv_layout_init(&l, kv.type_k, kv.type_v, 0, B, KVH, D, 0);
+        kv.arena = dev_put(NULL, l.block_bytes * S * LB);
+        if (!kv.arena) break;
+        tl_cuda_attn_seqs sq = {.n_seq = S, .pos0 = dpos, .block_ids = dtab, .seq_stride = LB, .blk_stride = 1,
+                                .split = 0, .max_pos = L};
+        tl_cuda_attn_decode(ctx, dout, dq, H * D, &kv, &sq, H, 0, 0.1f);
+        tl_cuda_sync(ctx);
+        double t0 = now_s();
+        for (int it = 0; it < iters; it++) tl_cuda_attn_decode(ctx, dout, dq, H * D, &kv, &sq, H, 0, 0.1f);
+        int rc = tl_cuda_sync(ctx);
+        double dt = (now_s() - t0) / iters, bytes = (double)S * L * KVH * (double)(l.row_bytes_k + l.row_bytes_v);
+        printf("BENCH attn decode kv %s,%s %d seqs x %d positions, %d/%d heads, head_dim %d: %8.1f us  %7.1f GB/s of "
+               "K/V%s\n", tn[kv.type_k], tn[kv.type_v], S, L, H, KVH, D, dt * 1e6, bytes / dt / 1e9, rc ? " ERROR" : "");
+        tl_cuda_dealloc(ctx, kv.arena);
+    }
+    tl_cuda_dealloc(ctx, dtab), tl_cuda_dealloc(ctx, dpos), tl_cuda_dealloc(ctx, dq), tl_cuda_dealloc(ctx, dout);
+    free(table), free(q);
+}
+
 int main(int argc, char **argv) {
     if (!gpu_test_open(&ctx)) return test_summary();
     tl_kernels_init();
@@ -599,7 +637,10 @@ int main(int argc, char **argv) {
                                       {TL_CUDA_KV_Q8, TL_CUDA_KV_F16},  {TL_CUDA_KV_Q4, TL_CUDA_KV_Q8}};
     for (size_t i = 0; i < sizeof kv_pairs / sizeof kv_pairs[0]; i++) test_attention_kv(kv_pairs[i][0], kv_pairs[i][1]);
     test_errors();
-    if (argc > 1 && strcmp(argv[1], "--bench") == 0) bench();
+    if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
+        bench();
+        bench_attention();
+    }
     tl_cuda_free(ctx);
     return test_summary();
 }
