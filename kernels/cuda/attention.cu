@@ -12,7 +12,13 @@
  * K/V stream through shared memory ATT_BK positions at a time, covering
  * the union of the rows' visible ranges; each warp keeps an online softmax
  * (running max, sum, accumulator) for ATT_ROWS/4 rows, lane j scoring
- * position j of the tile, so memory is O(tile) whatever the length. */
+ * position j of the tile, so memory is O(tile) whatever the length.
+ *
+ * KV rows are in the engine's block layout (engine/kv_layout.h) in any of
+ * its row types, K and V each their own: f16, f32, or q8 / q4 groups
+ * (scale + quants). Quantized rows are dequantized as a tile is loaded
+ * into shared memory, and quantized by the store kernel with the CPU's
+ * rounding (engine/kv_mode.c), so an arena means the same on both. */
 #include <math.h>
 
 #include "cuda_impl.h"
@@ -25,10 +31,103 @@
 #define ATT_SPLIT_MIN 256      /* shortest position range a decode split gets (auto) */
 #define ATT_TARGET_BLOCKS 264  /* blocks that keep an H100/H200 (132 SMs) busy, twice over */
 
-static __device__ __forceinline__ float kv_load(const __half *p, size_t i) { return __half2float(p[i]); }
-static __device__ __forceinline__ float kv_load(const float *p, size_t i) { return p[i]; }
-static __device__ __forceinline__ void kv_put(__half *p, size_t i, float v) { p[i] = __float2half_rn(v); }
-static __device__ __forceinline__ void kv_put(float *p, size_t i, float v) { p[i] = v; }
+/* ---- KV rows: one accessor per row type (engine/kv_layout.h) -------------------
+ *
+ * kv_row<T>::load(row, d, gs) is element d of a row as f32 (quantized
+ * rows: group size G = 1 << gs); kv_row<T>::store(row, c, x, gs) writes
+ * chunk c of a row from f32 x (the chunk's own values): one element for
+ * f16/f32, one quantization group for q8/q4, whose scale needs the whole
+ * group; kv_row<T>::chunk(gs) is the number of values in a chunk. The
+ * kernels are templated on the K and V row types, so f16/f32 rows keep
+ * their plain loads. Quantized groups are 2 + G (q8) or 2 + G/2 (q4) bytes,
+ * an odd count when G = 1 (q8) or 2 (q4): their f16 scales are read and
+ * written a byte at a time. */
+template <int T> struct kv_row;
+
+template <> struct kv_row<TL_KVT_F16> {
+    static __device__ __forceinline__ int chunk(int) { return 1; }
+    static __device__ __forceinline__ float load(const uint8_t *row, int d, int) {
+        return __half2float(((const __half *)row)[d]);
+    }
+    static __device__ __forceinline__ void store(uint8_t *row, int c, const float *x, int) {
+        ((__half *)row)[c] = __float2half_rn(x[0]);
+    }
+};
+
+template <> struct kv_row<TL_KVT_F32> {
+    static __device__ __forceinline__ int chunk(int) { return 1; }
+    static __device__ __forceinline__ float load(const uint8_t *row, int d, int) { return ((const float *)row)[d]; }
+    static __device__ __forceinline__ void store(uint8_t *row, int c, const float *x, int) {
+        ((float *)row)[c] = x[0];
+    }
+};
+
+static __device__ __forceinline__ float scale_at(const uint8_t *b) {
+    return __half2float(__ushort_as_half((unsigned short)(b[0] | b[1] << 8)));
+}
+static __device__ __forceinline__ void scale_put(uint8_t *b, float d) {
+    const unsigned short h = __half_as_ushort(__float2half_rn(d));
+    b[0] = (uint8_t)(h & 0xff);
+    b[1] = (uint8_t)(h >> 8);
+}
+
+/* The rounding of kv_mode.c's store_q8 / store_q4 (ggml's reference
+ * quantizers), operation for operation: the _rn intrinsics keep nvcc from
+ * fusing x * id + 8.5 into one fma, which would round differently from the
+ * CPU's multiply-then-add, so both backends store the same bytes. */
+template <> struct kv_row<TL_KVT_Q8> {
+    static __device__ __forceinline__ int chunk(int gs) { return 1 << gs; }
+    static __device__ __forceinline__ float load(const uint8_t *row, int d, int gs) {
+        const int G = 1 << gs;
+        const uint8_t *b = row + (size_t)(d >> gs) * (2 + G);
+        return scale_at(b) * (float)(int8_t)b[2 + (d & (G - 1))];
+    }
+    static __device__ void store(uint8_t *row, int c, const float *x, int gs) {
+        const int G = 1 << gs;
+        uint8_t *b = row + (size_t)c * (2 + G);
+        float amax = 0.0f;
+        for (int i = 0; i < G; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float d = __fdiv_rn(amax, 127.0f), id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+        scale_put(b, d);
+        for (int i = 0; i < G; i++) b[2 + i] = (uint8_t)(int8_t)roundf(__fmul_rn(x[i], id));
+    }
+};
+
+template <> struct kv_row<TL_KVT_Q4> {
+    static __device__ __forceinline__ int chunk(int gs) { return 1 << gs; }
+    /* byte j of a group holds element j (low nibble) and j + G/2 (high) */
+    static __device__ __forceinline__ float load(const uint8_t *row, int d, int gs) {
+        const int G = 1 << gs, h = G >> 1, e = d & (G - 1);
+        const uint8_t *b = row + (size_t)(d >> gs) * (2 + h);
+        const int q = e < h ? b[2 + e] & 15 : b[2 + e - h] >> 4;
+        return scale_at(b) * (float)(q - 8);
+    }
+    static __device__ void store(uint8_t *row, int c, const float *x, int gs) {
+        const int G = 1 << gs, h = G >> 1;
+        uint8_t *b = row + (size_t)c * (2 + h);
+        float amax = 0.0f, mx = 0.0f; /* mx: the value of largest magnitude (the first such) */
+        for (int i = 0; i < G; i++)
+            if (fabsf(x[i]) > amax) {
+                amax = fabsf(x[i]);
+                mx = x[i];
+            }
+        const float d = __fdiv_rn(mx, -8.0f), id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+        scale_put(b, d);
+        for (int i = 0; i < h; i++) {
+            const int lo = min(15, max(0, (int)__fadd_rn(__fmul_rn(x[i], id), 8.5f)));
+            const int hi = min(15, max(0, (int)__fadd_rn(__fmul_rn(x[i + h], id), 8.5f)));
+            b[2 + i] = (uint8_t)(lo | hi << 4);
+        }
+    }
+};
+
+/* Where a block's rows are (from tl_kv_layout): row (h, r) of K at
+ * block + (h * bs + r) * rb_k, of V at block + k_bytes + (h * bs + r) * rb_v. */
+typedef struct kv_geom {
+    size_t block_bytes, k_bytes, rb_k, rb_v;
+    int bs;
+    int gs; /* log2 of the quantization group */
+} kv_geom;
 
 static __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
@@ -47,11 +146,11 @@ static __device__ __forceinline__ float warp_sum(float v) {
  * [split * split_len, (split + 1) * split_len), and writes its unnormalised
  * state (max, sum, accumulator: hd + 2 floats per query head) to part for
  * kernel_attn_combine. */
-template <typename KT>
+template <int TK, int TV>
 static __global__ void __launch_bounds__(32 * ATT_WARPS)
-    kernel_attention(float *out, const float *q, int q_stride, const uint8_t *arena, size_t block_bytes, int bs,
-                     int n_head_kv, int hd, int group, tl_cuda_attn_seqs sq, int window, float scale, int n_split,
-                     int split_len, float *part) {
+    kernel_attention(float *out, const float *q, int q_stride, const uint8_t *arena, kv_geom kg, int n_head_kv,
+                     int hd, int group, tl_cuda_attn_seqs sq, int window, float scale, int n_split, int split_len,
+                     float *part) {
     extern __shared__ float smem[];
     const int s = blockIdx.y, kvh = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -81,7 +180,7 @@ static __global__ void __launch_bounds__(32 * ATT_WARPS)
      * mode's batch invariance); the extra masked positions add nothing. */
     const int jlo = (w > 0 && pmin >= w ? pmin - w + 1 : 0) / ATT_BK * ATT_BK;
     const int32_t *ids = sq.block_ids + (size_t)s * sq.seq_stride;
-    const size_t v_off = block_bytes / 2 / sizeof(KT);
+    const int bs = kg.bs;
 
     float m[ATT_RPW], l[ATT_RPW], acc[ATT_RPW][ATT_MAX_HD / 32];
 #pragma unroll
@@ -104,11 +203,11 @@ static __global__ void __launch_bounds__(32 * ATT_WARPS)
             float kv = 0.0f, vv = 0.0f;
             if (j <= pmax) {
                 const int id = ids[(size_t)(j / bs) * sq.blk_stride];
-                if (id >= 0) {
-                    const KT *kb = (const KT *)(arena + (size_t)id * block_bytes);
-                    const size_t off = ((size_t)kvh * bs + j % bs) * hd + d;
-                    kv = kv_load(kb, off);
-                    vv = kv_load(kb, v_off + off);
+                if (id >= 0) { /* rows dequantize here, on their way into shared memory */
+                    const uint8_t *blk = arena + (size_t)id * kg.block_bytes;
+                    const size_t row = (size_t)kvh * bs + j % bs;
+                    kv = kv_row<TK>::load(blk + row * kg.rb_k, d, kg.gs);
+                    vv = kv_row<TV>::load(blk + kg.k_bytes + row * kg.rb_v, d, kg.gs);
                 }
             }
             Ks[jj * (hd + 1) + d] = kv;
@@ -197,18 +296,25 @@ static __global__ void kernel_attn_combine(float *out, const float *part, int n_
     }
 }
 
-template <typename KT>
-static __global__ void kernel_kv_store(uint8_t *arena, size_t block_bytes, int bs, int n_head_kv, int hd,
-                                       const float *k, const float *v, int src_stride, const int32_t *slots) {
+/* Block t stores token t: each thread takes chunks (elements, or whole
+ * quantization groups) of its K and V rows. */
+template <int TK, int TV>
+static __global__ void kernel_kv_store(uint8_t *arena, kv_geom kg, int n_head_kv, int hd, const float *k,
+                                       const float *v, int src_stride, const int32_t *slots) {
     const int t = blockIdx.x, slot = slots[t];
-    const int id = slot / bs, r = slot % bs;
-    KT *kb = (KT *)(arena + (size_t)id * block_bytes);
-    const size_t v_off = block_bytes / 2 / sizeof(KT);
-    for (int e = threadIdx.x; e < n_head_kv * hd; e += blockDim.x) {
-        const int h = e / hd, d = e % hd;
-        const size_t off = ((size_t)h * bs + r) * hd + d;
-        kv_put(kb, off, k[(size_t)t * src_stride + e]);
-        kv_put(kb, v_off + off, v[(size_t)t * src_stride + e]);
+    const int id = slot / kg.bs, r = slot % kg.bs;
+    uint8_t *blk = arena + (size_t)id * kg.block_bytes;
+    const int ck = kv_row<TK>::chunk(kg.gs), cv = kv_row<TV>::chunk(kg.gs);
+    const int nk = n_head_kv * (hd / ck), nv = n_head_kv * (hd / cv);
+    for (int e = threadIdx.x; e < nk + nv; e += blockDim.x) {
+        const bool is_v = e >= nk;
+        const int c = is_v ? e - nk : e, per_row = hd / (is_v ? cv : ck), h = c / per_row, ci = c % per_row;
+        const size_t row = (size_t)h * kg.bs + r;
+        const float *x = (is_v ? v : k) + (size_t)t * src_stride + (size_t)h * hd;
+        if (is_v)
+            kv_row<TV>::store(blk + kg.k_bytes + row * kg.rb_v, ci, x + ci * cv, kg.gs);
+        else
+            kv_row<TK>::store(blk + row * kg.rb_k, ci, x + ci * ck, kg.gs);
     }
 }
 
@@ -219,7 +325,7 @@ static __global__ void kernel_kv_store(uint8_t *arena, size_t block_bytes, int b
  * never meets this call. */
 template <typename K>
 static int allow_smem(tl_cuda *c, K kernel, int which, size_t smem) {
-    static int allowed[2][TLC_MAX_DEVICES];
+    static int allowed[TL_KVT_COUNT * TL_KVT_COUNT][TLC_MAX_DEVICES]; /* which: one per kernel instance */
     if (smem <= 48 * 1024) return TL_CUDA_OK;
     int *a = c->device < TLC_MAX_DEVICES ? &allowed[which][c->device] : NULL;
     if (a && __atomic_load_n(a, __ATOMIC_RELAXED) >= (int)smem) return TL_CUDA_OK;
@@ -228,53 +334,129 @@ static int allow_smem(tl_cuda *c, K kernel, int which, size_t smem) {
     return TL_CUDA_OK;
 }
 
-extern "C" TL_CUDA_API size_t tl_cuda_kv_block_bytes(const tl_cuda_kv *kv) {
-    const size_t elem = kv->kv_type == TL_CUDA_KV_F32 ? 4 : 2;
-    return 2 * (size_t)kv->n_head_kv * kv->block_size * kv->head_dim * elem;
+/* The engine's layout of a block (kv_layout.h); -1 when the description is bad. */
+static int layout_of(const tl_cuda_kv *kv, tl_kv_layout *l) {
+    if (!kv || kv->type_k < 0 || kv->type_k >= TL_KVT_COUNT || kv->type_v < 0 || kv->type_v >= TL_KVT_COUNT ||
+        kv->block_size <= 0 || kv->n_head_kv <= 0 || kv->head_dim <= 0)
+        return -1;
+    return tl_kv_layout_init(l, kv->type_k, kv->type_v, 0, kv->block_size, kv->n_head_kv, kv->head_dim, 0);
 }
 
-static int check_kv(const tl_cuda_kv *kv) {
+extern "C" TL_CUDA_API size_t tl_cuda_kv_block_bytes(const tl_cuda_kv *kv) {
+    tl_kv_layout l;
+    return layout_of(kv, &l) == 0 ? l.block_bytes : 0;
+}
+
+/* Checks kv and fills *g with its block geometry. */
+static int check_kv(const tl_cuda_kv *kv, kv_geom *g) {
     TLC_ARG(kv && kv->arena, "no KV arena");
-    TLC_ARG(kv->kv_type == TL_CUDA_KV_F16 || kv->kv_type == TL_CUDA_KV_F32, "unknown KV type %d", kv->kv_type);
+    TLC_ARG(kv->type_k >= 0 && kv->type_k < TL_KVT_COUNT && kv->type_v >= 0 && kv->type_v < TL_KVT_COUNT,
+            "unknown KV row types (K %d, V %d; f16 0, f32 1, q8 2, q4 3)", kv->type_k, kv->type_v);
     TLC_ARG(kv->block_size > 0 && kv->n_head_kv > 0 && kv->head_dim > 0 && kv->head_dim <= ATT_MAX_HD,
             "bad KV shape (block_size %d, n_head_kv %d, head_dim %d; head_dim <= %d)", kv->block_size,
             kv->n_head_kv, kv->head_dim, ATT_MAX_HD);
+    tl_kv_layout l;
+    TLC_ARG(layout_of(kv, &l) == 0, "q4 KV rows need an even head_dim (got %d)", kv->head_dim);
+    int gs = 0;
+    while ((1 << gs) < l.group) gs++;
+    g->block_bytes = l.block_bytes;
+    g->k_bytes = l.k_bytes;
+    g->rb_k = l.row_bytes_k;
+    g->rb_v = l.row_bytes_v;
+    g->bs = kv->block_size;
+    g->gs = gs;
     return TL_CUDA_OK;
 }
 
+/* Each launcher is instantiated for every (K, V) pair of row types; pick()
+ * turns the runtime pair into the instance. */
+template <template <int, int> class L, int TK> static typename L<0, 0>::fn pick_v(int tv) {
+    switch (tv) {
+    case TL_KVT_F32: return L<TK, TL_KVT_F32>::run;
+    case TL_KVT_Q8: return L<TK, TL_KVT_Q8>::run;
+    case TL_KVT_Q4: return L<TK, TL_KVT_Q4>::run;
+    default: return L<TK, TL_KVT_F16>::run;
+    }
+}
+template <template <int, int> class L> static typename L<0, 0>::fn pick(int tk, int tv) {
+    switch (tk) {
+    case TL_KVT_F32: return pick_v<L, TL_KVT_F32>(tv);
+    case TL_KVT_Q8: return pick_v<L, TL_KVT_Q8>(tv);
+    case TL_KVT_Q4: return pick_v<L, TL_KVT_Q4>(tv);
+    default: return pick_v<L, TL_KVT_F16>(tv);
+    }
+}
+
+template <int TK, int TV> struct store_launch {
+    typedef void (*fn)(tl_cuda *, uint8_t *, const kv_geom &, int, int, const float *, const float *, int, int,
+                       const int32_t *);
+    static void run(tl_cuda *c, uint8_t *arena, const kv_geom &g, int n_head_kv, int hd, const float *k,
+                    const float *v, int src_stride, int n_tok, const int32_t *slots) {
+        kernel_kv_store<TK, TV><<<n_tok, 128, 0, c->stream>>>(arena, g, n_head_kv, hd, k, v, src_stride, slots);
+    }
+};
+
 extern "C" TL_CUDA_API int tl_cuda_kv_store(tl_cuda *c, const tl_cuda_kv *kv, const float *k, const float *v,
                                             int src_stride, int n_tok, const int32_t *slots) {
-    int rc = check_kv(kv);
+    kv_geom g;
+    int rc = check_kv(kv, &g);
     if (rc) return rc;
     TLC_ARG(c && k && v && slots && n_tok >= 0 && src_stride >= kv->n_head_kv * kv->head_dim, "bad arguments");
     if (n_tok == 0) return TL_CUDA_OK;
     TLC_BIND(c);
-    const size_t bb = tl_cuda_kv_block_bytes(kv);
-    if (kv->kv_type == TL_CUDA_KV_F16)
-        kernel_kv_store<__half><<<n_tok, 128, 0, c->stream>>>((uint8_t *)kv->arena, bb, kv->block_size,
-                                                               kv->n_head_kv, kv->head_dim, k, v, src_stride, slots);
-    else
-        kernel_kv_store<float><<<n_tok, 128, 0, c->stream>>>((uint8_t *)kv->arena, bb, kv->block_size,
-                                                              kv->n_head_kv, kv->head_dim, k, v, src_stride, slots);
+    pick<store_launch>(kv->type_k, kv->type_v)(c, (uint8_t *)kv->arena, g, kv->n_head_kv, kv->head_dim, k, v,
+                                                src_stride, n_tok, slots);
     TLC_LAUNCHED(kernel_kv_store);
     return TL_CUDA_OK;
 }
 
 extern "C" TL_CUDA_API int tl_cuda_kv_copy(tl_cuda *c, const tl_cuda_kv *kv, int dst, int src) {
-    int rc = check_kv(kv);
+    kv_geom g;
+    int rc = check_kv(kv, &g);
     if (rc) return rc;
     TLC_ARG(c && dst >= 0 && src >= 0, "bad block ids (dst %d, src %d)", dst, src);
     if (dst == src) return TL_CUDA_OK;
     TLC_BIND(c);
-    const size_t bb = tl_cuda_kv_block_bytes(kv);
+    const size_t bb = g.block_bytes;
     uint8_t *a = (uint8_t *)kv->arena;
     TLC_CHECK(cudaMemcpyAsync(a + (size_t)dst * bb, a + (size_t)src * bb, bb, cudaMemcpyDeviceToDevice, c->stream));
     return TL_CUDA_OK;
 }
 
+/* One attention launch, after the checks: everything kernel_attention takes. */
+typedef struct att_call {
+    float *out;
+    const float *q;
+    int q_stride;
+    const uint8_t *arena;
+    kv_geom g;
+    int n_head_kv, hd, group;
+    tl_cuda_attn_seqs s;
+    int window;
+    float scale;
+    int n_split, split_len;
+    float *part;
+    dim3 grid;
+    size_t smem;
+} att_call;
+
+template <int TK, int TV> struct att_launch {
+    typedef int (*fn)(tl_cuda *, const att_call &);
+    static int run(tl_cuda *c, const att_call &a) {
+        int rc = allow_smem(c, kernel_attention<TK, TV>, TK * TL_KVT_COUNT + TV, a.smem);
+        if (rc) return rc;
+        kernel_attention<TK, TV><<<a.grid, 32 * ATT_WARPS, a.smem, c->stream>>>(
+            a.out, a.q, a.q_stride, a.arena, a.g, a.n_head_kv, a.hd, a.group, a.s, a.window, a.scale, a.n_split,
+            a.split_len, a.part);
+        TLC_LAUNCHED(kernel_attention);
+        return TL_CUDA_OK;
+    }
+};
+
 static int attention(tl_cuda *c, float *out, const float *q, int q_stride, const tl_cuda_kv *kv,
                      const tl_cuda_attn_seqs *sq, int n_head, int window, float scale, int decode) {
-    int rc = check_kv(kv);
+    kv_geom g;
+    int rc = check_kv(kv, &g);
     if (rc) return rc;
     TLC_ARG(c && out && q && sq && sq->pos0 && sq->block_ids, "bad arguments");
     TLC_ARG(n_head > 0 && n_head % kv->n_head_kv == 0, "n_head %d not a multiple of n_head_kv %d", n_head,
@@ -322,21 +504,10 @@ static int attention(tl_cuda *c, float *out, const float *q, int q_stride, const
         if (rc) return rc;
         part = (float *)c->att_part;
     }
-    const dim3 grid((unsigned)(n_rb * n_split), (unsigned)s.n_seq, (unsigned)kv->n_head_kv);
-    const size_t bb = tl_cuda_kv_block_bytes(kv);
-    const uint8_t *a = (const uint8_t *)kv->arena;
-    if (kv->kv_type == TL_CUDA_KV_F16) {
-        if ((rc = allow_smem(c, kernel_attention<__half>, 0, smem))) return rc;
-        kernel_attention<__half><<<grid, 32 * ATT_WARPS, smem, c->stream>>>(
-            out, q, q_stride, a, bb, kv->block_size, kv->n_head_kv, hd, group, s, window, scale, n_split, split_len,
-            part);
-    } else {
-        if ((rc = allow_smem(c, kernel_attention<float>, 1, smem))) return rc;
-        kernel_attention<float><<<grid, 32 * ATT_WARPS, smem, c->stream>>>(
-            out, q, q_stride, a, bb, kv->block_size, kv->n_head_kv, hd, group, s, window, scale, n_split, split_len,
-            part);
-    }
-    TLC_LAUNCHED(kernel_attention);
+    att_call a = {out, q, q_stride, (const uint8_t *)kv->arena, g, kv->n_head_kv, hd, group, s, window, scale,
+                  n_split, split_len, part,
+                  dim3((unsigned)(n_rb * n_split), (unsigned)s.n_seq, (unsigned)kv->n_head_kv), smem};
+    if ((rc = pick<att_launch>(kv->type_k, kv->type_v)(c, a))) return rc;
     if (n_split > 1) {
         kernel_attn_combine<<<s.n_seq * n_head, hd < 128 ? 64 : 128, 0, c->stream>>>(out, part, n_split, hd);
         TLC_LAUNCHED(kernel_attn_combine);

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "tl_cuda.h"
+#include "../../engine/kv_layout.h" /* the KV block layout, shared with the engine */
 
 #define TLC_HIDDEN __attribute__((visibility("hidden")))
 

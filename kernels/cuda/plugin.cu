@@ -231,10 +231,18 @@ static int init_inner(plugin *p, const tl_backend_model *m, char *msg, size_t ca
         m->head_dim);
     REQ(m->rope_type == TL_CUDA_ROPE_NORM || m->rope_type == TL_CUDA_ROPE_NEOX, "rope_type %d", m->rope_type);
     REQ(m->ffn_act == 0 || m->ffn_act == 1, "ffn_act %d", m->ffn_act);
-    REQ((m->kv_type == TL_CUDA_KV_F16 || m->kv_type == TL_CUDA_KV_F32) && m->kv_layout.type_v == m->kv_type &&
-            !m->kv_layout.store_h,
-        "KV mode (K type %d, V type %d, store-h %d): the CUDA backend holds f16 or f32 K and V", m->kv_type,
-        m->kv_layout.type_v, m->kv_layout.store_h);
+    /* store-h blocks hold normed hidden states that attention re-projects
+     * into K and V on every read: only the CPU path does that. */
+    static const char *const kv_names[TL_KVT_COUNT] = {"f16", "f32", "q8", "q4"};
+    const tl_kv_layout *kl = &m->kv_layout;
+    REQ(kl->type_k >= 0 && kl->type_k < TL_KVT_COUNT && (kl->store_h || (kl->type_v >= 0 && kl->type_v < TL_KVT_COUNT)),
+        "unknown KV row types (K %d, V %d)", kl->type_k, kl->type_v);
+    REQ(!kl->store_h,
+        "KV mode h:%s (store-h: blocks hold hidden states, K and V recomputed at read) runs on the CPU only; the "
+        "CUDA backend holds K and V rows (f16, f32, q8, q4, or '<k>,<v>' such as q8,f16)", kv_names[kl->type_k]);
+    REQ(m->kv_type == kl->type_k, "kv_type %d differs from kv_layout.type_k %d", m->kv_type, kl->type_k);
+    REQ(kl->block_size == m->kv_block_size, "kv_layout.block_size %d, kv_block_size %d", kl->block_size,
+        m->kv_block_size);
     REQ(m->kv_blocks > 0 && m->kv_block_size > 0, "KV arena of %d blocks of %d positions", m->kv_blocks,
         m->kv_block_size);
     REQ(m->max_batch_tokens > 0, "max_batch_tokens %d (must be > 0)", m->max_batch_tokens);
@@ -325,12 +333,16 @@ static int init_inner(plugin *p, const tl_backend_model *m, char *msg, size_t ca
         *bufs[i].buf = (float *)d;
     }
     /* KV arena */
-    p->kv.kv_type = m->kv_type;
+    p->kv.type_k = kl->type_k;
+    p->kv.type_v = kl->type_v;
     p->kv.block_size = m->kv_block_size;
     p->kv.n_head_kv = m->n_head_kv;
     p->kv.head_dim = hd;
     const size_t bb = tl_cuda_kv_block_bytes(&p->kv);
-    REQ(bb > 0, "KV block of 0 bytes");
+    REQ(bb > 0, "KV mode %s,%s with head_dim %d: no block layout (q4 needs an even head_dim)", kv_names[kl->type_k],
+        kv_names[kl->type_v], hd);
+    /* the engine sized its blocks (and copies them) by this same layout */
+    REQ(bb == kl->block_bytes, "KV block of %zu bytes; the engine's layout has %zu", bb, kl->block_bytes);
     if (m->kv_auto) {
         /* No size asked for: most of what is free after the weights and
          * activations, leaving room for the GEMM path's f16 copy of the
@@ -400,6 +412,15 @@ static int pl_copy_block(void *ctx, int dst, int src, char *msg, size_t cap) {
         p->kv_blocks);
     TRY(tl_cuda_kv_copy(p->c, &p->kv, dst, src));
     return 0;
+}
+
+extern "C" TL_CUDA_API int tl_cuda_plugin_read_kv_block(void *ctx, int id, void *dst, size_t bytes) {
+    plugin *p = (plugin *)ctx;
+    if (!p || !dst || id < 0 || id >= p->kv_blocks || bytes > tl_cuda_kv_block_bytes(&p->kv))
+        return tlc_fail(TL_CUDA_ERR_ARG, __func__, __FILE__, __LINE__, "bad arguments (block %d of %d, %zu bytes)", id,
+                        p ? p->kv_blocks : 0, bytes);
+    return tl_cuda_download(p->c, dst, (const uint8_t *)p->kv.arena + (size_t)id * tl_cuda_kv_block_bytes(&p->kv),
+                            bytes);
 }
 
 static int pl_kv_blocks(void *ctx) { return ctx ? ((plugin *)ctx)->kv_blocks : 0; }

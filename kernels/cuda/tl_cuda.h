@@ -21,10 +21,15 @@
  * BF16 30, in the GGUF block layouts. A weight matrix W (n_out, n_in) is
  * n_out rows of tl_row_size(type, n_in) bytes, as stored in the GGUF file.
  *
- * Paged KV arena (same as engine/kv_blocks.h):
- *   block id:  [ K (n_head_kv, block_size, head_dim) | V (same) ]
- *   element type f16 (TL_CUDA_KV_F16) or f32 (TL_CUDA_KV_F32); block b of
- *   the arena starts at arena + b * tl_cuda_kv_block_bytes(kv).
+ * Paged KV arena (the engine's, engine/kv_layout.h):
+ *   block id:  [ K region | V region ], each region (n_head_kv, block_size)
+ *   rows of head_dim values, row (h, r) at (h * block_size + r) * row_bytes;
+ *   the V region starts at the K region's size rounded up to 16 bytes.
+ *   K and V rows each have their own type: f16 (TL_CUDA_KV_F16), f32
+ *   (TL_CUDA_KV_F32), or q8 / q4 (TL_CUDA_KV_Q8 / _Q4: per group of
+ *   G = gcd(head_dim, 32) values an f16 scale then G int8, resp. G/2 bytes
+ *   of two nibbles; ggml's q8_0 / q4_0 blocks when G = 32). Block b of the
+ *   arena starts at arena + b * tl_cuda_kv_block_bytes(kv).
  * A block table gives, for sequence s and logical block lb (positions
  * lb*block_size ..), the physical id at ids[s*seq_stride + lb*blk_stride].
  * The engine's table (ids[lb*depth + vl]) maps to blk_stride = depth with
@@ -57,7 +62,8 @@ enum tl_cuda_status {
     TL_CUDA_ERR_NODEV = -5    /* no CUDA device (or no usable driver) */
 };
 
-enum tl_cuda_kv_type { TL_CUDA_KV_F16 = 0, TL_CUDA_KV_F32 = 1 };       /* = enum tl_kv_type */
+/* = enum tl_kv_type (tinyloop.h) = TL_KVT_* (kv_layout.h) */
+enum tl_cuda_kv_type { TL_CUDA_KV_F16 = 0, TL_CUDA_KV_F32 = 1, TL_CUDA_KV_Q8 = 2, TL_CUDA_KV_Q4 = 3 };
 enum tl_cuda_rope_type { TL_CUDA_ROPE_NORM = 0, TL_CUDA_ROPE_NEOX = 2 }; /* = enum tl_rope_type */
 enum tl_cuda_mm_path { TL_CUDA_MM_AUTO = 0, TL_CUDA_MM_DIRECT = 1, TL_CUDA_MM_GEMM = 2 };
 
@@ -218,19 +224,21 @@ TL_CUDA_API int tl_cuda_topk(tl_cuda *c, float *vals, int32_t *ids, const float 
 /* ---- paged KV attention --------------------------------------------------- */
 
 typedef struct tl_cuda_kv {
-    void *arena;    /* device: n_blocks * tl_cuda_kv_block_bytes */
-    int kv_type;    /* enum tl_cuda_kv_type */
-    int block_size; /* positions per block */
+    void *arena;        /* device: n_blocks * tl_cuda_kv_block_bytes */
+    int type_k, type_v; /* row types of K and V: enum tl_cuda_kv_type */
+    int block_size;     /* positions per block */
     int n_head_kv;
-    int head_dim;   /* <= 256 */
+    int head_dim;       /* <= 256; even for q4 rows */
 } tl_cuda_kv;
 
-/* Bytes of one block (K and V). */
+/* Bytes of one block (K and V regions); 0 for an invalid description. */
 TL_CUDA_API size_t tl_cuda_kv_block_bytes(const tl_cuda_kv *kv);
 
 /* Writes K and V of n_tok tokens: token t's rows k + t*src_stride and
  * v + t*src_stride (n_head_kv*head_dim f32 each) go to slot slots[t]
- * (device) = block_id * block_size + row. f16 arenas round to nearest. */
+ * (device) = block_id * block_size + row. f16 rows round to nearest; q8 /
+ * q4 rows are quantized as engine/kv_mode.c's tl_kv_store_row does (the
+ * same bytes for the same input). */
 TL_CUDA_API int tl_cuda_kv_store(tl_cuda *c, const tl_cuda_kv *kv, const float *k, const float *v, int src_stride,
                                  int n_tok, const int32_t *slots);
 
@@ -275,6 +283,13 @@ TL_CUDA_API int tl_cuda_attn_decode(tl_cuda *c, float *out, const float *q, int 
  * out (rows, n_head*head_dim) at the same rows as q. */
 TL_CUDA_API int tl_cuda_attn_prefill(tl_cuda *c, float *out, const float *q, int q_stride, const tl_cuda_kv *kv,
                                      const tl_cuda_attn_seqs *seqs, int n_head, int window, float scale);
+
+/* ---- the backend plugin (tests) ------------------------------------------- */
+
+/* Copies `bytes` (at most one block) of block `id` of the plugin's KV
+ * arena to host dst; ctx is a context from the plugin's ops->init. For
+ * tests that compare the stored K/V with the CPU engine's blocks. */
+TL_CUDA_API int tl_cuda_plugin_read_kv_block(void *ctx, int id, void *dst, size_t bytes);
 
 #ifdef __cplusplus
 }

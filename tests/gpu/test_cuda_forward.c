@@ -19,14 +19,26 @@
  * replay runs the same kernels, so any difference is a value the capture
  * froze that should have been read afresh.
  *
+ * KV modes: the CPU engine and the plugin both opened in q8, q4, q8,f16,
+ * q4,q8 (and f16,q4 at head_dim 256); after the steps, every stored K/V row
+ * of the sequences is read back from the plugin's arena
+ * (tl_cuda_plugin_read_kv_block) and compared with the CPU's block.
+ *
  * Tolerances, by NMSE = sum (gpu - cpu)^2 / sum cpu^2 over a batch's logits:
- *   1e-5  f32 weights and f32 KV (same arithmetic up to summation order)
+ *   1e-5  f32 weights with f32, q8 or q4 KV (same arithmetic up to
+ *         summation order; q8/q4 rows quantized with the same rounding, so
+ *         >= 95% of them must be the CPU's bytes: 100% on the emulation)
  *   1e-3  f16 KV or quantized weights (the CPU quantizes activations to
  *         Q8 for quantized dots; the GEMM path rounds weights and
  *         activations to f16)
+ *   1e-2, 3e-2  quantized weights with q4 K (the Q8-activation difference
+ *         moves K elements across q4 steps of 1/16 of a group's range)
+ * Stored K/V (dequantized, NMSE): 1e-9 f32, 1e-5 f16 with float weights,
+ * 1e-4 q8/q4 with f32 weights, 1e-3 .. 5e-2 with quantized weights.
  * Greedy tokens: the CPU's argmax is fed to both (teacher forcing); the
  * GPU's argmax must match wherever the CPU's top-2 margin exceeds 1e-2 of
- * the logits' spread (a near-tie may flip legitimately).
+ * the logits' spread (5e-2 for quantized weights with q4 K) (a near-tie may
+ * flip legitimately).
  *
  * Without a CUDA device: "SKIP: no CUDA device" and "0 passed, 0 failed". */
 #include <stdint.h>
@@ -34,6 +46,8 @@
 
 #include "backend.h"
 #include "forward.h"
+#include "kv_blocks.h"
+#include "kv_mode.h"
 #include "model.h"
 #include "quants.h"
 #include "test.h"
@@ -50,9 +64,15 @@ typedef struct tcase {
     const char *name;
     tm_spec spec;
     int kv_type;
+    const char *kv_mode; /* a KV mode string (q8, "q4,q8", ...) instead of kv_type, or NULL */
     int loops;
     double tol;
+    double kv_tol;   /* stored K/V (dequantized) vs the CPU's, NMSE */
+    double min_same; /* fraction of stored q8/q4 rows bytewise equal to the CPU's, at least */
+    float tie;       /* near-tie margin for greedy tokens (0: NEAR_TIE) */
 } tcase;
+
+#define NEAR_TIE 1e-2f
 
 static int argmax(const float *x, int n, float *margin) {
     int best = 0;
@@ -136,10 +156,74 @@ static void compare(const tcase *tc, const float *cpu, const float *gpu, int row
         float mc, mg;
         int c = argmax(cpu + (size_t)i * n_vocab, n_vocab, &mc);
         int g = argmax(gpu + (size_t)i * n_vocab, n_vocab, &mg);
-        CHECK(c == g || mc < 1e-2f, "%s %s row %d: greedy token GPU %d vs CPU %d (CPU margin %.3g)", tc->name, what,
+        CHECK(c == g || mc < (tc->tie > 0 ? tc->tie : NEAR_TIE), "%s %s row %d: greedy token GPU %d vs CPU %d (CPU margin %.3g)", tc->name, what,
               i, g, c, mc);
         if (greedy_out) greedy_out[i] = c;
     }
+}
+
+/* The K/V both backends stored for every position of the sequences, read
+ * back from the plugin's arena and dequantized by the CPU codec, against
+ * the CPU arena's: NMSE over K and over V. The K/V inputs differ by the
+ * backends' rounding, so a quantized element may land one step apart;
+ * the bytes of most rows still agree, and the graph and eager contexts
+ * must agree bit for bit. */
+static void compare_kv(const tcase *tc, runner *r, tl_seq **seqs, int n_seq) {
+    const tl_kv_layout *l = &r->m->kv.layout;
+    const int hd = l->row_len, bs = l->block_size;
+    uint8_t *g = malloc(l->block_bytes), *ge = malloc(l->block_bytes);
+    float *a = malloc(sizeof(float) * hd), *b = malloc(sizeof(float) * hd);
+    double err[2] = {0, 0}, ref[2] = {0, 0};
+    long rows = 0, qrows = 0, qsame = 0, blocks = 0, eager_diff = 0;
+    for (int s = 0; s < n_seq; s++) {
+        const tl_seq *sq = seqs[s];
+        for (int lb = 0; lb < sq->bt.n_logical; lb++)
+            for (int vl = 0; vl < r->depth; vl++) {
+                int id = sq->bt.ids[lb * sq->bt.depth + vl];
+                if (id < 0) continue; /* dropped behind a window */
+                int rc = tl_cuda_plugin_read_kv_block(r->ctx, id, g, l->block_bytes);
+                rc = rc ? rc : tl_cuda_plugin_read_kv_block(r->ctx_eager, id, ge, l->block_bytes);
+                CHECK(rc == 0, "%s: reading KV block %d: %s", tc->name, id, tl_cuda_last_error());
+                if (rc) goto out;
+                blocks++;
+                for (int rr = 0; rr < bs && lb * bs + rr < sq->n_pos; rr++)
+                    for (int h = 0; h < l->rows; h++)
+                        for (int v = 0; v < 2; v++) {
+                            size_t rb = v ? l->row_bytes_v : l->row_bytes_k;
+                            size_t off = (size_t)(v ? l->k_bytes : 0) + tl_kv_row_off(l, h, rr, rb);
+                            const uint8_t *cpu = (v ? tl_kv_v(&r->m->kv, id) : tl_kv_k(&r->m->kv, id)) +
+                                                 tl_kv_row_off(l, h, rr, rb);
+                            int type = v ? l->type_v : l->type_k;
+                            tl_kv_load_row(type, l->group, cpu, a, hd);
+                            tl_kv_load_row(type, l->group, g + off, b, hd);
+                            for (int d = 0; d < hd; d++) {
+                                err[v] += ((double)b[d] - a[d]) * ((double)b[d] - a[d]);
+                                ref[v] += (double)a[d] * a[d];
+                            }
+                            rows++;
+                            if (type == TL_KVT_Q8 || type == TL_KVT_Q4) {
+                                qrows++;
+                                qsame += !memcmp(cpu, g + off, rb);
+                            }
+                            eager_diff += memcmp(g + off, ge + off, rb) != 0;
+                        }
+            }
+    }
+    {
+        double ek = ref[0] > 0 ? err[0] / ref[0] : err[0], ev = ref[1] > 0 ? err[1] / ref[1] : err[1];
+        printf("  %-28s stored K/V: %ld blocks, %ld rows, NMSE K %.3g, V %.3g", tc->name, blocks, rows, ek, ev);
+        if (qrows) printf(", %.1f%% of %ld q8/q4 rows bytewise equal", 100.0 * qsame / qrows, qrows);
+        printf("\n");
+        CHECK(rows > 0, "%s: rows of stored K/V compared", tc->name);
+        CHECK(qsame >= tc->min_same * qrows, "%s: %ld of %ld stored q8/q4 rows bytewise equal to the CPU's (want "
+              "%.0f%%)", tc->name, qsame, qrows, 100 * tc->min_same);
+        CHECK(ek <= tc->kv_tol && ev <= tc->kv_tol, "%s: stored K/V NMSE (K %.3g, V %.3g) > %.1g", tc->name, ek, ev,
+              tc->kv_tol);
+        CHECK(eager_diff == 0, "%s: %ld stored K/V rows differ between the graph and eager contexts", tc->name,
+              eager_diff);
+    }
+out:
+    free(g), free(ge), free(a), free(b);
 }
 
 static void run_case(const tcase *tc, int idx) {
@@ -154,6 +238,7 @@ static void run_case(const tcase *tc, int idx) {
     mp.max_seq_len = 128;
     mp.kv_block_size = 4; /* windows and prompts span several blocks */
     mp.kv_type = tc->kv_type;
+    mp.kv_mode = tc->kv_mode;
     runner r = {0};
     int rc = tl_model_open(path, mp, &r.m);
     unlink(path);
@@ -229,6 +314,8 @@ static void run_case(const tcase *tc, int idx) {
             CHECK(rows == 2, "%s: want_logits rows %d", tc->name, rows);
             if (rows > 0) compare(tc, cpu, gpu, rows, nv, "want_logits {1,0,1}", NULL);
         }
+        /* the K/V every step stored, against the CPU's */
+        if (rows > 0) compare_kv(tc, &r, seqs, NS);
         /* 5. errors come back as messages, nothing aborts */
         {
             int32_t tk[2] = {5, 6}, ps[2] = {0, 1}, ts[2] = {1, 0};
@@ -277,14 +364,38 @@ int main(void) {
     /* the four architectures (llama in f32 with f32 KV: the tight check;
      * the loop model at depth 5 over 3 layers), llama with f16 weights and
      * gemma3 in f32, and head_dim 256; even cases also get a request cache_window */
-    tcase cases[7] = {
-        {.name = names[0], .spec = arch[0], .kv_type = TL_KV_F32, .tol = 1e-5},
-        {.name = "llama f16/kv f16", .spec = arch[0], .kv_type = TL_KV_F16, .tol = 1e-3},
-        {.name = names[1], .spec = arch[1], .kv_type = TL_KV_F16, .loops = 2, .tol = 1e-3},
-        {.name = names[2], .spec = arch[2], .kv_type = TL_KV_F16, .tol = 1e-3},
-        {.name = names[3], .spec = arch[3], .kv_type = TL_KV_F16, .tol = 1e-3},
-        {.name = "gemma3 swa f32/kv f32", .spec = tm_default_spec(), .kv_type = TL_KV_F32, .tol = 1e-5},
-        {.name = "llama head_dim 256", .spec = arch[0], .kv_type = TL_KV_F16, .tol = 1e-3},
+    /* kv_tol: the stored K/V (dequantized) against the CPU's; with f16 KV
+     * it measures the K/V projections' rounding, as the logits' tol does. */
+    tcase cases[] = {
+        {.name = names[0], .spec = arch[0], .kv_type = TL_KV_F32, .tol = 1e-5, .kv_tol = 1e-9},
+        {.name = "llama f16/kv f16", .spec = arch[0], .kv_type = TL_KV_F16, .tol = 1e-3, .kv_tol = 1e-5},
+        {.name = names[1], .spec = arch[1], .kv_type = TL_KV_F16, .loops = 2, .tol = 1e-3, .kv_tol = 1e-3},
+        {.name = names[2], .spec = arch[2], .kv_type = TL_KV_F16, .tol = 1e-3, .kv_tol = 1e-3},
+        {.name = names[3], .spec = arch[3], .kv_type = TL_KV_F16, .tol = 1e-3, .kv_tol = 1e-3},
+        {.name = "gemma3 swa f32/kv f32", .spec = tm_default_spec(), .kv_type = TL_KV_F32, .tol = 1e-5,
+         .kv_tol = 1e-9},
+        {.name = "llama head_dim 256", .spec = arch[0], .kv_type = TL_KV_F16, .tol = 1e-3, .kv_tol = 1e-5},
+        /* KV modes. f32 weights: K and V reach the store nearly equal on
+         * both backends, so the quantized rows should be the same bytes (a
+         * rare one-step flip at a rounding boundary allowed) and the logits
+         * as close as with f32 KV. */
+        {.name = "llama f32/kv q8", .spec = arch[0], .kv_mode = "q8", .tol = 1e-5, .kv_tol = 1e-4, .min_same = 0.95},
+        {.name = "llama f32/kv q4", .spec = arch[0], .kv_mode = "q4", .tol = 1e-5, .kv_tol = 1e-4, .min_same = 0.95},
+        {.name = "llama f32/kv q8,f16", .spec = arch[0], .kv_mode = "q8,f16", .tol = 1e-5, .kv_tol = 1e-4,
+         .min_same = 0.95},
+        {.name = "llama f32/kv q4,q8", .spec = arch[0], .kv_mode = "q4,q8", .tol = 1e-5, .kv_tol = 1e-4,
+         .min_same = 0.95},
+        {.name = "gemma3 swa f32/kv q4", .spec = tm_default_spec(), .kv_mode = "q4", .tol = 1e-5, .kv_tol = 1e-4,
+         .min_same = 0.95},
+        {.name = "llama hd 256/kv f16,q4", .spec = arch[0], .kv_mode = "f16,q4", .tol = 1e-3, .kv_tol = 1e-4},
+        /* Quantized weights: the CPU's Q8 activations already move K and V
+         * by ~1e-4 (the f16 KV cases above), and a q4 element that lands one
+         * step apart moves a score by a sixteenth of its group's range: wider
+         * tolerances, and near-ties up to 5e-2 where K is q4. */
+        {.name = "llama loop/kv q4,q8", .spec = arch[1], .kv_mode = "q4,q8", .loops = 2, .tol = 1e-2, .kv_tol = 2e-2,
+         .tie = 5e-2f},
+        {.name = "qwen2 q8_0/kv q8,f16", .spec = arch[2], .kv_mode = "q8,f16", .tol = 1e-3, .kv_tol = 1e-3},
+        {.name = "gemma3 q4_k/kv q4", .spec = arch[3], .kv_mode = "q4", .tol = 3e-2, .kv_tol = 5e-2, .tie = 5e-2f},
     };
     cases[1].spec.type = TL_TYPE_F16;
     cases[5].spec.gemma3 = 1;
@@ -295,7 +406,9 @@ int main(void) {
     cases[6].spec.n_embd = 256;
     cases[6].spec.n_head = 1;
     cases[6].spec.n_head_kv = 1;
-    int n = 7;
+    cases[11].spec = cases[5].spec; /* gemma3 swa f32 */
+    cases[12].spec = cases[6].spec; /* head_dim 256: groups of 32 (ggml's blocks), > 48 KiB of shared memory */
+    int n = (int)(sizeof cases / sizeof cases[0]);
     for (int i = 0; i < n; i++) run_case(&cases[i], i);
     tl_cuda_graph_stats gs;
     tl_cuda_graph_totals(&gs);

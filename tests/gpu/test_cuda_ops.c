@@ -8,6 +8,8 @@
 #include <time.h>
 
 #include "gpu_test.h"
+#include "kv_layout.h"
+#include "kv_mode.h"
 #include "quants.h"
 
 static tl_cuda *ctx;
@@ -346,16 +348,30 @@ static void test_elementwise(void) {
 
 enum { N_SEQ = 3, N_BLOCKS = 40, BS = 16, NKV = 2, NH = 6, HD = 80, DEPTH = 2, MAX_LB = 8 };
 
-/* Host view of the arena element (f16 or f32) as f32. */
-static float kv_at(const uint8_t *arena, int f32, size_t bb, int id, int v, int h, int r, int d) {
-    size_t off = ((size_t)h * BS + r) * HD + d;
-    const uint8_t *b = arena + (size_t)id * bb + (v ? bb / 2 : 0);
-    return f32 ? ((const float *)b)[off] : tl_f16_to_f32(((const uint16_t *)b)[off]);
+/* The arena's values as f32, dequantized once by the CPU codec
+ * (tl_kv_load_row): deq[((id * 2 + v) * NKV + h) * BS + r) * HD + d]. */
+static float *deq_arena(const uint8_t *arena, const tl_kv_layout *l) {
+    float *deq = xmalloc(sizeof(float) * N_BLOCKS * 2 * NKV * BS * HD);
+    for (int id = 0; id < N_BLOCKS; id++)
+        for (int v = 0; v < 2; v++)
+            for (int h = 0; h < NKV; h++)
+                for (int r = 0; r < BS; r++) {
+                    size_t rb = v ? l->row_bytes_v : l->row_bytes_k;
+                    const uint8_t *row = arena + (size_t)id * l->block_bytes + (v ? l->k_bytes : 0) +
+                                         tl_kv_row_off(l, h, r, rb);
+                    tl_kv_load_row(v ? l->type_v : l->type_k, l->group, row,
+                                   deq + ((((size_t)id * 2 + v) * NKV + h) * BS + r) * HD, HD);
+                }
+    return deq;
+}
+
+static float kv_at(const float *deq, int id, int v, int h, int r, int d) {
+    return deq[((((size_t)id * 2 + v) * NKV + h) * BS + r) * HD + d];
 }
 
 /* out (NH*HD) for a query at `pos` of sequence s, window w (0 = none). */
-static void ref_attention(float *out, const float *q, const uint8_t *arena, int f32, size_t bb, const int32_t *table,
-                          int pos, int w, float scale) {
+static void ref_attention(float *out, const float *q, const float *deq, const int32_t *table, int pos, int w,
+                          float scale) {
     int j0 = w > 0 && pos >= w ? pos - w + 1 : 0;
     double *sc = xmalloc(sizeof(double) * (pos + 1));
     for (int h = 0; h < NH; h++) {
@@ -364,26 +380,33 @@ static void ref_attention(float *out, const float *q, const uint8_t *arena, int 
         for (int j = j0; j <= pos; j++) {
             int id = table[(j / BS) * DEPTH];
             double s = 0;
-            for (int d = 0; d < HD; d++) s += (double)q[h * HD + d] * kv_at(arena, f32, bb, id, 0, kh, j % BS, d);
+            for (int d = 0; d < HD; d++) s += (double)q[h * HD + d] * kv_at(deq, id, 0, kh, j % BS, d);
             sc[j] = s * scale;
             if (sc[j] > mx) mx = sc[j];
         }
         for (int j = j0; j <= pos; j++) sum += (sc[j] = exp(sc[j] - mx));
         for (int d = 0; d < HD; d++) {
             double o = 0;
-            for (int j = j0; j <= pos; j++)
-                o += sc[j] * kv_at(arena, f32, bb, table[(j / BS) * DEPTH], 1, kh, j % BS, d);
+            for (int j = j0; j <= pos; j++) o += sc[j] * kv_at(deq, table[(j / BS) * DEPTH], 1, kh, j % BS, d);
             out[h * HD + d] = (float)(o / sum);
         }
     }
     free(sc);
 }
 
-static void test_attention_kv(int f32) {
-    const char *kvn = f32 ? "f32" : "f16";
+/* K rows of type tk, V rows of type tv (enum tl_cuda_kv_type). HD = 80:
+ * quantized rows in groups of 16 (gcd(80, 32)), not ggml's 32. */
+static void test_attention_kv(int tk, int tv) {
+    static const char *const tn[] = {"f16", "f32", "q8", "q4"};
+    char kvn[16];
+    snprintf(kvn, sizeof kvn, "%s,%s", tn[tk], tn[tv]);
     void *darena = NULL;
-    tl_cuda_kv kv = {NULL, f32 ? TL_CUDA_KV_F32 : TL_CUDA_KV_F16, BS, NKV, HD};
+    float *deq = NULL;
+    tl_cuda_kv kv = {NULL, tk, tv, BS, NKV, HD};
+    tl_kv_layout lay;
+    tl_kv_layout_init(&lay, tk, tv, 0, BS, NKV, HD, 0);
     size_t bb = tl_cuda_kv_block_bytes(&kv);
+    CHECK(bb == lay.block_bytes, "%s: block of %zu bytes, the engine's layout %zu", kvn, bb, lay.block_bytes);
     darena = dev_put(NULL, bb * N_BLOCKS);
     if (!darena) return;
     kv.arena = darena;
@@ -414,17 +437,23 @@ static void test_attention_kv(int f32) {
     uint8_t *arena = xmalloc(bb * N_BLOCKS);
     if (rc != TL_CUDA_OK || dev_get(arena, darena, bb * N_BLOCKS) != TL_CUDA_OK) goto out;
     {
+        /* every row holds the bytes the CPU codec (tl_kv_store_row) makes of
+         * the same values: same rounding, same quantization */
         int bad = 0;
+        uint8_t want[4 * HD];
         for (int t = 0; t < n_store; t++)
-            for (int e = 0; e < kvd; e++) {
-                float kr = k[(size_t)t * (kvd + 3) + e], vr = v[(size_t)t * (kvd + 3) + e];
-                if (!f32) kr = tl_f16_to_f32(tl_f32_to_f16(kr)), vr = tl_f16_to_f32(tl_f32_to_f16(vr));
-                int id = slots[t] / BS, r = slots[t] % BS;
-                bad += kv_at(arena, f32, bb, id, 0, e / HD, r, e % HD) != kr;
-                bad += kv_at(arena, f32, bb, id, 1, e / HD, r, e % HD) != vr;
-            }
-        CHECK(bad == 0, "%s: kv_store puts every element at its slot in the block layout (%d wrong)", kvn, bad);
+            for (int h = 0; h < NKV; h++)
+                for (int vv = 0; vv < 2; vv++) {
+                    int id = slots[t] / BS, r = slots[t] % BS, type = vv ? tv : tk;
+                    size_t rb = vv ? lay.row_bytes_v : lay.row_bytes_k;
+                    tl_kv_store_row(type, lay.group, (vv ? v : k) + (size_t)t * (kvd + 3) + h * HD, want, HD);
+                    bad += memcmp(arena + (size_t)id * bb + (vv ? lay.k_bytes : 0) + tl_kv_row_off(&lay, h, r, rb),
+                                  want, rb) != 0;
+                }
+        CHECK(bad == 0, "%s: kv_store writes each row as the CPU's tl_kv_store_row, at its slot (%d rows differ)",
+              kvn, bad);
     }
+    deq = deq_arena(arena, &lay);
 
     int32_t *dtab = dev_put(&tables[0][1], sizeof tables - sizeof(int32_t));
     int32_t *dpos0 = dev_put(pos0, sizeof pos0), *dqlen = dev_put(q_len, sizeof q_len);
@@ -449,8 +478,8 @@ static void test_attention_kv(int f32) {
                 int w = lw;
                 if (wcase == 2) w = seq_win[s];
                 int row = q_start[s] + t;
-                ref_attention(ref + (size_t)row * NH * HD, q + (size_t)row * (NH * HD + 7), arena, f32, bb,
-                              &tables[s][1], pos0[s] + t, w, scale);
+                ref_attention(ref + (size_t)row * NH * HD, q + (size_t)row * (NH * HD + 7), deq, &tables[s][1],
+                              pos0[s] + t, w, scale);
             }
         rc = tl_cuda_attn_prefill(ctx, dout, dq, NH * HD + 7, &kv, &sq, NH, lw, scale);
         CHECK(rc == TL_CUDA_OK, "%s: prefill attention runs: %s", kvn, tl_cuda_last_error());
@@ -465,8 +494,8 @@ static void test_attention_kv(int f32) {
         int32_t *ddpos = dev_put(dpos, sizeof dpos);
         sq.pos0 = ddpos;
         for (int s = 0; s < N_SEQ; s++)
-            ref_attention(ref + (size_t)s * NH * HD, q + (size_t)s * (NH * HD + 7), arena, f32, bb, &tables[s][1],
-                          dpos[s], wcase == 2 ? seq_win[s] : lw, scale);
+            ref_attention(ref + (size_t)s * NH * HD, q + (size_t)s * (NH * HD + 7), deq, &tables[s][1], dpos[s],
+                          wcase == 2 ? seq_win[s] : lw, scale);
         /* whole ranges, then split into 32-position ranges (flash-decoding), then the launcher's choice */
         static const int splits[] = {-1, 32, 0};
         sq.max_pos = 0;
@@ -503,7 +532,7 @@ out2:
     free(q), free(ref), free(got);
 out:
     tl_cuda_dealloc(ctx, dk), tl_cuda_dealloc(ctx, dv), tl_cuda_dealloc(ctx, dslots), tl_cuda_dealloc(ctx, darena);
-    free(k), free(v), free(arena);
+    free(k), free(v), free(arena), free(deq);
 }
 
 static void test_errors(void) {
@@ -555,6 +584,44 @@ static void bench(void) {
     free(x);
 }
 
+/* Decode attention over long sequences in each KV mode: the time of one
+ * step and the K/V bytes it reads per second (q8/q4 rows are dequantized
+ * on the way into shared memory, so they should read fewer bytes in about
+ * the time of f16 or less). Arena contents do not matter for timing. */
+static void bench_attention(void) {
+    enum { S = 32, L = 2048, KVH = 8, H = 32, D = 128, B = 16, LB = L / B, iters = 20 };
+    static const int pairs[][2] = {{TL_CUDA_KV_F16, TL_CUDA_KV_F16}, {TL_CUDA_KV_Q8, TL_CUDA_KV_Q8},
+                                   {TL_CUDA_KV_Q4, TL_CUDA_KV_Q4}, {TL_CUDA_KV_Q8, TL_CUDA_KV_F16}};
+    static const char *const tn[] = {"f16", "f32", "q8", "q4"};
+    int32_t *table = xmalloc(sizeof(int32_t) * S * LB), pos[S];
+    for (int i = 0; i < S * LB; i++) table[i] = i;
+    for (int s = 0; s < S; s++) pos[s] = L - 1;
+    float *q = xmalloc(sizeof(float) * S * H * D);
+    fill(q, (size_t)S * H * D, 1.0f);
+    int32_t *dtab = dev_put(table, sizeof(int32_t) * S * LB), *dpos = dev_put(pos, sizeof pos);
+    float *dq = dev_put(q, sizeof(float) * S * H * D), *dout = dev_put(NULL, sizeof(float) * S * H * D);
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0] && dtab && dpos && dq && dout; i++) {
+        tl_cuda_kv kv = {NULL, pairs[i][0], pairs[i][1], B, KVH, D};
+        tl_kv_layout l;
+        tl_kv_layout_init(&l, kv.type_k, kv.type_v, 0, B, KVH, D, 0);
+        kv.arena = dev_put(NULL, l.block_bytes * S * LB);
+        if (!kv.arena) break;
+        tl_cuda_attn_seqs sq = {.n_seq = S, .pos0 = dpos, .block_ids = dtab, .seq_stride = LB, .blk_stride = 1,
+                                .split = 0, .max_pos = L};
+        tl_cuda_attn_decode(ctx, dout, dq, H * D, &kv, &sq, H, 0, 0.1f);
+        tl_cuda_sync(ctx);
+        double t0 = now_s();
+        for (int it = 0; it < iters; it++) tl_cuda_attn_decode(ctx, dout, dq, H * D, &kv, &sq, H, 0, 0.1f);
+        int rc = tl_cuda_sync(ctx);
+        double dt = (now_s() - t0) / iters, bytes = (double)S * L * KVH * (double)(l.row_bytes_k + l.row_bytes_v);
+        printf("BENCH attn decode kv %s,%s %d seqs x %d positions, %d/%d heads, head_dim %d: %8.1f us  %7.1f GB/s of "
+               "K/V%s\n", tn[kv.type_k], tn[kv.type_v], S, L, H, KVH, D, dt * 1e6, bytes / dt / 1e9, rc ? " ERROR" : "");
+        tl_cuda_dealloc(ctx, kv.arena);
+    }
+    tl_cuda_dealloc(ctx, dtab), tl_cuda_dealloc(ctx, dpos), tl_cuda_dealloc(ctx, dq), tl_cuda_dealloc(ctx, dout);
+    free(table), free(q);
+}
+
 int main(int argc, char **argv) {
     if (!gpu_test_open(&ctx)) return test_summary();
     tl_kernels_init();
@@ -564,10 +631,16 @@ int main(int argc, char **argv) {
     test_matmul();
     test_gemm_range();
     test_elementwise();
-    test_attention_kv(0);
-    test_attention_kv(1);
+    /* the KV modes: one type, and K and V of different types */
+    static const int kv_pairs[][2] = {{TL_CUDA_KV_F16, TL_CUDA_KV_F16}, {TL_CUDA_KV_F32, TL_CUDA_KV_F32},
+                                      {TL_CUDA_KV_Q8, TL_CUDA_KV_Q8},   {TL_CUDA_KV_Q4, TL_CUDA_KV_Q4},
+                                      {TL_CUDA_KV_Q8, TL_CUDA_KV_F16},  {TL_CUDA_KV_Q4, TL_CUDA_KV_Q8}};
+    for (size_t i = 0; i < sizeof kv_pairs / sizeof kv_pairs[0]; i++) test_attention_kv(kv_pairs[i][0], kv_pairs[i][1]);
     test_errors();
-    if (argc > 1 && strcmp(argv[1], "--bench") == 0) bench();
+    if (argc > 1 && strcmp(argv[1], "--bench") == 0) {
+        bench();
+        bench_attention();
+    }
     tl_cuda_free(ctx);
     return test_summary();
 }

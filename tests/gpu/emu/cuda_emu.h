@@ -84,6 +84,8 @@ template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int mask) {
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline float __uint_as_float(uint32_t u) {
     float f;
     memcpy(&f, &u, sizeof f);
@@ -96,6 +98,7 @@ struct __half {
     uint16_t x;
 };
 static inline __half __ushort_as_half(unsigned short u) { return __half{(uint16_t)u}; }
+static inline unsigned short __half_as_ushort(__half h) { return h.x; }
 static inline float __half2float(__half h) {
     const uint32_t s = (uint32_t)(h.x & 0x8000) << 16, e = (h.x >> 10) & 0x1f, m = h.x & 0x3ff;
     uint32_t u;
