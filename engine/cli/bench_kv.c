@@ -32,7 +32,7 @@
 #define ARENA_BYTES ((size_t)256 << 20)
 #define MAX_PROMPTS 8
 
-static const char *const kv_modes[] = {"f16", "f32", "q8", "q4", "q8,f16", "h", "h:q8"};
+static const char *const kv_modes[] = {"f16", "f32", "q8", "q4", "q8,f16", "q8,q4", "h", "h:q8"};
 enum { N_MODES = sizeof kv_modes / sizeof kv_modes[0] };
 
 typedef struct {
