@@ -35,7 +35,7 @@ typedef struct tl_scratch {
     int att_qc;              /* tokens per query chunk at most */
     float *scores;           /* per thread: (att_qc, group, max_seq_len) scores + (block_size, head_dim) K/V rows
                               * + with k_direct, (att_qc, group) queries as q8_0 rows of qq_bytes */
-    int k_direct;            /* K rows are ggml q8_0 / q4_0 rows: scores from the int8 dot kernels */
+    int k_direct;            /* K rows are ggml q8_0 / q4_1 rows: scores from the int8 dot kernels */
     size_t qq_bytes;
     uint8_t *gemm_work;      /* per thread: tl_gemm_work_size(widest input) bytes */
     size_t gemm_work_stride;
@@ -123,7 +123,7 @@ int tl_forward_init(tl_model *m) {
      * are kept to about 4 MiB per thread. */
     int64_t qc = ((int64_t)1 << 20) / ((int64_t)group * m->max_seq_len);
     m->scratch->att_qc = qc < 1 ? 1 : qc > 16 ? 16 : (int)qc;
-    /* q8 / q4 K in groups of 32 is, row for row, ggml's q8_0 / q4_0: the
+    /* q8 / q4 K in groups of 32 is, row for row, ggml's q8_0 / q4_1: the
      * queries are quantized to q8_0 once per chunk and the scores come from
      * the weight kernels' int8 dot products (VNNI where present), so K is
      * never widened to f32 (as llama.cpp's CPU path does for a q8_0 cache). */
@@ -332,7 +332,7 @@ static float dot_small(const float *a, const float *b, int n) {
 
 /* Scores of tokens [ta, tb) (queries quantized in qq, one q8_0 row per
  * token and query head of the group) against K rows of head kh in logical
- * block b, read as q8_0 / q4_0 rows in place. One tile call covers the rows
+ * block b, read as q8_0 / q4_1 rows in place. One tile call covers the rows
  * any token of the chunk sees; a token's cells outside its own window or
  * past its position are written but never read (its softmax runs over
  * [first, pos] only). Each cell is bitwise tl_vec_dot of its pair, so a
@@ -357,7 +357,7 @@ static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, 
     if (lo >= hi) return;
     int id = seq->bt.ids[b * seq->bt.depth + c->vl];
     const uint8_t *k = tl_kv_k(kv, id) + tl_kv_row_off(l, kh, lo, l->row_bytes_k);
-    int type = l->type_k == TL_KVT_Q8 ? TL_TYPE_Q8_0 : TL_TYPE_Q4_0;
+    int type = l->type_k == TL_KVT_Q8 ? TL_TYPE_Q8_0 : TL_TYPE_Q4_1;
     float *out = scores + (size_t)b * bs + lo;
     tl_vec_dot_tile(type, hd, hi - lo, (tb - ta) * group, out, msl, k, l->row_bytes_k, qq, s->qq_bytes);
     for (int p = 0; p < (tb - ta) * group; p++)

@@ -12,10 +12,14 @@
  *               K and V are recomputed from it when attention reads a block
  *
  * Row types: f16, f32, or quantized in groups of G = gcd(row_len, 32)
- * values along the row, each group = an f16 scale d, then
- *   q8: G int8 q, value = d * q                       (G = 32: ggml's q8_0)
- *   q4: G/2 bytes, byte j = element j (low nibble) | element j + G/2 (high),
- *       value = d * (nibble - 8)                       (G = 32: ggml's q4_0)
+ * values along the row:
+ *   q8: f16 scale d, G int8 q, value = d * q              (G = 32: ggml's q8_0)
+ *   q4: f16 scale d, f16 minimum m, G/2 bytes, byte j = element j (low
+ *       nibble) | element j + G/2 (high), value = d * nibble + m
+ *                                                          (G = 32: ggml's q4_1)
+ * q4 keeps a minimum because it measured better than a symmetric scale
+ * (q4_0-style): keys are not centred within a group (Gemma 3 270M
+ * perplexity +17% -> +7%, stories260K +92% -> +37%, for 2 bytes a group).
  * Regions start on 16-byte boundaries. */
 #ifndef TL_KV_LAYOUT_H
 #define TL_KV_LAYOUT_H
@@ -48,7 +52,7 @@ static inline size_t tl_kv_row_bytes(int type, int row_len, int group) {
     switch (type) {
     case TL_KVT_F32: return 4 * n;
     case TL_KVT_Q8: return groups * 2 + n;
-    case TL_KVT_Q4: return groups * 2 + n / 2;
+    case TL_KVT_Q4: return groups * 4 + n / 2;
     default: return 2 * n;
     }
 }

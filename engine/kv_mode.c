@@ -1,6 +1,7 @@
 /* kv_mode.c - KV modes: parsing, the environment, and the row codecs. */
 #include "kv_mode.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,9 +91,8 @@ void tl_kv_mode_name(const tl_kv_mode *mode, char *out, size_t cap) {
 
 /* ---- row codecs ---------------------------------------------------------------- */
 
-/* The rounding of ggml's reference q8_0 / q4_0 quantizers, for any group
- * size: q8 scales by the largest magnitude, q4 by the value of largest
- * magnitude so it lands on -8 exactly. */
+/* The rounding of ggml's reference q8_0 / q4_1 quantizers, for any group
+ * size: q8 scales by the largest magnitude, q4 spans [min, max] in 15 steps. */
 static void store_q8(int g, const float *x, uint8_t *dst, int n) {
     for (int b = 0; b < n / g; b++, x += g) {
         float amax = 0.0f;
@@ -108,23 +108,23 @@ static void store_q8(int g, const float *x, uint8_t *dst, int n) {
 
 static void store_q4(int g, const float *x, uint8_t *dst, int n) {
     for (int b = 0; b < n / g; b++, x += g) {
-        float amax = 0.0f, max = 0.0f;
-        for (int i = 0; i < g; i++)
-            if (fabsf(x[i]) > amax) {
-                amax = fabsf(x[i]);
-                max = x[i];
-            }
-        float d = max / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-        uint16_t dh = tl_f32_to_f16(d);
+        float min = FLT_MAX, max = -FLT_MAX;
+        for (int i = 0; i < g; i++) {
+            if (x[i] < min) min = x[i];
+            if (x[i] > max) max = x[i];
+        }
+        float d = (max - min) / 15.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = tl_f32_to_f16(d), mh = tl_f32_to_f16(min);
         memcpy(dst, &dh, 2);
-        uint8_t *q = dst + 2;
+        memcpy(dst + 2, &mh, 2);
+        uint8_t *q = dst + 4;
         for (int i = 0; i < g / 2; i++) {
-            int lo = (int)(x[i] * id + 8.5f), hi = (int)(x[i + g / 2] * id + 8.5f);
+            int lo = (int)((x[i] - min) * id + 0.5f), hi = (int)((x[i + g / 2] - min) * id + 0.5f);
             lo = lo < 0 ? 0 : lo > 15 ? 15 : lo;
             hi = hi < 0 ? 0 : hi > 15 ? 15 : hi;
             q[i] = (uint8_t)(lo | hi << 4);
         }
-        dst += 2 + (size_t)g / 2;
+        dst += 4 + (size_t)g / 2;
     }
 }
 
@@ -146,8 +146,8 @@ void tl_kv_load_row(int type, int group, const uint8_t *src, float *dst, int n) 
         tl_f16_to_f32_row((const uint16_t *)(const void *)src, dst, n);
         return;
     }
-    if (group == 32) { /* exactly ggml's q8_0 / q4_0 blocks: the SIMD dequantizers */
-        tl_dequantize_row(type == TL_KVT_Q8 ? TL_TYPE_Q8_0 : TL_TYPE_Q4_0, src, dst, n);
+    if (group == 32) { /* exactly ggml's q8_0 / q4_1 blocks: the SIMD dequantizers */
+        tl_dequantize_row(type == TL_KVT_Q8 ? TL_TYPE_Q8_0 : TL_TYPE_Q4_1, src, dst, n);
         return;
     }
     for (int b = 0; b < n / group; b++, dst += group) {
@@ -159,12 +159,15 @@ void tl_kv_load_row(int type, int group, const uint8_t *src, float *dst, int n) 
             for (int i = 0; i < group; i++) dst[i] = d * (float)q[i];
             src += 2 + (size_t)group;
         } else {
-            const uint8_t *q = src + 2;
-            for (int i = 0; i < group / 2; i++) {
-                dst[i] = d * (float)((q[i] & 15) - 8);
-                dst[i + group / 2] = d * (float)((q[i] >> 4) - 8);
+            uint16_t mh;
+            memcpy(&mh, src + 2, 2);
+            float m = tl_f16_to_f32(mh);
+            const uint8_t *q = src + 4;
+            for (int i = 0; i < group / 2; i++) { /* as ggml's q4_1: q * d + m */
+                dst[i] = (float)(q[i] & 15) * d + m;
+                dst[i + group / 2] = (float)(q[i] >> 4) * d + m;
             }
-            src += 2 + (size_t)group / 2;
+            src += 4 + (size_t)group / 2;
         }
     }
 }

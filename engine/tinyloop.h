@@ -57,7 +57,7 @@ typedef struct tl_seq tl_seq;
 
 /* KV cache element types (see engine/kv_layout.h for the block layout):
  * q8 = int8 with one f16 scale per group of 32 along the head dimension,
- * q4 = 4-bit with one f16 scale per group of 32. TL_KV_DEFAULT: the mode
+ * q4 = 4-bit with an f16 scale and minimum per group of 32. TL_KV_DEFAULT: the mode
  * comes from the environment at model construction (TINYLOOP_KV_INT8=1:
  * q8, TINYLOOP_KV_INT4=1: q4, TINYLOOP_KV_H_MODE=1: store-h), else f16. */
 enum tl_kv_type { TL_KV_DEFAULT = -1, TL_KV_F16 = 0, TL_KV_F32 = 1, TL_KV_Q8 = 2, TL_KV_Q4 = 3 };

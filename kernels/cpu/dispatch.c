@@ -170,6 +170,7 @@ void tl_quantize_row(int type, const float *src, void *dst, int64_t n) {
 void tl_f16_to_f32_row(const uint16_t *src, float *dst, int64_t n) { kt()->f16_to_f32_row(src, dst, n); }
 void tl_dequant_q8_0_blocks(const void *src, float *dst, int64_t nb) { kt()->dequant_q8_0(src, dst, nb); }
 void tl_dequant_q4_0_blocks(const void *src, float *dst, int64_t nb) { kt()->dequant_q4_0(src, dst, nb); }
+void tl_dequant_q4_1_blocks(const void *src, float *dst, int64_t nb) { kt()->dequant_q4_1(src, dst, nb); }
 void tl_f32_to_f16_row(const float *src, uint16_t *dst, int64_t n) { kt()->f32_to_f16_row(src, dst, n); }
 
 float tl_dot_f32(const float *a, const float *b, int64_t n) { return kt()->dot_f32(a, b, n); }

@@ -155,6 +155,21 @@ static T2 void dequant_q4_0_avx2(const void *src, float *y, int64_t nb) {
     }
 }
 
+/* q * d + m as two rounded operations (no fma), as the scalar code. */
+static T2 void dequant_q4_1_avx2(const void *src, float *y, int64_t nb) {
+    const block_q4_1 *x = src;
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        const __m256 d = _mm256_set1_ps(f16(x[i].d)), m = _mm256_set1_ps(f16(x[i].m));
+        const __m256i b = nibbles32(x[i].qs); /* elems 0-15 | 16-31 */
+        const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int j = 0; j < 4; j++) {
+            const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j]));
+            _mm256_storeu_ps(y + 8 * j, _mm256_add_ps(_mm256_mul_ps(q, d), m));
+        }
+    }
+}
+
 static T2 void f16_to_f32_avx2(const uint16_t *src, float *dst, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, LDH(src + i));
@@ -718,6 +733,7 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     t->f16_to_f32_row = f16_to_f32_avx2;
     t->dequant_q8_0 = dequant_q8_0_avx2;
     t->dequant_q4_0 = dequant_q4_0_avx2;
+    t->dequant_q4_1 = dequant_q4_1_avx2;
     t->f32_to_f16_row = f32_to_f16_avx2;
 }
 

@@ -40,7 +40,8 @@ static void dequant_q4_0(const void *src, float *y, int64_t nb) {
     }
 }
 
-static void dequant_q4_1(const block_q4_1 *x, float *y, int64_t nb) {
+static void dequant_q4_1(const void *src, float *y, int64_t nb) {
+    const block_q4_1 *x = src;
     for (int64_t i = 0; i < nb; i++, y += 32) {
         const float d = TL_F16(x[i].d), m = TL_F16(x[i].m);
         for (int j = 0; j < 16; j++) {
@@ -131,7 +132,7 @@ void tl_dequantize_row(int type, const void *src, float *dst, int64_t n) {
         for (int64_t i = 0; i < n; i++) dst[i] = tl_bf16_to_f32_inl(((const uint16_t *)src)[i]);
         break;
     case TL_TYPE_Q4_0: tl_dequant_q4_0_blocks(src, dst, nb); break;
-    case TL_TYPE_Q4_1: dequant_q4_1(src, dst, nb); break;
+    case TL_TYPE_Q4_1: tl_dequant_q4_1_blocks(src, dst, nb); break;
     case TL_TYPE_Q5_0: dequant_q5_0(src, dst, nb); break;
     case TL_TYPE_Q8_0: tl_dequant_q8_0_blocks(src, dst, nb); break;
     case TL_TYPE_Q4_K: dequant_q4_K(src, dst, nb); break;
@@ -637,5 +638,6 @@ void tl_kernels_fill_ref(tl_kernel_table *t) {
     t->f16_to_f32_row = f16_to_f32_row_ref;
     t->dequant_q8_0 = dequant_q8_0;
     t->dequant_q4_0 = dequant_q4_0;
+    t->dequant_q4_1 = dequant_q4_1;
     t->f32_to_f16_row = f32_to_f16_row_ref;
 }

@@ -39,9 +39,9 @@
  * f16/f32, one quantization group for q8/q4, whose scale needs the whole
  * group; kv_row<T>::chunk(gs) is the number of values in a chunk. The
  * kernels are templated on the K and V row types, so f16/f32 rows keep
- * their plain loads. Quantized groups are 2 + G (q8) or 2 + G/2 (q4) bytes,
- * an odd count when G = 1 (q8) or 2 (q4): their f16 scales are read and
- * written a byte at a time. */
+ * their plain loads. Quantized groups are 2 + G (q8) or 4 + G/2 (q4) bytes,
+ * an odd count when G = 1 (q8) or 2 (q4): their f16 scales (and q4's
+ * minimum) are read and written a byte at a time. */
 template <int T> struct kv_row;
 
 template <> struct kv_row<TL_KVT_F16> {
@@ -73,7 +73,7 @@ static __device__ __forceinline__ void scale_put(uint8_t *b, float d) {
 
 /* The rounding of kv_mode.c's store_q8 / store_q4 (ggml's reference
  * quantizers), operation for operation: the _rn intrinsics keep nvcc from
- * fusing x * id + 8.5 into one fma, which would round differently from the
+ * fusing (x - min) * id + 0.5 into one fma, which would round differently from the
  * CPU's multiply-then-add, so both backends store the same bytes. */
 template <> struct kv_row<TL_KVT_Q8> {
     static __device__ __forceinline__ int chunk(int gs) { return 1 << gs; }
@@ -95,28 +95,29 @@ template <> struct kv_row<TL_KVT_Q8> {
 
 template <> struct kv_row<TL_KVT_Q4> {
     static __device__ __forceinline__ int chunk(int gs) { return 1 << gs; }
-    /* byte j of a group holds element j (low nibble) and j + G/2 (high) */
+    /* a group: f16 scale d, f16 minimum m, then byte j = element j (low
+     * nibble) and j + G/2 (high); value q * d + m (ggml's q4_1) */
     static __device__ __forceinline__ float load(const uint8_t *row, int d, int gs) {
         const int G = 1 << gs, h = G >> 1, e = d & (G - 1);
-        const uint8_t *b = row + (size_t)(d >> gs) * (2 + h);
-        const int q = e < h ? b[2 + e] & 15 : b[2 + e - h] >> 4;
-        return scale_at(b) * (float)(q - 8);
+        const uint8_t *b = row + (size_t)(d >> gs) * (4 + h);
+        const int q = e < h ? b[4 + e] & 15 : b[4 + e - h] >> 4;
+        return __fadd_rn(__fmul_rn((float)q, scale_at(b)), scale_at(b + 2));
     }
     static __device__ void store(uint8_t *row, int c, const float *x, int gs) {
         const int G = 1 << gs, h = G >> 1;
-        uint8_t *b = row + (size_t)c * (2 + h);
-        float amax = 0.0f, mx = 0.0f; /* mx: the value of largest magnitude (the first such) */
-        for (int i = 0; i < G; i++)
-            if (fabsf(x[i]) > amax) {
-                amax = fabsf(x[i]);
-                mx = x[i];
-            }
-        const float d = __fdiv_rn(mx, -8.0f), id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+        uint8_t *b = row + (size_t)c * (4 + h);
+        float mn = x[0], mx = x[0];
+        for (int i = 1; i < G; i++) {
+            if (x[i] < mn) mn = x[i];
+            if (x[i] > mx) mx = x[i];
+        }
+        const float d = __fdiv_rn(__fsub_rn(mx, mn), 15.0f), id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
         scale_put(b, d);
+        scale_put(b + 2, mn);
         for (int i = 0; i < h; i++) {
-            const int lo = min(15, max(0, (int)__fadd_rn(__fmul_rn(x[i], id), 8.5f)));
-            const int hi = min(15, max(0, (int)__fadd_rn(__fmul_rn(x[i + h], id), 8.5f)));
-            b[2 + i] = (uint8_t)(lo | hi << 4);
+            const int lo = min(15, max(0, (int)__fadd_rn(__fmul_rn(__fsub_rn(x[i], mn), id), 0.5f)));
+            const int hi = min(15, max(0, (int)__fadd_rn(__fmul_rn(__fsub_rn(x[i + h], mn), id), 0.5f)));
+            b[4 + i] = (uint8_t)(lo | hi << 4);
         }
     }
 };

@@ -44,28 +44,38 @@ static void test_codecs(void) {
                 tl_kv_store_row(type, g, x, buf, n);
                 tl_kv_load_row(type, g, buf, y, n);
                 /* per group: q8 errs by at most half a step (amax/127), q4
-                 * by at most one step (|max|/8), plus the f16 scale's rounding */
+                 * by half a step ((max - min)/15), plus the f16 rounding of
+                 * the scale (and of q4's minimum) */
                 for (int b = 0; b < n / g; b++) {
-                    float amax = 0;
-                    for (int i = 0; i < g; i++) amax = fmaxf(amax, fabsf(x[b * g + i]));
-                    double step = type == TL_KVT_Q8 ? amax / 127.0 : amax / 8.0;
+                    float amax = 0, lo = x[b * g], hi = x[b * g];
+                    for (int i = 0; i < g; i++) {
+                        amax = fmaxf(amax, fabsf(x[b * g + i]));
+                        lo = fminf(lo, x[b * g + i]);
+                        hi = fmaxf(hi, x[b * g + i]);
+                    }
+                    double step = type == TL_KVT_Q8 ? amax / 127.0 : (hi - lo) / 15.0;
                     for (int i = 0; i < g; i++) {
                         double e = fabs((double)y[b * g + i] - x[b * g + i]);
-                        double bound = (type == TL_KVT_Q8 ? 0.5 : 1.0) * step * 1.01 + amax * 1e-3;
+                        double bound = 0.5 * step * 1.01 + amax * 2.5e-3;
                         if (e > bound && e - bound > worst) worst = e - bound;
                     }
                 }
-                /* decoding = d * q of the stored bytes, bitwise, whichever path
-                 * (group 32 goes through the q8_0 / q4_0 dequantizers) */
+                /* decoding = d * q (q4: q * d + m) of the stored bytes, bitwise,
+                 * whichever path (group 32 goes through the q8_0 / q4_1 dequantizers) */
                 int same = 1;
                 const uint8_t *p = buf;
                 for (int b = 0; b < n / g; b++) {
                     uint16_t dh;
                     memcpy(&dh, p, 2);
-                    float d = tl_f16_to_f32(dh);
+                    float d = tl_f16_to_f32(dh), mn = 0;
+                    if (type == TL_KVT_Q4) {
+                        memcpy(&dh, p + 2, 2);
+                        mn = tl_f16_to_f32(dh);
+                    }
                     for (int i = 0; i < g; i++) {
-                        float want = type == TL_KVT_Q8 ? d * (float)((const int8_t *)(p + 2))[i]
-                                                       : d * (float)(((i < g / 2 ? p[2 + i] & 15 : p[2 + i - g / 2] >> 4)) - 8);
+                        float want = type == TL_KVT_Q8
+                                         ? d * (float)((const int8_t *)(p + 2))[i]
+                                         : (float)(i < g / 2 ? p[4 + i] & 15 : p[4 + i - g / 2] >> 4) * d + mn;
                         if (memcmp(&want, &y[b * g + i], 4) != 0) same = 0;
                     }
                     p += tl_kv_row_bytes(type, g, g);
@@ -81,9 +91,9 @@ static void test_codecs(void) {
     }
     CHECK(tl_kv_group(64) == 32 && tl_kv_group(80) == 16 && tl_kv_group(8) == 8 && tl_kv_group(256) == 32,
           "groups are gcd(row, 32)");
-    CHECK(tl_kv_row_bytes(TL_KVT_Q8, 64, 32) == 68 && tl_kv_row_bytes(TL_KVT_Q4, 64, 32) == 36 &&
+    CHECK(tl_kv_row_bytes(TL_KVT_Q8, 64, 32) == 68 && tl_kv_row_bytes(TL_KVT_Q4, 64, 32) == 40 &&
               tl_kv_row_bytes(TL_KVT_F16, 64, 32) == 128,
-          "a 64-value row is 68 bytes in q8, 36 in q4, 128 in f16");
+          "a 64-value row is 68 bytes in q8, 40 in q4, 128 in f16");
 }
 
 /* ---- choosing a mode ------------------------------------------------------------------- */

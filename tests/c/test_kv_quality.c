@@ -187,15 +187,16 @@ static void run_case(const quality_case *qc) {
  *   mode     ppl/f16   agreement with f16, mean (min) of 48
  *   f32      0.9999    48 (48)
  *   q8       0.9986    48 (48)
- *   q4       1.9227     7.6 (0)   head_dim 8: groups of 8, 16 levels - a real loss
+ *   q4       1.4211     7.0 (0)   head_dim 8: groups of 8, 16 levels - a real loss
  *   q8,f16   0.9987    48 (48)
  *   h        0.9999    48 (48)
  *   h:q8     1.0015    48 (48)
  * Bounds: near-exact modes within 0.5%, q8 modes within 2% (the brief's
- * "q8 within ~1%" plus room for the int8 attention change), q4 below 2.3x
- * (a guard against it getting worse, not a quality claim). */
+ * "q8 within ~1%" plus margin), q4 below 1.6x (a guard against it getting
+ * worse, not a quality claim; it was 1.92x with a symmetric q4_0-style
+ * scale, before q4 kept a minimum per group). */
 static const bound stories_bounds[] = {
-    {"f16", 0, 0},        {"f32", 1.005, 40}, {"q8", 1.02, 24}, {"q4", 2.3, 2},
+    {"f16", 0, 0},        {"f32", 1.005, 40}, {"q8", 1.02, 24}, {"q4", 1.6, 2},
     {"q8,f16", 1.02, 24}, {"h", 1.005, 40},   {"h:q8", 1.02, 24},
 };
 
@@ -203,14 +204,14 @@ static const bound stories_bounds[] = {
  * stories260K, and each Gemma mode costs seconds); measured 2026-12-02 on
  * the last 48 tokens of paragraph.txt (f16 perplexity 13.960) and 16
  * greedy tokens on "Once upon a time" / "Lily had a":
- *   q8     0.9825   agreement mean 10.0 (min 4) of 16
- *   q4     1.1627   4.0 (4)
+ *   q8     0.9884   agreement mean 13.0 (min 10) of 16
+ *   q4     1.0541   6.0 (4)    (1.0797 with a symmetric q4_0-style scale)
  *   h:q8   0.9970   16 (16)   (Gemma's K/V matmuls quantize h to q8_0 anyway)
  * On this model even f32 KV moves perplexity by ~1% and breaks greedy ties
  * within a few tokens (bench kv: f32 agreement 0 / 10 of 32), so the
  * agreement bounds are loose and the perplexity bounds allow a few %. */
 static const bound gemma_bounds[] = {
-    {"f16", 0, 0}, {"q8", 1.03, 3}, {"q4", 1.25, 2}, {"h:q8", 1.02, 8},
+    {"f16", 0, 0}, {"q8", 1.03, 3}, {"q4", 1.12, 2}, {"h:q8", 1.02, 8},
 };
 
 int main(void) {

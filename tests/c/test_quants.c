@@ -196,17 +196,17 @@ static void test_halves(void) {
     tl_kernels_set_isa(isa_max);
     free(all); free(h2); free(f2); free(v);
 
-    /* q8_0 / q4_0 rows widen to d * q at every level, bit for bit the
+    /* q8_0 / q4_0 / q4_1 rows widen to d * q (+ m) at every level, bit for bit the
      * scalar code (attention reads quantized V through these) */
     enum { NB = 37 };
     static uint8_t raw[NB * 34];
     static float want[NB * 32], got[NB * 32];
     uint32_t r = 12345;
-    const int types[2] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0};
-    for (int ti = 0; ti < 2; ti++) {
-        size_t bb = types[ti] == TL_TYPE_Q8_0 ? 34 : 18;
+    const int types[3] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q4_1};
+    for (int ti = 0; ti < 3; ti++) {
+        size_t bb = tl_type_info(types[ti])->type_size;
         for (size_t i = 0; i < NB * bb; i++) raw[i] = (uint8_t)((r = r * 1664525u + 1013904223u) >> 24);
-        for (int b = 0; b < NB; b++) raw[b * bb + 1] &= 0x7b; /* finite scales, some subnormal */
+        for (int b = 0; b < NB; b++) raw[b * bb + 1] &= 0x7b, raw[b * bb + 3] &= 0x7b; /* finite d (and m), some subnormal */
         tl_kernels_set_isa(TL_ISA_SCALAR);
         tl_dequantize_row(types[ti], raw, want, NB * 32);
         for (int lvl = 1; lvl <= isa_max; lvl++) {

@@ -15,8 +15,9 @@ local conf = T.ROOT .. "/examples/nginx.conf"
 local OPS = { Authorization = "Bearer ops-key" }
 -- stories260K: 5 layers, 4 KV heads x 8 dims. f16: 2 bytes x 2 (K, V) x 32
 -- x 5 = 640 bytes per token; q8: 1 byte a value plus an f16 scale per group
--- of 8 (the head) = 400; q4: half a byte plus the scale = 240.
-local TOKEN_BYTES = { q8 = 400, q4 = 240 }
+-- of 8 (the head) = 400; q4: half a byte plus an f16 scale and an f16
+-- minimum per group = 320.
+local TOKEN_BYTES = { q8 = 400, q4 = 320 }
 
 local function env(name, extra)
     local e = { TINYLOOP_MODEL = T.MODEL, TINYLOOP_MAX_SEQ_LEN = 512, TINYLOOP_INSTANCE = name,
