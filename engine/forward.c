@@ -330,6 +330,26 @@ static float dot_small(const float *a, const float *b, int n) {
     return s;
 }
 
+/* The window a sequence's tokens attend over in a layer: the narrower of
+ * the request's cache_window and the layer's sliding window (0: none). */
+static inline int seq_window(const tl_seq *seq, int layer_window) {
+    int w = seq->window;
+    return layer_window > 0 && (w == 0 || layer_window < w) ? layer_window : w;
+}
+
+/* The first position a token at pos attends to, under window w (0: none). */
+static inline int first_pos(int pos, int w) { return w > 0 && pos >= w ? pos - w + 1 : 0; }
+
+/* The rows [*r0, *r1) of logical block b that a token at pos sees; 0 when
+ * it sees none of them. */
+static inline int block_rows(int b, int bs, int pos, int w, int *r0, int *r1) {
+    int j0 = first_pos(pos, w);
+    if (b < j0 / bs || b > pos / bs) return 0;
+    *r0 = b == j0 / bs ? j0 % bs : 0;
+    *r1 = b == pos / bs ? pos % bs + 1 : bs;
+    return 1;
+}
+
 /* Scores of tokens [ta, tb) (queries quantized in qq, one q8_0 row per
  * token and query head of the group) against K rows of head kh in logical
  * block b, read as q8_0 / q4_1 rows in place. One tile call covers the rows
@@ -337,20 +357,16 @@ static float dot_small(const float *a, const float *b, int n) {
  * past its position are written but never read (its softmax runs over
  * [first, pos] only). Each cell is bitwise tl_vec_dot of its pair, so a
  * token's scores do not depend on the chunk it is in. */
-static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, int ta, int tb, const uint8_t *qq,
-                            float *scores) {
+static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, int w, int ta, int tb,
+                            const uint8_t *qq, float *scores) {
     const tl_kv_pool *kv = &c->m->kv;
     const tl_kv_layout *l = &kv->layout;
     const tl_scratch *s = c->m->scratch;
     int hd = c->m->hp.head_dim, bs = kv->block_size, group = c->m->hp.n_head / c->m->hp.n_head_kv;
     size_t msl = (size_t)c->m->max_seq_len;
-    int w = seq->window;
-    if (c->layer_window > 0 && (w == 0 || c->layer_window < w)) w = c->layer_window;
-    int lo = bs, hi = 0;
+    int lo = bs, hi = 0, r0, r1;
     for (int t = ta; t < tb; t++) {
-        int pos = s->tok_pos[t], j0 = w > 0 && pos >= w ? pos - w + 1 : 0;
-        if (b < j0 / bs || b > pos / bs) continue;
-        int r0 = b == j0 / bs ? j0 % bs : 0, r1 = b == pos / bs ? pos % bs + 1 : bs;
+        if (!block_rows(b, bs, s->tok_pos[t], w, &r0, &r1)) continue;
         if (r0 < lo) lo = r0;
         if (r1 > hi) hi = r1;
     }
@@ -385,27 +401,21 @@ static void att_task(void *p, int ith, int nth) {
         int ci = c->c0 + i / hp->n_head_kv, kh = i % hp->n_head_kv;
         int ta = s->chunk_t0[ci], tb = s->chunk_t0[ci + 1];
         const tl_seq *seq = c->seqs[s->tok_seq[ta]];
-        /* The narrower of the request's cache_window and the layer's window. */
-        int w = seq->window;
-        if (c->layer_window > 0 && (w == 0 || c->layer_window < w)) w = c->layer_window;
-#define FIRST_POS(pos) (w > 0 && (pos) >= w ? (pos) - w + 1 : 0)
-        int b_first = FIRST_POS(s->tok_pos[ta]) / bs, pos_last = s->tok_pos[tb - 1];
+        int w = seq_window(seq, c->layer_window);
+        int b_first = first_pos(s->tok_pos[ta], w) / bs, pos_last = s->tok_pos[tb - 1], r0, r1;
         if (s->k_direct) {
             for (int t = ta; t < tb; t++)
                 for (int g = 0; g < group; g++)
                     tl_quantize_row(TL_TYPE_Q8_0, s->q + (size_t)t * hp->n_head * hd + (size_t)(kh * group + g) * hd,
                                     qq + ((size_t)(t - ta) * group + g) * s->qq_bytes, hd);
+            for (int b = b_first; b <= pos_last / bs; b++) k_direct_scores(c, seq, b, kh, w, ta, tb, qq, scores);
         }
-        for (int b = b_first; s->k_direct && b <= pos_last / bs; b++)
-            k_direct_scores(c, seq, b, kh, ta, tb, qq, scores);
         for (int b = b_first; !s->k_direct && b <= pos_last / bs; b++) {
             int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
             size_t ld;
             const float *k = att_rows(c, seq, b, kh, 0, rows, kbuf, &ld);
             for (int t = ta; t < tb; t++) {
-                int pos = s->tok_pos[t], j0 = FIRST_POS(pos);
-                if (b < j0 / bs || b > pos / bs) continue;
-                int r0 = b == j0 / bs ? j0 % bs : 0, r1 = b == pos / bs ? pos % bs + 1 : bs;
+                if (!block_rows(b, bs, s->tok_pos[t], w, &r0, &r1)) continue;
                 const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
                 float *sc = scores + (size_t)(t - ta) * tok_scores;
                 for (int g = 0; g < group; g++) {
@@ -420,7 +430,7 @@ static void att_task(void *p, int ith, int nth) {
             }
         }
         for (int t = ta; t < tb; t++) {
-            int pos = s->tok_pos[t], j0 = FIRST_POS(pos);
+            int pos = s->tok_pos[t], j0 = first_pos(pos, w);
             float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
             for (int g = 0; g < group; g++) {
                 float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl;
@@ -442,9 +452,7 @@ static void att_task(void *p, int ith, int nth) {
             size_t ld;
             const float *v = att_rows(c, seq, b, kh, 1, rows, kbuf, &ld);
             for (int t = ta; t < tb; t++) {
-                int pos = s->tok_pos[t], j0 = FIRST_POS(pos);
-                if (b < j0 / bs || b > pos / bs) continue;
-                int r0 = b == j0 / bs ? j0 % bs : 0, r1 = b == pos / bs ? pos % bs + 1 : bs;
+                if (!block_rows(b, bs, s->tok_pos[t], w, &r0, &r1)) continue;
                 float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
                 for (int g = 0; g < group; g++) {
                     const float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl + b * bs;
@@ -460,7 +468,6 @@ static void att_task(void *p, int ith, int nth) {
                 }
             }
         }
-#undef FIRST_POS
     }
 }
 
@@ -561,10 +568,9 @@ static int attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T,
         for (c1 = c0 + 1; c1 < s->n_chunks && s->tok_seq[s->chunk_t0[c1]] == seq_i; c1++) {
         }
         const tl_seq *seq = seqs[seq_i];
-        int w = seq->window;
-        if (window > 0 && (w == 0 || window < w)) w = window;
+        int w = seq_window(seq, window);
         int first = s->tok_pos[s->chunk_t0[c0]], last = s->tok_pos[s->chunk_t0[c1] - 1];
-        int p0 = (w > 0 && first >= w ? first - w + 1 : 0) / bs * bs;
+        int p0 = first_pos(first, w) / bs * bs;
         int rc = h_recompute(m, seq, vl, ly, p0, last, rope_base);
         if (rc) return rc;
         ac.c0 = c0;

@@ -353,6 +353,13 @@ void tl_model_close(tl_model *m) {
 
 int tl_model_n_vocab(const tl_model *m) { return m ? tl_tokenizer_n_vocab(m->tok) : 0; }
 
+/* KV bytes one token costs in layout l over the model's virtual layers at
+ * the default loops (whole blocks spread over their tokens); 0 for a
+ * vocab-only model, which has no KV layout (block_size 0). */
+static size_t token_bytes(const tl_model *m, const tl_kv_layout *l) {
+    return l->block_size ? l->block_bytes * (size_t)tl_model_depth(m, 0) / (size_t)l->block_size : 0;
+}
+
 int tl_model_get_info(const tl_model *m, tl_model_info *o) {
     if (!m || !o) return tl_set_error(TL_ERR_INVALID_ARG, "model and out must not be NULL");
     memset(o, 0, sizeof *o);
@@ -387,8 +394,7 @@ int tl_model_get_info(const tl_model *m, tl_model_info *o) {
     o->kv_type_v = l->type_v;
     o->kv_store_h = l->store_h;
     tl_kv_mode_name(&mode, o->kv_mode, sizeof o->kv_mode);
-    /* A vocab-only model has no KV layout (block_size 0): no bytes per token. */
-    o->kv_token_bytes = l->block_size ? l->block_bytes * (size_t)tl_model_depth(m, 0) / (size_t)l->block_size : 0;
+    o->kv_token_bytes = token_bytes(m, l);
     return TL_OK;
 }
 
@@ -405,7 +411,7 @@ size_t tl_model_kv_token_bytes(const tl_model *m, const char *mode_name) {
         tl_set_error(TL_ERR_UNSUPPORTED, "KV mode %s needs an even row length", mode_name);
         return 0;
     }
-    return l.block_bytes * (size_t)tl_model_depth(m, 0) / (size_t)l.block_size;
+    return token_bytes(m, &l);
 }
 
 /* ---- tokenizer wrappers ------------------------------------------------------- */
