@@ -130,46 +130,6 @@ static T2 void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
     for (; i < n; i++) y[i] += a * _cvtsh_ss(x[i]);
 }
 
-/* d * q per element, as the scalar code: one exact int -> float and one
- * rounded product, so the results are bitwise equal. */
-static T2 void dequant_q8_0_avx2(const void *src, float *y, int64_t nb) {
-    const block_q8_0 *x = src;
-    for (int64_t i = 0; i < nb; i++, y += 32) {
-        const __m256 d = _mm256_set1_ps(f16(x[i].d));
-        for (int j = 0; j < 32; j += 8) {
-            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(x[i].qs + j)));
-            _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
-        }
-    }
-}
-
-static T2 void dequant_q4_0_avx2(const void *src, float *y, int64_t nb) {
-    const block_q4_0 *x = src;
-    for (int64_t i = 0; i < nb; i++, y += 32) {
-        const __m256 d = _mm256_set1_ps(f16(x[i].d));
-        const __m256i b = _mm256_sub_epi8(nibbles32(x[i].qs), _mm256_set1_epi8(8)); /* elems 0-15 | 16-31 */
-        const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
-        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-        for (int j = 0; j < 4; j++)
-            _mm256_storeu_ps(y + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[j])), d));
-    }
-}
-
-/* q * d + m as two rounded operations (no fma), as the scalar code. */
-static T2 void dequant_q4_1_avx2(const void *src, float *y, int64_t nb) {
-    const block_q4_1 *x = src;
-    for (int64_t i = 0; i < nb; i++, y += 32) {
-        const __m256 d = _mm256_set1_ps(f16(x[i].d)), m = _mm256_set1_ps(f16(x[i].m));
-        const __m256i b = nibbles32(x[i].qs); /* elems 0-15 | 16-31 */
-        const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
-        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
-        for (int j = 0; j < 4; j++) {
-            const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[j]));
-            _mm256_storeu_ps(y + 8 * j, _mm256_add_ps(_mm256_mul_ps(q, d), m));
-        }
-    }
-}
-
 static T2 void f16_to_f32_avx2(const uint16_t *src, float *dst, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, LDH(src + i));
@@ -698,6 +658,55 @@ static T2 void quantize_q8_K_avx2(const float *x, void *dst, int64_t n) {
             _mm_storel_epi64((__m128i *)(y[i].bsums + k / 16), _mm_packs_epi32(r, r));
         }
         y[i].d = 1 / iscale;
+    }
+}
+
+/* d * q per element, as the scalar code: one exact int -> float and one
+ * rounded product, so the results are bitwise equal. */
+static T2 void dequant_q8_0_avx2(const void *src, float *y, int64_t nb) {
+    const block_q8_0 *x = src;
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        const __m256 d = _mm256_set1_ps(f16(x[i].d));
+        for (int j = 0; j < 32; j += 8) {
+            const __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(x[i].qs + j)));
+            _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+
+/* The 32 nibbles of a q4 block, as 8 int32 each: elements 0-7, 8-15,
+ * 16-23, 24-31. */
+static inline T2 void nibble_octets(const uint8_t *qs, __m256i q[4]) {
+    const __m256i b = nibbles32(qs); /* elems 0-15 | 16-31 */
+    const __m128i lo = _mm256_castsi256_si128(b), hi = _mm256_extracti128_si256(b, 1);
+    q[0] = _mm256_cvtepu8_epi32(lo);
+    q[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8));
+    q[2] = _mm256_cvtepu8_epi32(hi);
+    q[3] = _mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8));
+}
+
+static T2 void dequant_q4_0_avx2(const void *src, float *y, int64_t nb) {
+    const block_q4_0 *x = src;
+    __m256i q[4];
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        const __m256 d = _mm256_set1_ps(f16(x[i].d));
+        nibble_octets(x[i].qs, q);
+        for (int j = 0; j < 4; j++) {
+            const __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(q[j], _mm256_set1_epi32(8)));
+            _mm256_storeu_ps(y + 8 * j, _mm256_mul_ps(v, d));
+        }
+    }
+}
+
+/* q * d + m as two rounded operations (no fma), as the scalar code. */
+static T2 void dequant_q4_1_avx2(const void *src, float *y, int64_t nb) {
+    const block_q4_1 *x = src;
+    __m256i q[4];
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        const __m256 d = _mm256_set1_ps(f16(x[i].d)), m = _mm256_set1_ps(f16(x[i].m));
+        nibble_octets(x[i].qs, q);
+        for (int j = 0; j < 4; j++)
+            _mm256_storeu_ps(y + 8 * j, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q[j]), d), m));
     }
 }
 

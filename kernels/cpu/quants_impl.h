@@ -149,16 +149,17 @@ typedef struct tl_kernel_table {
     void (*axpy_rows_f32)(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n);
     void (*f16_to_f32_row)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16_row)(const float *src, uint16_t *dst, int64_t n);
-    /* nb q8_0 / q4_0 / q4_1 blocks to floats (attention widens quantized
-     * V rows with these); every level gives d * q (q4_1: q * d + m, one
-     * product then one sum), bitwise the scalar code. */
+    /* nb q8_0 / q4_0 / q4_1 blocks to floats (tl_dequantize_row; attention
+     * widens q8 / q4 V rows with q8_0 / q4_1); every level gives d * q
+     * (q4_0: (q - 8) * d; q4_1: q * d + m, one product then one sum),
+     * bitwise the scalar code. */
     void (*dequant_q8_0)(const void *src, float *dst, int64_t nb);
     void (*dequant_q4_0)(const void *src, float *dst, int64_t nb);
     void (*dequant_q4_1)(const void *src, float *dst, int64_t nb);
 } tl_kernel_table;
 
 void tl_kernels_fill_ref(tl_kernel_table *t);
-/* The active level's dequant_q8_0 / dequant_q4_0 (tl_dequantize_row's). */
+/* The active level's dequant_q8_0 / _q4_0 / _q4_1 (tl_dequantize_row's). */
 void tl_dequant_q8_0_blocks(const void *src, float *dst, int64_t nb);
 void tl_dequant_q4_0_blocks(const void *src, float *dst, int64_t nb);
 void tl_dequant_q4_1_blocks(const void *src, float *dst, int64_t nb);
