@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "kv_eval.h"
 #include "tinyloop.h"
 #include "util.h"
 
@@ -102,69 +103,16 @@ static int load_prompts(const char *path, char prompts[][256], int cap) {
 
 /* ---- perplexity ------------------------------------------------------------------------ */
 
-/* A stretch of text whose first n_prefill tokens are context and whose
- * next n_score tokens are scored. */
-typedef struct {
-    const int32_t *ids;
-    int n_prefill, n_score;
-    double nll;
-} segment;
-
-static double token_nll(const float *logits, int nv, int32_t target) {
-    float mx = logits[0];
-    for (int j = 1; j < nv; j++) mx = logits[j] > mx ? logits[j] : mx;
-    double z = 0;
-    for (int j = 0; j < nv; j++) z += exp((double)logits[j] - mx);
-    return -((double)logits[target] - mx - log(z));
-}
-
-/* Scores every segment: one batched prefill of their contexts, then one
- * batched decode step per scored position (finished segments drop out).
- * Returns TL_OK or the forward's error. */
-static int score_segments(tl_model *m, segment *sg, int n_seg) {
-    int nv = tl_model_n_vocab(m), rc = TL_OK, max_score = 0;
-    tl_seq **seqs = calloc((size_t)n_seg, sizeof *seqs), **act = calloc((size_t)n_seg, sizeof *act);
-    const int32_t **tok = calloc((size_t)n_seg, sizeof *tok);
-    int *nt = calloc((size_t)n_seg, sizeof *nt), *idx = calloc((size_t)n_seg, sizeof *idx);
-    float *logits = malloc((size_t)n_seg * nv * sizeof *logits);
-    if (!seqs || !act || !tok || !nt || !idx || !logits) { rc = TL_ERR_NOMEM; goto out; }
-    for (int i = 0; i < n_seg; i++) {
-        if ((rc = tl_seq_new(m, 0, &seqs[i]))) goto out;
-        sg[i].nll = 0;
-        if (sg[i].n_score > max_score) max_score = sg[i].n_score;
-    }
-    for (int j = 0; j < max_score; j++) {
-        int n = 0;
-        for (int i = 0; i < n_seg; i++) {
-            if (j >= sg[i].n_score) continue;
-            act[n] = seqs[i];
-            /* step 0 feeds the whole context, later steps the last scored token */
-            tok[n] = j == 0 ? sg[i].ids : sg[i].ids + sg[i].n_prefill + j - 1;
-            nt[n] = j == 0 ? sg[i].n_prefill : 1;
-            idx[n++] = i;
-        }
-        if ((rc = tl_batch_forward(m, act, tok, nt, n, logits))) goto out;
-        for (int k = 0; k < n; k++) {
-            const segment *s = &sg[idx[k]];
-            sg[idx[k]].nll += token_nll(logits + (size_t)k * nv, nv, s->ids[s->n_prefill + j]);
-        }
-    }
-out:
-    for (int i = 0; seqs && i < n_seg; i++) tl_seq_free(seqs[i]);
-    free(seqs); free(act); free(tok); free(nt); free(idx); free(logits);
-    return rc;
-}
-
 /* Perplexity of the paragraph (all tokens after BOS, one segment) and of
  * the long text (`chunks` windows of ppl_ctx tokens, each scoring its last
  * n_score tokens; a window after the first starts with BOS in place of its
  * first token, as llama.cpp's perplexity does). Both run as one batch. */
 static int perplexity(tl_model *m, const int32_t *par, int n_par, const int32_t *lng, int ppl_ctx, int n_score,
                       int chunks, int bos, mode_result *r) {
-    segment sg[1 + 64];
+    kv_segment sg[1 + 64];
     int32_t *win = NULL;
     int n_seg = 0;
-    if (par && n_par > 1) sg[n_seg++] = (segment){par, 1, n_par - 1, 0};
+    if (par && n_par > 1) sg[n_seg++] = (kv_segment){par, 1, n_par - 1, 0};
     if (chunks > 64) chunks = 64;
     if (lng && chunks > 0) {
         win = malloc((size_t)chunks * ppl_ctx * sizeof *win);
@@ -173,10 +121,10 @@ static int perplexity(tl_model *m, const int32_t *par, int n_par, const int32_t 
             int32_t *w = win + (size_t)c * ppl_ctx;
             memcpy(w, lng + (size_t)c * ppl_ctx, (size_t)ppl_ctx * sizeof *w);
             if (c > 0 && bos >= 0) w[0] = bos;
-            sg[n_seg++] = (segment){w, ppl_ctx - n_score, n_score, 0};
+            sg[n_seg++] = (kv_segment){w, ppl_ctx - n_score, n_score, 0};
         }
     }
-    int rc = n_seg ? score_segments(m, sg, n_seg) : TL_OK; /* no text found: nothing to score */
+    int rc = n_seg ? kv_score_segments(m, sg, n_seg) : TL_OK; /* no text found: nothing to score */
     if (!rc) {
         int k = 0;
         if (par && n_par > 1) {
@@ -194,38 +142,18 @@ static int perplexity(tl_model *m, const int32_t *par, int n_par, const int32_t 
 
 /* ---- greedy agreement --------------------------------------------------------------------- */
 
-/* Greedy continuations of every prompt, submitted together so they decode
- * as one batch (batch == alone is one of the engine's equivalence tests).
- * out[p] receives n tokens (ignore_eos); returns TL_OK or an error. */
+/* Greedy continuations of n tokens of every prompt, as one batch
+ * (kv_greedy_batch); out[p] receives prompt p's. Returns TL_OK or an error. */
 static int greedy_all(tl_model *m, char prompts[][256], int n_prompts, int n, int32_t (*out)[256]) {
-    tl_generate_params gp = tl_generate_default_params();
-    gp.max_tokens = n;
-    gp.ignore_eos = 1;
-    gp.no_cache = 1;
-    int64_t ids[MAX_PROMPTS];
-    int got[MAX_PROMPTS] = {0}, rc = TL_OK, live = 0;
+    static int32_t ptok[MAX_PROMPTS][256];
+    const int32_t *pp[MAX_PROMPTS];
+    int np[MAX_PROMPTS];
     for (int p = 0; p < n_prompts; p++) {
-        int32_t ptok[256];
-        int np = tl_tokenize(m, prompts[p], (int)strlen(prompts[p]), 1, 0, ptok, 256);
-        if (np <= 0) return np < 0 ? np : TL_ERR_INVALID_ARG;
-        if ((rc = tl_request_submit(m, ptok, np, &gp, NULL, &ids[p]))) {
-            for (int q = 0; q < p; q++) tl_request_release(m, ids[q]);
-            return rc;
-        }
+        np[p] = tl_tokenize(m, prompts[p], (int)strlen(prompts[p]), 1, 0, ptok[p], 256);
+        if (np[p] <= 0) return np[p] < 0 ? np[p] : TL_ERR_INVALID_ARG;
+        pp[p] = ptok[p];
     }
-    do {
-        if ((live = tl_model_step(m)) < 0) { rc = live; break; }
-        for (int p = 0; p < n_prompts; p++) {
-            int k = tl_request_take(m, ids[p], out[p] + got[p], n - got[p], NULL);
-            if (k < 0) { rc = k; live = 0; break; }
-            got[p] += k;
-        }
-    } while (live > 0);
-    for (int p = 0; p < n_prompts; p++) {
-        if (!rc && got[p] != n) rc = TL_ERR_STATE;
-        tl_request_release(m, ids[p]);
-    }
-    return rc;
+    return kv_greedy_batch(m, pp, np, n_prompts, n, out[0], 256);
 }
 
 /* ---- speed ----------------------------------------------------------------------------- */
@@ -407,15 +335,8 @@ static int bench_model(const char *path, const kv_opts *o) {
             if (!rc && n_prompts > 0) {
                 if ((rc = greedy_all(m, prompts, n_prompts, n_agree, k == 0 ? ref_gen : gen)))
                     fprintf(stderr, "bench kv: %s greedy: %s\n", kv_modes[k], tl_last_error());
-                r.agree_min = n_agree;
-                double sum = 0;
-                for (int p = 0; p < n_prompts && k > 0; p++) {
-                    int a = 0;
-                    while (a < n_agree && gen[p][a] == ref_gen[p][a]) a++;
-                    if (a < r.agree_min) r.agree_min = a;
-                    sum += a;
-                }
-                r.agree_mean = k > 0 ? sum / n_prompts : n_agree;
+                r.agree_mean = kv_agreement(ref_gen[0], (k == 0 ? ref_gen : gen)[0], 256, n_prompts, n_agree,
+                                            &r.agree_min);
             }
         }
         tl_model_close(m);
