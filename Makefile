@@ -164,6 +164,7 @@ bench: all $(BENCH_MODELS)
 	@echo "== prefix cache (ratios measured in this run)"
 	./bin/tinyloop bench cache -m $(SMALL_MODEL) --max-seq-len 512
 	./bin/tinyloop bench cache -m build/bench/stories110M-q8_0.gguf --max-seq-len 2048
+	./bin/tinyloop bench tiers -m build/bench/stories110M-q8_0.gguf --max-seq-len 2048
 	@echo "== KV cache modes (memory on the 110M shape; quality and speed on Gemma 3 270M when fetched, and stories260K)"
 	$(MAKE) --no-print-directory bench-kv
 	@echo "== serving (nginx on loopback): 1, 8, 32 clients with and without prefix reuse"

@@ -38,6 +38,10 @@ typedef struct tl_kv_pool {
     /* A backend with its own arena (device memory): no host arena, and
      * copy-on-write goes through the hook. */
     int (*copy_hook)(void *ud, int dst, int src);
+    /* Copies a block between the backend's arena and host memory
+     * (block_bytes; to_device 1: host -> arena), for the KV tiers; NULL:
+     * the backend cannot. */
+    int (*io_hook)(void *ud, int id, void *host, int to_device);
     void *hook_ud;
 } tl_kv_pool;
 

@@ -9,6 +9,7 @@
 
 #include "chat.h"
 #include "forward.h"
+#include "cache_tier.h"
 #include "kv_mode.h"
 #include "quants.h"
 #include "scheduler.h"
@@ -272,6 +273,7 @@ static int init_runtime(tl_model *m) {
     m->tp = tl_threadpool_new(p->n_threads > 0 ? p->n_threads : tl_cpu_count());
     if (!m->tp) return tl_set_error(TL_ERR_NOMEM, "cannot start %d worker threads", p->n_threads);
     tl_radix_init(&m->cache, &m->kv);
+    if ((rc = tl_cache_tiers_open(m))) return rc;
     if ((rc = tl_forward_init(m))) return rc;
     return tl_sched_init(m);
 }
@@ -338,6 +340,7 @@ void tl_model_close(tl_model *m) {
     tl_engine_stop(m);
     tl_sched_free(m); /* requests and pools let go of the cache first */
     tl_radix_destroy(&m->cache);
+    tl_cache_tiers_close(m);
     tl_forward_free(m);
     tl_backend_close(m);
     tl_threadpool_free(m->tp);

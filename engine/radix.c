@@ -503,6 +503,7 @@ static void evict_leaf(tl_radix *t, tl_radix_node *n) {
     int below_root = p->parent != NULL; /* a root may go with its namespace */
     t->evictions++;
     t->evicted_tokens += n->n_tokens;
+    if (t->on_evict) t->on_evict(t, n, t->evict_ud);
     remove_leaf(t, n);
     if (below_root && p->n_kids == 1) {
         tl_radix_node *c = NULL;

@@ -101,6 +101,10 @@ struct tl_radix {
     tl_evict_weights weights;
     tl_evict_score_fn score;  /* NULL: the weights */
     void *score_ud;
+    /* Called with each leaf evicted, before its blocks go (the KV tiers
+     * copy them down: cache_tier.c); NULL: none. */
+    void (*on_evict)(tl_radix *t, const tl_radix_node *n, void *ud);
+    void *evict_ud;
     /* statistics */
     int64_t n_nodes, cached_tokens, evictions, evicted_tokens;
     int64_t next_id;

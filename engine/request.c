@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "beam.h"
+#include "cache_tier.h"
 #include "pool.h"
 #include "scheduler.h"
 #include "util.h"
@@ -257,6 +258,7 @@ void tl_request_complete_build(tl_model *m, tl_request *r) {
         tl_request_fail(m, r, tl_last_error_code(), tl_last_error());
         return;
     }
+    tl_cache_persist_path(m, node); /* a pinned prefix survives a restart */
     tl_request_stop(m, r, 0);
     set_done(m, r, TL_FINISH_LENGTH);
 }

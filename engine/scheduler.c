@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "beam.h"
+#include "cache_tier.h"
 #include "chat.h"
 #include "forward.h"
 #include "pool.h"
@@ -169,6 +170,9 @@ static int admit(tl_model *m, tl_request *r) {
                     : -1;
     int scoped = L >= 0; /* scope "pool": only the pool's own entries */
     if (!scoped) L = tl_radix_match(&m->cache, r->ns, r->tokens, r->n_prompt, r->n_prompt, &node);
+    /* what a tier below the arena holds after the match comes back up */
+    if (!scoped && tl_cache_restore(m, r->ns, r->tokens, r->n_prompt, L, node, r->p.tenant))
+        L = tl_radix_match(&m->cache, r->ns, r->tokens, r->n_prompt, r->n_prompt, &node);
     /* Without kept logits the last prompt token is computed for them. */
     if (L == r->n_prompt && !full_match(m, r, node, L)) node = one_shorter(node, L--);
     /* a salted request may also reuse shareable (operator) prefixes */
@@ -502,8 +506,14 @@ static int run_group(tl_model *m, int loops) {
             fo.ids_out = s->dev_ids;
         }
         tl_cache_reserve(m, b->seqs, b->ntok, nb); /* short: the pass fails with KV full */
+        double t0 = tl_now();
         rc = tl_forward(m, b->seqs, b->toks, b->ntok, nb, rows ? s->logits : NULL, &fo);
-        if (rc == TL_OK) break;
+        if (rc == TL_OK) {
+            int prompt = 0; /* the tiers weigh a restore against this speed */
+            for (int i = 0; i < nb; i++) prompt += b->ntok[i] > 1 ? b->ntok[i] : 0;
+            tl_cache_note_prefill(m, prompt, tl_now() - t0);
+            break;
+        }
         /* The batch does not fit. Locked cache paths go first: a running
          * request holds references on every block it uses, so its lock only
          * keeps the tree from evicting; dropping it can free memory. */
@@ -869,6 +879,7 @@ void tl_sched_stats_now(const tl_model *m, tl_cache_stats *o) {
     for (int i = 0; i < s->n; i++) o->requests_active += s->reqs[i]->state <= TL_REQ_RUNNING;
     o->requests_queued = s->n_queued;
     pthread_mutex_unlock(&s->mu);
+    tl_cache_tier_stats(m, o);
 }
 
 int tl_model_get_stats(const tl_model *m, tl_cache_stats *o) {

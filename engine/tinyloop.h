@@ -78,6 +78,15 @@ typedef struct tl_model_params {
      * store-h (the layer's normed input is stored, K and V recomputed from
      * it when read; "h" = "h:f16"). NULL: use kv_type. */
     const char *kv_mode;
+    /* KV tiers under the arena (an evicted prefix goes down a tier instead
+     * of vanishing; a later match brings it back): kv_dir is tier 3, a
+     * directory of block files that also survives restarts (NULL:
+     * $TINYLOOP_KV_DIR; unset or empty: none); kv_host_mem is tier 2's
+     * budget in bytes of host RAM (0: $TINYLOOP_KV_HOST_MEM, else none);
+     * kv_disk_mem tier 3's (0: $TINYLOOP_KV_DISK_MEM, else unlimited). */
+    const char *kv_dir;
+    size_t kv_host_mem;
+    size_t kv_disk_mem;
 } tl_model_params;
 /* The compute backend is chosen when a model opens: TINYLOOP_BACKEND=cpu |
  * cuda | auto (default). auto uses the CUDA plugin (libtinyloop-cuda.so,
@@ -482,6 +491,17 @@ typedef struct tl_cache_stats {
     int64_t nodes, cached_tokens;       /* radix tree size */
     int blocks_total, blocks_free, blocks_used, blocks_shared;
     int requests_active, requests_queued;
+    /* KV tiers under the arena: [0] host RAM (tier 2), [1] disk (tier 3).
+     * Counts are logical blocks (every layer's block for block_size
+     * positions of a prefix). */
+    int64_t tier_blocks[2], tier_bytes[2], tier_budget[2]; /* held now, budget (0: none / unlimited) */
+    int64_t tier_spills[2], tier_spill_bytes[2];           /* written into the tier */
+    int64_t tier_hits[2], tier_restore_bytes[2];           /* brought back up from it */
+    int64_t tier_refused[2];                               /* entries refused (bad file, mismatch) */
+    int64_t tier_dropped[2];                               /* pushed off its end (budget) */
+    double tier_spill_ms[2], tier_restore_ms[2];           /* time spent moving blocks */
+    int64_t tier_restored_tokens;                          /* prompt tokens served by a restore */
+    int64_t tier_recomputed;                               /* restores skipped as dearer than prefill */
 } tl_cache_stats;
 
 int tl_model_get_stats(const tl_model *model, tl_cache_stats *out);
@@ -489,6 +509,32 @@ int tl_model_get_stats(const tl_model *model, tl_cache_stats *out);
  * hits*hits + tokens*cached_tokens + depth*start_position; lowest first.
  * {1, 0, 0, 0} is LRU (the default). */
 int tl_model_set_evict_weights(tl_model *model, double recency, double hits, double tokens, double depth);
+/* What the eviction policy says about a node leaving the arena when a
+ * tier is configured: nodes with at least min_tokens tokens and min_hits
+ * hits spill down a tier, others are dropped. {0, 0}: spill all (default). */
+int tl_model_set_spill_policy(tl_model *model, int min_tokens, int min_hits);
+
+/* Warm restart. save_cache writes every cached prefix's full blocks (all
+ * namespaces, pinned pool entries included) to dir as block files (NULL:
+ * the model's kv_dir); files already there are kept. Returns the blocks
+ * written, or < 0. With an engine thread it waits for the step boundary. */
+int tl_model_save_cache(tl_model *model, const char *dir);
+
+typedef struct tl_cache_load_report {
+    int files;       /* block files seen */
+    int loaded;      /* valid ones, now in the disk tier's index */
+    int refused;     /* files refused */
+    char why[1024];  /* a line per refused file: the file and the reason (truncated) */
+} tl_cache_load_report;
+
+/* Indexes dir's block files as the disk tier (dir NULL: rescan the
+ * model's kv_dir; a model without one adopts dir). Each file is checked
+ * whole: another model, KV mode, block size or format version, a
+ * truncated file or a checksum mismatch is refused with a line in
+ * rep->why and never loaded; the rest of the directory still loads. The
+ * blocks come up when a prompt matches them. */
+int tl_model_load_cache(tl_model *model, const char *dir, tl_cache_load_report *rep);
+
 /* Per-tenant KV budget in blocks (0 = none). A tenant over its budget has
  * its own unpinned cache entries evicted first, so one tenant's burst does
  * not flush another tenant's cache; pinned entries are never evicted. Any

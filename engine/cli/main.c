@@ -16,6 +16,7 @@ static void usage(void) {
             "  tinyloop repl [MODEL]               (LuaJIT with the tinyloop library loaded)\n"
             "  tinyloop bench [-m MODEL]... [-n N] [--prompt-len P] [--batch B]\n"
             "  tinyloop bench cache [-m MODEL]...   (prefix-cache TTFT, chat, memory, radix timings)\n"
+            "  tinyloop bench tiers [-m MODEL]...   (KV tiers: TTFT from arena / host / disk, restart, trace hit rate)\n"
             "  tinyloop bench tokenize [-m VOCAB]... [-f TEXTFILE] [-r RUNS]\n"
             "  tinyloop bench kv [-m MODEL]... [-t N] [--only mem,quality,speed] [--ctx N] [-n N]\n"
             "                    [--ppl-ctx N] [--ppl-score N] [--ppl-chunks N] [-f TEXT]   (KV modes: memory, quality, speed)\n"
@@ -277,6 +278,7 @@ static int cmd_info(opts *o) {
 
 int tl_cli_bench(int n_models, const char *const *models, tl_model_params mp, int n_gen, int prompt_len, int batch);
 int tl_cli_bench_cache(int n_models, const char *const *models, tl_model_params mp);
+int tl_cli_bench_tiers(int n_models, const char *const *models, tl_model_params mp);
 int tl_cli_bench_tokenize(int argc, char **argv);
 int tl_cli_bench_kv(int argc, char **argv);
 int tl_cli_repl(int argc, char **argv);
@@ -290,6 +292,10 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "cache")) {
         if (parse_opts(argc - 3, argv + 3, &o)) { usage(); return 2; }
         return tl_cli_bench_cache(o.n_models, o.models, o.mp);
+    }
+    if (!strcmp(argv[1], "bench") && argc > 2 && !strcmp(argv[2], "tiers")) {
+        if (parse_opts(argc - 3, argv + 3, &o)) { usage(); return 2; }
+        return tl_cli_bench_tiers(o.n_models, o.models, o.mp);
     }
     if (parse_opts(argc - 2, argv + 2, &o)) { usage(); return 2; }
     const char *cmd = argv[1];
