@@ -110,7 +110,7 @@ test test-asan: export TINYLOOP_BACKEND ?= cpu
 # make test: every test (C, CLI, the equivalence tests again in each lossy KV mode, Lua specs,
 # nginx, the GPU tests on the emulation), one summary line.
 test: deps all $(TESTS) $(EMU_TESTS)
-	@sh tests/run.sh build/tests $(TESTS) $(EMU_TESTS) tests/cli/test_cli.sh tests/kv_modes.sh tests/spec/run.sh tests/integration/run.sh
+	@sh tests/run.sh build/tests $(TESTS) $(EMU_TESTS) tests/cli/test_cli.sh tests/kv_modes.sh tests/kv_tiers.sh tests/spec/run.sh tests/integration/run.sh
 
 test-asan: deps-check build/libtinyloop-asan.a $(ASAN_TESTS) $(EMU_ASAN_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
@@ -143,6 +143,7 @@ fuzz: $(FUZZ_BINS)
 	sh tests/fuzz/run.sh build/fuzz/fuzz_gguf $(FUZZ_TIME)
 	sh tests/fuzz/run_tokenizer.sh build/fuzz/fuzz_tokenizer $(FUZZ_TIME)
 	sh tests/fuzz/run_model.sh build/fuzz/fuzz_model $(FUZZ_TIME)
+	sh tests/fuzz/run_kv_file.sh build/fuzz/fuzz_kv_file $(FUZZ_TIME)
 
 # Synthetic models shaped like stories110M (dim 768, 12 layers, 12 heads,
 # vocab 32000) in the weight types llama.cpp's figures in the README use.
