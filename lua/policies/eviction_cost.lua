@@ -4,6 +4,7 @@
 -- hit, decayed by age. score(node) runs in the shadow simulator and the
 -- REPL; C applies the linear weights (the runtime pushes them with
 -- set_evict_weights): recent, hit, long entries stay; lowest goes first.
+-- spill is plain data too: C reads min_tokens / min_hits when it evicts.
 local AGE_HALF = 64          -- cache-clock ticks for the value to halve
 
 local P = {
@@ -11,6 +12,10 @@ local P = {
     version = "cost-1",
     weights = { recency = 1, hits = 8, tokens = 0.05, depth = 0.02 },
     pool_policy = "cost",
+    -- With KV tiers (kv_dir, kv_host_mem) an evicted node spills down a
+    -- tier unless it is shorter than this: a short tail costs less to
+    -- prefill again than to read back (pushed with set_spill_policy).
+    spill = { min_tokens = 32, min_hits = 0 },
 }
 
 function P.score(node)

@@ -315,7 +315,7 @@ _M.Model_mt = model_mt
 
 local MODEL_KEYS = keyset {
     "max_seq_len", "n_threads", "kv_mem", "kv_block_size", "kv_type", "loop_start", "loop_end",
-    "loop_default", "vocab_only",
+    "loop_default", "vocab_only", "kv_dir", "kv_host_mem", "kv_disk_mem",
 }
 local KV_ROW = { f16 = true, f32 = true, q8 = true, q4 = true }
 local KV_MODES_SHOWN = { "f16", "f32", "q8", "q4", "h:f16", "h:q8" }
@@ -361,11 +361,28 @@ local function close_state(st, mh)
 end
 
 
+-- A byte count option (kv_mem, kv_host_mem, kv_disk_mem): an integer >= 0.
+local function opt_bytes(name, v, default)
+    if v == nil then
+        return default
+    end
+    if type(v) ~= "number" or v ~= floor(v) or v < 0 or v == math.huge then
+        bad("Model", name, "expected a byte count >= 0, got " .. show(v), 3)
+    end
+    return v
+end
+
+
 -- Model(path, opts): opens a GGUF file. opts: max_seq_len, n_threads,
 -- kv_mem (bytes), kv_block_size, kv_type (a KV mode: "f16" | "f32" | "q8" |
 -- "q4" | "<k>,<v>" | "h" | "h:<type>"; unset: TINYLOOP_KV_INT8 / _INT4 /
 -- _H_MODE, else "f16"), loop_start,
--- loop_end, loop_default, vocab_only. Unset: the C defaults.
+-- loop_end, loop_default, vocab_only; the KV tiers under the arena: kv_dir
+-- (a directory of block files, the disk tier, kept across restarts; unset:
+-- $TINYLOOP_KV_DIR), kv_host_mem (bytes of host RAM for evicted blocks;
+-- 0 or unset: $TINYLOOP_KV_HOST_MEM, else none), kv_disk_mem (the disk
+-- tier's budget in bytes; 0 or unset: $TINYLOOP_KV_DISK_MEM, else
+-- unlimited). Unset: the C defaults.
 function _M.Model(path, opts)
     if type(path) ~= "string" then
         bad("Model", "path", "expected a string, got " .. type(path))
@@ -375,13 +392,7 @@ function _M.Model(path, opts)
     local p = C.tl_model_default_params()
     p.max_seq_len = opt_int("Model", "max_seq_len", o.max_seq_len, p.max_seq_len, 0, 2)
     p.n_threads = opt_int("Model", "n_threads", o.n_threads, p.n_threads, 0, 2)
-    if o.kv_mem ~= nil then
-        local v = o.kv_mem
-        if type(v) ~= "number" or v ~= floor(v) or v < 0 then
-            bad("Model", "kv_mem", "expected a byte count >= 0, got " .. show(v))
-        end
-        p.kv_mem = v
-    end
+    p.kv_mem = opt_bytes("kv_mem", o.kv_mem, p.kv_mem)
     p.kv_block_size = opt_int("Model", "kv_block_size", o.kv_block_size, p.kv_block_size, 0, 2)
     if o.kv_type ~= nil then
         if not kv_mode_ok(o.kv_type) then
@@ -389,6 +400,14 @@ function _M.Model(path, opts)
         end
         p.kv_mode = o.kv_type -- o holds the string while tl_model_open reads it
     end
+    if o.kv_dir ~= nil then
+        if type(o.kv_dir) ~= "string" or o.kv_dir == "" then
+            bad("Model", "kv_dir", "expected a directory path (a non-empty string), got " .. show(o.kv_dir))
+        end
+        p.kv_dir = o.kv_dir -- o holds the string while tl_model_open reads it
+    end
+    p.kv_host_mem = opt_bytes("kv_host_mem", o.kv_host_mem, p.kv_host_mem)
+    p.kv_disk_mem = opt_bytes("kv_disk_mem", o.kv_disk_mem, p.kv_disk_mem)
     p.loop_start = opt_int("Model", "loop_start", o.loop_start, p.loop_start, 0, 2)
     p.loop_end = opt_int("Model", "loop_end", o.loop_end, p.loop_end, 0, 2)
     p.loop_default = opt_int("Model", "loop_default", o.loop_default, p.loop_default, 0, 2)
@@ -421,10 +440,20 @@ function _M.Model(path, opts)
     -- bytes are exact (kv_bytes is n_blocks x block_bytes); kv_token_bytes
     -- is that spread over a block's tokens, rounded down by C.
     local blocks = info.kv_blocks_total
+    -- The disk tier's directory as C chose it (the option, else the
+    -- environment), so callers (the server's warm restart) can tell
+    -- whether there is one; nil: none.
+    local kv_dir = o.kv_dir
+    if kv_dir == nil then
+        kv_dir = os.getenv("TINYLOOP_KV_DIR")
+        if kv_dir == "" then
+            kv_dir = nil
+        end
+    end
     return setmetatable({
         h = h, _st = st, path = path,
         n_vocab = info.n_vocab, max_seq_len = max_seq_len, bos = info.bos, eos = info.eos,
-        loop_default = info.loop_default, vocab_only = o.vocab_only == true,
+        loop_default = info.loop_default, vocab_only = o.vocab_only == true, kv_dir = kv_dir,
         _kv_mode = ffi_string(info.kv_mode), _kv_token_bytes = tonumber(info.kv_token_bytes),
         _kv_block_bytes = blocks > 0 and tonumber(info.kv_bytes) / blocks or 0,
         _in = ffi_new(int32_vla, cap), _in_cap = cap,
@@ -1133,7 +1162,32 @@ function Model:stats()
         blocks_free = s.blocks_free, blocks_used = s.blocks_used, blocks_shared = s.blocks_shared,
         requests_active = s.requests_active,
         kv_mode = self._kv_mode, kv_token_bytes = self._kv_token_bytes,
+        tiers = _M.tier_stats(s),
     }
+end
+
+
+-- tier_stats(s) -> the KV tiers of a tl_cache_stats as a table: host and
+-- disk, each { blocks, bytes, budget, spills, spill_bytes, hits,
+-- restore_bytes, refused, dropped, spill_ms, restore_ms } (budget 0: no
+-- host tier / an unlimited disk tier), plus restored_tokens (prompt tokens
+-- a restore served) and recomputed (restores skipped as dearer than
+-- prefill). Shared with the server's engine snapshot.
+local function tier(s, i)
+    return {
+        blocks = tonumber(s.tier_blocks[i]), bytes = tonumber(s.tier_bytes[i]),
+        budget = tonumber(s.tier_budget[i]), spills = tonumber(s.tier_spills[i]),
+        spill_bytes = tonumber(s.tier_spill_bytes[i]), hits = tonumber(s.tier_hits[i]),
+        restore_bytes = tonumber(s.tier_restore_bytes[i]), refused = tonumber(s.tier_refused[i]),
+        dropped = tonumber(s.tier_dropped[i]), spill_ms = tonumber(s.tier_spill_ms[i]),
+        restore_ms = tonumber(s.tier_restore_ms[i]),
+    }
+end
+
+
+function _M.tier_stats(s)
+    return { host = tier(s, 0), disk = tier(s, 1), restored_tokens = tonumber(s.tier_restored_tokens),
+        recomputed = tonumber(s.tier_recomputed) }
 end
 
 
@@ -1155,6 +1209,83 @@ function Model:set_evict_weights(w)
     if rc ~= 0 then
         raise_rc(rc, "set_evict_weights", 2)
     end
+end
+
+
+-- set_spill_policy{ min_tokens = 0, min_hits = 0 }: what happens to a node
+-- evicted from the arena when the model has KV tiers: one with at least
+-- min_tokens tokens and min_hits hits spills down a tier, others are
+-- dropped. { 0, 0 } spills everything (the default). Without tiers it is
+-- kept for nothing. Pushed from an eviction policy's spill table.
+local SPILL_KEYS = keyset { "min_tokens", "min_hits" }
+
+function Model:set_spill_policy(sp)
+    local h = self.h or closed("set_spill_policy", 2)
+    if type(sp) ~= "table" then
+        bad("set_spill_policy", "policy", "expected a table, got " .. type(sp))
+    end
+    check_keys("set_spill_policy", sp, SPILL_KEYS, 2)
+    local rc = C.tl_model_set_spill_policy(h,
+        opt_int("set_spill_policy", "min_tokens", sp.min_tokens, 0, 0, 2),
+        opt_int("set_spill_policy", "min_hits", sp.min_hits, 0, 0, 2))
+    if rc ~= 0 then
+        raise_rc(rc, "set_spill_policy", 2)
+    end
+end
+
+
+local function opt_dir(fname, dir)
+    if dir ~= nil and (type(dir) ~= "string" or dir == "") then
+        bad(fname, "dir", "expected a directory path (a non-empty string) or nil, got " .. show(dir), 3)
+    end
+    return dir
+end
+
+
+-- save_cache([dir]) -> blocks written: every cached prefix's full blocks
+-- (all namespaces, pinned pool entries included) as block files in dir
+-- (nil: the model's kv_dir), for a warm restart; files already there are
+-- kept (and not counted). nil, err, code on an I/O failure; raises without
+-- a directory (neither dir nor kv_dir) or with a dir other than the disk
+-- tier's. It takes the compute lock and, with an engine thread, waits for
+-- the step boundary: call it off the request path (exit_worker, a timer).
+function Model:save_cache(dir)
+    local h = self.h or closed("save_cache", 2)
+    local n = C.tl_model_save_cache(h, opt_dir("save_cache", dir))
+    if n < 0 then
+        return fail_rc(n, "save_cache", 2)
+    end
+    if dir and not self.kv_dir then
+        self.kv_dir = dir -- a model without a disk tier adopts dir
+    end
+    return n
+end
+
+
+-- load_cache([dir]) -> { files, loaded, refused, why = { lines } }: indexes
+-- dir's block files as the disk tier (nil: rescans the model's kv_dir; a
+-- model without one adopts dir). A file of another model, KV mode, block
+-- size or format, a truncated one or one whose checksum fails is refused,
+-- one line in why naming the file and the reason, and never loaded; the
+-- rest of the directory loads. Blocks come up when a prompt matches them.
+-- nil, err, code on an I/O failure; misuse raises as save_cache.
+local load_rep = ffi_new("tl_cache_load_report[1]")
+
+function Model:load_cache(dir)
+    local h = self.h or closed("load_cache", 2)
+    local rc = C.tl_model_load_cache(h, opt_dir("load_cache", dir), load_rep)
+    if rc < 0 then
+        return fail_rc(rc, "load_cache", 2)
+    end
+    if dir and not self.kv_dir then
+        self.kv_dir = dir
+    end
+    local r = load_rep[0]
+    local why = {}
+    for line in ffi_string(r.why):gmatch("[^\n]+") do
+        why[#why + 1] = line
+    end
+    return { files = r.files, loaded = r.loaded, refused = r.refused, why = why }
 end
 
 

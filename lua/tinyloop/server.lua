@@ -380,9 +380,28 @@ local kv_info = nil
 local function open_engine(opts, msl)
     load_state.attempts = load_state.attempts + 1
     local ok, m = pcall(tl.Model, cfg.model, { max_seq_len = msl, kv_mem = opts.kv_mem,
-        n_threads = opts.n_threads, kv_type = opts.kv_type })
+        n_threads = opts.n_threads, kv_type = opts.kv_type, kv_dir = opts.kv_dir,
+        kv_host_mem = opts.kv_host_mem, kv_disk_mem = opts.kv_disk_mem })
     if not ok then
         return nil, "cannot open model " .. cfg.model .. ": " .. tostring(m)
+    end
+    if m.kv_dir then
+        -- A warm start: the engine indexed the directory when the model
+        -- opened; the report says what it refused, a line per file. Read
+        -- before the engine thread starts, so it waits for no step.
+        local rep, rerr = m:load_cache()
+        if not rep then
+            ngx_log(ngx.WARN, "tinyloop: kv_dir ", m.kv_dir, ": ", rerr)
+        else
+            ngx_log(rep.refused > 0 and ngx.WARN or ngx.NOTICE, "tinyloop: kv_dir ", m.kv_dir, ": ",
+                rep.loaded, " block files loaded, ", rep.refused, " refused")
+            for i = 1, #rep.why do
+                ngx_log(ngx.WARN, "tinyloop: kv_dir refused ", rep.why[i])
+            end
+            if rep.refused > #rep.why then -- the engine's report holds the first lines only
+                ngx_log(ngx.WARN, "tinyloop: kv_dir refused ", rep.refused - #rep.why, " more files")
+            end
+        end
     end
     local mi = m:info()
     kv_info = { mode = mi.kv_type, token_bytes = mi.kv_token_bytes }
@@ -436,6 +455,53 @@ local function load_with_retry(opts, msl)
 end
 
 
+-- The KV tier options after the environment: a variable that is set wins
+-- (the byte counts then go to the engine as 0, which reads the variable
+-- with its suffix). A bad option is a configuration error, not retried:
+-- returns the reason.
+local function kv_tier_opts(opts)
+    local dir = os.getenv("TINYLOOP_KV_DIR")
+    if dir and dir ~= "" then
+        opts.kv_dir = dir
+    elseif opts.kv_dir ~= nil and (type(opts.kv_dir) ~= "string" or opts.kv_dir == "") then
+        return "bad kv_dir: expected a directory path, got " .. show(opts.kv_dir)
+    end
+    for _, k in ipairs { "kv_host_mem", "kv_disk_mem" } do
+        local env = os.getenv("TINYLOOP_" .. k:upper())
+        local v = opts[k]
+        if env and env ~= "" then
+            opts[k] = nil
+        elseif v ~= nil and (type(v) ~= "number" or v < 0 or v % 1 ~= 0 or v == math.huge) then
+            return format("bad %s: expected a byte count >= 0, got %s", k, show(v))
+        end
+    end
+end
+
+
+-- exit_worker(): exit_worker_by_lua. With a disk tier, writes the cache to
+-- it (model:save_cache(), which waits for the engine's step boundary: the
+-- worker is exiting, no request waits on it) so that the next worker,
+-- after a reload or a restart, finds the prefixes this one held.
+function _M.exit_worker()
+    if not (model and model.kv_dir) or model:is_closed() then
+        return
+    end
+    update_time()
+    local t0 = ngx_now()
+    local ok, n, err = pcall(model.save_cache, model) -- a raise here must not stop the exit
+    update_time()
+    if not ok then
+        n, err = nil, n
+    end
+    if n then
+        ngx_log(ngx.NOTICE, "tinyloop: kv_dir ", model.kv_dir, ": ", n, " blocks written at exit in ",
+            format("%.0f", (ngx_now() - t0) * 1e3), " ms")
+    else
+        ngx_log(ERR, "tinyloop: kv_dir ", model.kv_dir, ": cannot save the cache: ", err)
+    end
+end
+
+
 -- init_worker(opts): opts.model (GGUF path; default $TINYLOOP_MODEL), max_seq_len
 -- ($TINYLOOP_MAX_SEQ_LEN), kv_mem, n_threads, max_queue, model_name, instance
 -- ($TINYLOOP_INSTANCE), tenants (table or Lua file; $TINYLOOP_TENANTS),
@@ -451,8 +517,17 @@ end
 -- metrics_key (Bearer key for /metrics and /health details; $TINYLOOP_METRICS_KEY).
 -- kv_type (the KV cache mode: "f16", "f32", "q8", "q4", "q8,f16", "h", "h:q8", ...;
 -- unset: the engine reads $TINYLOOP_KV_INT8 / _INT4 / _H_MODE, else f16).
--- $TINYLOOP_MAX_QUEUE, $TINYLOOP_KV_MEM and $TINYLOOP_KV_TYPE override max_queue,
--- kv_mem and kv_type.
+-- The KV tiers under the arena: kv_dir (a directory of block files: evicted
+-- prefixes go there and come back on a match, and it survives reloads and
+-- restarts), kv_host_mem (bytes of host RAM for evicted blocks; none by
+-- default), kv_disk_mem (the directory's budget in bytes; unlimited). With
+-- a kv_dir, exit_worker() writes the cache there and the next worker logs
+-- what it refused (a WARN line per file); registered system prompts are
+-- written through when registered.
+-- $TINYLOOP_MAX_QUEUE, $TINYLOOP_KV_MEM, $TINYLOOP_KV_TYPE, $TINYLOOP_KV_DIR,
+-- $TINYLOOP_KV_HOST_MEM and $TINYLOOP_KV_DISK_MEM (the byte counts with a K,
+-- M, G or T suffix; read by the engine) override max_queue, kv_mem, kv_type,
+-- kv_dir, kv_host_mem and kv_disk_mem.
 function _M.init_worker(opts)
     opts = opts or {}
     cfg = opts
@@ -494,6 +569,12 @@ function _M.init_worker(opts)
         load_state.reason = format("bad %s: %s, got %s", kv_env and "TINYLOOP_KV_TYPE" or "kv_type",
             tl.KV_MODE_EXPECTED, show(opts.kv_type))
         ngx_log(ERR, "tinyloop: ", load_state.reason)
+        return
+    end
+    local why = kv_tier_opts(opts)
+    if why then
+        load_state.reason = why
+        ngx_log(ERR, "tinyloop: ", why)
         return
     end
     local t = opts.tenants or os.getenv("TINYLOOP_TENANTS")
@@ -1052,6 +1133,7 @@ function _M.metrics()
         policy_reloads = reload_counter and reload_counter() or 0,
         pinned_pools = pinned:count(), tenant_ids = tids:count(),
         kv_mode = kv_info and kv_info.mode, kv_token_bytes = kv_info and kv_info.token_bytes,
+        tiers = st and st.tiers,
     }))
 end
 

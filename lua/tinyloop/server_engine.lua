@@ -19,6 +19,7 @@
 local ffi = require "ffi"
 local lib = require "tinyloop.lib"
 local semaphore = require "ngx.semaphore"
+local tier_stats = require("tinyloop").tier_stats
 
 local C = lib.load()
 local ffi_new, ffi_copy = ffi.new, ffi.copy
@@ -296,6 +297,7 @@ function _M:stats()
         local k = STATS_KEYS[i]
         t[k] = tonumber(s[k])
     end
+    t.tiers = tier_stats(s) -- { host = {...}, disk = {...}, restored_tokens, recomputed }
     return t
 end
 

@@ -10,6 +10,7 @@ local _M = {}
 local TTFT_BUCKETS = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
 local ITL_BUCKETS = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1 }
 
+local TIERS = { "host", "disk" }  -- tl_cache_stats' tier_* arrays, [0] and [1]
 local counters = {}   -- "name{labels}" -> value
 local hists = {}
 
@@ -77,7 +78,8 @@ local HELP = {
 
 -- render(stats, extra) -> text. stats: engine snapshot (server_engine:stats());
 -- extra: { policy_reloads =, in_flight =, notify_mode =, pinned_pools =, tenant_ids =,
--- kv_mode =, kv_token_bytes = } (the KV ones nil until a model is open).
+-- kv_mode =, kv_token_bytes =, tiers = } (the KV ones nil until a model is open;
+-- tiers is stats().tiers' shape).
 function _M.render(st, extra)
     local out = {}
     local function add(s)
@@ -156,6 +158,33 @@ function _M.render(st, extra)
     end
     metric("tinyloop_kv_token_bytes", "gauge", "KV cache bytes per token over all layers at the default loops.",
         extra.kv_token_bytes)
+    -- The KV tiers under the arena, one line per tier (host RAM, disk);
+    -- zeros without tiers. Blocks are logical: every layer's block for a
+    -- block of positions.
+    local tiers = extra.tiers or {}
+    local function tier_metric(name, typ, help, field)
+        add(format("# HELP %s %s\n# TYPE %s %s", name, help, name, typ))
+        for _, t in ipairs(TIERS) do
+            add(format('%s{tier="%s"} %s', name, t, tiers[t] and tiers[t][field] or 0))
+        end
+    end
+    tier_metric("tinyloop_kv_tier_blocks", "gauge", "KV blocks held in a tier below the arena.", "blocks")
+    tier_metric("tinyloop_kv_tier_bytes", "gauge", "Bytes held in a KV tier.", "bytes")
+    tier_metric("tinyloop_kv_tier_budget_bytes", "gauge", "A KV tier's budget in bytes (0: none for host, "
+        .. "unlimited for disk).", "budget")
+    tier_metric("tinyloop_kv_tier_spills_total", "counter", "KV blocks written into a tier on eviction or save.",
+        "spills")
+    tier_metric("tinyloop_kv_tier_hits_total", "counter", "KV blocks brought back up from a tier.", "hits")
+    tier_metric("tinyloop_kv_tier_restore_bytes_total", "counter", "Bytes brought back up from a tier.",
+        "restore_bytes")
+    tier_metric("tinyloop_kv_tier_refused_total", "counter",
+        "Tier entries refused (a bad or foreign block file).", "refused")
+    tier_metric("tinyloop_kv_tier_dropped_total", "counter", "KV blocks pushed off a tier by its budget.",
+        "dropped")
+    metric("tinyloop_kv_tier_restored_tokens_total", "counter", "Prompt tokens served by a restore from a tier.",
+        tiers.restored_tokens)
+    metric("tinyloop_kv_tier_recomputed_total", "counter", "Restores skipped as dearer than prefill.",
+        tiers.recomputed)
     return concat(out, "\n") .. "\n"
 end
 

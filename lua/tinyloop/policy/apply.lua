@@ -44,14 +44,25 @@ function P.eviction_weights(v)
 end
 
 
+-- spill_policy(v) -> { min_tokens, min_hits }: the version's spill table
+-- (checked by its contract), missing fields as 0; a version without one
+-- spills everything, so a reload that drops the table resets C.
+function P.spill_policy(v)
+    local sp = v:get("spill") or {}
+    return { min_tokens = sp.min_tokens or 0, min_hits = sp.min_hits or 0 }
+end
+
+
 -- apply_eviction(model, v, pools) -> weights: pushes the eviction
--- version's weights into C and its pool_policy into each pool.
+-- version's weights and spill rule into C and its pool_policy into each
+-- pool.
 function P.apply_eviction(model, v, pools)
     local w, err = P.eviction_weights(v)
     if not w then
         return nil, err
     end
     model:set_evict_weights(w)
+    model:set_spill_policy(P.spill_policy(v))
     local pp = v:get("pool_policy")
     if pp then
         for _, pool in pairs(pools or {}) do

@@ -97,6 +97,28 @@ local function check_weights(w)
 end
 
 
+-- An eviction policy's spill = { min_tokens = N, min_hits = M }: what an
+-- evicted node needs to go down a KV tier rather than be dropped (pushed
+-- into C with set_spill_policy; both optional, 0 = no minimum).
+local SPILL_KEYS = { min_tokens = true, min_hits = true }
+local INT_MAX = 2147483647
+
+local function check_spill(sp)
+    if type(sp) ~= "table" then
+        return "spill must be a table { min_tokens = N, min_hits = M }, got " .. type(sp)
+    end
+    for k, v in pairs(sp) do
+        if not SPILL_KEYS[k] then
+            return format("spill.%s is not one of min_tokens, min_hits", tostring(k))
+        end
+        if not is_finite(v) or v % 1 ~= 0 or v < 0 or v > INT_MAX then
+            return format("spill.%s must be a non-negative integer, got %s", k, tostring(v))
+        end
+    end
+end
+_M.check_spill = check_spill
+
+
 -- check_tenant(t) -> nil or a reason: the shape resolve() must return.
 function _M.check_tenant(t)
     if type(t) ~= "table" then
@@ -210,6 +232,12 @@ function contracts.eviction(p, call)
     end
     if p.weights ~= nil then
         local why = check_weights(p.weights)
+        if why then
+            return why
+        end
+    end
+    if p.spill ~= nil then
+        local why = check_spill(p.spill)
         if why then
             return why
         end

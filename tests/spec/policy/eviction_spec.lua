@@ -3,9 +3,12 @@
 local policy = require "tinyloop.policy"
 
 local function fake_model()
-    local m = { pushed = {} }
+    local m = { pushed = {}, spills = {} }
     function m:set_evict_weights(w)
         self.pushed[#self.pushed + 1] = w
+    end
+    function m:set_spill_policy(sp)
+        self.spills[#self.spills + 1] = sp
     end
     return m
 end
@@ -57,5 +60,63 @@ describe("policy.eviction_runtime()", function()
         assert.is_nil(rt:set_source("return { kind = 'eviction', version = 'b', score = function() return 'x' end }"))
         assert.equal(1, #m.pushed)
         assert.equal("a", rt.current.version)
+    end)
+end)
+
+
+describe("an eviction policy's spill table", function()
+    local function source(spill)
+        return "return { kind = 'eviction', version = 'a', weights = { recency = 1 }, spill = " .. spill .. " }"
+    end
+
+    it("is pushed into C with set_spill_policy, missing fields as 0", function()
+        local m = fake_model()
+        policy.eviction_runtime(m, { source = source("{ min_tokens = 64, min_hits = 2 }") })
+        assert.same({ { min_tokens = 64, min_hits = 2 } }, m.spills)
+        m = fake_model()
+        policy.eviction_runtime(m, { source = source("{ min_hits = 1 }") })
+        assert.same({ { min_tokens = 0, min_hits = 1 } }, m.spills)
+        m = fake_model()
+        policy.eviction_runtime(m, { source = source("{}") })
+        assert.same({ { min_tokens = 0, min_hits = 0 } }, m.spills)
+    end)
+
+    it("is reset to spill everything by a reload to a version without one", function()
+        local m = fake_model()
+        local rt = policy.eviction_runtime(m, { source = source("{ min_tokens = 64 }") })
+        assert.is_truthy(rt:set_source("return { kind = 'eviction', version = 'b', weights = { hits = 1 } }"))
+        assert.same({ { min_tokens = 64, min_hits = 0 }, { min_tokens = 0, min_hits = 0 } }, m.spills)
+    end)
+
+    it("rejects values that are not non-negative integers, and unknown fields, with a message", function()
+        local cases = {
+            { "{ min_tokens = -1 }", "spill.min_tokens must be a non-negative integer, got -1" },
+            { "{ min_hits = 1.5 }", "spill.min_hits must be a non-negative integer, got 1.5" },
+            { "{ min_tokens = 'x' }", "spill.min_tokens must be a non-negative integer, got x" },
+            { "{ min_tokens = 1/0 }", "spill.min_tokens must be a non-negative integer, got inf" },
+            { "{ min_tokens = 2^40 }", "spill.min_tokens must be a non-negative integer, got 1099511627776" },
+            { "{ tier = 'disk' }", "spill.tier is not one of min_tokens, min_hits" },
+            { "'drop'", "spill must be a table { min_tokens = N, min_hits = M }, got string" },
+            { "7", "spill must be a table { min_tokens = N, min_hits = M }, got number" },
+        }
+        for _, c in ipairs(cases) do
+            local v, err = policy.compile(source(c[1]), "e")
+            assert.is_nil(v, c[1])
+            assert.matches(c[2], err, 1, true)
+        end
+    end)
+
+    it("leaves C untouched when a reload's spill is rejected", function()
+        local m = fake_model()
+        local rt = policy.eviction_runtime(m, { source = source("{ min_tokens = 8 }") })
+        assert.is_nil(rt:set_source(source("{ min_tokens = -8 }")))
+        assert.same({ { min_tokens = 8, min_hits = 0 } }, m.spills)
+        assert.equal("a", rt.current.version)
+    end)
+
+    it("is what the default cost policy sets", function()
+        local src = require("helpers").read(require("helpers").root .. "/lua/policies/eviction_cost.lua")
+        local v = assert(policy.compile(src, "eviction_cost.lua", { kind = "eviction" }))
+        assert.same({ min_tokens = 32, min_hits = 0 }, require("tinyloop.policy.apply").spill_policy(v))
     end)
 end)
