@@ -143,8 +143,9 @@ static void each_full_block(tl_model *m, const tl_radix_node *n, int to_disk) {
 static void spill_node(tl_radix *tree, const tl_radix_node *n, void *ud) {
     (void)tree;
     tl_model *m = ud;
-    const tl_kv_tiers *t = &m->tiers->t;
-    if (n->n_tokens < t->min_tokens || (int)n->hits < t->min_hits) return;
+    if (n->n_tokens < __atomic_load_n(&m->spill_min_tokens, __ATOMIC_RELAXED) ||
+        (int)n->hits < __atomic_load_n(&m->spill_min_hits, __ATOMIC_RELAXED))
+        return;
     each_full_block(m, n, 0);
 }
 
@@ -335,12 +336,9 @@ int tl_model_set_spill_policy(tl_model *m, int min_tokens, int min_hits) {
     if (!m || !m->sched) return tl_set_error(TL_ERR_INVALID_ARG, "model must not be NULL");
     if (min_tokens < 0 || min_hits < 0)
         return tl_set_error(TL_ERR_INVALID_ARG, "min_tokens %d and min_hits %d must be >= 0", min_tokens, min_hits);
-    tl_sched_compute_lock(m);
-    if (m->tiers) {
-        m->tiers->t.min_tokens = min_tokens;
-        m->tiers->t.min_hits = min_hits;
-    }
-    tl_sched_compute_unlock(m);
+    /* read by the eviction hook on the engine thread: no lock to wait for */
+    __atomic_store_n(&m->spill_min_tokens, min_tokens, __ATOMIC_RELAXED);
+    __atomic_store_n(&m->spill_min_hits, min_hits, __ATOMIC_RELAXED);
     return TL_OK;
 }
 

@@ -60,7 +60,6 @@ typedef struct tl_kv_tiers {
     tl_kvf_meta ident;        /* model_id, kv_mode, block_size, block_bytes */
     tl_tier tier[2];          /* TL_TIER_HOST, TL_TIER_DISK */
     char *dir;                /* NULL: no disk tier */
-    int min_tokens, min_hits; /* spill policy: smaller or colder nodes are dropped */
     double prefill_s_per_tok; /* measured (EWMA) on this model; 0: not yet */
     int64_t restored_tokens, recompute_chosen;
     uint8_t *scratch;         /* one logical block read from disk */

@@ -73,6 +73,7 @@ struct tl_model {
     tl_kv_pool kv;
     tl_radix cache;             /* the automatic prefix cache over kv */
     struct tl_cache_tiers *tiers; /* cache_tier.c: host RAM and disk tiers under kv (NULL: none) */
+    int spill_min_tokens, spill_min_hits; /* the spill policy (atomic: set from any thread) */
     struct tl_scratch *scratch; /* forward.c */
     struct tl_sched *sched;     /* scheduler.c: requests */
     struct tl_pool **pools;     /* pool_entry.c: pools bound to this model (under pools_mu) */
