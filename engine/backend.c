@@ -36,6 +36,15 @@ static int copy_hook(void *ud, int dst, int src) {
     return 0;
 }
 
+static int io_hook(void *ud, int id, void *host, int to_device) {
+    struct tl_backend_state *b = ud;
+    char msg[256] = "";
+    if (b->ops->kv_io(b->ctx, id, host, to_device, msg, sizeof msg) != 0)
+        return tl_set_error(TL_ERR_STATE, "%s backend: KV block %d copy %s failed: %s", b->ops->name, id,
+                            to_device ? "host -> device" : "device -> host", msg);
+    return 0;
+}
+
 /* Tries the places a plugin may live; fills `tried` with what was tried. */
 static void *open_plugin(const char *file, char *tried, size_t cap) {
     char paths[4][1024];
@@ -164,6 +173,7 @@ int tl_backend_select(tl_model *m, int *n_blocks, const tl_kv_layout *kv, int kv
 void tl_backend_attach_pool(tl_model *m) {
     if (!m->backend) return;
     m->kv.copy_hook = copy_hook;
+    m->kv.io_hook = m->backend->ops->kv_io ? io_hook : NULL; /* NULL: no KV tiers (cache_tier.c) */
     m->kv.hook_ud = m->backend;
 }
 

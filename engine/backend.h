@@ -15,7 +15,7 @@
 
 #include "kv_layout.h"
 
-#define TL_BACKEND_ABI 4
+#define TL_BACKEND_ABI 5
 
 /* Largest top_k a backend samples on its device; wider (or top_k 0 with a
  * temperature) rows come back as logits and are sampled on the host. */
@@ -125,6 +125,14 @@ typedef struct tl_backend_ops {
     int (*copy_block)(void *ctx, int dst, int src, char *msg, size_t msg_cap);
     /* Blocks in the arena after init (kv_auto may have grown it). */
     int (*kv_blocks)(void *ctx);
+    /* The KV tiers (engine/cache_tier.c): copies block `block`'s bytes
+     * (kv_layout.block_bytes) from the arena to `host` (to_device 0) or
+     * from `host` into the arena (1). Ordered after every forward pass
+     * and block copy already submitted; synchronous from the caller's
+     * view: when it returns 0 the copy is complete and `host` may be
+     * reused. Returns < 0 with the reason in msg. NULL: the backend
+     * cannot, and the engine refuses KV tiers on it. */
+    int (*kv_io)(void *ctx, int block, void *host, int to_device, char *msg, size_t msg_cap);
     int max_sample_k;              /* 0: no device sampling */
 } tl_backend_ops;
 

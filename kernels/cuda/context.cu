@@ -95,6 +95,12 @@ extern "C" TL_CUDA_API void tl_cuda_free(tl_cuda *c) {
     if (c->ids) cudaFree(c->ids);
     if (c->smp) cudaFree(c->smp);
     if (c->att_part) cudaFree(c->att_part);
+    if (c->io_stream) {
+        cudaStreamSynchronize(c->io_stream);
+        cudaStreamDestroy(c->io_stream);
+    }
+    if (c->io_after) cudaEventDestroy(c->io_after);
+    if (c->io_stage) cudaFreeHost(c->io_stage);
     cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
     cudaStreamDestroy(c->stream);
@@ -178,6 +184,42 @@ extern "C" TL_CUDA_API int tl_cuda_sync(tl_cuda *c) {
     TLC_ARG(c, "context is NULL");
     TLC_BIND(c);
     TLC_CHECK(cudaStreamSynchronize(c->stream));
+    return TL_CUDA_OK;
+}
+
+/* Tier copies have a stream of their own, outside the compute stream's
+ * order and its graphs; an event puts each after the work queued there.
+ * Pageable memory cannot be copied asynchronously: staging is pinned. */
+static int io_ready(tl_cuda *c, size_t bytes) {
+    if (!c->io_stream) TLC_CHECK(cudaStreamCreateWithFlags(&c->io_stream, cudaStreamNonBlocking));
+    if (!c->io_after) TLC_CHECK(cudaEventCreateWithFlags(&c->io_after, cudaEventDisableTiming));
+    if (c->io_stage_bytes >= bytes) return TL_CUDA_OK;
+    if (c->io_stage) TLC_CHECK(cudaFreeHost(c->io_stage));
+    c->io_stage = NULL;
+    c->io_stage_bytes = 0;
+    void *h = NULL;
+    TLC_CHECK(cudaHostAlloc(&h, bytes, cudaHostAllocDefault));
+    c->io_stage = h;
+    c->io_stage_bytes = bytes;
+    return TL_CUDA_OK;
+}
+
+extern "C" TL_CUDA_API int tl_cuda_io(tl_cuda *c, void *dev, void *host, size_t bytes, int to_device) {
+    TLC_ARG(c && (bytes == 0 || (dev && host)), "bad arguments");
+    TLC_ARG(!c->capturing, "a tier copy of %zu bytes inside a graph capture", bytes);
+    if (!bytes) return TL_CUDA_OK;
+    TLC_BIND(c);
+    int rc = io_ready(c, bytes);
+    if (rc) return rc;
+    if (to_device) memcpy(c->io_stage, host, bytes);
+    /* after whatever the compute stream has queued: the pass that wrote the
+     * block (device -> host), or one still reading a block now reused (host -> device) */
+    TLC_CHECK(cudaEventRecord(c->io_after, c->stream));
+    TLC_CHECK(cudaStreamWaitEvent(c->io_stream, c->io_after, 0));
+    if (to_device) TLC_CHECK(cudaMemcpyAsync(dev, c->io_stage, bytes, cudaMemcpyHostToDevice, c->io_stream));
+    else TLC_CHECK(cudaMemcpyAsync(c->io_stage, dev, bytes, cudaMemcpyDeviceToHost, c->io_stream));
+    TLC_CHECK(cudaStreamSynchronize(c->io_stream));
+    if (!to_device) memcpy(host, c->io_stage, bytes);
     return TL_CUDA_OK;
 }
 

@@ -47,6 +47,12 @@ struct tl_cuda {
     void *att_part;      /* split decode attention partials (attention.cu) */
     size_t att_part_bytes;
     void *blas_ws;       /* cuBLAS workspace, set explicitly so a capture never allocates one */
+    /* tl_cuda_io, made on first use: its stream, the event that orders it
+     * after the compute stream, and page-locked staging */
+    cudaStream_t io_stream;
+    cudaEvent_t io_after;
+    void *io_stage;
+    size_t io_stage_bytes;
     /* graph.cu */
     int graphs_on, capturing;
     tlc_graph graphs[TLC_GRAPHS];

@@ -4,7 +4,8 @@
  * init uploads every weight in its packed type (the matmul launcher
  * dequantizes on the fly or through the GEMM path), allocates the paged KV
  * arena, activation scratch for max_batch_tokens tokens and the per-batch
- * metadata buffer; the forward pass is in forward.cu.
+ * metadata buffer; the forward pass is in forward.cu. kv_io moves one
+ * KV block to or from the host for the engine's KV tiers (tl_cuda_io).
  *
  * Every failure returns < 0 with "call failed at file:line: detail" in msg;
  * nothing aborts. */
@@ -423,10 +424,22 @@ extern "C" TL_CUDA_API int tl_cuda_plugin_read_kv_block(void *ctx, int id, void 
                             bytes);
 }
 
+/* ---- KV tiers ---------------------------------------------------------------- */
+
+static int pl_kv_io(void *ctx, int block, void *host, int to_device, char *msg, size_t cap) {
+    if (msg && cap) msg[0] = 0;
+    plugin *p = (plugin *)ctx;
+    REQ(p && host, "NULL context or host buffer");
+    REQ(block >= 0 && block < p->kv_blocks, "block id %d of %d", block, p->kv_blocks);
+    const size_t bb = tl_cuda_kv_block_bytes(&p->kv);
+    TRY(tl_cuda_io(p->c, (uint8_t *)p->kv.arena + (size_t)block * bb, host, bb, to_device));
+    return 0;
+}
+
 static int pl_kv_blocks(void *ctx) { return ctx ? ((plugin *)ctx)->kv_blocks : 0; }
 
 static const tl_backend_ops cuda_ops = {
-    "cuda", TL_BACKEND_ABI, pl_init, pl_free, pl_forward, pl_copy_block, pl_kv_blocks, TL_CUDA_SAMPLE_MAX_K,
+    "cuda", TL_BACKEND_ABI, pl_init, pl_free, pl_forward, pl_copy_block, pl_kv_blocks, pl_kv_io, TL_CUDA_SAMPLE_MAX_K,
 };
 
 extern "C" TL_CUDA_API const tl_backend_ops *tl_backend_plugin_v1(void) { return &cuda_ops; }

@@ -101,6 +101,14 @@ TL_CUDA_API int tl_cuda_download(tl_cuda *c, void *dst, const void *src, size_t 
 TL_CUDA_API int tl_cuda_copy(tl_cuda *c, void *dst, const void *src, size_t bytes);
 /* Waits for all work on the context's stream. */
 TL_CUDA_API int tl_cuda_sync(tl_cuda *c);
+/* Copies `bytes` between device memory and pageable host memory (to_device
+ * 1: host -> dev, 0: dev -> host) for the KV tiers: after all work queued
+ * on the context's stream (an event it waits on), on a stream of its own,
+ * through a page-locked staging buffer (made on first use, grown to the
+ * largest copy). Waits for the copy: host may be reused, and work queued
+ * later on the context's stream sees dev's new bytes, when it returns.
+ * Never inside a graph capture. */
+TL_CUDA_API int tl_cuda_io(tl_cuda *c, void *dev, void *host, size_t bytes, int to_device);
 
 /* ---- CUDA graphs ---------------------------------------------------------- */
 

@@ -12,6 +12,10 @@
  *     (FAKE_BACKEND_NO_SAMPLING=1), so the parameters, the draws and the
  *     penalty ids the scheduler sends reproduce the host's chain;
  *   - a request with a cache_window never reads released blocks;
+ *   - KV tiers through kv_io: a prompt evicted from a small arena to the
+ *     host tier comes back from it and gives the uncached tokens; a
+ *     plugin without kv_io refuses tiers, naming itself; a failing
+ *     kv_io leaves the prompt to be recomputed;
  *   - a failing forward fails its request with the plugin's message and
  *     the model keeps serving; a sampled id outside the vocab fails its
  *     request naming the id. */
@@ -24,21 +28,25 @@
 
 static char model_path[512];
 
-static tl_model *open_fake(int no_sampling, int fail_at, size_t kv_mem) {
+static tl_model *open_fake_mp(int no_sampling, int fail_at, tl_model_params mp) {
     setenv("TINYLOOP_BACKEND", "cuda", 1);
     setenv("TINYLOOP_CUDA_LIB", "build/tests/libtl-fake-backend.so", 1);
     setenv("FAKE_BACKEND_NO_SAMPLING", no_sampling ? "1" : "0", 1);
     char fa[16];
     snprintf(fa, sizeof fa, "%d", fail_at);
     setenv("FAKE_BACKEND_FAIL_AT", fa, 1);
-    tl_model_params mp = tl_model_default_params();
-    mp.max_seq_len = 512;
-    mp.kv_mem = kv_mem;
     tl_model *m = NULL;
     int rc = tl_model_open(model_path, mp, &m);
     CHECK(rc == TL_OK, "the model opens on the fake backend: %s", tl_last_error());
     setenv("TINYLOOP_BACKEND", "cpu", 1);
     return rc == TL_OK ? m : NULL;
+}
+
+static tl_model *open_fake(int no_sampling, int fail_at, size_t kv_mem) {
+    tl_model_params mp = tl_model_default_params();
+    mp.max_seq_len = 512;
+    mp.kv_mem = kv_mem;
+    return open_fake_mp(no_sampling, fail_at, mp);
 }
 
 /* prompts of ids in [3, 503) (stories260K has 512) */
@@ -228,6 +236,74 @@ static void test_pool_full_match(void) {
     tl_model_close(m);
 }
 
+/* The KV tiers on a backend with its own arena: spills and restores go
+ * through ops->kv_io (the engine stages blocks on the host). An arena of
+ * two prompts' worth: five more prompts push the first out to the host
+ * tier, and the first again comes back from it. */
+static void test_tiers(void) {
+    enum { P = 64, G = 8, N_OTHER = 5 };
+    tl_model *m = open_fake(0, 0, 0);
+    if (!m) return;
+    tl_model_info info;
+    tl_model_get_info(m, &info);
+    int32_t pr[1 + N_OTHER][P], ref[G], out[G];
+    for (int i = 0; i <= N_OTHER; i++) fill(pr[i], P, 1300 + (uint32_t)i);
+    int nr = ref_generate(m, pr[0], P, G, 1, NULL, ref);
+    tl_model_close(m);
+    tl_model_params mp = tl_model_default_params();
+    mp.max_seq_len = 512;
+    mp.kv_mem = (size_t)2 * ((P + G + 15) / 16 * 16) * info.kv_token_bytes;
+    mp.kv_host_mem = (size_t)1 << 20;
+    m = open_fake_mp(0, 0, mp);
+    if (!m) return;
+    tl_model_get_info(m, &info);
+    int ok = ref_generate(m, pr[0], P, G, 0, NULL, out) == G && ref_same_ids(out, G, ref, nr);
+    for (int i = 1; i <= N_OTHER; i++) ok &= ref_generate(m, pr[i], P, G, 0, NULL, out) == G;
+    tl_cache_stats a, b;
+    tl_model_get_stats(m, &a);
+    CHECK(ok && a.evictions > 0 && a.tier_spills[0] > 0,
+          "tiers on the backend: %d prompts through a %d-block arena evict and spill to the host (%lld evictions, "
+          "%lld blocks spilled; %s)",
+          1 + N_OTHER, info.kv_blocks_total, (long long)a.evictions, (long long)a.tier_spills[0], tl_last_error());
+    int n = ref_generate(m, pr[0], P, G, 0, NULL, out);
+    tl_model_get_stats(m, &b);
+    CHECK(nr == G && ref_same_ids(out, n, ref, nr),
+          "tiers on the backend: the first prompt again gives the uncached tokens (first difference at %d; %s)",
+          ref_first_diff(out, n, ref, nr), n < 0 ? tl_last_error() : "");
+    CHECK(b.tier_hits[0] > a.tier_hits[0] && b.tier_restored_tokens > a.tier_restored_tokens,
+          "tiers on the backend: its blocks came back through kv_io (%lld blocks, %lld tokens restored)",
+          (long long)(b.tier_hits[0] - a.tier_hits[0]), (long long)(b.tier_restored_tokens - a.tier_restored_tokens));
+    printf("  tiers on the fake backend: %d blocks, %lld evictions, %lld blocks spilled, %lld restored (%lld tokens)\n",
+           info.kv_blocks_total, (long long)b.evictions, (long long)b.tier_spills[0],
+           (long long)(b.tier_hits[0] - a.tier_hits[0]), (long long)(b.tier_restored_tokens - a.tier_restored_tokens));
+    tl_model_close(m);
+
+    setenv("FAKE_BACKEND_IO_FAIL", "1", 1);
+    m = open_fake_mp(0, 0, mp);
+    unsetenv("FAKE_BACKEND_IO_FAIL");
+    if (m) {
+        for (int i = 1; i <= N_OTHER; i++) ref_generate(m, pr[i], P, G, 0, NULL, out);
+        ref_generate(m, pr[0], P, G, 0, NULL, out);
+        for (int i = 1; i <= N_OTHER; i++) ref_generate(m, pr[i], P, G, 0, NULL, out);
+        n = ref_generate(m, pr[0], P, G, 0, NULL, out);
+        tl_model_get_stats(m, &b);
+        CHECK(ref_same_ids(out, n, ref, nr) && b.tier_spills[0] > 0 && b.tier_restored_tokens == 0,
+              "a kv_io that fails into the arena restores nothing and the prompt is recomputed (%lld restored; %s)",
+              (long long)b.tier_restored_tokens, n < 0 ? tl_last_error() : "");
+        tl_model_close(m);
+    }
+
+    setenv("TINYLOOP_BACKEND", "cuda", 1);
+    setenv("FAKE_BACKEND_NO_KV_IO", "1", 1);
+    m = NULL;
+    int rc = tl_model_open(model_path, mp, &m);
+    unsetenv("FAKE_BACKEND_NO_KV_IO");
+    setenv("TINYLOOP_BACKEND", "cpu", 1);
+    CHECK(rc == TL_ERR_UNSUPPORTED && !m && strstr(tl_last_error(), "the fake backend cannot copy KV blocks"),
+          "a plugin without kv_io refuses KV tiers, naming the backend (%d: %s)", rc, tl_last_error());
+    tl_model_close(m);
+}
+
 int main(void) {
     const char *shared = test_shared_dir();
     if (!shared) {
@@ -240,5 +316,6 @@ int main(void) {
     test_sampling();
     test_window_and_failure();
     test_pool_full_match();
+    test_tiers();
     return test_summary();
 }

@@ -3,9 +3,9 @@
 # (under 8 minutes on an H200): builds the library, the CUDA plugin and
 # the GPU tests; runs the tests (make test-cuda's binaries: every op
 # against the CPU, device sampling against engine/sampler.c, the plugin's
-# forward against the CPU engine, and greedy/cache/batch equivalence
-# through the engine); then benchmarks the engine on the GPU and prints a
-# summary:
+# forward against the CPU engine, greedy/cache/batch equivalence through
+# the engine, and the KV tiers through the plugin's kv_io); then
+# benchmarks the engine on the GPU and prints a summary:
 #   - decode tokens/s at batch 1, 16 and 64, through tl_batch_forward and
 #     through requests (device sampling), on a 1.1B-parameter llama-shaped
 #     model (Q8_0 and F16) and a stories110M-shaped one;
@@ -30,7 +30,7 @@ t0=$(date +%s)
 echo "== device"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "nvidia-smi: not available"
 
-tests="build/tests/test_cuda_ops build/tests/test_cuda_graph build/tests/test_cuda_sample build/tests/test_cuda_forward build/tests/test_cuda_e2e"
+tests="build/tests/test_cuda_ops build/tests/test_cuda_graph build/tests/test_cuda_sample build/tests/test_cuda_forward build/tests/test_cuda_e2e build/tests/test_cuda_tiers"
 # A machine without the PCRE2 headers (or TL_GPU_NO_BUILD=1) runs binaries
 # built elsewhere with `make gpu-bundle` and carried here.
 if [ "${TL_GPU_NO_BUILD:-0}" = 1 ] ||

@@ -1,7 +1,7 @@
 /* fake_backend.c - a backend plugin (engine/backend.h) that tests the
  * engine's side of the interface on machines without a GPU: block tables,
- * copy-on-write through copy_block, the arena size it reports, device
- * sampling parameters and errors. build/tests/libtl-fake-backend.so,
+ * copy-on-write through copy_block, the KV tiers through kv_io, the arena
+ * size it reports, device sampling parameters and errors. build/tests/libtl-fake-backend.so,
  * loaded by test_backend through TINYLOOP_CUDA_LIB.
  *
  * Its "model" is a hash. Storing a token writes hash(token, position,
@@ -11,11 +11,15 @@
  * request gets the logits of an uncached one only if the engine handed it
  * blocks holding exactly that prefix's KV. Rows marked on_device are
  * sampled with the engine's own chain (engine/sampler.c, compiled in), the
- * penalty applied from the ids the engine sent.
+ * penalty applied from the ids the engine sent. kv_io moves a block's
+ * slots as the first bytes of its block_bytes (the rest zero), so a block
+ * spilled to a tier and restored into another id reads as it was written.
  *
  * Environment: FAKE_BACKEND_NO_SAMPLING=1 (max_sample_k 0: the host
  * samples), FAKE_BACKEND_FAIL_AT=N (the N-th forward call fails),
- * FAKE_BACKEND_BAD_IDS=1 (sampled ids outside the vocab). */
+ * FAKE_BACKEND_BAD_IDS=1 (sampled ids outside the vocab),
+ * FAKE_BACKEND_NO_KV_IO=1 (no kv_io: the engine refuses KV tiers),
+ * FAKE_BACKEND_IO_FAIL=1 (kv_io into the arena fails). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,10 +29,11 @@
 
 typedef struct fake {
     int n_vocab, bs, kv_blocks;
+    size_t block_bytes; /* the engine's block (kv_layout.block_bytes): what kv_io moves */
     uint64_t *slots; /* kv_blocks * bs: what each KV slot holds (0 = never written) */
     float *row;      /* n_vocab */
     tl_sampler smp;
-    int forwards, fail_at, bad_ids;
+    int forwards, fail_at, bad_ids, io_fail;
 } fake;
 
 static uint64_t mix(uint64_t z) {
@@ -59,12 +64,20 @@ static int fk_init(const tl_backend_model *m, void **ctx, char *msg, size_t cap)
     if (!f) return fail(msg, cap, "out of memory", 0, 0);
     f->n_vocab = m->n_vocab;
     f->bs = m->kv_block_size;
+    f->block_bytes = m->kv_layout.block_bytes;
+    if (f->block_bytes < (size_t)f->bs * sizeof *f->slots) {
+        free(f);
+        return fail(msg, cap, "a KV block too small for its slots (bytes, slots)", (long)m->kv_layout.block_bytes,
+                    m->kv_block_size);
+    }
     /* as a device with plenty of memory: kv_auto takes the cap */
     f->kv_blocks = m->kv_auto ? m->kv_blocks_max : m->kv_blocks;
     const char *env = getenv("FAKE_BACKEND_FAIL_AT");
     f->fail_at = env ? atoi(env) : 0;
     env = getenv("FAKE_BACKEND_BAD_IDS");
     f->bad_ids = env && *env == '1';
+    env = getenv("FAKE_BACKEND_IO_FAIL");
+    f->io_fail = env && *env == '1';
     f->slots = calloc((size_t)f->kv_blocks * f->bs, sizeof *f->slots);
     f->row = malloc((size_t)f->n_vocab * sizeof *f->row);
     tl_sampling_params sp = {.repeat_penalty = 1.0f};
@@ -143,14 +156,35 @@ static int fk_copy(void *ctx, int dst, int src, char *msg, size_t cap) {
     return 0;
 }
 
+static int fk_kv_io(void *ctx, int id, void *host, int to_device, char *msg, size_t cap) {
+    fake *f = ctx;
+    if (id < 0 || id >= f->kv_blocks || !host) return fail(msg, cap, "kv_io block id", id, f->kv_blocks);
+    if (to_device && f->io_fail) return fail(msg, cap, "injected kv_io failure (block, to_device)", id, to_device);
+    uint64_t *slots = f->slots + (size_t)id * f->bs;
+    const size_t used = (size_t)f->bs * sizeof *slots;
+    if (to_device) {
+        memcpy(slots, host, used);
+    } else {
+        memcpy(host, slots, used);
+        memset((uint8_t *)host + used, 0, f->block_bytes - used);
+    }
+    return 0;
+}
+
 static int fk_kv_blocks(void *ctx) { return ((fake *)ctx)->kv_blocks; }
 
 /* Two tables: models opened with and without device sampling coexist. */
-static const tl_backend_ops ops_dev = {"fake", TL_BACKEND_ABI, fk_init, fk_free, fk_forward, fk_copy, fk_kv_blocks,
-                                       TL_BACKEND_SAMPLE_MAX_K};
-static const tl_backend_ops ops_host = {"fake", TL_BACKEND_ABI, fk_init, fk_free, fk_forward, fk_copy, fk_kv_blocks, 0};
+#define FAKE_OPS(sample_k)                                                                                       \
+    {.name = "fake", .abi = TL_BACKEND_ABI, .init = fk_init, .free = fk_free, .forward = fk_forward,             \
+     .copy_block = fk_copy, .kv_blocks = fk_kv_blocks, .kv_io = fk_kv_io, .max_sample_k = (sample_k)}
+static const tl_backend_ops ops_dev = FAKE_OPS(TL_BACKEND_SAMPLE_MAX_K);
+static const tl_backend_ops ops_host = FAKE_OPS(0);
+static const tl_backend_ops ops_no_io = {.name = "fake", .abi = TL_BACKEND_ABI, .init = fk_init, .free = fk_free,
+                                        .forward = fk_forward, .copy_block = fk_copy, .kv_blocks = fk_kv_blocks};
 
 __attribute__((visibility("default"))) const tl_backend_ops *tl_backend_plugin_v1(void) {
-    const char *env = getenv("FAKE_BACKEND_NO_SAMPLING");
+    const char *env = getenv("FAKE_BACKEND_NO_KV_IO");
+    if (env && *env == '1') return &ops_no_io;
+    env = getenv("FAKE_BACKEND_NO_SAMPLING");
     return env && *env == '1' ? &ops_host : &ops_dev;
 }

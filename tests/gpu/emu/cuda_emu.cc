@@ -337,6 +337,7 @@ static const struct {
      "operation not permitted when stream is capturing"},
     {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
      "operation failed due to a previous error during capture"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
 };
@@ -433,9 +434,56 @@ cudaError_t cudaMallocHost(void **p, size_t bytes) {
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 
+cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) {
+    *p = NULL;
+    if (flags & ~(unsigned)(cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined))
+        return cudaErrorInvalidValue;
+    return cudaMallocHost(p, bytes);
+}
+
 cudaError_t cudaFreeHost(void *p) {
     if (refused_in_capture()) return cudaErrorStreamCaptureUnsupported;
     free(p);
+    return cudaSuccess;
+}
+
+/* ---- events ------------------------------------------------------------------- */
+
+struct tlemu_event {
+    unsigned flags;
+};
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) {
+    *e = NULL;
+    if (flags & ~(unsigned)(cudaEventDisableTiming | 0x01 /* BlockingSync */ | 0x04 /* Interprocess */))
+        return cudaErrorInvalidValue;
+    *e = new tlemu_event{flags};
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    if (!e) return cudaErrorInvalidResourceHandle;
+    delete e;
+    return cudaSuccess;
+}
+
+/* Everything queued on s before has run: the event completes now. */
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    if (!e) return cudaErrorInvalidResourceHandle;
+    if (s && s->capture) {
+        s->invalid = true;
+        return cudaErrorStreamCaptureUnsupported;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+    if (!e) return cudaErrorInvalidResourceHandle;
+    if (flags & ~1u) return cudaErrorInvalidValue;
+    if (s && s->capture) {
+        s->invalid = true;
+        return cudaErrorStreamCaptureUnsupported;
+    }
     return cudaSuccess;
 }
 

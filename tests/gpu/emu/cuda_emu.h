@@ -25,6 +25,10 @@
  * emulation also refuses cudaMallocAsync there, which CUDA would turn into
  * a graph-owned allocation: the backend must never grow scratch in one).
  *
+ * Events: a stream runs its work as it is queued, so a recorded event has
+ * completed and a stream waiting on it waits for nothing; both refuse a
+ * capturing stream (CUDA would add graph nodes; the backend never does).
+ *
  * Launch syntax: the build rewrites `kernel<<<g, b, smem, stream>>>(args)`
  * into `tlemu::launch(kernel)(g, b, smem, stream)(args)` with sed
  * (kernels/cuda/Makefile.inc). */
@@ -147,9 +151,11 @@ typedef enum cudaError {
     cudaErrorLaunchFailure = 719,
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorInvalidResourceHandle = 400,
     cudaErrorIllegalState = 401,
 } cudaError_t;
 typedef struct tlemu_stream *cudaStream_t;
+typedef struct tlemu_event *cudaEvent_t;
 typedef struct tlemu_graph *cudaGraph_t;
 typedef struct tlemu_graph *cudaGraphExec_t;
 enum cudaStreamCaptureMode {
@@ -160,6 +166,12 @@ enum cudaStreamCaptureMode {
 enum cudaMemcpyKind { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDeviceToDevice = 3 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 #define cudaStreamNonBlocking 0x01
+#define cudaEventDefault 0x00
+#define cudaEventDisableTiming 0x02
+#define cudaHostAllocDefault 0x00
+#define cudaHostAllocPortable 0x01
+#define cudaHostAllocMapped 0x02
+#define cudaHostAllocWriteCombined 0x04
 
 struct cudaDeviceProp {
     char name[256];
@@ -183,7 +195,12 @@ cudaError_t cudaFree(void *p);
 cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s);
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s);
 cudaError_t cudaMallocHost(void **p, size_t bytes);
+cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags);
 cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s);
 cudaError_t cudaMemsetAsync(void *p, int v, size_t bytes, cudaStream_t s);
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
