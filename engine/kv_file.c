@@ -93,11 +93,12 @@ static void decode_header(const uint8_t *h, tl_kvf_meta *m) {
 }
 
 /* The bounds both the writer and the reader hold a header to. kv_mode must
- * be a non-empty printable name, NUL-terminated and zero-filled. */
-static int meta_valid(const tl_kvf_meta *m, char *err, size_t cap) {
+ * be a non-empty printable name, NUL-terminated; in a file also zero-filled
+ * (the writer zero-fills, so bytes after a caller's NUL do not matter). */
+static int meta_valid(const tl_kvf_meta *m, int from_file, char *err, size_t cap) {
     size_t len = strnlen(m->kv_mode, 16);
     if (len == 0 || len == 16) return fail(err, cap, len ? "KV mode is not NUL-terminated" : "KV mode is empty");
-    for (size_t i = 0; i < 16; i++) {
+    for (size_t i = 0; i < (from_file ? 16 : len); i++) {
         unsigned char c = (unsigned char)m->kv_mode[i];
         if (i < len ? (c < 0x21 || c > 0x7e) : c != 0)
             return fail(err, cap, "KV mode byte %zu is 0x%02x, not %s", i, c, i < len ? "printable" : "zero");
@@ -155,7 +156,7 @@ int tl_kvf_parse(const uint8_t *buf, size_t n, tl_kvf_meta *got, const int32_t *
 
     tl_kvf_meta m;
     decode_header(buf, &m);
-    if (meta_valid(&m, err, cap)) return -1;
+    if (meta_valid(&m, 1, err, cap)) return -1;
     size_t tcrc_off, crcs_off, payload_off, total = layout(&m, &tcrc_off, &crcs_off, &payload_off);
     if (!total) return fail(err, cap, "sizes in the header overflow (depth %" PRId32 " x %" PRIu64 " bytes)", m.depth,
                             m.block_bytes);
@@ -244,7 +245,7 @@ int tl_kvf_write(const char *dir, const tl_kvf_meta *m, const int32_t *tokens, c
     tl_kvf_name(m->key, name);
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
         return fail(err, cap, "%s/%s: path too long", dir, name);
-    if (meta_valid(m, why, sizeof why)) return fail(err, cap, "%s: %s", path, why);
+    if (meta_valid(m, 0, why, sizeof why)) return fail(err, cap, "%s: %s", path, why);
     size_t tcrc_off, crcs_off, payload_off;
     if (!layout(m, &tcrc_off, &crcs_off, &payload_off)) return fail(err, cap, "%s: file size overflows", path);
 
