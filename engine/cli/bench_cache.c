@@ -10,20 +10,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_cache.h"
 #include "model.h"
 #include "radix.h"
 #include "tinyloop.h"
 #include "util.h"
 
-static void fill(int32_t *t, int n, int nv, uint32_t seed) {
+void tl_bench_fill(int32_t *t, int n, int nv, uint32_t seed) {
     for (int i = 0; i < n; i++) {
         seed = seed * 1103515245u + 12345u;
         t[i] = 3 + (int32_t)((seed >> 8) % (uint32_t)(nv - 3));
     }
 }
 
-/* Seconds from submit to the first generated token. */
-static double ttft(tl_model *m, const int32_t *p, int n, int no_cache) {
+double tl_bench_ttft(tl_model *m, const int32_t *p, int n, int no_cache) {
     tl_generate_params gp = tl_generate_default_params();
     gp.max_tokens = 1;
     gp.ignore_eos = 1;
@@ -41,11 +41,11 @@ static double ttft(tl_model *m, const int32_t *p, int n, int no_cache) {
 static void bench_ttft(tl_model *m, int prefix, int suffix) {
     int nv = tl_model_n_vocab(m), n = prefix + suffix;
     int32_t *p = malloc((size_t)n * sizeof *p);
-    fill(p, n, nv, 7);
-    double miss = ttft(m, p, n, 1);
-    ttft(m, p, prefix + 1, 0); /* puts the prefix in the cache (a previous request) */
-    fill(p + prefix, suffix, nv, 99); /* a new suffix */
-    double hit = ttft(m, p, n, 0);
+    tl_bench_fill(p, n, nv, 7);
+    double miss = tl_bench_ttft(m, p, n, 1);
+    tl_bench_ttft(m, p, prefix + 1, 0); /* puts the prefix in the cache (a previous request) */
+    tl_bench_fill(p + prefix, suffix, nv, 99); /* a new suffix */
+    double hit = tl_bench_ttft(m, p, n, 0);
     printf("  TTFT %d-token prefix + %d-token suffix: miss %.2f ms, hit %.2f ms -> %.1fx\n", prefix, suffix,
            miss * 1e3, hit * 1e3, miss / hit);
     free(p);
@@ -58,7 +58,7 @@ static double chat(tl_model *m, int no_cache, int sys_len, int turns, int user_l
     int len[CONV];
     for (int c = 0; c < CONV; c++) {
         hist[c] = malloc((size_t)cap * sizeof(int32_t));
-        fill(hist[c], sys_len, nv, 1); /* a shared system prompt */
+        tl_bench_fill(hist[c], sys_len, nv, 1); /* a shared system prompt */
         len[c] = sys_len;
     }
     tl_generate_params gp = tl_generate_default_params();
@@ -69,7 +69,7 @@ static double chat(tl_model *m, int no_cache, int sys_len, int turns, int user_l
     long tokens = 0;
     for (int t = 0; t < turns; t++)
         for (int c = 0; c < CONV; c++) {
-            fill(hist[c] + len[c], user_len, nv, (uint32_t)(c * 131 + t));
+            tl_bench_fill(hist[c] + len[c], user_len, nv, (uint32_t)(c * 131 + t));
             len[c] += user_len;
             int got = tl_generate(m, hist[c], len[c], gp, hist[c] + len[c], reply_len);
             if (got < 0) { /* a ratio from partial runs would mislead: stop with the reason */
@@ -95,11 +95,11 @@ static int blocks_for(tl_model *m, int32_t *p, int prefix, int n, int no_cache) 
     gp.ignore_eos = 1;
     gp.no_cache = no_cache;
     tl_radix_evict(&m->cache, m->kv.n_blocks); /* start from an empty cache */
-    if (!no_cache) ttft(m, p, prefix + 1, 0); /* the prefix is cached once */
+    if (!no_cache) tl_bench_ttft(m, p, prefix + 1, 0); /* the prefix is cached once */
     int64_t *ids = malloc((size_t)n * sizeof *ids);
     int n_ok = 0;
     for (int r = 0; r < n; r++) {
-        fill(p + prefix, 8, nv, (uint32_t)r + 1000);
+        tl_bench_fill(p + prefix, 8, nv, (uint32_t)r + 1000);
         if (tl_request_submit(m, p, prefix + 8, &gp, NULL, &ids[n_ok]) == 0) n_ok++;
     }
     for (int all = 0; !all;) {
@@ -120,7 +120,7 @@ static int blocks_for(tl_model *m, int32_t *p, int prefix, int n, int no_cache) 
 
 static void bench_memory(tl_model *m, int prefix) {
     int32_t *p = malloc((size_t)(prefix + 8) * sizeof *p);
-    fill(p, prefix, tl_model_n_vocab(m), 5);
+    tl_bench_fill(p, prefix, tl_model_n_vocab(m), 5);
     int shared = blocks_for(m, p, prefix, 100, 0);
     int one = blocks_for(m, p, prefix, 1, 1);
     tl_model_info info;
@@ -143,13 +143,13 @@ static void bench_radix(void) {
     int ns = tl_radix_namespace(&t, 1, 0, 0, 1);
     tl_block_table bt = {.depth = 1};
     int32_t *prompt = malloc(PROMPT * sizeof *prompt), e[ELEN];
-    fill(prompt, PROMPT, 30000, 3);
+    tl_bench_fill(prompt, PROMPT, 30000, 3);
     double t0 = tl_now();
     for (int i = 0; i < ENTRIES; i++) {
         /* entries share stems with the prompt at various depths */
         int share = i % 17;
         memcpy(e, prompt, (size_t)share * sizeof *e);
-        fill(e + share, ELEN - share, 30000, (uint32_t)i + 11);
+        tl_bench_fill(e + share, ELEN - share, 30000, (uint32_t)i + 11);
         tl_block_table_reserve(&bt, &kv, ELEN);
         tl_radix_insert(&t, ns, e, ELEN, &bt, 0);
         tl_block_table_release(&bt, &kv);

@@ -11,26 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "bench_cache.h"
 #include "tinyloop.h"
-
-static void fill(int32_t *t, int n, int nv, uint32_t seed) {
-    for (int i = 0; i < n; i++) {
-        seed = seed * 1103515245u + 12345u;
-        t[i] = 3 + (int32_t)((seed >> 8) % (uint32_t)(nv - 3));
-    }
-}
-
-/* Seconds from submit to the first generated token (-1 on failure). */
-static double ttft(tl_model *m, const int32_t *p, int n, int no_cache) {
-    tl_generate_params gp = tl_generate_default_params();
-    gp.max_tokens = 1;
-    gp.ignore_eos = 1;
-    gp.no_cache = no_cache;
-    int32_t out[1];
-    double t0 = tl_clock();
-    if (tl_generate(m, p, n, gp, out, 1) < 0) return -1;
-    return tl_clock() - t0;
-}
 
 static tl_model *open_model(const char *path, tl_model_params mp, size_t kv_mem, size_t host, const char *dir) {
     mp.kv_mem = kv_mem;
@@ -47,9 +29,9 @@ static double tier_hit(const char *path, tl_model_params mp, size_t one, size_t 
                        const int32_t *p, const int32_t *other, int n, int prefix, tl_cache_stats *st) {
     tl_model *m = open_model(path, mp, one + one / 4, host, dir);
     if (!m) return -1;
-    ttft(m, p, prefix + 1, 0);
-    ttft(m, other, n, 0);
-    double t = ttft(m, p, n, 0);
+    tl_bench_ttft(m, p, prefix + 1, 0);
+    tl_bench_ttft(m, other, n, 0);
+    double t = tl_bench_ttft(m, p, n, 0);
     tl_model_get_stats(m, st);
     tl_model_close(m);
     return t;
@@ -69,11 +51,11 @@ static int bench_ttft(const char *path, tl_model_params mp, int prefix) {
     int n = prefix + 32, nv = info.n_vocab;
     size_t one = (size_t)(n + 32) * info.kv_token_bytes;
     int32_t *p = malloc((size_t)n * sizeof *p), *q = malloc((size_t)n * sizeof *q);
-    fill(p, n, nv, 7);
-    fill(q, n, nv, 8);
-    double miss = ttft(m, p, n, 1);
-    ttft(m, p, prefix + 1, 0);
-    double hit1 = ttft(m, p, n, 0);
+    tl_bench_fill(p, n, nv, 7);
+    tl_bench_fill(q, n, nv, 8);
+    double miss = tl_bench_ttft(m, p, n, 1);
+    tl_bench_ttft(m, p, prefix + 1, 0);
+    double hit1 = tl_bench_ttft(m, p, n, 0);
     tl_model_close(m);
     char dir[] = "/tmp/tl_bench_tiers_XXXXXX";
     if (!mkdtemp(dir)) return 1;
@@ -88,16 +70,16 @@ static int bench_ttft(const char *path, tl_model_params mp, int prefix) {
     m = open_model(path, mp, 0, 0, dir);
     double restart_hit = -1;
     if (m) {
-        ttft(m, p, prefix + 1, 0);
+        tl_bench_ttft(m, p, prefix + 1, 0);
         tl_model_save_cache(m, NULL);
         tl_model_close(m);
         m = open_model(path, mp, 0, 0, dir);
-        fill(p + prefix, 32, nv, 99);
-        restart_hit = m ? ttft(m, p, n, 0) : -1;
+        tl_bench_fill(p + prefix, 32, nv, 99);
+        restart_hit = m ? tl_bench_ttft(m, p, n, 0) : -1;
         tl_model_close(m);
     }
     m = open_model(path, mp, 0, 0, NULL);
-    double restart_miss = m ? ttft(m, p, n, 0) : -1;
+    double restart_miss = m ? tl_bench_ttft(m, p, n, 0) : -1;
     tl_model_close(m);
     printf("  first request after a restart: %.1f ms without the disk tier, %.1f ms with it (%.1fx)\n",
            restart_miss * 1e3, restart_hit * 1e3, restart_miss / restart_hit);
@@ -119,7 +101,7 @@ static int bench_trace(const char *path, tl_model_params mp, int prefix) {
     int n = prefix + SUFFIX;
     size_t arena = (size_t)TENANTS * (size_t)prefix * info.kv_token_bytes / 4;
     int32_t *p = malloc((size_t)TENANTS * (size_t)n * sizeof *p);
-    for (int t = 0; t < TENANTS; t++) fill(p + (size_t)t * n, prefix, info.n_vocab, 100 + (uint32_t)t);
+    for (int t = 0; t < TENANTS; t++) tl_bench_fill(p + (size_t)t * n, prefix, info.n_vocab, 100 + (uint32_t)t);
     for (int with = 0; with < 2; with++) {
         m = open_model(path, mp, arena, with ? arena * 8 : 0, NULL);
         if (!m) return 1;
@@ -129,8 +111,8 @@ static int bench_trace(const char *path, tl_model_params mp, int prefix) {
             seed = seed * 1103515245u + 12345u;
             int t = (int)((seed >> 8) % TENANTS);
             int32_t *q = p + (size_t)t * n;
-            fill(q + prefix, SUFFIX, info.n_vocab, seed);
-            total += ttft(m, q, n, 0);
+            tl_bench_fill(q + prefix, SUFFIX, info.n_vocab, seed);
+            total += tl_bench_ttft(m, q, n, 0);
         }
         tl_cache_stats st;
         tl_model_get_stats(m, &st);
