@@ -106,8 +106,8 @@ static void fill_meta(const tl_kv_tiers *t, const tl_radix_ns *ns, int lb, const
 }
 
 /* Spills (to_disk 0) or writes through to disk (1) every full logical
- * block node n holds (none of its layers dropped) that the tier lacks,
- * keyed by the chain of its path. */
+ * block node n holds that the tier lacks, keyed by the chain of its path.
+ * Layers a sliding window released (id -1) are marked absent. */
 static void each_full_block(tl_model *m, const tl_radix_node *n, int to_disk) {
     struct tl_cache_tiers *c = m->tiers;
     const tl_radix_ns *ns = &m->cache.ns[n->ns];
@@ -122,17 +122,21 @@ static void each_full_block(tl_model *m, const tl_radix_node *n, int to_disk) {
         tl_tiers_next_key(&c->t, parent, c->path + lb * bs, key);
         if (lb < n->lb_first) continue;
         const int32_t *ids = n->blocks + (size_t)(lb - n->lb_first) * depth;
-        int whole = 1;
-        for (int d = 0; d < depth; d++) whole &= ids[d] >= 0;
-        if (!whole) continue; /* a sliding-window layer let it go */
-        int where = tl_tiers_find(&c->t, key);
+        int where = tl_tiers_find(&c->t, key), held = 0;
         if (to_disk ? where == TL_TIER_DISK : where >= 0) continue;
         tl_kvf_meta meta;
         fill_meta(&c->t, ns, lb, parent, key, &meta);
         for (int d = 0; d < depth; d++) {
+            c->ptrs[d] = NULL;
+            if (ids[d] < 0) {
+                meta.absent[d >> 3] |= (uint8_t)(1u << (d & 7));
+                continue;
+            }
+            held++;
             c->ptrs[d] = host_block(c, m, ids[d], d);
             if (io_block(m, ids[d], c->ptrs[d], 0)) return;
         }
+        if (!held) continue;
         const void *const *blocks = (const void *const *)c->ptrs;
         if (to_disk) tl_tiers_persist(&c->t, &meta, c->path + lb * bs, blocks);
         else tl_tiers_put(&c->t, &meta, c->path + lb * bs, blocks);
@@ -226,7 +230,7 @@ int tl_cache_restore(tl_model *m, int ns_i, const int32_t *tokens, int n, int L,
         return 0;
     }
     int k = probe(c, ns, tokens, lb0, lb_end, keys, &tier);
-    if (k > 0 && !tl_tiers_restore_pays(&c->t, tier, k)) {
+    if (k > 0 && !tl_tiers_restore_pays(&c->t, tier, k, (size_t)k * (size_t)depth * m->kv.block_bytes)) {
         c->t.recompute_chosen++;
         k = 0;
     }
@@ -240,10 +244,19 @@ int tl_cache_restore(tl_model *m, int ns_i, const int32_t *tokens, int n, int L,
             int lb = lb0 + done;
             tl_kvf_meta want;
             fill_meta(&c->t, ns, lb, keys[done], keys[done + 1], &want);
-            for (int d = 0; d < depth; d++) c->ptrs[d] = host_block(c, m, bt.ids[lb * depth + d], d);
-            if (tl_tiers_take(&c->t, &want, tokens + lb * bs, c->ptrs) < 0) break;
+            int32_t *ids = bt.ids + (size_t)lb * depth;
+            for (int d = 0; d < depth; d++) c->ptrs[d] = host_block(c, m, ids[d], d);
+            tl_kvf_meta got;
+            if (tl_tiers_take(&c->t, &want, tokens + lb * bs, c->ptrs, &got) < 0) break;
             int ok = 1;
-            for (int d = 0; d < depth && ok; d++) ok = io_block(m, bt.ids[lb * depth + d], c->ptrs[d], 1) == 0;
+            for (int d = 0; d < depth && ok; d++) {
+                if (tl_kvf_has(&got, d)) {
+                    ok = io_block(m, ids[d], c->ptrs[d], 1) == 0;
+                } else { /* released by its sliding window when spilled: released again */
+                    tl_kv_unref(&m->kv, ids[d]);
+                    ids[d] = -1;
+                }
+            }
             if (!ok) break;
         }
         tl_block_table_truncate(&bt, &m->kv, (lb0 + done) * bs);

@@ -117,13 +117,23 @@ static int meta_valid(const tl_kvf_meta *m, int from_file, char *err, size_t cap
     return 0;
 }
 
-/* Offsets of the sections after the header; 0 on overflow. */
+int tl_kvf_n_present(const tl_kvf_meta *m) {
+    int n = 0;
+    for (int d = 0; d < m->depth && d < TL_KVF_MAX_DEPTH; d++) n += tl_kvf_has(m, d);
+    return n;
+}
+
+static size_t bitmap_bytes(const tl_kvf_meta *m) { return ((size_t)m->depth + 7) / 8; }
+
+/* Offsets of the sections after the header; 0 on overflow. The bitmap
+ * starts at tcrc_off - bitmap_bytes. */
 static size_t layout(const tl_kvf_meta *m, size_t *tcrc_off, size_t *crcs_off, size_t *payload_off) {
-    size_t tok, crcs, pay, total;
-    if (m->block_size < 0 || m->depth < 0 || m->block_bytes > SIZE_MAX) return 0;
-    if (tl_mul_size((size_t)m->block_size, 4, &tok) || tl_add_size(tok, TL_KVF_HEADER_BYTES, tcrc_off) ||
-        tl_add_size(*tcrc_off, 4, crcs_off) || tl_mul_size((size_t)m->depth, 4, &crcs) ||
-        tl_add_size(*crcs_off, crcs, payload_off) || tl_mul_size((size_t)m->depth, (size_t)m->block_bytes, &pay) ||
+    size_t tok, crcs, pay, total, bits;
+    if (m->block_size < 0 || m->depth < 0 || m->depth > TL_KVF_MAX_DEPTH || m->block_bytes > SIZE_MAX) return 0;
+    if (tl_mul_size((size_t)m->block_size, 4, &tok) || tl_add_size(tok, TL_KVF_HEADER_BYTES, &bits) ||
+        tl_add_size(bits, bitmap_bytes(m), tcrc_off) || tl_add_size(*tcrc_off, 4, crcs_off) ||
+        tl_mul_size((size_t)m->depth, 4, &crcs) || tl_add_size(*crcs_off, crcs, payload_off) ||
+        tl_mul_size((size_t)tl_kvf_n_present(m), (size_t)m->block_bytes, &pay) ||
         tl_add_size(*payload_off, pay, &total))
         return 0;
     return total;
@@ -155,8 +165,16 @@ int tl_kvf_parse(const uint8_t *buf, size_t n, tl_kvf_meta *got, const int32_t *
     if (want != have) return fail(err, cap, "header checksum " CRC_DIFF, have, want);
 
     tl_kvf_meta m;
+    memset(&m, 0, sizeof m);
     decode_header(buf, &m);
     if (meta_valid(&m, 1, err, cap)) return -1;
+    size_t bits_off = TL_KVF_HEADER_BYTES + 4 * (size_t)m.block_size; /* both bounded by meta_valid */
+    if (n < bits_off + bitmap_bytes(&m))
+        return fail(err, cap, "file is %zu bytes, shorter than its tokens and bitmap", n);
+    memcpy(m.absent, buf + bits_off, bitmap_bytes(&m));
+    if (m.depth % 8 && m.absent[m.depth / 8] >> (m.depth % 8))
+        return fail(err, cap, "absent bits set past depth %" PRId32, m.depth);
+    if (tl_kvf_n_present(&m) == 0) return fail(err, cap, "every block is absent");
     size_t tcrc_off, crcs_off, payload_off, total = layout(&m, &tcrc_off, &crcs_off, &payload_off);
     if (!total) return fail(err, cap, "sizes in the header overflow (depth %" PRId32 " x %" PRIu64 " bytes)", m.depth,
                             m.block_bytes);
@@ -165,9 +183,10 @@ int tl_kvf_parse(const uint8_t *buf, size_t n, tl_kvf_meta *got, const int32_t *
     want = get32(buf + tcrc_off), have = tl_crc32c(0, buf + TL_KVF_HEADER_BYTES, tcrc_off - TL_KVF_HEADER_BYTES);
     if (want != have) return fail(err, cap, "tokens checksum " CRC_DIFF, have, want);
     const uint8_t *pay = buf + payload_off;
+    size_t at = 0;
     for (int32_t d = 0; d < m.depth; d++) {
         want = get32(buf + crcs_off + 4 * (size_t)d);
-        have = tl_crc32c(0, pay + (size_t)d * m.block_bytes, m.block_bytes);
+        have = tl_kvf_has(&m, d) ? tl_crc32c(0, pay + at++ * m.block_bytes, m.block_bytes) : 0;
         if (want != have)
             return fail(err, cap, "block %" PRId32 " checksum " CRC_DIFF, d, have, want);
     }
@@ -246,6 +265,9 @@ int tl_kvf_write(const char *dir, const tl_kvf_meta *m, const int32_t *tokens, c
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
         return fail(err, cap, "%s/%s: path too long", dir, name);
     if (meta_valid(m, 0, why, sizeof why)) return fail(err, cap, "%s: %s", path, why);
+    if (tl_kvf_n_present(m) == 0 || (m->depth % 8 && m->absent[m->depth / 8] >> (m->depth % 8)))
+        return fail(err, cap, "%s: the absent bitmap leaves no block or marks blocks past depth %d", path,
+                    (int)m->depth);
     size_t tcrc_off, crcs_off, payload_off;
     if (!layout(m, &tcrc_off, &crcs_off, &payload_off)) return fail(err, cap, "%s: file size overflows", path);
 
@@ -253,9 +275,10 @@ int tl_kvf_write(const char *dir, const tl_kvf_meta *m, const int32_t *tokens, c
     if (!head) return fail(err, cap, "%s: out of memory for a %zu-byte header", path, payload_off);
     encode_header(head, m);
     for (int32_t i = 0; i < m->block_size; i++) put32(head + TL_KVF_HEADER_BYTES + 4 * (size_t)i, (uint32_t)tokens[i]);
+    memcpy(head + tcrc_off - bitmap_bytes(m), m->absent, bitmap_bytes(m));
     put32(head + tcrc_off, tl_crc32c(0, head + TL_KVF_HEADER_BYTES, tcrc_off - TL_KVF_HEADER_BYTES));
     for (int32_t d = 0; d < m->depth; d++)
-        put32(head + crcs_off + 4 * (size_t)d, tl_crc32c(0, blocks[d], m->block_bytes));
+        put32(head + crcs_off + 4 * (size_t)d, tl_kvf_has(m, d) ? tl_crc32c(0, blocks[d], m->block_bytes) : 0);
 
     int fd = open_temp(dir, name, tmp, sizeof tmp), rc = -1;
     if (fd < 0) {
@@ -266,7 +289,7 @@ int tl_kvf_write(const char *dir, const tl_kvf_meta *m, const int32_t *tokens, c
     const char *step = "write";
     if (write_all(fd, head, payload_off) == 0) {
         int32_t d = 0;
-        while (d < m->depth && write_all(fd, blocks[d], m->block_bytes) == 0) d++;
+        while (d < m->depth && (!tl_kvf_has(m, d) || write_all(fd, blocks[d], m->block_bytes) == 0)) d++;
         if (d == m->depth) rc = 0;
     }
     int en = errno;
@@ -328,7 +351,7 @@ int tl_kvf_read(const char *path, const tl_kvf_meta *expect, int check_ns, size_
     int rc = tl_kvf_parse(buf, n, &got, &tok, &pay, why, sizeof why) ||
              tl_kvf_check(&got, expect, check_ns, why, sizeof why);
     if (!rc) {
-        size_t bytes = (size_t)got.depth * got.block_bytes; /* parse bounded both, and n holds them */
+        size_t bytes = (size_t)tl_kvf_n_present(&got) * got.block_bytes; /* parse bounded both, n holds them */
         if (bytes > payload_cap) {
             snprintf(why, sizeof why, "payload is %zu bytes, room for %zu", bytes, payload_cap);
             rc = 1;

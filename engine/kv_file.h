@@ -26,13 +26,16 @@
  *   132    32  parent       the previous block's chain hash
  *   164     4  CRC32C of bytes 0..164
  *   168        tokens       block_size x int32
- *     +     4  CRC32C of the tokens
- *     +        block CRCs   depth x uint32, CRC32C of each physical block
- *     +        payload      depth x block_bytes, physical block d at d*block_bytes
+ *     +        absent       ceil(depth / 8) bytes, bit d (byte d/8, bit d%8) set:
+ *                           physical block d is not in the file (a sliding-window
+ *                           layer had released it); bits past depth are zero
+ *     +     4  CRC32C of the tokens and the absent bitmap
+ *     +        block CRCs   depth x uint32, CRC32C of each present block (0 if absent)
+ *     +        payload      the present blocks in layer order, block_bytes each
  *
- *   +--------+--------+------------+-----------+-----------+------ ... ------+
- *   | header | tokens | tokens CRC | CRC 0..d-1 | block 0  | ... | block d-1 |
- *   +--------+--------+------------+-----------+-----------+------ ... ------+
+ *   +--------+--------+--------+-----+------------+---------+------ ... ------+
+ *   | header | tokens | absent | CRC | CRC 0..d-1 | block a | ... | block z   |
+ *   +--------+--------+--------+-----+------------+---------+------ ... ------+
  *
  * The file's size is exactly tl_kvf_file_size(); anything else is refused.
  * Writers go through a temp file and rename(), so a reader sees the old
@@ -65,7 +68,13 @@ typedef struct tl_kvf_meta {
     int32_t lb;             /* logical block index */
     uint8_t key[32];        /* this block's chain hash (the file's name) */
     uint8_t parent[32];     /* the previous block's chain hash */
+    uint8_t absent[TL_KVF_MAX_DEPTH / 8]; /* bit d set: physical block d is not stored
+                                             (all zero: every block present) */
 } tl_kvf_meta;
+
+/* Whether physical block d is stored, and how many are. */
+static inline int tl_kvf_has(const tl_kvf_meta *m, int d) { return !(m->absent[d >> 3] >> (d & 7) & 1); }
+int tl_kvf_n_present(const tl_kvf_meta *m);
 
 /* Bytes of the whole file for m: header + tokens + CRCs + payload; 0 when
  * that overflows size_t or block_size/depth are negative. */
@@ -79,6 +88,7 @@ void tl_kvf_name(const uint8_t key[32], char *out);
  * full, then renamed onto the final name. blocks[d] points at physical
  * block d (m->block_bytes each); tokens has m->block_size ids. m is checked
  * against the limits the reader applies, so a written file always parses.
+ * Blocks m->absent marks are not read (blocks[d] may be NULL there).
  * Returns 0, or -1 with a message naming the path and the errno text in
  * err (cap bytes; err may be NULL); the temp file is removed on failure
  * and an existing file of that name is left as it was. */
@@ -89,7 +99,8 @@ int tl_kvf_write(const char *dir, const tl_kvf_meta *m, const int32_t *tokens, c
  * 4-byte aligned): magic, version, header CRC, every field's bounds, n
  * equal to the size the header implies, the tokens' CRC and each physical
  * block's CRC. On success fills *got, points *tokens (block_size ids) and
- * *payload (depth*block_bytes bytes) into buf and returns 0; else -1 with
+ * *payload (tl_kvf_n_present(got) * block_bytes bytes, the present blocks
+ * in layer order) into buf and returns 0; else -1 with
  * the reason in err ("bad magic", "format version 7, expected 1", "block 3
  * checksum 0x... != 0x... in the file", "file is 1000 bytes, header says 5000"). */
 int tl_kvf_parse(const uint8_t *buf, size_t n, tl_kvf_meta *got, const int32_t **tokens, const uint8_t **payload,

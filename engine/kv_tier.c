@@ -13,7 +13,20 @@
 #include "util.h"
 
 
-static size_t payload_bytes(const tl_kvf_meta *m) { return (size_t)m->depth * (size_t)m->block_bytes; }
+/* Bytes of a block's stored layers (a sliding-window layer's released
+ * block is absent). */
+static size_t payload_bytes(const tl_kvf_meta *m) { return (size_t)tl_kvf_n_present(m) * (size_t)m->block_bytes; }
+
+/* Copies the present layers between blocks[d] and a packed payload. */
+static void pack(const tl_kvf_meta *m, uint8_t *dst, const void *const *blocks) {
+    for (int d = 0, at = 0; d < m->depth; d++)
+        if (tl_kvf_has(m, d)) memcpy(dst + (size_t)at++ * m->block_bytes, blocks[d], m->block_bytes);
+}
+
+static void unpack(const tl_kvf_meta *m, void *const *blocks, const uint8_t *src) {
+    for (int d = 0, at = 0; d < m->depth; d++)
+        if (tl_kvf_has(m, d)) memcpy(blocks[d], src + (size_t)at++ * m->block_bytes, m->block_bytes);
+}
 
 /* ---- one tier: a hash index and an LRU list ------------------------------------------------ */
 
@@ -344,8 +357,9 @@ static void host_make_room(tl_kv_tiers *t, size_t need) {
     while (tr->tail && tr->bytes + need > tr->budget) {
         tl_tier_item *it = tr->tail;
         tier_remove(tr, it);
-        const void *blocks[4096];
-        for (int d = 0; d < it->meta.depth; d++) blocks[d] = it->data + (size_t)d * it->meta.block_bytes;
+        const void *blocks[TL_KVF_MAX_DEPTH];
+        for (int d = 0, at = 0; d < it->meta.depth; d++)
+            blocks[d] = tl_kvf_has(&it->meta, d) ? it->data + (size_t)at++ * it->meta.block_bytes : NULL;
         if (tl_tiers_persist(t, &it->meta, it->tokens, blocks) <= 0 && !t->dir) tr->dropped++;
         item_free(it);
     }
@@ -368,8 +382,7 @@ int tl_tiers_put(tl_kv_tiers *t, const tl_kvf_meta *meta, const int32_t *tokens,
     it->meta = *meta;
     it->bytes = bytes;
     memcpy(it->tokens, tokens, tok_bytes);
-    for (int d = 0; d < meta->depth; d++)
-        memcpy(it->data + (size_t)d * meta->block_bytes, blocks[d], meta->block_bytes);
+    pack(meta, it->data, blocks);
     if (tier_add(tr, it)) {
         item_free(it);
         return tl_tiers_persist(t, meta, tokens, blocks);
@@ -381,7 +394,7 @@ int tl_tiers_put(tl_kv_tiers *t, const tl_kvf_meta *meta, const int32_t *tokens,
 }
 
 static int host_take(tl_kv_tiers *t, tl_tier_item *it, const tl_kvf_meta *expect, const int32_t *tokens,
-                     void *const *blocks) {
+                     void *const *blocks, tl_kvf_meta *got) {
     tl_tier *tr = &t->tier[TL_TIER_HOST];
     char why[300];
     if (tl_kvf_check(&it->meta, expect, 1, why, sizeof why) ||
@@ -392,8 +405,8 @@ static int host_take(tl_kv_tiers *t, tl_tier_item *it, const tl_kvf_meta *expect
         return -1;
     }
     double t0 = tl_now();
-    for (int d = 0; d < expect->depth; d++)
-        memcpy(blocks[d], it->data + (size_t)d * expect->block_bytes, expect->block_bytes);
+    *got = it->meta;
+    unpack(&it->meta, blocks, it->data);
     tr->restore_s += tl_now() - t0;
     tr->hits++;
     tr->restore_bytes += (int64_t)it->bytes;
@@ -402,7 +415,8 @@ static int host_take(tl_kv_tiers *t, tl_tier_item *it, const tl_kvf_meta *expect
     return TL_TIER_HOST;
 }
 
-static int disk_take(tl_kv_tiers *t, const tl_kvf_meta *expect, const int32_t *tokens, void *const *blocks) {
+static int disk_take(tl_kv_tiers *t, const tl_kvf_meta *expect, const int32_t *tokens, void *const *blocks,
+                     tl_kvf_meta *out) {
     tl_tier *tr = &t->tier[TL_TIER_DISK];
     char path[4096], err[700];
     path_of(t, expect->key, path, sizeof path);
@@ -430,8 +444,8 @@ static int disk_take(tl_kv_tiers *t, const tl_kvf_meta *expect, const int32_t *t
         report(t, err);
         return -1;
     }
-    for (int d = 0; d < expect->depth; d++)
-        memcpy(blocks[d], payload + (size_t)d * expect->block_bytes, expect->block_bytes);
+    unpack(&got, blocks, payload);
+    *out = got;
     tr->restore_s += tl_now() - t0;
     tr->hits++;
     tr->restore_bytes += (int64_t)tl_kvf_file_size(&got);
@@ -439,17 +453,17 @@ static int disk_take(tl_kv_tiers *t, const tl_kvf_meta *expect, const int32_t *t
     return TL_TIER_DISK;
 }
 
-int tl_tiers_take(tl_kv_tiers *t, const tl_kvf_meta *expect, const int32_t *tokens, void *const *blocks) {
+int tl_tiers_take(tl_kv_tiers *t, const tl_kvf_meta *expect, const int32_t *tokens, void *const *blocks,
+                  tl_kvf_meta *got) {
     tl_tier_item *it = tier_get(&t->tier[TL_TIER_HOST], expect->key);
-    if (it && host_take(t, it, expect, tokens, blocks) == TL_TIER_HOST) return TL_TIER_HOST;
-    return t->dir ? disk_take(t, expect, tokens, blocks) : -1;
+    if (it && host_take(t, it, expect, tokens, blocks, got) == TL_TIER_HOST) return TL_TIER_HOST;
+    return t->dir ? disk_take(t, expect, tokens, blocks, got) : -1;
 }
 
-int tl_tiers_restore_pays(const tl_kv_tiers *t, int tier, int n_blocks) {
+int tl_tiers_restore_pays(const tl_kv_tiers *t, int tier, int n_blocks, size_t bytes) {
     const tl_tier *tr = &t->tier[tier];
     if (tr->restore_bytes <= 0 || tr->restore_s <= 0 || t->prefill_s_per_tok <= 0) return 1;
-    double bw = (double)tr->restore_bytes / tr->restore_s;
-    double move = (double)n_blocks * (double)payload_bytes(&t->ident) / bw;
+    double move = (double)bytes / ((double)tr->restore_bytes / tr->restore_s);
     double prefill = (double)n_blocks * t->ident.block_size * t->prefill_s_per_tok;
     return move < prefill;
 }

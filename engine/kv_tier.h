@@ -88,21 +88,25 @@ void tl_tiers_next_key(const tl_kv_tiers *t, const uint8_t prev[32], const int32
 int tl_tiers_find(tl_kv_tiers *t, const uint8_t key[32]);
 /* Spills one logical block: into host RAM when it has a budget (the least
  * recently used there move down to disk, or are dropped without one), else
- * onto disk. blocks[d] is virtual layer d's block (meta->depth of them). */
+ * onto disk. blocks[d] is virtual layer d's block (meta->depth of them;
+ * those meta->absent marks, released by a sliding window, are not read). */
 int tl_tiers_put(tl_kv_tiers *t, const tl_kvf_meta *meta, const int32_t *tokens, const void *const *blocks);
 /* Writes a block through to disk unless it is there (save_cache, pinned
  * prefixes). Returns 1 written, 0 already there or no disk tier, -1 error. */
 int tl_tiers_persist(tl_kv_tiers *t, const tl_kvf_meta *meta, const int32_t *tokens, const void *const *blocks);
 /* Brings block `expect->key` up into blocks[d] (expect: the namespace,
  * lb and depth the caller needs). Checks the tokens and, from disk, the
- * whole file. Returns the tier it came from, or -1 (not found, refused:
- * t->report says why). */
-int tl_tiers_take(tl_kv_tiers *t, const tl_kvf_meta *expect, const int32_t *tokens, void *const *blocks);
+ * whole file. Only the layers it stored are written (got->absent says
+ * which it lacks). Returns the tier it came from, or -1 (not found,
+ * refused: t->report says why). */
+int tl_tiers_take(tl_kv_tiers *t, const tl_kvf_meta *expect, const int32_t *tokens, void *const *blocks,
+                  tl_kvf_meta *got);
 
-/* Restore or recompute: the seconds moving n_blocks logical blocks up
- * from `tier` is expected to cost (measured bandwidth; optimistic before
- * the first measurement) against prefilling their tokens. */
-int tl_tiers_restore_pays(const tl_kv_tiers *t, int tier, int n_blocks);
+/* Restore or recompute: the seconds moving n_blocks logical blocks (bytes
+ * in all) up from `tier` is expected to cost (measured bandwidth;
+ * optimistic before the first measurement) against prefilling their
+ * tokens. */
+int tl_tiers_restore_pays(const tl_kv_tiers *t, int tier, int n_blocks, size_t bytes);
 void tl_tiers_note_prefill(tl_kv_tiers *t, int tokens, double seconds);
 
 void tl_tiers_stats(const tl_kv_tiers *t, tl_cache_stats *o);

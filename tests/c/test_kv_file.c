@@ -212,7 +212,7 @@ static void test_round_trip(const char *dir) {
     tl_kvf_name(f.m.key, name);
     CHECK(strlen(name) == 69 && !strcmp(name + 64, ".tlkv") && strspn(name, "0123456789abcdef") == 64,
           "the file name is 64 lowercase hex digits + .tlkv (%s)", name);
-    CHECK(tl_kvf_file_size(&f.m) == 168 + 16 * 4 + 4 + 5 * 4 + 5000, "the file size adds up (%zu)",
+    CHECK(tl_kvf_file_size(&f.m) == 168 + 16 * 4 + 1 + 4 + 5 * 4 + 5000, "the file size adds up (%zu)",
           tl_kvf_file_size(&f.m));
 
     int rc = tl_kvf_write(dir, &f.m, f.tokens, f.blocks, err, sizeof err);
@@ -324,8 +324,8 @@ static void test_refusals(const char *dir) {
     file_path(dir, f.m.key, path, sizeof path);
     size_t n;
     uint8_t *img = slurp(path, &n), *b = malloc(n + 4);
-    CHECK(n == 320, "the small file is 320 bytes (%zu)", n);
-    damage_everywhere(img, n, 200, 0, "small file");
+    CHECK(n == 321, "the small file is 321 bytes (%zu)", n);
+    damage_everywhere(img, n, 201, 0, "small file");
 
 #define MUTATE(stmt, fix, phrase, what)                                                                              \
     do {                                                                                                             \
@@ -352,12 +352,12 @@ static void test_refusals(const char *dir) {
     MUTATE(put32(b + 80, 0xffffffffu), 1, "loops -1 and window 128 must be >= 0", "loops -1");
     MUTATE(put32(b + 96, 0xffffffffu), 1, "logical block -1", "logical block -1");
     MUTATE(put32(b + 96, 0x7fffffffu), 1, "outside the positions", "a logical block past INT32_MAX positions");
-    MUTATE(put32(b + 64, 5), 1, "file is 320 bytes, header says 324", "a block size the size disagrees with");
-    MUTATE(put32(b + 68, 4096), 1, "file is 320 bytes, header says", "depth 4096 in a small file");
-    MUTATE(put64(b + 72, (uint64_t)1 << 30), 1, "header says 3221225672", "block bytes 2^30 in a small file");
+    MUTATE(put32(b + 64, 5), 1, "", "a block size the size disagrees with"); /* moves the bitmap: any reason */
+    MUTATE(put32(b + 68, 4096), 1, "shorter than its tokens and bitmap", "depth 4096 in a small file");
+    MUTATE(put64(b + 72, (uint64_t)1 << 30), 1, "header says 3221225673", "block bytes 2^30 in a small file");
     MUTATE(b[170] ^= 0x80, 0, "tokens checksum 0x", "a changed token");
-    MUTATE(b[200 + 2 * 40 + 5] ^= 4, 0, "block 2 checksum 0x", "a changed byte in block 2");
-    MUTATE(b[188 + 4] ^= 1, 0, "block 1 checksum 0x", "a changed CRC of block 1");
+    MUTATE(b[201 + 2 * 40 + 5] ^= 4, 0, "block 2 checksum 0x", "a changed byte in block 2");
+    MUTATE(b[189 + 4] ^= 1, 0, "block 1 checksum 0x", "a changed CRC of block 1");
 #undef MUTATE
     memcpy(b + 1, img, n - 1);
     tl_kvf_meta got;
@@ -424,7 +424,7 @@ static void test_read_errors(const char *dir) {
         CHECK(rc_ == -1 && strstr(err, p) && strstr(err, phrase), "%s: refused with the path and \"%s\" (got \"%s\")", \
               what, phrase, err);                                                                                    \
     } while (0)
-    READ_FAILS(path, &f.m, 1, 319, sizeof pay, "file is 320 bytes, over the limit of 319", "a file over max_bytes");
+    READ_FAILS(path, &f.m, 1, 319, sizeof pay, "file is 321 bytes, over the limit of 319", "a file over max_bytes");
     READ_FAILS(path, &f.m, 1, 1 << 20, 119, "payload is 120 bytes, room for 119", "a payload buffer too small");
     READ_FAILS(dir, &f.m, 1, 1 << 20, sizeof pay, "is a directory", "a directory");
     char missing[1100];
@@ -508,6 +508,46 @@ static void test_concurrency(const char *dir) {
     unmake(&w[0]), unmake(&w[1]);
 }
 
+/* A sliding-window model's block: released layers are marked absent, not
+ * stored, and come back as exactly the present blocks in layer order. */
+static void test_absent(const char *dir) {
+    fixture f = make(8, 6, 100, 77);
+    f.m.absent[0] = 0x0e; /* layers 1, 2, 3 released */
+    char err[512], path[512];
+    CHECK(tl_kvf_n_present(&f.m) == 3 && !tl_kvf_has(&f.m, 2) && tl_kvf_has(&f.m, 4), "three of six blocks present");
+    CHECK(tl_kvf_file_size(&f.m) == 168 + 8 * 4 + 1 + 4 + 6 * 4 + 3 * 100, "only present blocks take room (%zu)",
+          tl_kvf_file_size(&f.m));
+    f.blocks[1] = f.blocks[2] = f.blocks[3] = NULL; /* never read */
+    int rc = tl_kvf_write(dir, &f.m, f.tokens, f.blocks, err, sizeof err);
+    CHECK(rc == 0, "a block with absent layers is written (%s)", rc ? err : "");
+    file_path(dir, f.m.key, path, sizeof path);
+    size_t n;
+    uint8_t *img = slurp(path, &n);
+    tl_kvf_meta got;
+    const int32_t *t;
+    const uint8_t *p;
+    rc = img ? tl_kvf_parse(img, n, &got, &t, &p, err, sizeof err) : -1;
+    CHECK(rc == 0 && got.absent[0] == 0x0e && !memcmp(p, f.payload, 100) && !memcmp(p + 100, f.payload + 400, 200),
+          "the bitmap parses back and the payload is blocks 0, 4, 5 (%s)", rc ? err : "");
+    if (img) {
+        size_t bits = 168 + 8 * 4;
+        img[bits] ^= 0x10; /* claim layer 4 absent too */
+        CHECK(tl_kvf_parse(img, n, &got, &t, &p, err, sizeof err) != 0, "a flipped bitmap bit is refused (%s)", err);
+        img[bits] ^= 0x10;
+        img[bits] |= 0x80; /* past depth 6 */
+        CHECK(tl_kvf_parse(img, n, &got, &t, &p, err, sizeof err) != 0, "a bit past depth is refused (%s)", err);
+        free(img);
+    }
+    f.m.absent[0] = 0x3f;
+    CHECK(tl_kvf_write(dir, &f.m, f.tokens, f.blocks, err, sizeof err) != 0 && strstr(err, "absent"),
+          "a block with every layer absent is not written (%s)", err);
+    f.m.absent[0] = 0x41;
+    CHECK(tl_kvf_write(dir, &f.m, f.tokens, f.blocks, err, sizeof err) != 0 && strstr(err, "absent"),
+          "an absent bit past depth is not written (%s)", err);
+    f.blocks[1] = f.blocks[2] = f.blocks[3] = f.payload;
+    unmake(&f);
+}
+
 int main(void) {
     char dir[] = "/tmp/tl_kv_file_XXXXXX";
     if (!mkdtemp(dir)) {
@@ -517,6 +557,7 @@ int main(void) {
     test_sha256();
     test_crc32c();
     test_round_trip(dir);
+    test_absent(dir);
     test_refusals(dir);
     test_check();
     test_read_errors(dir);
