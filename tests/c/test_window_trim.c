@@ -5,7 +5,8 @@
  * early local blocks were dropped, batches and pools give exactly the
  * tokens of a pass that never drops a block; the refcount checker holds
  * after every step; the blocks held shrink to the windows, and admission
- * reserves only what a sequence will hold. */
+ * reserves only what a sequence will hold. The KV mode comes from the
+ * environment (tests/kv_modes.sh runs it in every lossy one). */
 #include <stdint.h>
 #include <unistd.h>
 
@@ -36,7 +37,6 @@ static tl_model *open_model(const config *c, size_t kv_mem) {
     if (tm_write(&s, model_path) != 0) return NULL;
     tl_model_params mp = tl_model_default_params();
     mp.kv_block_size = c->bs;
-    mp.kv_type = TL_KV_F16;
     mp.kv_mem = kv_mem;
     tl_model *m = NULL;
     tl_model_open(model_path, mp, &m);
