@@ -42,8 +42,7 @@ void tl_prefix_free(tl_prefix *h) {
     tl_model *m = h->model;
     tl_sched_compute_lock(m);
     if (h->node) tl_radix_unpin(&m->cache, h->node);
-    for (int i = 0; h->blocks && i < h->n_lb * h->prelude; i++)
-        if (h->blocks[i] >= 0) tl_kv_unref(&m->kv, h->blocks[i]);
+    for (int i = 0; h->blocks && i < h->n_lb * h->prelude; i++) tl_kv_unref(&m->kv, h->blocks[i]);
     tl_sched_compute_unlock(m);
     free(h->blocks);
     tl_free_aligned(h->x);
@@ -134,8 +133,8 @@ int tl_resume_build(tl_model *m, const int32_t *prompt, int n, tl_prefix **out) 
     rc = tl_forward(m, &seq, &prompt, &n, 1, NULL, &fo);
     for (int lb = 0; rc == TL_OK && lb < h->n_lb; lb++)
         for (int vl = 0; vl < h->prelude; vl++) {
-            int id = seq->bt.ids[lb * seq->bt.depth + vl]; /* -1: a sliding window passed it */
-            if (id >= 0) tl_kv_ref(&m->kv, id);
+            int id = seq->bt.ids[lb * seq->bt.depth + vl];
+            tl_kv_ref(&m->kv, id);
             h->blocks[lb * h->prelude + vl] = id;
         }
     tl_seq_free(seq);

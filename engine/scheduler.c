@@ -138,7 +138,7 @@ static int resume_seq(tl_model *m, tl_request *r) {
     for (int lb = 0; lb < v->n_lb; lb++)
         for (int vl = 0; vl < depth; vl++) {
             int id = vl < v->prelude ? v->blocks[lb * v->prelude + vl] : tl_kv_alloc(&m->kv);
-            if (vl < v->prelude && id >= 0) tl_kv_ref(&m->kv, id);
+            if (vl < v->prelude) tl_kv_ref(&m->kv, id);
             seq->bt.ids[lb * depth + vl] = id;
         }
     return TL_OK;
