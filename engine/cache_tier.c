@@ -218,49 +218,68 @@ static int probe(struct tl_cache_tiers *c, const tl_radix_ns *ns, const int32_t 
     return k;
 }
 
+/* A block may lack only layers with a sliding window (as the tree's own
+ * nodes may): a file that says otherwise is never restored. */
+static int absent_ok(const tl_radix_ns *ns, const tl_kvf_meta *got) {
+    for (int d = 0; d < got->depth; d++)
+        if (!tl_kvf_has(got, d) && (!ns->windows || ns->windows[d] <= 0)) return 0;
+    return 1;
+}
+
+/* Brings logical blocks lb0.. up into bt's fresh blocks (reserved there);
+ * returns how many came. */
+static int take_blocks(tl_model *m, const tl_radix_ns *ns, tl_block_table *bt, const int32_t *tokens, int lb0, int k,
+                       uint8_t (*keys)[32]) {
+    struct tl_cache_tiers *c = m->tiers;
+    int bs = m->kv.block_size, depth = ns->depth, done = 0;
+    for (; done < k; done++) {
+        int lb = lb0 + done;
+        tl_kvf_meta want, got;
+        fill_meta(&c->t, ns, lb, keys[done], keys[done + 1], &want);
+        int32_t *ids = bt->ids + (size_t)lb * depth;
+        for (int d = 0; d < depth; d++) c->ptrs[d] = host_block(c, m, ids[d], d);
+        if (tl_tiers_take(&c->t, &want, tokens + lb * bs, c->ptrs, &got) < 0 || !absent_ok(ns, &got)) break;
+        int ok = 1;
+        for (int d = 0; d < depth && ok; d++) {
+            if (tl_kvf_has(&got, d)) {
+                ok = io_block(m, ids[d], c->ptrs[d], 1) == 0;
+            } else { /* released by its sliding window when spilled: released again */
+                tl_kv_unref(&m->kv, ids[d]);
+                ids[d] = -1;
+            }
+        }
+        if (!ok) break;
+    }
+    return done;
+}
+
 int tl_cache_restore(tl_model *m, int ns_i, const int32_t *tokens, int n, int L, tl_radix_node *node, int tenant) {
     struct tl_cache_tiers *c = m->tiers;
-    int bs = m->kv.block_size, lb0 = L / bs, lb_end = n / bs;
-    if (!c || lb0 >= lb_end) return 0;
+    int bs = m->kv.block_size, lb_end = n / bs;
+    if (!c || L / bs >= lb_end) return 0;
     const tl_radix_ns *ns = &m->cache.ns[ns_i];
-    int depth = ns->depth, tier = -1;
-    uint8_t(*keys)[32] = malloc((size_t)(lb_end - lb0 + 1) * sizeof *keys);
-    if (!keys || ensure_depth(c, m, depth)) {
-        free(keys);
-        return 0;
-    }
-    int k = probe(c, ns, tokens, lb0, lb_end, keys, &tier);
+    int depth = ns->depth, tier = -1, done = 0;
+    if (ensure_depth(c, m, depth)) return 0;
+    if (node) tl_radix_lock(node, 1); /* making room must not evict the match */
+    /* The tree's blocks before the first one to restore: the match's whole
+     * blocks, as far as share gives them (a sliding window may shorten it). */
+    tl_block_table bt = {.depth = depth};
+    tl_radix_node *at = node;
+    int shared = node ? tl_radix_share(&m->cache, &at, L / bs * bs, &bt) : 0;
+    int lb0 = shared > 0 ? shared / bs : 0;
+    tl_block_table_truncate(&bt, &m->kv, lb0 * bs);
+    uint8_t(*keys)[32] = shared >= 0 ? malloc((size_t)(lb_end - lb0 + 1) * sizeof *keys) : NULL;
+    int k = keys ? probe(c, ns, tokens, lb0, lb_end, keys, &tier) : 0;
     if (k > 0 && !tl_tiers_restore_pays(&c->t, tier, k, (size_t)k * (size_t)depth * m->kv.block_bytes)) {
         c->t.recompute_chosen++;
         k = 0;
     }
-    if (node) tl_radix_lock(node, 1); /* making room must not evict the match */
     if (k > 0 && !tl_cache_make_room(m, k * depth)) k = m->kv.n_free / depth;
-    tl_block_table bt = {.depth = depth};
-    int done = 0;
-    if (k > 0 && tl_radix_share(&m->cache, node, lb0 * bs, &bt) == 0 &&
-        tl_block_table_reserve(&bt, &m->kv, (lb0 + k) * bs) == 0) {
-        for (; done < k; done++) {
-            int lb = lb0 + done;
-            tl_kvf_meta want;
-            fill_meta(&c->t, ns, lb, keys[done], keys[done + 1], &want);
-            int32_t *ids = bt.ids + (size_t)lb * depth;
-            for (int d = 0; d < depth; d++) c->ptrs[d] = host_block(c, m, ids[d], d);
-            tl_kvf_meta got;
-            if (tl_tiers_take(&c->t, &want, tokens + lb * bs, c->ptrs, &got) < 0) break;
-            int ok = 1;
-            for (int d = 0; d < depth && ok; d++) {
-                if (tl_kvf_has(&got, d)) {
-                    ok = io_block(m, ids[d], c->ptrs[d], 1) == 0;
-                } else { /* released by its sliding window when spilled: released again */
-                    tl_kv_unref(&m->kv, ids[d]);
-                    ids[d] = -1;
-                }
-            }
-            if (!ok) break;
-        }
+    if ((lb0 + k) * bs > L && tl_block_table_reserve(&bt, &m->kv, (lb0 + k) * bs) == 0) {
+        done = take_blocks(m, ns, &bt, tokens, lb0, k, keys);
         tl_block_table_truncate(&bt, &m->kv, (lb0 + done) * bs);
-        if (done > 0 && !tl_radix_insert(&m->cache, ns_i, tokens, (lb0 + done) * bs, &bt, tenant)) done = 0;
+        if ((lb0 + done) * bs <= L || !tl_radix_insert(&m->cache, ns_i, tokens, (lb0 + done) * bs, &bt, tenant))
+            done = 0;
     }
     tl_block_table_release(&bt, &m->kv);
     if (node) tl_radix_lock(node, -1);

@@ -333,17 +333,13 @@ static float dot_small(const float *a, const float *b, int n) {
 /* The window a sequence's tokens attend over in a layer: the narrower of
  * the request's cache_window and the layer's sliding window (0: none). */
 static inline int seq_window(const tl_seq *seq, int layer_window) {
-    int w = seq->window;
-    return layer_window > 0 && (w == 0 || layer_window < w) ? layer_window : w;
+    return tl_window_narrower(layer_window, seq->window);
 }
-
-/* The first position a token at pos attends to, under window w (0: none). */
-static inline int first_pos(int pos, int w) { return w > 0 && pos >= w ? pos - w + 1 : 0; }
 
 /* The rows [*r0, *r1) of logical block b that a token at pos sees; 0 when
  * it sees none of them. */
 static inline int block_rows(int b, int bs, int pos, int w, int *r0, int *r1) {
-    int j0 = first_pos(pos, w);
+    int j0 = tl_window_first(pos, w);
     if (b < j0 / bs || b > pos / bs) return 0;
     *r0 = b == j0 / bs ? j0 % bs : 0;
     *r1 = b == pos / bs ? pos % bs + 1 : bs;
@@ -402,7 +398,7 @@ static void att_task(void *p, int ith, int nth) {
         int ta = s->chunk_t0[ci], tb = s->chunk_t0[ci + 1];
         const tl_seq *seq = c->seqs[s->tok_seq[ta]];
         int w = seq_window(seq, c->layer_window);
-        int b_first = first_pos(s->tok_pos[ta], w) / bs, pos_last = s->tok_pos[tb - 1], r0, r1;
+        int b_first = tl_window_first(s->tok_pos[ta], w) / bs, pos_last = s->tok_pos[tb - 1], r0, r1;
         if (s->k_direct) {
             for (int t = ta; t < tb; t++)
                 for (int g = 0; g < group; g++)
@@ -430,7 +426,7 @@ static void att_task(void *p, int ith, int nth) {
             }
         }
         for (int t = ta; t < tb; t++) {
-            int pos = s->tok_pos[t], j0 = first_pos(pos, w);
+            int pos = s->tok_pos[t], j0 = tl_window_first(pos, w);
             float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
             for (int g = 0; g < group; g++) {
                 float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl;
@@ -570,7 +566,7 @@ static int attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T,
         const tl_seq *seq = seqs[seq_i];
         int w = seq_window(seq, window);
         int first = s->tok_pos[s->chunk_t0[c0]], last = s->tok_pos[s->chunk_t0[c1] - 1];
-        int p0 = first_pos(first, w) / bs * bs;
+        int p0 = tl_window_first(first, w) / bs * bs;
         int rc = h_recompute(m, seq, vl, ly, p0, last, rope_base);
         if (rc) return rc;
         ac.c0 = c0;
@@ -672,7 +668,10 @@ static int blocks_needed(const tl_kv_pool *kv, const tl_seq *s, int n) {
     int lb = s->n_pos / kv->block_size;
     if (need < 0) need = 0;
     if (lb < bt->n_logical)
-        for (int vl = 0; vl < bt->depth; vl++) need += kv->refcnt[bt->ids[lb * bt->depth + vl]] > 1;
+        for (int vl = 0; vl < bt->depth; vl++) {
+            int id = bt->ids[lb * bt->depth + vl];
+            need += id >= 0 && kv->refcnt[id] > 1;
+        }
     return need;
 }
 

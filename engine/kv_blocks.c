@@ -86,7 +86,8 @@ int tl_block_table_reserve(tl_block_table *bt, tl_kv_pool *p, int n_pos) {
 void tl_block_table_truncate(tl_block_table *bt, tl_kv_pool *p, int n_pos) {
     int keep = (n_pos + p->block_size - 1) / p->block_size;
     for (int lb = keep > bt->n_released ? keep : bt->n_released; lb < bt->n_logical; lb++)
-        for (int vl = 0; vl < bt->depth; vl++) tl_kv_unref(p, bt->ids[lb * bt->depth + vl]);
+        for (int vl = 0; vl < bt->depth; vl++)
+            if (bt->ids[lb * bt->depth + vl] >= 0) tl_kv_unref(p, bt->ids[lb * bt->depth + vl]);
     if (keep < bt->n_logical) bt->n_logical = keep;
     if (bt->n_released > bt->n_logical) bt->n_released = bt->n_logical;
 }
@@ -96,11 +97,28 @@ int tl_block_table_drop_before(tl_block_table *bt, tl_kv_pool *p, int lb_end) {
     int dropped = 0;
     for (int lb = bt->n_released; lb < lb_end; lb++, dropped++)
         for (int vl = 0; vl < bt->depth; vl++) {
-            tl_kv_unref(p, bt->ids[lb * bt->depth + vl]);
+            if (bt->ids[lb * bt->depth + vl] >= 0) tl_kv_unref(p, bt->ids[lb * bt->depth + vl]);
             bt->ids[lb * bt->depth + vl] = -1;
         }
     if (lb_end > bt->n_released) bt->n_released = lb_end;
     return dropped;
+}
+
+int tl_block_table_drop_layer_before(tl_block_table *bt, tl_kv_pool *p, int vl, int lb_end) {
+    if (lb_end > bt->n_logical) lb_end = bt->n_logical;
+    int dropped = 0;
+    /* the layer's dropped blocks are a prefix: walk down to its end */
+    for (int lb = lb_end - 1; lb >= 0 && bt->ids[lb * bt->depth + vl] >= 0; lb--, dropped++) {
+        tl_kv_unref(p, bt->ids[lb * bt->depth + vl]);
+        bt->ids[lb * bt->depth + vl] = -1;
+    }
+    return dropped;
+}
+
+int tl_block_table_held(const tl_block_table *bt, int vl) {
+    int n = 0;
+    for (int lb = 0; lb < bt->n_logical; lb++) n += bt->ids[lb * bt->depth + vl] >= 0;
+    return n;
 }
 
 void tl_block_table_release(tl_block_table *bt, tl_kv_pool *p) {
@@ -115,10 +133,10 @@ int tl_block_table_make_writable(tl_block_table *bt, tl_kv_pool *p, int lb) {
     if (lb < 0 || lb >= bt->n_logical) return 0;
     int32_t *row = &bt->ids[lb * bt->depth];
     int shared = 0;
-    for (int vl = 0; vl < bt->depth; vl++) shared += p->refcnt[row[vl]] > 1;
+    for (int vl = 0; vl < bt->depth; vl++) shared += row[vl] >= 0 && p->refcnt[row[vl]] > 1;
     if (shared > p->n_free) return -1;
     for (int vl = 0; vl < bt->depth; vl++) {
-        if (p->refcnt[row[vl]] <= 1) continue;
+        if (row[vl] < 0 || p->refcnt[row[vl]] <= 1) continue;
         int id = tl_kv_alloc(p);
         if (tl_kv_copy(p, id, row[vl]) != 0) {
             tl_kv_unref(p, id);

@@ -15,8 +15,16 @@
  *     vlayer 1:      [  7 ]     [ 19 ]     [ 31 ]
  *     vlayer 2:      [  9 ]     [ 22 ]     [  2 ]
  *
+ *   the same, vlayer 1 a sliding-window layer (window 8) at len 37:
+ *     vlayer 1:      [ -1 ]     [ 19 ]     [ 31 ]
+ *   block 0 (positions 0..15) lies wholly before the window of the next
+ *   token (positions 30..37), so it was released: id -1.
+ *
  * A block with refcount > 1 is shared and read-only; a writer owning it
- * alone may append to it. Sharing (radix tree) takes extra references. */
+ * alone may append to it. Sharing (radix tree) takes extra references.
+ * Id -1 marks a dropped block: per virtual layer the dropped blocks of a
+ * sequence form a prefix of its table, and everything that walks a table
+ * skips them. */
 #ifndef TL_KV_BLOCKS_H
 #define TL_KV_BLOCKS_H
 
@@ -64,6 +72,9 @@ static inline uint8_t *tl_kv_v(const tl_kv_pool *p, int id) {
  * backend's copy failed. */
 int tl_kv_copy(tl_kv_pool *p, int dst, int src);
 
+/* The first position a token at pos attends to under window w (0: all). */
+static inline int tl_window_first(int pos, int w) { return w > 0 && pos >= w ? pos - w + 1 : 0; }
+
 /* A sequence's block table: table[lb * depth + vl] is the block of logical
  * block lb at virtual layer vl. */
 typedef struct tl_block_table {
@@ -87,5 +98,11 @@ void tl_block_table_release(tl_block_table *bt, tl_kv_pool *p);
 /* Drops logical blocks [n_released, lb_end) that a sliding window will
  * never read again; their ids become -1. Returns how many were dropped. */
 int tl_block_table_drop_before(tl_block_table *bt, tl_kv_pool *p, int lb_end);
+/* Drops the blocks of virtual layer vl in logical blocks [0, lb_end) (a
+ * sliding-window layer past them); their ids become -1. Returns how many
+ * were dropped. */
+int tl_block_table_drop_layer_before(tl_block_table *bt, tl_kv_pool *p, int vl, int lb_end);
+/* Blocks of virtual layer vl the table holds (ids >= 0). */
+int tl_block_table_held(const tl_block_table *bt, int vl);
 
 #endif

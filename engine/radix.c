@@ -137,10 +137,28 @@ static void charge(tl_radix *t, const tl_radix_node *n, int blocks) {
     tenant_maybe_drop(t, e);
 }
 
+static int count_held(const int32_t *ids, int n) {
+    int held = 0;
+    for (int i = 0; i < n; i++) held += ids[i] >= 0;
+    return held;
+}
+
+/* Drops the references of ids[0..n), skipping dropped blocks (-1);
+ * returns how many it dropped. */
+static int unref_held(tl_kv_pool *kv, const int32_t *ids, int n) {
+    int held = 0;
+    for (int i = 0; i < n; i++)
+        if (ids[i] >= 0) {
+            tl_kv_unref(kv, ids[i]);
+            held++;
+        }
+    return held;
+}
+
+int tl_radix_node_blocks(const tl_radix_node *n, int depth) { return count_held(n->blocks, n->n_lb * depth); }
+
 static void node_release_blocks(tl_radix *t, tl_radix_node *n) {
-    int depth = ns_depth(t, n->ns);
-    charge(t, n, -n->n_lb * depth);
-    for (int i = 0; i < n->n_lb * depth; i++) tl_kv_unref(t->kv, n->blocks[i]);
+    charge(t, n, -unref_held(t->kv, n->blocks, n->n_lb * ns_depth(t, n->ns)));
     free(n->blocks);
     n->blocks = NULL;
     n->n_lb = 0;
@@ -174,7 +192,10 @@ int tl_radix_init(tl_radix *t, tl_kv_pool *kv) {
 
 void tl_radix_destroy(tl_radix *t) {
     for (int i = 0; i < t->n_ns; i++)
-        if (t->ns[i].root) free_subtree(t, t->ns[i].root);
+        if (t->ns[i].root) {
+            free_subtree(t, t->ns[i].root);
+            free(t->ns[i].windows);
+        }
     free(t->ns);
     free(t->ns_free);
     free(t->ns_map);
@@ -243,12 +264,14 @@ static void ns_maybe_free(tl_radix *t, int ns) {
     ns_map_remove(t, ns);
     free(k->root->kids);
     free(k->root);
+    free(k->windows);
     k->root = NULL;
+    k->windows = NULL;
     t->ns_free[t->n_ns_free++] = ns; /* room reserved when the slot was made */
     t->n_ns_live--;
 }
 
-int tl_radix_namespace(tl_radix *t, int loops, int cache_window, uint64_t salt, int depth) {
+int tl_radix_namespace(tl_radix *t, int loops, int cache_window, uint64_t salt, int depth, const int *windows) {
     if (t->cap_ns_map) {
         uint32_t mask = (uint32_t)t->cap_ns_map - 1;
         for (uint32_t i = ns_hash(loops, cache_window, salt) & mask; t->ns_map[i] >= 0; i = (i + 1) & mask) {
@@ -272,11 +295,17 @@ int tl_radix_namespace(tl_radix *t, int loops, int cache_window, uint64_t salt, 
         t->cap_ns = cap;
     }
     tl_radix_node *root = calloc(1, sizeof *root);
-    if (!root) return -1;
+    int32_t *win = windows ? malloc((size_t)depth * sizeof *win) : NULL;
+    if (!root || (windows && !win)) {
+        free(root);
+        free(win);
+        return -1;
+    }
+    for (int vl = 0; win && vl < depth; vl++) win[vl] = windows[vl];
     slot = t->n_ns_free > 0 ? t->ns_free[--t->n_ns_free] : t->n_ns++;
     root->ns = slot;
     t->ns[slot] = (tl_radix_ns){.loops = loops, .cache_window = cache_window, .salt = salt, .depth = depth,
-                                .root = root, .holds = 1};
+                                .windows = win, .root = root, .holds = 1};
     ns_map_put(t->ns_map, t->cap_ns_map, ns_hash(loops, cache_window, salt), slot);
     t->n_ns_live++;
     return slot;
@@ -323,40 +352,90 @@ void tl_radix_lock(tl_radix_node *node, int delta) {
     }
 }
 
-int tl_radix_share(tl_radix *t, tl_radix_node *node, int len, tl_block_table *bt) {
+static int ns_window(const tl_radix_ns *ns, int vl) { return ns->windows ? ns->windows[vl] : 0; }
+
+/* The longest usable length L <= len of a match along path (root's child
+ * first; *pi: the node containing len - 1), whose ids for len are in ids
+ * (block lb from the node containing position min(len, (lb + 1) * bs) - 1).
+ * The next token, at position L, reads positions [tl_window_first(L, w),
+ * L - 1] at a layer of window w, so every block covering them must be
+ * held. A full block below L's last comes from the same node for every L,
+ * so each layer's last dropped block so far (hole) answers for all of
+ * them; the last block comes from the node containing L - 1 (*pi then). */
+static int usable_len(const tl_radix_ns *ns, tl_radix_node *const *path, int *pi, const int32_t *ids, int32_t *hole,
+                      int len, int bs) {
+    int depth = ns->depth, n_lb = (len + bs - 1) / bs;
+    for (int lb = 0; lb < n_lb; lb++)
+        for (int vl = 0; vl < depth; vl++)
+            hole[lb * depth + vl] = ids[lb * depth + vl] < 0 ? lb : lb > 0 ? hole[(lb - 1) * depth + vl] : -1;
+    for (int L = len; L > 0; L--) {
+        while (path[*pi]->start > L - 1) (*pi)--;
+        const tl_radix_node *src = path[*pi];
+        int tail = (L - 1) / bs, ok = 1;
+        for (int vl = 0; vl < depth && ok; vl++) {
+            int lo = tl_window_first(L, ns_window(ns, vl)) / bs;
+            ok = src->blocks[(tail - src->lb_first) * depth + vl] >= 0 &&
+                 (tail == 0 || hole[(tail - 1) * depth + vl] < lo);
+        }
+        if (ok) return L;
+    }
+    return 0;
+}
+
+int tl_radix_share(tl_radix *t, tl_radix_node **node, int len, tl_block_table *bt) {
     assert(bt->n_logical == 0);
-    if (len <= 0 || !node) return 0;
-    int bs = t->kv->block_size, depth = ns_depth(t, node->ns), n_lb = (len + bs - 1) / bs;
-    /* The path root..node, top down. */
+    tl_radix_node *end = *node;
+    *node = NULL;
+    if (len <= 0 || !end) return 0;
+    const tl_radix_ns *ns = &t->ns[end->ns];
+    int bs = t->kv->block_size, depth = ns->depth, n_lb = (len + bs - 1) / bs;
+    /* The path root..end, top down. */
     int plen = 0;
-    for (tl_radix_node *p = node; p->parent; p = p->parent) plen++;
+    for (tl_radix_node *p = end; p->parent; p = p->parent) plen++;
     tl_radix_node **path = malloc((size_t)plen * sizeof *path);
     int32_t *ids = malloc((size_t)n_lb * (size_t)depth * sizeof *ids);
-    if (!path || !ids) {
+    int32_t *hole = malloc((size_t)n_lb * (size_t)depth * sizeof *hole);
+    if (!path || !ids || !hole) {
         free(path);
         free(ids);
+        free(hole);
         return -2;
     }
-    int i = plen;
-    for (tl_radix_node *p = node; p->parent; p = p->parent) path[--i] = p;
-    int pi = 0;
+    int pi = plen;
+    for (tl_radix_node *p = end; p->parent; p = p->parent) path[--pi] = p;
     for (int lb = 0; lb < n_lb; lb++) {
         int last = ((lb + 1) * bs < len ? (lb + 1) * bs : len) - 1;
         while (path[pi]->start + path[pi]->n_tokens <= last) pi++;
         const tl_radix_node *src = path[pi];
         assert(lb >= src->lb_first && lb < src->lb_first + src->n_lb);
+        memcpy(ids + lb * depth, src->blocks + (lb - src->lb_first) * depth, (size_t)depth * sizeof *ids);
+    }
+    int L = usable_len(ns, path, &pi, ids, hole, len, bs);
+    free(hole);
+    if (L > 0) {
+        const tl_radix_node *src = path[pi];
+        int tail = (L - 1) / bs;
+        n_lb = tail + 1;
+        memcpy(ids + tail * depth, src->blocks + (tail - src->lb_first) * depth, (size_t)depth * sizeof *ids);
+        /* blocks before a layer's window stay out: the sequence would drop them at once */
         for (int vl = 0; vl < depth; vl++) {
-            int id = src->blocks[(lb - src->lb_first) * depth + vl];
-            tl_kv_ref(t->kv, id);
-            ids[lb * depth + vl] = id;
+            int lo = tl_window_first(L, ns_window(ns, vl)) / bs;
+            for (int lb = 0; lb < n_lb; lb++) {
+                int32_t *id = &ids[lb * depth + vl];
+                if (lb < lo) *id = -1;
+                else tl_kv_ref(t->kv, *id);
+            }
         }
+        *node = path[pi];
+        free(bt->ids);
+        bt->ids = ids;
+        bt->depth = depth;
+        bt->n_logical = bt->cap_logical = n_lb;
+    } else {
+        free(ids);
     }
     free(path);
-    free(bt->ids);
-    bt->ids = ids;
-    bt->depth = depth;
-    bt->n_logical = bt->cap_logical = n_lb;
-    return 0;
+    return L;
 }
 
 /* ---- insert ---------------------------------------------------------------------------- */
@@ -384,13 +463,13 @@ static tl_radix_node *node_new(tl_radix *t, int ns, const int32_t *tokens, int n
     k->ns = ns;
     for (int i = 0; i < k->n_lb * depth; i++) {
         int id = src_ids[(k->lb_first - src_lb_first) * depth + i];
-        tl_kv_ref(t->kv, id);
+        if (id >= 0) tl_kv_ref(t->kv, id);
         k->blocks[i] = id;
     }
     k->last_access = ++t->clock;
     k->id = ++t->next_id;
     k->tenant = tenant >= 0 ? tenant : 0;
-    charge(t, k, k->n_lb * depth);
+    charge(t, k, count_held(k->blocks, k->n_lb * depth));
     t->n_nodes++;
     t->ns[ns].n_nodes++;
     t->cached_tokens += n;
@@ -412,8 +491,7 @@ static tl_radix_node *split(tl_radix *t, tl_radix_node *k, int i) {
         node_free(t, u);
         return NULL;
     }
-    for (int j = 0; j < drop * depth; j++) tl_kv_unref(t->kv, k->blocks[j]);
-    charge(t, k, -drop * depth);
+    charge(t, k, -unref_held(t->kv, k->blocks, drop * depth));
     memcpy(blocks, k->blocks + drop * depth, (size_t)(k->n_lb - drop) * (size_t)depth * sizeof *blocks);
     memcpy(tokens, k->tokens + i, (size_t)(k->n_tokens - i) * sizeof *tokens);
     free(k->blocks);
@@ -451,6 +529,22 @@ tl_radix_node *tl_radix_cut(tl_radix *t, tl_radix_node *node, int len) {
     return u ? u : node;
 }
 
+/* A node on an inserted sequence's path takes the sequence's blocks where
+ * it had dropped them (-1): the same tokens at the same positions, so the
+ * same KV, and the node's positions are all among the sequence's. A
+ * prefix recomputed after its local blocks went is usable again. */
+static void fill_dropped(tl_radix *t, tl_radix_node *k, const tl_block_table *bt) {
+    int depth = bt->depth, added = 0;
+    for (int i = 0; i < k->n_lb * depth; i++) {
+        int id = bt->ids[k->lb_first * depth + i];
+        if (k->blocks[i] >= 0 || id < 0) continue;
+        tl_kv_ref(t->kv, id);
+        k->blocks[i] = id;
+        added++;
+    }
+    charge(t, k, added);
+}
+
 tl_radix_node *tl_radix_insert(tl_radix *t, int ns, const int32_t *tokens, int n, const tl_block_table *bt,
                                int tenant) {
     tl_radix_node *node = t->ns[ns].root;
@@ -475,6 +569,7 @@ tl_radix_node *tl_radix_insert(tl_radix *t, int ns, const int32_t *tokens, int n
             k = split(t, k, i);
             if (!k) return NULL;
         }
+        fill_dropped(t, k, bt);
         node = k;
         pos += i;
     }
@@ -645,9 +740,9 @@ static void merge_into_child(tl_radix *t, tl_radix_node *u) {
     memcpy(tokens, u->tokens, (size_t)u->n_tokens * sizeof *tokens);
     memcpy(tokens + u->n_tokens, c->tokens, (size_t)c->n_tokens * sizeof *tokens);
     /* u's blocks from c's first on are dropped; the ones kept move to c's tenant */
-    for (int j = keep * depth; j < u->n_lb * depth; j++) tl_kv_unref(t->kv, u->blocks[j]);
-    charge(t, u, -u->n_lb * depth);
-    charge(t, c, keep * depth);
+    int moved = count_held(u->blocks, keep * depth);
+    charge(t, u, -(moved + unref_held(t->kv, u->blocks + keep * depth, (u->n_lb - keep) * depth)));
+    charge(t, c, moved);
     free(u->blocks);
     u->blocks = NULL;
     u->n_lb = 0;
@@ -714,7 +809,14 @@ static int64_t count_nodes(const tl_radix_node *n) {
 /* acc[0]: a tenant; acc[1] += the blocks its nodes hold. */
 static void sum_tenant(const tl_radix_node *n, const tl_radix_ns *ns, void *ud) {
     int64_t *acc = ud;
-    if (n->tenant == (int)acc[0]) acc[1] += (int64_t)n->n_lb * ns->depth;
+    if (n->tenant == (int)acc[0]) acc[1] += tl_radix_node_blocks(n, ns->depth);
+}
+
+/* *bad = a node holding a dropped block (-1) at a layer without a window. */
+static void find_bad_drop(const tl_radix_node *n, const tl_radix_ns *ns, void *ud) {
+    const tl_radix_node **bad = ud;
+    for (int i = 0; !*bad && i < n->n_lb * ns->depth; i++)
+        if (n->blocks[i] < 0 && ns_window(ns, i % ns->depth) == 0) *bad = n;
 }
 
 int tl_radix_check(tl_radix *t, char *msg, size_t cap) {
@@ -744,6 +846,13 @@ int tl_radix_check(tl_radix *t, char *msg, size_t cap) {
     for (int j = 0; j < t->cap_ns_map; j++) mapped += t->ns_map[j] >= 0;
     if (live != t->n_ns_live || mapped != live) {
         snprintf(msg, cap, "%d live namespaces, %d counted, %d in the map", live, t->n_ns_live, mapped);
+        return -1;
+    }
+    const tl_radix_node *bad = NULL;
+    tl_radix_walk(t, find_bad_drop, &bad);
+    if (bad) {
+        snprintf(msg, cap, "node %lld (start %d) dropped a block of a layer without a window", (long long)bad->id,
+                 bad->start);
         return -1;
     }
     int entries = 0;

@@ -23,6 +23,13 @@
  * reference, and the tail block is copied on first write (copy-on-write in
  * kv_blocks.c), so a block is only ever written by a sole owner.
  *
+ * A sequence's sliding-window layers drop the blocks their window has
+ * passed (kv_blocks.h), and it is inserted as it is: a node may hold -1
+ * for a logical block at a windowed layer, recording which positions it
+ * still holds there. A match of length L is only usable when the next
+ * token (position L) finds every position its window reads, at every
+ * layer; tl_radix_share shortens a match to the longest such length.
+ *
  * lock counts requests whose matched path runs through a node; pin counts
  * pool entries ending exactly at a node. Only leaves with lock == 0 and
  * pin == 0 are evicted (leaf-first), lowest score first (LRU by default).
@@ -67,6 +74,8 @@ typedef struct tl_radix_ns {
     int loops, cache_window;
     uint64_t salt;
     int depth;              /* virtual layers: blocks per logical block */
+    int32_t *windows;       /* (depth) attention window of each virtual layer, 0 = all positions;
+                               NULL: no windows. Only windowed layers may hold -1 blocks */
     tl_radix_node *root;    /* NULL: a free slot */
     int64_t n_nodes;        /* nodes below root */
     int holds;              /* users keeping the index (requests, registrations) */
@@ -121,7 +130,7 @@ void tl_radix_destroy(tl_radix *t);
  * a hash probe. A namespace lives while it has nodes or holds: when its
  * last node goes and nobody holds it, its slot is freed and may be reused
  * for another key, so an index is only kept while holding it. */
-int tl_radix_namespace(tl_radix *t, int loops, int cache_window, uint64_t salt, int depth);
+int tl_radix_namespace(tl_radix *t, int loops, int cache_window, uint64_t salt, int depth, const int *windows);
 void tl_radix_namespace_release(tl_radix *t, int ns);
 /* Live namespaces (statistics, tests). */
 int tl_radix_namespace_count(const tl_radix *t);
@@ -141,9 +150,16 @@ tl_radix_node *tl_radix_cut(tl_radix *t, tl_radix_node *node, int len);
 void tl_radix_lock(tl_radix_node *node, int delta);
 
 /* Fills bt (depth of the namespace, empty on entry) with the blocks of the
- * first `len` positions along the path ending at node, taking references.
- * Returns 0, or -2 when out of memory (bt left empty). */
-int tl_radix_share(tl_radix *t, tl_radix_node *node, int len, tl_block_table *bt);
+ * first L positions along the path ending at *node, taking references: L
+ * is the longest length <= len whose next token finds every position its
+ * window reads at every layer (radix.h's picture); blocks before a layer's
+ * window stay -1. Returns L (0: nothing usable, bt left empty) with *node
+ * the node containing position L - 1 (NULL for 0), or -2 when out of
+ * memory (bt left empty, *node NULL). */
+int tl_radix_share(tl_radix *t, tl_radix_node **node, int len, tl_block_table *bt);
+
+/* Blocks a node holds (its ids >= 0, over every virtual layer). */
+int tl_radix_node_blocks(const tl_radix_node *n, int depth);
 
 /* Inserts tokens[0..n) whose KV is in bt (positions 0..n-1). Existing
  * nodes are reused, split where the new tokens diverge, and a new leaf

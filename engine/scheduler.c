@@ -193,8 +193,10 @@ static int admit(tl_model *m, tl_request *r) {
      * users: it counts in no hit statistics. */
     int counted = !tl_request_is_build(r);
     s->st.lookups += counted;
-    /* Any failure to reuse the cache falls through to computing everything. */
-    if (L > 0 && tl_radix_share(&m->cache, node, L, &r->seq->bt) == 0) {
+    /* Any failure to reuse the cache falls through to computing everything.
+     * The share may shorten the match where sliding-window layers dropped
+     * positions the next token would read. */
+    if (L > 0 && (L = tl_radix_share(&m->cache, &node, L, &r->seq->bt)) > 0) {
         if (counted) tl_pool_attribute_hit(m, node, L);
         node = tl_radix_cut(&m->cache, node, L);
         tl_radix_lock(node, 1);
@@ -321,7 +323,8 @@ static int device_sampling(tl_model *m, tl_request *const *rq, const int *want, 
 /* A request with a cache_window never reads KV older than its window
  * again: once two whole blocks lie behind it, they are released, so its KV
  * stays proportional to the window. Its tokens are then no longer
- * inserted into the cache (the tree needs every position's KV). */
+ * inserted into the cache (the tree records the drops of sliding-window
+ * layers, tl_seq_drop_behind_windows, not of whole logical blocks). */
 static void drop_behind_window(tl_model *m, tl_request *r) {
     if (!r->seq || r->p.cache_window <= 0 || tl_request_is_build(r)) return;
     int lb_end = (r->seq->n_pos - r->p.cache_window + 1) / m->kv.block_size;
@@ -454,6 +457,7 @@ static void run_resume_prefill(tl_model *m, tl_request *r) {
         tl_request_fail(m, r, rc, tl_last_error());
         return;
     }
+    tl_seq_drop_behind_windows(m, r->seq);
     s->st.prefill_tokens += n;
     if (r->p.max_tokens > 0) sample_into(m, r, s->logits);
     else tl_request_finish(m, r, TL_FINISH_LENGTH);
@@ -543,6 +547,8 @@ static int run_group(tl_model *m, int loops) {
         else tl_request_fail(m, victim, rc, tl_last_error());
         rc = TL_OK;
     }
+    /* before anything finishes (inserting) or a search forks or frees its beams */
+    for (int i = 0; i < nb; i++) tl_seq_drop_behind_windows(m, b->seqs[i]);
     const int nv = m->hp.n_vocab;
     int row = 0;
     for (int i = 0; i < nb; i++) {
@@ -637,11 +643,19 @@ static void merge_and_reap(tl_model *m) {
     }
 }
 
-/* Blocks a request may still allocate before it ends: the logical blocks
- * of prompt + max_tokens, less those its table holds, plus a private copy
- * of a shared partial block it will write. A sliding window holds at most
- * its window and one prefill chunk, plus the blocks awaiting release:
- * (window + chunk) / block_size + 3. */
+/* Most blocks a layer attending over the last w positions holds at once:
+ * the window and one chunk written before the blocks behind it go.
+ * Sliding-window layers release after every pass
+ * (tl_seq_drop_behind_windows); a request's cache_window two blocks at a
+ * time (drop_behind_window). */
+static int window_blocks(int w, int chunk, int bs, int sliding) {
+    return (w + chunk + bs - 1) / bs + (sliding ? 1 : 3);
+}
+
+/* Blocks a request may still allocate before it ends, per virtual layer:
+ * the logical blocks of prompt + max_tokens less those it dropped, capped
+ * by what a windowed layer holds at once, less those its table holds, plus
+ * a private copy of a shared partial block it will write. */
 static int blocks_to_come(const tl_model *m, const tl_request *r) {
     int bs = m->kv.block_size;
     if (searching(r)) { /* each live beam: the blocks its remaining tokens reach, plus a tail copy */
@@ -654,17 +668,21 @@ static int blocks_to_come(const tl_model *m, const tl_request *r) {
                                                                 r->n_prompt / bs) * r->seq->bt.depth
                                            : 0;
     const tl_block_table *bt = &r->seq->bt;
-    int final = (r->n_prompt + r->p.max_tokens + bs - 1) / bs - bt->n_released;
-    if (r->p.cache_window > 0) {
-        int chunk = r->n_prompt < m->sched->prefill_budget ? r->n_prompt : m->sched->prefill_budget;
-        int most = (r->p.cache_window + chunk + bs - 1) / bs + 3;
-        if (final > most) final = most;
+    int chunk = r->n_prompt < m->sched->prefill_budget ? r->n_prompt : m->sched->prefill_budget;
+    int total = (r->n_prompt + r->p.max_tokens + bs - 1) / bs, lb = r->seq->n_pos / bs, need = 0;
+    for (int vl = 0; vl < bt->depth; vl++) {
+        int held = tl_block_table_held(bt, vl), final = total - (bt->n_logical - held);
+        int w = tl_model_vl_window(m, r->seq->loops, r->p.cache_window, vl);
+        if (w > 0) {
+            int sliding = tl_model_vl_window(m, r->seq->loops, 0, vl) > 0;
+            int most = window_blocks(w, chunk, bs, sliding);
+            if (final > most) final = most;
+        }
+        if (final > held) need += final - held;
+        int id = lb < bt->n_logical ? bt->ids[lb * bt->depth + vl] : -1;
+        need += id >= 0 && m->kv.refcnt[id] > 1;
     }
-    int need = final - (bt->n_logical - bt->n_released);
-    if (need < 0) need = 0;
-    int lb = r->seq->n_pos / bs;
-    int cow = lb < bt->n_logical && bt->ids[lb * bt->depth] >= 0 && m->kv.refcnt[bt->ids[lb * bt->depth]] > 1;
-    return (need + cow) * bt->depth + beam_tails;
+    return need + beam_tails;
 }
 
 /* Under KV pressure the running requests' locks on their matched cache

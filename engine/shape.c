@@ -33,6 +33,10 @@ int tl_model_phys_layer(const tl_model *m, int loops, int vl) {
     return vl - looped + core;
 }
 
+int tl_model_vl_window(const tl_model *m, int loops, int cache_window, int vl) {
+    return tl_window_narrower(tl_model_layer_window(m, tl_model_phys_layer(m, loops, vl)), cache_window);
+}
+
 /* ---- sequences ------------------------------------------------------------------ */
 
 int tl_seq_new(tl_model *m, int loops, tl_seq **out) {
@@ -56,3 +60,12 @@ void tl_seq_free(tl_seq *s) {
 }
 
 int tl_seq_len(const tl_seq *s) { return s ? s->n_pos : 0; }
+
+void tl_seq_drop_behind_windows(tl_model *m, tl_seq *seq) {
+    for (int vl = 0; vl < seq->bt.depth; vl++) {
+        int layer_window = tl_model_layer_window(m, tl_model_phys_layer(m, seq->loops, vl));
+        if (layer_window == 0) continue; /* a request's cache_window drops whole logical blocks (scheduler.c) */
+        int first = tl_window_first(seq->n_pos, tl_window_narrower(layer_window, seq->window));
+        tl_block_table_drop_layer_before(&seq->bt, &m->kv, vl, first / m->kv.block_size);
+    }
+}

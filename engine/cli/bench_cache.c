@@ -140,7 +140,7 @@ static void bench_radix(void) {
     if (tl_kv_pool_init(&kv, ENTRIES * 8 + PROMPT, &layout, 1)) return;
     tl_radix t;
     tl_radix_init(&t, &kv);
-    int ns = tl_radix_namespace(&t, 1, 0, 0, 1);
+    int ns = tl_radix_namespace(&t, 1, 0, 0, 1, NULL);
     tl_block_table bt = {.depth = 1};
     int32_t *prompt = malloc(PROMPT * sizeof *prompt), e[ELEN];
     tl_bench_fill(prompt, PROMPT, 30000, 3);

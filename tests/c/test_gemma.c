@@ -1,8 +1,9 @@
 /* test_gemma.c - the gemma3 architecture: sliding-window layers compose
  * with the prefix cache (synthetic gemma3-shaped model with a small
  * window), and, when the default model has been fetched, Gemma 3 270M
- * answers sensibly, has a low perplexity on an English paragraph, and gives
- * identical greedy tokens cached and uncached. */
+ * answers sensibly, has a low perplexity on an English paragraph, gives
+ * identical greedy tokens cached and uncached, and past its 512-token
+ * window keeps the local layers' KV for the window only. */
 #include <math.h>
 #include <stdint.h>
 #include <unistd.h>
@@ -136,10 +137,69 @@ static void test_gemma_model(const char *path) {
     tl_model_close(m);
 }
 
+/* Greedy tokens of a prompt and what the cache served of it. */
+static int run(tl_model *m, const int32_t *p, int n, int no_cache, int32_t *out, int k) {
+    tl_generate_params gp = greedy(k);
+    gp.no_cache = no_cache;
+    int n_cached = -1;
+    int64_t id;
+    tl_request_submit(m, p, n, &gp, NULL, &id);
+    while (tl_model_step(m) > 0) {
+    }
+    int fin = 0;
+    tl_request_info info = {0};
+    tl_request_take(m, id, out, k, &fin);
+    tl_request_get_info(m, id, &info);
+    if (info.state == TL_REQ_DONE) n_cached = info.n_cached;
+    tl_request_release(m, id);
+    return n_cached;
+}
+
+/* 1,100 tokens, past twice the window: 15 local layers hold about 33
+ * blocks each, the 3 global ones all 70; the next turn reuses everything,
+ * a prompt sharing only an early prefix gets what the windows still hold,
+ * and every path equals the uncached one. */
+static void test_gemma_trim(const char *path) {
+    enum { N = 1100, K = 8, SHARED = 600 };
+    tl_model_params mp = tl_model_default_params();
+    mp.max_seq_len = 2048;
+    tl_model *m = NULL;
+    tl_model_open(path, mp, &m);
+    if (!m) return;
+    tl_model_info mi;
+    tl_model_get_info(m, &mi);
+    static int32_t p[N + K + 4], q[N];
+    for (int i = 0; i < N; i++) p[i] = 1000 + (i * 7919) % 200000;
+    int32_t a[K], b[K], c[K];
+    run(m, p, N, 1, a, K);
+    run(m, p, N, 0, b, K); /* fills the cache */
+    tl_cache_stats st;
+    tl_model_get_stats(m, &st);
+    int bs = mi.kv_block_size, lb = (N + K - 1 + bs - 1) / bs, bound = 3 * lb + 15 * (512 / bs + 2);
+    CHECK(!memcmp(a, b, sizeof a) && st.blocks_used >= 3 * lb && st.blocks_used <= bound,
+          "Gemma 3 270M: %d cached tokens hold %d KV blocks (<= %d; %d without dropping), tokens as uncached", N + K - 1,
+          (int)st.blocks_used, bound, 18 * lb);
+    memcpy(p + N, b, sizeof b);
+    for (int i = 0; i < 4; i++) p[N + K + i] = 2000 + i;
+    run(m, p, N + K + 4, 1, a, K);
+    int turn = run(m, p, N + K + 4, 0, c, K);
+    CHECK(turn == N + K - 1 && !memcmp(a, c, sizeof a),
+          "Gemma 3 270M: the next turn reuses all %d tokens (%d) and equals uncached", N + K - 1, turn);
+    memcpy(q, p, sizeof q);
+    for (int i = SHARED; i < N; i++) q[i] = 3000 + i;
+    run(m, q, N, 1, a, K);
+    int shared = run(m, q, N, 0, c, K);
+    CHECK(shared >= 0 && shared < SHARED && !memcmp(a, c, sizeof a),
+          "Gemma 3 270M: a prompt sharing %d early tokens whose local KV was dropped matches %d and equals uncached",
+          SHARED, shared);
+    tl_model_close(m);
+}
+
 int main(void) {
     test_synthetic_window();
     const char *path = ref_default_model();
     if (path) test_gemma_model(path);
+    if (path) test_gemma_trim(path);
     else printf("SKIP Gemma 3 270M tests: the default model is not fetched (make model)\n");
     return test_summary();
 }

@@ -123,9 +123,10 @@ static void test_namespace_table(void) {
     static int idx[N];
     double t0 = now_s();
     int ok = 1;
-    for (int i = 0; i < N; i++) ok &= (idx[i] = tl_radix_namespace(&t, i % 3, i % 5, (uint64_t)i * 0x100000001ull, 2)) >= 0;
+    for (int i = 0; i < N; i++)
+        ok &= (idx[i] = tl_radix_namespace(&t, i % 3, i % 5, (uint64_t)i * 0x100000001ull, 2, NULL)) >= 0;
     for (int i = 0; i < N; i++) {
-        int again = tl_radix_namespace(&t, i % 3, i % 5, (uint64_t)i * 0x100000001ull, 2);
+        int again = tl_radix_namespace(&t, i % 3, i % 5, (uint64_t)i * 0x100000001ull, 2, NULL);
         ok &= again == idx[i];
         tl_radix_namespace_release(&t, again);
     }
@@ -141,7 +142,7 @@ static void test_namespace_table(void) {
     CHECK(tl_radix_check(&t, msg, sizeof msg) == 0, "the table is consistent after deletions (%s)", msg);
     ok = 1;
     for (int i = 1; i < N; i += 2) {
-        int again = tl_radix_namespace(&t, i % 3, i % 5, (uint64_t)i * 0x100000001ull, 2);
+        int again = tl_radix_namespace(&t, i % 3, i % 5, (uint64_t)i * 0x100000001ull, 2, NULL);
         ok &= again == idx[i];
         tl_radix_namespace_release(&t, again);
     }

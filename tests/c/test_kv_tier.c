@@ -231,6 +231,67 @@ static void bad_options(void) {
           tl_last_error());
 }
 
+/* A gemma3 model whose local layers (window 8) release their early blocks:
+ * a spilled prefix keeps them absent, comes back from each tier and after
+ * a restart, and generates exactly the uncached tokens. */
+static void sliding_window(const char *dir) {
+    tm_spec specs[TM_ARCH_CASES];
+    const char *names[TM_ARCH_CASES];
+    tm_arch_cases(specs, names);
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/tl_kv_tier_gemma_%d.gguf", (int)getpid());
+    tm_write(&specs[3], path);
+    tl_model_params mp = tl_model_default_params();
+    mp.kv_mode = "f16";
+    tl_model *m = NULL;
+    tl_model_open(path, mp, &m);
+    CHECK(m != NULL, "the gemma3 test model opens (%s)", tl_last_error());
+    if (!m) return;
+    tl_model_info info;
+    tl_model_get_info(m, &info);
+    int32_t ref[N_PROMPTS][GEN], out[GEN];
+    for (int i = 0; i < N_PROMPTS; i++) tl_generate(m, prompts[i], PROMPT, params(1, 0), ref[i], GEN);
+    tl_model_close(m);
+    /* room for one prompt and a bit: the next pushes it out */
+    mp.kv_mem = (size_t)(PROMPT + GEN + 16) * info.kv_token_bytes * 3 / 2;
+    for (int tier = 0; tier < 2; tier++) {
+        mp.kv_host_mem = tier == 0 ? 1 << 22 : 0;
+        mp.kv_dir = tier == 1 ? dir : NULL;
+        tl_model_open(path, mp, &m);
+        if (!m) break;
+        int ok = 1;
+        for (int i = 0; i < N_PROMPTS; i++) ok &= gen(m, i, 0, out) == GEN && !memcmp(out, ref[i], sizeof out);
+        tl_cache_stats a = stats(m);
+        ok &= gen(m, 0, 0, out) == GEN && !memcmp(out, ref[0], sizeof out);
+        tl_cache_stats b = stats(m);
+        CHECK(ok && a.tier_spills[tier] > 0 && b.tier_hits[tier] > a.tier_hits[tier] && b.hit_tokens > a.hit_tokens,
+              "gemma3, window 8, %s tier: a prefix with released local blocks spills, comes back and gives the "
+              "uncached tokens (%lld blocks back, hit tokens %lld -> %lld)",
+              tier ? "disk" : "host", (long long)(b.tier_hits[tier] - a.tier_hits[tier]), (long long)a.hit_tokens,
+              (long long)b.hit_tokens);
+        if (tier == 0) {
+            size_t full = (size_t)info.n_layer * (info.kv_bytes / (size_t)info.kv_blocks_total);
+            CHECK(a.tier_spill_bytes[0] < a.tier_spills[0] * (int64_t)full,
+                  "gemma3: released local layers are not stored (%lld bytes for %lld blocks of %zu)",
+                  (long long)a.tier_spill_bytes[0], (long long)a.tier_spills[0], full);
+        }
+        CHECK(tl_sched_check_invariants(m, NULL, 0) == 0, "gemma3, %s tier: refcounts and the tree hold (%s)",
+              tier ? "disk" : "host", tl_last_error());
+        tl_model_close(m);
+    }
+    /* a restart on the disk tier */
+    tl_model_open(path, mp, &m);
+    if (m) {
+        int ok = gen(m, 2, 0, out) == GEN && !memcmp(out, ref[2], sizeof out);
+        tl_cache_stats st = stats(m);
+        CHECK(ok && st.tier_hits[1] > 0 && st.hit_tokens > 0,
+              "gemma3 after a restart: served from disk with the uncached tokens (%lld hit tokens)",
+              (long long)st.hit_tokens);
+        tl_model_close(m);
+    }
+    unlink(path);
+}
+
 /* stories260K, a real model: the restored path equals the uncached one. */
 static void real_model(const char *dir) {
     char path[512];
@@ -294,12 +355,15 @@ int main(void) {
     tl_model_close(m);
 
     char d1[] = "/tmp/tl_kv_tier_XXXXXX", d2[] = "/tmp/tl_kv_tier_XXXXXX", d3[] = "/tmp/tl_kv_tier_XXXXXX";
-    CHECK(mkdtemp(d1) && mkdtemp(d2) && mkdtemp(d3), "temporary directories");
+    char d4[] = "/tmp/tl_kv_tier_XXXXXX";
+    CHECK(mkdtemp(d1) && mkdtemp(d2) && mkdtemp(d3) && mkdtemp(d4), "temporary directories");
     host_tier();
     disk_tier_and_restart(d1);
     save_load_and_refusals(d2);
     bad_options();
     real_model(d3);
+    sliding_window(d4);
+    rm_dir(d4);
     rm_dir(d1);
     rm_dir(d2);
     rm_dir(d3);
