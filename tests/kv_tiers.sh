@@ -9,7 +9,7 @@
 # TL_KV_TEST_DIR: the test binaries (build/tests, or build/tests-asan).
 dir=${TL_KV_TEST_DIR:-build/tests}
 here=$(dirname "$0")
-bins="test_model test_cache test_cache_prop test_window_trim test_engine test_beam test_admission test_growth test_resume_sched
+bins="test_model test_cache test_cache_prop test_window_trim test_gemma test_engine test_beam test_admission test_growth test_resume_sched
       test_engine_msgs test_kv_modes"
 paths=""
 for b in $bins; do [ -x "$dir/$b" ] && paths="$paths $dir/$b"; done
