@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "model.h"
+#include "ref_cases.h"
 #include "scheduler.h"
 #include "test.h"
 #include "testmodel.h"
@@ -292,6 +293,54 @@ static void sliding_window(const char *dir) {
     unlink(path);
 }
 
+/* Gemma 3 270M (when fetched): a 1,100-token prefix, past its 512-token
+ * window, evicted (a tenant budget of one block) into each tier and
+ * restored; and a restart. The prompt's next tokens equal uncached ones. */
+static void real_gemma(const char *dir) {
+    const char *path = ref_default_model();
+    if (!path || getenv("TL_TEST_QUICK")) {
+        printf("SKIP Gemma 3 270M tier tests: %s\n", path ? "TL_TEST_QUICK" : "the default model is not fetched");
+        return;
+    }
+    enum { P = 1100, S = 20, G = 8 };
+    tl_model_params mp = tl_model_default_params();
+    mp.kv_mode = "f16";
+    mp.max_seq_len = 2048;
+    tl_model *m = NULL;
+    tl_model_open(path, mp, &m);
+    CHECK(m != NULL, "Gemma 3 270M opens (%s)", tl_last_error());
+    if (!m) return;
+    static int32_t pr[P + S];
+    int32_t ref[G], out[G];
+    ref_fill_tokens(pr, P + S, tl_model_n_vocab(m), 5);
+    int nr = ref_generate(m, pr, P + S, G, 1, NULL, ref);
+    tl_model_close(m);
+    for (int tier = 0; tier < 3; tier++) { /* host, disk, disk after a restart */
+        mp.kv_host_mem = tier == 0 ? (size_t)1 << 30 : 0;
+        mp.kv_dir = tier ? dir : NULL;
+        tl_model_open(path, mp, &m);
+        if (!m) break;
+        if (tier < 2) {
+            ref_generate(m, pr, P, 1, 0, NULL, out); /* the prefix, cached */
+            tl_model_set_tenant_budget(m, 0, 1);      /* pushed down a tier */
+            tl_model_set_tenant_budget(m, 0, 0);
+        }
+        int t = tier == 2 ? 1 : tier;
+        int n = ref_generate(m, pr, P + S, G, 0, NULL, out);
+        tl_cache_stats st = stats(m);
+        CHECK(nr == G && n == G && !memcmp(out, ref, sizeof ref) && st.tier_hits[t] >= P / 16 - 1 &&
+                  st.hit_tokens >= P - 16,
+              "Gemma 3 270M, %s: a %d-token prefix comes back (%lld blocks, %lld hit tokens) and the next %d "
+              "tokens equal uncached",
+              tier == 0 ? "host tier" : tier == 1 ? "disk tier" : "restart on the disk tier", P,
+              (long long)st.tier_hits[t], (long long)st.hit_tokens, G);
+        CHECK(tl_sched_check_invariants(m, NULL, 0) == 0, "Gemma 3 270M: refcounts and the tree hold (%s)",
+              tl_last_error());
+        if (tier == 1) tl_model_save_cache(m, NULL);
+        tl_model_close(m);
+    }
+}
+
 /* stories260K, a real model: the restored path equals the uncached one. */
 static void real_model(const char *dir) {
     char path[512];
@@ -355,15 +404,17 @@ int main(void) {
     tl_model_close(m);
 
     char d1[] = "/tmp/tl_kv_tier_XXXXXX", d2[] = "/tmp/tl_kv_tier_XXXXXX", d3[] = "/tmp/tl_kv_tier_XXXXXX";
-    char d4[] = "/tmp/tl_kv_tier_XXXXXX";
-    CHECK(mkdtemp(d1) && mkdtemp(d2) && mkdtemp(d3) && mkdtemp(d4), "temporary directories");
+    char d4[] = "/tmp/tl_kv_tier_XXXXXX", d5[] = "/tmp/tl_kv_tier_XXXXXX";
+    CHECK(mkdtemp(d1) && mkdtemp(d2) && mkdtemp(d3) && mkdtemp(d4) && mkdtemp(d5), "temporary directories");
     host_tier();
     disk_tier_and_restart(d1);
     save_load_and_refusals(d2);
     bad_options();
     real_model(d3);
     sliding_window(d4);
+    real_gemma(d5);
     rm_dir(d4);
+    rm_dir(d5);
     rm_dir(d1);
     rm_dir(d2);
     rm_dir(d3);
