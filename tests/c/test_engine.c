@@ -189,7 +189,8 @@ int main(void) {
     /* At once: 200 tokens take hundreds of steps, and every step first acts
      * on cancel flags, so the request cannot finish before it is seen. */
     tl_request_cancel(model, id);
-    for (int i = 0; i < 200; i++) {
+    /* up to 10 s: a loaded machine may not run the engine thread for a while */
+    for (int i = 0; i < 10000; i++) {
         tl_request_info info;
         tl_request_get_info(model, id, &info);
         if (info.state == TL_REQ_CANCELLED) break;
