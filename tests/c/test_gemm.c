@@ -8,7 +8,8 @@
  *            integer block sums are exact; only the float summation order
  *            differs), and no output outside the tile is written.
  *   gemm     the GEMM path (tl_gemm_tile over tl_gemm_prepare rows) for
- *            q8_0/q4_0/q5_0 at every level that has one: rows 1..16 x
+ *            q8_0/q4_0/q5_0 (n = 32, 352, 2400) and q4_K/q6_K (n = 256,
+ *            768, 2048) at every level that has one: rows 1..16 x
  *            tokens 1..19 (the fused few-token path, whole 8-token
  *            micro-tiles and every leftover), each entry bitwise
  *            tl_vec_dot at that level and bitwise the scalar reference,
@@ -112,16 +113,17 @@ static void test_tiles(void) {
 }
 
 static void test_gemm_path(void) {
-    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0};
+    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_K, TL_TYPE_Q6_K};
     enum { MAXR = TL_GEMM_ROWS, MAXT = 19, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        const int type = types[ti];
-        static const int64_t sizes[] = {32, 32 * 11, 32 * 75};
-        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const int type = types[ti], vt = tl_type_info(type)->vec_dot_type;
+        static const int64_t sizes32[] = {32, 32 * 11, 32 * 75}, sizesK[] = {256, 256 * 3, 256 * 8};
+        const int64_t *sizes = tl_type_info(type)->block_size == 32 ? sizes32 : sizesK;
+        for (size_t si = 0; si < 3; si++) {
             const int64_t n = sizes[si];
             /* rows back to back with a stride that is not a multiple of 64 */
-            const size_t rw = tl_row_size(type, n), rx = tl_row_size(TL_TYPE_Q8_0, n), xs = tl_gemm_x_size(n);
+            const size_t rw = tl_row_size(type, n), rx = tl_row_size(vt, n), xs = tl_gemm_x_size(n);
             const size_t ldo = MAXR + PAD, ws = tl_gemm_work_size(n);
             uint8_t *w = malloc(rw * MAXR), *x = malloc(rx * MAXT), *xp = aligned_alloc(64, xs * MAXT);
             uint8_t *work = aligned_alloc(64, ws + 64);
@@ -132,7 +134,7 @@ static void test_gemm_path(void) {
             }
             for (int t = 0; t < MAXT; t++) {
                 for (int64_t i = 0; i < n; i++) src[(size_t)n * t + i] = gauss() * (t == 3 ? 40.0f : 1.0f);
-                tl_quantize_row(TL_TYPE_Q8_0, src + (size_t)n * t, x + rx * t, n);
+                tl_quantize_row(vt, src + (size_t)n * t, x + rx * t, n);
             }
             int levels = 0, bad = 0, bad_ref = 0, spill = 0, past = 0;
             for (int lvl = 0; lvl <= isa_max; lvl++) {
