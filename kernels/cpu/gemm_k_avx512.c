@@ -96,18 +96,6 @@ static inline AI TN void tr_bytes(const uint8_t *wb, const size_t *roffs, size_t
     tr16x8(v, q);
 }
 
-/* q4_K/q5_K 12-byte scales -> u[0..1] the 8 scales, u[2..3] the 8 mins
- * (one byte each, in order; tl_get_scale_min_k4 for all j at once). */
-static inline void unpack_k4_scales(const uint8_t *s, uint32_t u[4]) {
-    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-    memcpy(u, s, 12);
-    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    const uint32_t aux = u[1] & k1;
-    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    u[2] = aux;
-    u[0] &= k1;
-}
-
 /* Super-block i of the group (row r at w + roffs[r]) into g (gb_of bytes). */
 static inline AI TN void fill_sb(int kind, const uint8_t *w, const size_t *roffs, int64_t i, uint8_t *g) {
     const size_t bw = bw_of(kind);
@@ -117,7 +105,6 @@ static inline AI TN void fill_sb(int kind, const uint8_t *w, const size_t *roffs
     const uint8_t *pf = w + PF_AHEAD(roffs) + (size_t)i * 16 * bw;
     for (size_t k = 0; k < 16 * bw; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
     const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
-    uint16_t dh[16], dmh[16];
     if (kind == K_4) {
         UNROLL for (int c = 0; c < 4; c++) {
             /* qs chunk c: low nibbles sub-block 2c, high nibbles 2c + 1 */
@@ -128,24 +115,30 @@ static inline AI TN void fill_sb(int kind, const uint8_t *w, const size_t *roffs
                 _mm512_store_si512(G + 16 * c + 8 + k, _mm512_and_si512(_mm512_srli_epi16(p[k], 4), m4));
             }
         }
-        __m256i sv[16], mv[16];
-        UNROLL16 for (int r = 0; r < 16; r++) {
-            const block_q4_K *a = (const block_q4_K *)(wb + roffs[r]);
-            uint32_t u[4];
-            unpack_k4_scales(a->scales, u);
-            sv[r] = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)u[1], (int)u[0]));
-            const __m256i m = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, (int)u[3], (int)u[2]));
-            mv[r] = _mm256_or_si256(m, _mm256_slli_epi32(m, 16));
-            dh[r] = a->d;
-            dmh[r] = a->dmin;
+        /* d, dmin and the 12 scale bytes, transposed: h[0] lane r = row r's
+         * d | dmin << 16, h[1..3] its scale words; then
+         * tl_get_scale_min_k4 for all j, on all 16 rows at once (as 32-bit
+         * words: w[0..1] bytes = scales 0..7, w[2..3] = mins 0..7) */
+        __m512i h[8];
+        tr_bytes(wb, roffs, 0, h);
+        const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f);
+        const __m512i k3 = _mm512_set1_epi32(0x03030303), ff = _mm512_set1_epi32(0xFF);
+        const __m512i u0 = h[1], u1 = h[2], u2 = h[3];
+        const __m512i w[4] = {
+            _mm512_and_si512(u0, k1),
+            _mm512_or_si512(_mm512_and_si512(u2, k2), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k3), 4)),
+            _mm512_and_si512(u1, k1),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k3), 4)),
+        };
+        UNROLL for (int j = 0; j < 8; j++) {
+            const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(w[j / 4], 8 * (j % 4)), ff);
+            const __m512i mn = _mm512_and_si512(_mm512_srli_epi32(w[2 + j / 4], 8 * (j % 4)), ff);
+            _mm512_store_si512(G + 64 + j, sc);
+            _mm512_store_si512(G + 72 + j, _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16)));
         }
-        __m512i s[8];
-        tr16x8(sv, s);
-        UNROLL for (int j = 0; j < 8; j++) _mm512_store_si512(G + 64 + j, s[j]);
-        tr16x8(mv, s);
-        UNROLL for (int j = 0; j < 8; j++) _mm512_store_si512(G + 72 + j, s[j]);
-        _mm512_store_ps((float *)(G + 80), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh)));
-        _mm512_store_ps((float *)(G + 81), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dmh)));
+        _mm512_store_ps((float *)(G + 80), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
+        _mm512_store_ps((float *)(G + 81), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
         return;
     }
     UNROLL for (int h = 0; h < 2; h++) {
@@ -165,6 +158,7 @@ static inline AI TN void fill_sb(int kind, const uint8_t *w, const size_t *roffs
             _mm512_store_si512(G + 32 * h + 24 + k, _mm512_or_si512(d, _mm512_and_si512(_mm512_srli_epi16(hb[k], 2), m30)));
         }
     }
+    uint16_t dh[16];
     __m256i lo[16], hi[16], cw[16];
     UNROLL16 for (int r = 0; r < 16; r++) {
         const block_q6_K *a = (const block_q6_K *)(wb + roffs[r]);
