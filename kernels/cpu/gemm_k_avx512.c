@@ -158,23 +158,22 @@ static inline AI TN void fill_sb(int kind, const uint8_t *w, const size_t *roffs
             _mm512_store_si512(G + 32 * h + 24 + k, _mm512_or_si512(d, _mm512_and_si512(_mm512_srli_epi16(hb[k], 2), m30)));
         }
     }
-    uint16_t dh[16];
-    __m256i lo[16], hi[16], cw[16];
-    UNROLL16 for (int r = 0; r < 16; r++) {
-        const block_q6_K *a = (const block_q6_K *)(wb + roffs[r]);
-        const __m128i s8 = _mm_loadu_si128((const __m128i *)a->scales);
-        lo[r] = _mm256_cvtepi8_epi32(s8);
-        hi[r] = _mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8));
-        cw[r] = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(s8), _mm256_set1_epi16(-32));
-        dh[r] = a->d;
+    /* bytes 176..207 transposed: h[4..7] lane r = row r's 16 int8 scales */
+    __m512i h[8];
+    tr_bytes(wb, roffs, offsetof(block_q6_K, scales) - 16, h);
+    __m512i sc[16];
+    UNROLL16 for (int j = 0; j < 16; j++) {
+        sc[j] = _mm512_srai_epi32(_mm512_slli_epi32(h[4 + j / 4], 24 - 8 * (j % 4)), 24);
+        _mm512_store_si512(G + 64 + j, sc[j]);
     }
-    __m512i s[8];
-    tr16x8(lo, s);
-    UNROLL for (int j = 0; j < 8; j++) _mm512_store_si512(G + 64 + j, s[j]);
-    tr16x8(hi, s);
-    UNROLL for (int j = 0; j < 8; j++) _mm512_store_si512(G + 72 + j, s[j]);
-    tr16x8(cw, s);
-    UNROLL for (int j = 0; j < 8; j++) _mm512_store_si512(G + 80 + j, s[j]);
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    UNROLL for (int k = 0; k < 8; k++) {
+        const __m512i a = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sc[2 * k], 5));
+        const __m512i b = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sc[2 * k + 1], 5));
+        _mm512_store_si512(G + 80 + k, _mm512_or_si512(_mm512_and_si512(a, lo16), _mm512_slli_epi32(b, 16)));
+    }
+    uint16_t dh[16];
+    UNROLL16 for (int r = 0; r < 16; r++) memcpy(&dh[r], wb + roffs[r] + offsetof(block_q6_K, d), 2);
     _mm512_store_ps((float *)(G + 88), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh)));
 }
 
