@@ -51,14 +51,16 @@
 #define UNROLL _Pragma("GCC unroll 8")
 #define UNROLL16 _Pragma("GCC unroll 16")
 
-enum { K_4, K_6 };
+enum { K_4, K_5, K_6 }; /* q4_K, q5_K (the q4_K layout in the workspace), q6_K */
 enum { GB_K4 = 82 * 64, GB_K6 = 89 * 64 }; /* workspace bytes per super-block of a group */
 #define TL_FUSED_TOKENS 2
 #define TOK_BLOCK 8
 #define PF_AHEAD(roffs) (16 * (roffs)[1] + 2048)
 
-static inline size_t gb_of(int kind) { return kind == K_4 ? GB_K4 : GB_K6; }
-static inline size_t bw_of(int kind) { return kind == K_4 ? sizeof(block_q4_K) : sizeof(block_q6_K); }
+static inline size_t gb_of(int kind) { return kind == K_6 ? GB_K6 : GB_K4; }
+static inline size_t bw_of(int kind) {
+    return kind == K_4 ? sizeof(block_q4_K) : kind == K_5 ? sizeof(block_q5_K) : sizeof(block_q6_K);
+}
 
 static inline uint32_t ld32(const void *p) {
     uint32_t v;
@@ -105,14 +107,26 @@ static inline AI TN void fill_sb(int kind, const uint8_t *w, const size_t *roffs
     const uint8_t *pf = w + PF_AHEAD(roffs) + (size_t)i * 16 * bw;
     for (size_t k = 0; k < 16 * bw; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
     const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
-    if (kind == K_4) {
+    if (kind != K_6) {
+        /* q5_K: qh byte l bit j = 5th bit of element l of sub-block j */
+        __m512i qh[8];
+        if (kind == K_5) tr_bytes(wb, roffs, offsetof(block_q5_K, qh), qh);
+        const __m512i m10 = _mm512_set1_epi8(0x10);
         UNROLL for (int c = 0; c < 4; c++) {
             /* qs chunk c: low nibbles sub-block 2c, high nibbles 2c + 1 */
             __m512i p[8];
-            tr_bytes(wb, roffs, offsetof(block_q4_K, qs) + 32 * c, p);
+            tr_bytes(wb, roffs, (kind == K_5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs)) + 32 * c, p);
             UNROLL for (int k = 0; k < 8; k++) {
-                _mm512_store_si512(G + 16 * c + k, _mm512_and_si512(p[k], m4));
-                _mm512_store_si512(G + 16 * c + 8 + k, _mm512_and_si512(_mm512_srli_epi16(p[k], 4), m4));
+                __m512i lo = _mm512_and_si512(p[k], m4), hi = _mm512_and_si512(_mm512_srli_epi16(p[k], 4), m4);
+                if (kind == K_5) {
+                    /* bit 2c (2c + 1) of each byte to bit 4 of the same byte */
+                    const __m512i b0 = 2 * c <= 4 ? _mm512_slli_epi16(qh[k], 4 - 2 * c) : _mm512_srli_epi16(qh[k], 2 * c - 4);
+                    const __m512i b1 = 2 * c + 1 <= 4 ? _mm512_slli_epi16(qh[k], 3 - 2 * c) : _mm512_srli_epi16(qh[k], 2 * c - 3);
+                    lo = _mm512_or_si512(lo, _mm512_and_si512(b0, m10));
+                    hi = _mm512_or_si512(hi, _mm512_and_si512(b1, m10));
+                }
+                _mm512_store_si512(G + 16 * c + k, lo);
+                _mm512_store_si512(G + 16 * c + 8 + k, hi);
             }
         }
         /* d, dmin and the 12 scale bytes, transposed: h[0] lane r = row r's
@@ -184,7 +198,7 @@ static inline AI TN void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
     const __m512i *G = (const __m512i *)g;
     const block_q8_K *yb[TOK_BLOCK];
     UNROLL for (int c = 0; c < C; c++) yb[c] = (const block_q8_K *)(x + c * ldx) + i;
-    const int nsub = kind == K_4 ? 8 : 16, zps = 64 / nsub; /* sub-blocks, zmm per sub-block */
+    const int nsub = kind == K_6 ? 16 : 8, zps = 64 / nsub; /* sub-blocks, zmm per sub-block */
     __m512i sumi[TOK_BLOCK];
     UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm512_setzero_si512();
     for (int j = 0; j < nsub; j++) {
@@ -198,7 +212,7 @@ static inline AI TN void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
         const __m512i sc = _mm512_load_si512(G + 64 + j);
         UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(s[c], sc));
     }
-    if (kind == K_4) {
+    if (kind != K_6) {
         __m512i summ[TOK_BLOCK];
         UNROLL for (int c = 0; c < C; c++) summ[c] = _mm512_setzero_si512();
         UNROLL for (int j = 0; j < 8; j++) {
@@ -280,6 +294,10 @@ static TN void gemm_q4_K(int64_t n, int nr, int nt, float *out, size_t ldo, cons
                          size_t ldx, void *work) {
     gemm_k(K_4, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
 }
+static TN void gemm_q5_K(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
+                         size_t ldx, void *work) {
+    gemm_k(K_5, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
+}
 static TN void gemm_q6_K(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
                          size_t ldx, void *work) {
     gemm_k(K_6, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
@@ -290,6 +308,10 @@ static TN void gemm_q6_K(int64_t n, int nr, int nt, float *out, size_t ldo, cons
 static TN void dot1_q4_K(int64_t n, float *out, const void *w, const void *x) {
     _Alignas(64) uint8_t g[GB_K4];
     gemm_k(K_4, n, 1, 1, out, 1, w, 0, x, 0, g);
+}
+static TN void dot1_q5_K(int64_t n, float *out, const void *w, const void *x) {
+    _Alignas(64) uint8_t g[GB_K4];
+    gemm_k(K_5, n, 1, 1, out, 1, w, 0, x, 0, g);
 }
 static TN void dot1_q6_K(int64_t n, float *out, const void *w, const void *x) {
     _Alignas(64) uint8_t g[GB_K6];
@@ -303,13 +325,17 @@ static void prepare_q8_K(const float *src, void *dst, int64_t n) { quantize_q8_K
 void tl_gemm_k_fill_avx512(tl_kernel_table *t) {
     quantize_q8_K_fn = t->quantize_q8_K;
     t->vec_dot[TL_TYPE_Q4_K] = dot1_q4_K;
+    t->vec_dot[TL_TYPE_Q5_K] = dot1_q5_K;
     t->vec_dot[TL_TYPE_Q6_K] = dot1_q6_K;
     /* the level's row-dot tiles sum in another order: tiles loop over vec_dot */
     t->vec_dot_tile[TL_TYPE_Q4_K] = NULL;
+    t->vec_dot_tile[TL_TYPE_Q5_K] = NULL;
     t->vec_dot_tile[TL_TYPE_Q6_K] = NULL;
     t->gemm_tile[TL_TYPE_Q4_K] = gemm_q4_K;
+    t->gemm_tile[TL_TYPE_Q5_K] = gemm_q5_K;
     t->gemm_tile[TL_TYPE_Q6_K] = gemm_q6_K;
     t->gemm_prepare[TL_TYPE_Q4_K] = prepare_q8_K;
+    t->gemm_prepare[TL_TYPE_Q5_K] = prepare_q8_K;
     t->gemm_prepare[TL_TYPE_Q6_K] = prepare_q8_K;
 }
 

@@ -8,7 +8,7 @@
  *            integer block sums are exact; only the float summation order
  *            differs), and no output outside the tile is written.
  *   gemm     the GEMM path (tl_gemm_tile over tl_gemm_prepare rows) for
- *            q8_0/q4_0/q5_0 (n = 32, 352, 2400) and q4_K/q6_K (n = 256,
+ *            q8_0/q4_0/q5_0 (n = 32, 352, 2400) and q4_K/q5_K/q6_K (n = 256,
  *            768, 2048) at every level that has one: rows 1..16 x
  *            tokens 1..19 (the fused few-token path, whole 8-token
  *            micro-tiles and every leftover), each entry bitwise
@@ -113,7 +113,7 @@ static void test_tiles(void) {
 }
 
 static void test_gemm_path(void) {
-    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_K, TL_TYPE_Q6_K};
+    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
     enum { MAXR = TL_GEMM_ROWS, MAXT = 19, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
