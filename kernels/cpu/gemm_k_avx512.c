@@ -1,4 +1,4 @@
-/* gemm_k_avx512.c - q4_K/q6_K weights x q8_K activations with
+/* gemm_k_avx512.c - q4_K/q5_K/q6_K weights x q8_K activations with
  * AVX512-VNNI, 16 weight rows at a time: gemm_avx512.c's scheme (read its
  * header first) for the 256-element K-quant super-blocks.
  *
@@ -6,19 +6,20 @@
  * workspace once per matmul (lane r of every zmm belongs to row r):
  *
  *   q[z], z = 0..63:  lane r = elements 4z..4z+3 of row r, unsigned
- *                     (q4_K: the nibble 0..15; q6_K: the 6-bit value 0..63,
- *                     not yet less 32)
- *   q4_K (82 zmm):    sc[8] int32 sub-block scales | mn[8] int16 pairs
+ *                     (q4_K: the nibble 0..15; q5_K: 0..31; q6_K: the
+ *                     6-bit value 0..63, not yet less 32)
+ *   q4_K, q5_K (82):  sc[8] int32 sub-block scales | mn[8] int16 pairs
  *                     (m_j, m_j) | d | dmin
  *   q6_K (89 zmm):    sc[16] int32 sub-block scales | cw[8] int16 pairs
  *                     (-32 sc_2k, -32 sc_2k+1) | d
  *
  * vpdpbusd takes the weights as the unsigned operand and 4 activation
- * bytes broadcast ({1to16}) as the signed one, so q4_K needs no bias at
- * all. Per (row, token) and super-block the kernel forms the reference's
- * integers exactly (tl_vec_dot_ref in quants_ref.c):
+ * bytes broadcast ({1to16}) as the signed one, so q4_K and q5_K (its 5th
+ * bit added in) need no bias at all. Per (row, token) and super-block the
+ * kernel forms the reference's integers exactly (quants_ref.c):
  *
- *   q4_K  sumi = sum_j sc_j * dot(q_j, y_j)          (8 sub-blocks of 32:
+ *   q4_K, q5_K
+ *         sumi = sum_j sc_j * dot(q_j, y_j)          (8 sub-blocks of 32:
  *               8 vpdpbusd, then vpmulld by sc_j and an add)
  *         summ = sum_j m_j * (bsums_2j + bsums_2j+1) (8 vpdpwssd of the
  *               (m_j, m_j) pairs with the q8_K row's own bsums)
@@ -30,7 +31,7 @@
  * below 2^29 in magnitude) and then applies the float ops in the
  * reference's order, super-block by super-block:
  *
- *   q4_K  s += (d_y * d_w) * (float)sumi - (d_y * dmin_w) * (float)summ
+ *   q4/5  s += (d_y * d_w) * (float)sumi - (d_y * dmin_w) * (float)summ
  *   q6_K  s += (d_y * d_w) * (float)sumi
  *
  * so every tile entry is bitwise tl_vec_dot_ref. The prepared activation
