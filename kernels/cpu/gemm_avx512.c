@@ -289,6 +289,7 @@ void tl_gemm_fill_avx512(tl_kernel_table *t) {
     t->gemm_prepare[TL_TYPE_Q8_0] = prepare_q8_0;
     t->gemm_prepare[TL_TYPE_Q4_0] = prepare_q4_0;
     t->gemm_prepare[TL_TYPE_Q5_0] = prepare_q5_0;
+    tl_gemm_k_fill_avx512(t); /* q4_K/q6_K: gemm_k_avx512.c */
 }
 
 #else
@@ -297,7 +298,12 @@ void tl_gemm_fill_avx512(tl_kernel_table *t) { (void)t; }
 
 size_t tl_gemm_x_size(int64_t n) {
     const int64_t nb = n / 32;
-    return (((size_t)nb * sizeof(block_q8_0) + 3) / 4 * 4 + (size_t)nb * 8 + 63) & ~(size_t)63;
+    const size_t a = ((size_t)nb * sizeof(block_q8_0) + 3) / 4 * 4 + (size_t)nb * 8;
+    const size_t k = (size_t)(n / QK_K) * sizeof(block_q8_K); /* q4_K/q6_K: the q8_K row */
+    return ((a > k ? a : k) + 63) & ~(size_t)63;
 }
 
-size_t tl_gemm_work_size(int64_t n) { return (size_t)(n / 32) * 576; }
+size_t tl_gemm_work_size(int64_t n) {
+    const size_t a = (size_t)(n / 32) * 576, k = tl_gemm_k_work_size(n);
+    return a > k ? a : k;
+}

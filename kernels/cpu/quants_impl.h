@@ -168,6 +168,10 @@ void tl_kernels_fill_avx2(tl_kernel_table *t);
 void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni);
 /* gemm_avx512.c: the VNNI GEMM path and the vec_dots it is bitwise with. */
 void tl_gemm_fill_avx512(tl_kernel_table *t);
+/* gemm_k_avx512.c: the same for q4_K/q6_K (called by tl_gemm_fill_avx512),
+ * and its workspace bytes for rows of n elements. */
+void tl_gemm_k_fill_avx512(tl_kernel_table *t);
+size_t tl_gemm_k_work_size(int64_t n);
 
 /* Scalar reference quantizer for any type tl_quantize_row accepts (the
  * dispatched tl_quantize_row uses SIMD for Q8_0/Q8_K); for tests. */

@@ -8,11 +8,15 @@
  *            integer block sums are exact; only the float summation order
  *            differs), and no output outside the tile is written.
  *   gemm     the GEMM path (tl_gemm_tile over tl_gemm_prepare rows) for
- *            q8_0/q4_0/q5_0 at every level that has one: rows 1..16 x
+ *            q8_0/q4_0/q5_0 (n = 32, 352, 2400) and q4_K/q5_K/q6_K (n = 256,
+ *            768, 2048) at every level that has one: rows 1..16 x
  *            tokens 1..19 (the fused few-token path, whole 8-token
  *            micro-tiles and every leftover), each entry bitwise
  *            tl_vec_dot at that level and bitwise the scalar reference,
  *            nothing written outside the tile or past the workspace.
+ *   extremes q4_K/q5_K/q6_K blocks of random bytes (every scale and min
+ *            at any value) x activations of +-1 (q8_K rows all +-127): the
+ *            GEMM entries are still the scalar reference bitwise.
  *   forward  synthetic models of each architecture (f32, q4_0, q8_0,
  *            q4_K): a 45-token prompt prefilled in one call gives bitwise
  *            the logits of feeding it one token at a time (attention
@@ -112,16 +116,17 @@ static void test_tiles(void) {
 }
 
 static void test_gemm_path(void) {
-    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0};
+    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
     enum { MAXR = TL_GEMM_ROWS, MAXT = 19, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        const int type = types[ti];
-        static const int64_t sizes[] = {32, 32 * 11, 32 * 75};
-        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const int type = types[ti], vt = tl_type_info(type)->vec_dot_type;
+        static const int64_t sizes32[] = {32, 32 * 11, 32 * 75}, sizesK[] = {256, 256 * 3, 256 * 8};
+        const int64_t *sizes = tl_type_info(type)->block_size == 32 ? sizes32 : sizesK;
+        for (size_t si = 0; si < 3; si++) {
             const int64_t n = sizes[si];
             /* rows back to back with a stride that is not a multiple of 64 */
-            const size_t rw = tl_row_size(type, n), rx = tl_row_size(TL_TYPE_Q8_0, n), xs = tl_gemm_x_size(n);
+            const size_t rw = tl_row_size(type, n), rx = tl_row_size(vt, n), xs = tl_gemm_x_size(n);
             const size_t ldo = MAXR + PAD, ws = tl_gemm_work_size(n);
             uint8_t *w = malloc(rw * MAXR), *x = malloc(rx * MAXT), *xp = aligned_alloc(64, xs * MAXT);
             uint8_t *work = aligned_alloc(64, ws + 64);
@@ -132,7 +137,7 @@ static void test_gemm_path(void) {
             }
             for (int t = 0; t < MAXT; t++) {
                 for (int64_t i = 0; i < n; i++) src[(size_t)n * t + i] = gauss() * (t == 3 ? 40.0f : 1.0f);
-                tl_quantize_row(TL_TYPE_Q8_0, src + (size_t)n * t, x + rx * t, n);
+                tl_quantize_row(vt, src + (size_t)n * t, x + rx * t, n);
             }
             int levels = 0, bad = 0, bad_ref = 0, spill = 0, past = 0;
             for (int lvl = 0; lvl <= isa_max; lvl++) {
@@ -317,10 +322,65 @@ static void test_rows(void) {
     tl_kernels_set_isa(isa_max);
 }
 
+/* K-quant blocks of random bytes (every scale and min in its full range,
+ * q6_K scales -128..127) against activations of +-1, whose q8_K rows are
+ * all +-127 (bsums up to +-2032): the GEMM path's integer sums stay exact
+ * at the extremes and every entry is still the scalar reference bitwise. */
+static void test_gemm_k_extremes(void) {
+    static const int types[] = {TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+    enum { NR = TL_GEMM_ROWS, NT = 11, N = 512 };
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const int type = types[ti];
+        if (!tl_gemm_has(type)) {
+            CHECK(1, "%s: no GEMM path at this level (nothing to check)", tl_type_info(type)->name);
+            continue;
+        }
+        const size_t rw = tl_row_size(type, N), rx = tl_row_size(TL_TYPE_Q8_K, N), xs = tl_gemm_x_size(N);
+        const size_t bsz = tl_type_info(type)->type_size, ws = tl_gemm_work_size(N);
+        uint8_t *w = malloc(rw * NR), *x = malloc(rx * NT), *xp = aligned_alloc(64, xs * NT);
+        uint8_t *work = aligned_alloc(64, ws);
+        float *src = malloc(sizeof(float) * N), *out = malloc(sizeof(float) * NR * NT);
+        for (size_t i = 0; i < rw * NR; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            w[i] = (uint8_t)(rng >> 56);
+        }
+        for (int b = 0; b < NR * N / 256; b++) { /* finite block scales */
+            uint8_t *blk = w + (size_t)b * bsz;
+            const uint16_t d = tl_f32_to_f16(gauss() * 0.01f), dm = tl_f32_to_f16(gauss() * 0.01f);
+            if (type == TL_TYPE_Q6_K) {
+                memcpy(blk + bsz - 2, &d, 2);
+            } else {
+                memcpy(blk, &d, 2);
+                memcpy(blk + 2, &dm, 2);
+            }
+        }
+        for (int t = 0; t < NT; t++) {
+            for (int i = 0; i < N; i++) src[i] = t == 0 ? 1.0f : t == 1 ? -1.0f : (gauss() < 0 ? -1.0f : 1.0f);
+            tl_quantize_row(TL_TYPE_Q8_K, src, x + rx * t, N);
+            tl_gemm_prepare(type, src, xp + xs * t, N);
+        }
+        int bad = 0;
+        static const int nts[] = {1, 2, NT};
+        for (int k = 0; k < 3; k++) {
+            tl_gemm_tile(type, N, NR, nts[k], out, NR, w, rw, xp, xs, work);
+            for (int t = 0; t < nts[k]; t++)
+                for (int r = 0; r < NR; r++) {
+                    float ref;
+                    tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
+                    bad += memcmp(&out[t * NR + r], &ref, sizeof ref) != 0;
+                }
+        }
+        CHECK(bad == 0, "%s: random-byte blocks x +-127 activations: GEMM entries equal the scalar reference bitwise "
+              "(%d differ)", tl_type_info(type)->name, bad);
+        free(w); free(x); free(xp); free(work); free(src); free(out);
+    }
+}
+
 int main(void) {
     tl_kernels_init();
     test_tiles();
     test_gemm_path();
+    test_gemm_k_extremes();
     test_forward();
     test_gelu();
     test_rows();

@@ -1,0 +1,347 @@
+/* gemm_k_avx512.c - q4_K/q5_K/q6_K weights x q8_K activations with
+ * AVX512-VNNI, 16 weight rows at a time: gemm_avx512.c's scheme (read its
+ * header first) for the 256-element K-quant super-blocks.
+ *
+ * A 16-row group's super-block i is unpacked and transposed into the
+ * workspace once per matmul (lane r of every zmm belongs to row r):
+ *
+ *   q[z], z = 0..63:  lane r = elements 4z..4z+3 of row r, unsigned
+ *                     (q4_K: the nibble 0..15; q5_K: 0..31; q6_K: the
+ *                     6-bit value 0..63, not yet less 32)
+ *   q4_K, q5_K (82):  sc[8] int32 sub-block scales | mn[8] int16 pairs
+ *                     (m_j, m_j) | d | dmin
+ *   q6_K (89 zmm):    sc[16] int32 sub-block scales | cw[8] int16 pairs
+ *                     (-32 sc_2k, -32 sc_2k+1) | d
+ *
+ * vpdpbusd takes the weights as the unsigned operand and 4 activation
+ * bytes broadcast ({1to16}) as the signed one, so q4_K and q5_K (its 5th
+ * bit added in) need no bias at all. Per (row, token) and super-block the
+ * kernel forms the reference's integers exactly (quants_ref.c):
+ *
+ *   q4_K, q5_K
+ *         sumi = sum_j sc_j * dot(q_j, y_j)          (8 sub-blocks of 32:
+ *               8 vpdpbusd, then vpmulld by sc_j and an add)
+ *         summ = sum_j m_j * (bsums_2j + bsums_2j+1) (8 vpdpwssd of the
+ *               (m_j, m_j) pairs with the q8_K row's own bsums)
+ *   q6_K  sumi = sum_j sc_j * dot(q_j - 32, y_j)     (16 sub-blocks of 16:
+ *               4 vpdpbusd and a vpmulld each; the -32 comes out as
+ *               sum_k (-32 sc) . bsums pairs, 8 vpdpwssd)
+ *
+ * (integer sums: the grouping does not change them; every partial sum is
+ * below 2^29 in magnitude) and then applies the float ops in the
+ * reference's order, super-block by super-block:
+ *
+ *   q4/5  s += (d_y * d_w) * (float)sumi - (d_y * dmin_w) * (float)summ
+ *   q6_K  s += (d_y * d_w) * (float)sumi
+ *
+ * so every tile entry is bitwise tl_vec_dot_ref. The prepared activation
+ * row is the q8_K row itself (its bsums serve both corrections). A group
+ * with more tokens than TL_FUSED_TOKENS is transposed once for all its
+ * tokens, 8-token micro-tiles reuse it; fewer tokens (decode) transpose one
+ * super-block at a time into the workspace's first slot and use it at
+ * once, while it is in L1. */
+#include <stddef.h>
+
+#include "quants_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define TN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+#define AI __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 8")
+#define UNROLL16 _Pragma("GCC unroll 16")
+
+enum { K_4, K_5, K_6 }; /* q4_K, q5_K (the q4_K layout in the workspace), q6_K */
+enum { GB_K4 = 82 * 64, GB_K6 = 89 * 64 }; /* workspace bytes per super-block of a group */
+#define TL_FUSED_TOKENS 2
+#define TOK_BLOCK 8
+#define PF_AHEAD(roffs) (16 * (roffs)[1] + 2048)
+
+static inline size_t gb_of(int kind) { return kind == K_6 ? GB_K6 : GB_K4; }
+static inline size_t bw_of(int kind) {
+    return kind == K_4 ? sizeof(block_q4_K) : kind == K_5 ? sizeof(block_q5_K) : sizeof(block_q6_K);
+}
+
+static inline uint32_t ld32(const void *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* 16 rows of 8 dwords -> q[j] lane r = dword j of row r (gemm_avx512.c's
+ * transpose: rows r and r+8 share a zmm, then 32- and 64-bit unpacks and a
+ * cross-lane permute). */
+static inline AI TN void tr16x8(const __m256i v[16], __m512i q[8]) {
+    __m512i z[8], t[8], u[8];
+    UNROLL for (int r = 0; r < 8; r++) z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(v[r]), v[r + 8], 1);
+    UNROLL for (int r = 0; r < 8; r += 2) {
+        t[r] = _mm512_unpacklo_epi32(z[r], z[r + 1]);
+        t[r + 1] = _mm512_unpackhi_epi32(z[r], z[r + 1]);
+    }
+    UNROLL for (int h = 0; h < 8; h += 4) {
+        u[h + 0] = _mm512_unpacklo_epi64(t[h + 0], t[h + 2]);
+        u[h + 1] = _mm512_unpackhi_epi64(t[h + 0], t[h + 2]);
+        u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);
+        u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);
+    }
+    const __m512i lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    UNROLL for (int j = 0; j < 4; j++) {
+        q[j] = _mm512_permutex2var_epi64(u[j], lo, u[j + 4]);
+        q[j + 4] = _mm512_permutex2var_epi64(u[j], hi, u[j + 4]);
+    }
+}
+
+/* 32 bytes at offset off of each of the 16 rows' super-block, transposed. */
+static inline AI TN void tr_bytes(const uint8_t *wb, const size_t *roffs, size_t off, __m512i q[8]) {
+    __m256i v[16];
+    UNROLL16 for (int r = 0; r < 16; r++) v[r] = _mm256_loadu_si256((const __m256i *)(wb + roffs[r] + off));
+    tr16x8(v, q);
+}
+
+/* Super-block i of the group (row r at w + roffs[r]) into g (gb_of bytes). */
+static inline AI TN void fill_sb(int kind, const uint8_t *w, const size_t *roffs, int64_t i, uint8_t *g) {
+    const size_t bw = bw_of(kind);
+    const uint8_t *wb = w + (size_t)i * bw;
+    __m512i *G = (__m512i *)g;
+    /* the next group's rows into L2 linearly (see gemm_avx512.c) */
+    const uint8_t *pf = w + PF_AHEAD(roffs) + (size_t)i * 16 * bw;
+    for (size_t k = 0; k < 16 * bw; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
+    const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
+    if (kind != K_6) {
+        /* q5_K: qh byte l bit j = 5th bit of element l of sub-block j */
+        __m512i qh[8];
+        if (kind == K_5) tr_bytes(wb, roffs, offsetof(block_q5_K, qh), qh);
+        const __m512i m10 = _mm512_set1_epi8(0x10);
+        UNROLL for (int c = 0; c < 4; c++) {
+            /* qs chunk c: low nibbles sub-block 2c, high nibbles 2c + 1 */
+            __m512i p[8];
+            tr_bytes(wb, roffs, (kind == K_5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs)) + 32 * c, p);
+            UNROLL for (int k = 0; k < 8; k++) {
+                __m512i lo = _mm512_and_si512(p[k], m4), hi = _mm512_and_si512(_mm512_srli_epi16(p[k], 4), m4);
+                if (kind == K_5) {
+                    /* bit 2c (2c + 1) of each byte to bit 4 of the same byte */
+                    const __m512i b0 = 2 * c <= 4 ? _mm512_slli_epi16(qh[k], 4 - 2 * c) : _mm512_srli_epi16(qh[k], 2 * c - 4);
+                    const __m512i b1 = 2 * c + 1 <= 4 ? _mm512_slli_epi16(qh[k], 3 - 2 * c) : _mm512_srli_epi16(qh[k], 2 * c - 3);
+                    lo = _mm512_or_si512(lo, _mm512_and_si512(b0, m10));
+                    hi = _mm512_or_si512(hi, _mm512_and_si512(b1, m10));
+                }
+                _mm512_store_si512(G + 16 * c + k, lo);
+                _mm512_store_si512(G + 16 * c + 8 + k, hi);
+            }
+        }
+        /* d, dmin and the 12 scale bytes, transposed: h[0] lane r = row r's
+         * d | dmin << 16, h[1..3] its scale words; then
+         * tl_get_scale_min_k4 for all j, on all 16 rows at once (as 32-bit
+         * words: w[0..1] bytes = scales 0..7, w[2..3] = mins 0..7) */
+        __m512i h[8];
+        tr_bytes(wb, roffs, 0, h);
+        const __m512i k1 = _mm512_set1_epi32(0x3f3f3f3f), k2 = _mm512_set1_epi32(0x0f0f0f0f);
+        const __m512i k3 = _mm512_set1_epi32(0x03030303), ff = _mm512_set1_epi32(0xFF);
+        const __m512i u0 = h[1], u1 = h[2], u2 = h[3];
+        const __m512i w[4] = {
+            _mm512_and_si512(u0, k1),
+            _mm512_or_si512(_mm512_and_si512(u2, k2), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u0, 6), k3), 4)),
+            _mm512_and_si512(u1, k1),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u2, 4), k2),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(u1, 6), k3), 4)),
+        };
+        UNROLL for (int j = 0; j < 8; j++) {
+            const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(w[j / 4], 8 * (j % 4)), ff);
+            const __m512i mn = _mm512_and_si512(_mm512_srli_epi32(w[2 + j / 4], 8 * (j % 4)), ff);
+            _mm512_store_si512(G + 64 + j, sc);
+            _mm512_store_si512(G + 72 + j, _mm512_or_si512(mn, _mm512_slli_epi32(mn, 16)));
+        }
+        _mm512_store_ps((float *)(G + 80), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
+        _mm512_store_ps((float *)(G + 81), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(h[0], 16))));
+        return;
+    }
+    UNROLL for (int h = 0; h < 2; h++) {
+        /* elements 128h + 32qq + p: ql byte 64h + 32(qq & 1) + p (low
+         * nibble for qq < 2), qh byte 32h + p bits 2qq, 2qq + 1 */
+        __m512i l0[8], l1[8], hb[8];
+        tr_bytes(wb, roffs, offsetof(block_q6_K, ql) + 64 * h, l0);
+        tr_bytes(wb, roffs, offsetof(block_q6_K, ql) + 64 * h + 32, l1);
+        tr_bytes(wb, roffs, offsetof(block_q6_K, qh) + 32 * h, hb);
+        UNROLL for (int k = 0; k < 8; k++) {
+            const __m512i a = _mm512_and_si512(l0[k], m4), b = _mm512_and_si512(l1[k], m4);
+            const __m512i c = _mm512_and_si512(_mm512_srli_epi16(l0[k], 4), m4);
+            const __m512i d = _mm512_and_si512(_mm512_srli_epi16(l1[k], 4), m4);
+            _mm512_store_si512(G + 32 * h + k, _mm512_or_si512(a, _mm512_and_si512(_mm512_slli_epi16(hb[k], 4), m30)));
+            _mm512_store_si512(G + 32 * h + 8 + k, _mm512_or_si512(b, _mm512_and_si512(_mm512_slli_epi16(hb[k], 2), m30)));
+            _mm512_store_si512(G + 32 * h + 16 + k, _mm512_or_si512(c, _mm512_and_si512(hb[k], m30)));
+            _mm512_store_si512(G + 32 * h + 24 + k, _mm512_or_si512(d, _mm512_and_si512(_mm512_srli_epi16(hb[k], 2), m30)));
+        }
+    }
+    /* bytes 176..207 transposed: h[4..7] lane r = row r's 16 int8 scales */
+    __m512i h[8];
+    tr_bytes(wb, roffs, offsetof(block_q6_K, scales) - 16, h);
+    __m512i sc[16];
+    UNROLL16 for (int j = 0; j < 16; j++) {
+        sc[j] = _mm512_srai_epi32(_mm512_slli_epi32(h[4 + j / 4], 24 - 8 * (j % 4)), 24);
+        _mm512_store_si512(G + 64 + j, sc[j]);
+    }
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    UNROLL for (int k = 0; k < 8; k++) {
+        const __m512i a = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sc[2 * k], 5));
+        const __m512i b = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sc[2 * k + 1], 5));
+        _mm512_store_si512(G + 80 + k, _mm512_or_si512(_mm512_and_si512(a, lo16), _mm512_slli_epi32(b, 16)));
+    }
+    uint16_t dh[16];
+    UNROLL16 for (int r = 0; r < 16; r++) memcpy(&dh[r], wb + roffs[r] + offsetof(block_q6_K, d), 2);
+    _mm512_store_ps((float *)(G + 88), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh)));
+}
+
+/* C tokens (prepared q8_K rows at x + c*ldx) against super-block i of a
+ * group transposed at g: acc[c] += that super-block's term, lane r = row r. */
+static inline AI TN void sb_dot(int kind, int C, const uint8_t *g, const uint8_t *x, size_t ldx, int64_t i,
+                                __m512 acc[TOK_BLOCK]) {
+    const __m512i *G = (const __m512i *)g;
+    const block_q8_K *yb[TOK_BLOCK];
+    UNROLL for (int c = 0; c < C; c++) yb[c] = (const block_q8_K *)(x + c * ldx) + i;
+    const int nsub = kind == K_6 ? 16 : 8, zps = 64 / nsub; /* sub-blocks, zmm per sub-block */
+    __m512i sumi[TOK_BLOCK];
+    UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm512_setzero_si512();
+    for (int j = 0; j < nsub; j++) {
+        __m512i q[8], s[TOK_BLOCK];
+        UNROLL for (int k = 0; k < zps; k++) q[k] = _mm512_load_si512(G + zps * j + k);
+        UNROLL for (int c = 0; c < C; c++) s[c] = _mm512_setzero_si512();
+        UNROLL for (int k = 0; k < zps; k++) UNROLL for (int c = 0; c < C; c++) {
+            const __m512i y = _mm512_set1_epi32((int)ld32(yb[c]->qs + 4 * (zps * j + k)));
+            s[c] = _mm512_dpbusd_epi32(s[c], q[k], y);
+        }
+        const __m512i sc = _mm512_load_si512(G + 64 + j);
+        UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(s[c], sc));
+    }
+    if (kind != K_6) {
+        __m512i summ[TOK_BLOCK];
+        UNROLL for (int c = 0; c < C; c++) summ[c] = _mm512_setzero_si512();
+        UNROLL for (int j = 0; j < 8; j++) {
+            const __m512i mn = _mm512_load_si512(G + 72 + j);
+            UNROLL for (int c = 0; c < C; c++)
+                summ[c] = _mm512_dpwssd_epi32(summ[c], mn, _mm512_set1_epi32((int)ld32(yb[c]->bsums + 2 * j)));
+        }
+        const __m512 dw = _mm512_load_ps((const float *)(G + 80)), dm = _mm512_load_ps((const float *)(G + 81));
+        UNROLL for (int c = 0; c < C; c++) {
+            const __m512 dy = _mm512_set1_ps(yb[c]->d);
+            const __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(dy, dw), _mm512_cvtepi32_ps(sumi[c]));
+            const __m512 t2 = _mm512_mul_ps(_mm512_mul_ps(dy, dm), _mm512_cvtepi32_ps(summ[c]));
+            acc[c] = _mm512_add_ps(acc[c], _mm512_sub_ps(t1, t2));
+        }
+        return;
+    }
+    UNROLL for (int k = 0; k < 8; k++) {
+        const __m512i cw = _mm512_load_si512(G + 80 + k);
+        UNROLL for (int c = 0; c < C; c++)
+            sumi[c] = _mm512_dpwssd_epi32(sumi[c], cw, _mm512_set1_epi32((int)ld32(yb[c]->bsums + 2 * k)));
+    }
+    const __m512 dw = _mm512_load_ps((const float *)(G + 88));
+    UNROLL for (int c = 0; c < C; c++) {
+        const __m512 dy = _mm512_set1_ps(yb[c]->d);
+        acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(_mm512_mul_ps(dy, dw), _mm512_cvtepi32_ps(sumi[c])));
+    }
+}
+
+/* C tokens against one 16-row group: from the transposed workspace
+ * (fused == 0) or transposing each super-block into wk first. */
+static inline AI TN void mk(int kind, int C, int fused, int64_t nb, uint8_t *wk, const uint8_t *w, const size_t *roffs,
+                            const uint8_t *x, size_t ldx, float *out, size_t ldo, __mmask16 m) {
+    __m512 acc[TOK_BLOCK];
+    UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *g = wk + (size_t)i * gb_of(kind);
+        if (fused) {
+            fill_sb(kind, w, roffs, i, wk);
+            g = wk;
+        }
+        sb_dot(kind, C, g, x, ldx, i, acc);
+    }
+    UNROLL for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(out + c * ldo, m, acc[c]);
+}
+
+static inline AI TN void mk_any(int kind, int C, int fused, int64_t nb, uint8_t *wk, const uint8_t *w,
+                                const size_t *roffs, const uint8_t *x, size_t ldx, float *out, size_t ldo,
+                                __mmask16 m) {
+    switch (C) {
+#define MK_CASE(N) \
+    case N: mk(kind, N, fused, nb, wk, w, roffs, x, ldx, out, ldo, m); break;
+        MK_CASE(1) MK_CASE(2) MK_CASE(3) MK_CASE(4) MK_CASE(5) MK_CASE(6) MK_CASE(7) MK_CASE(8)
+#undef MK_CASE
+    }
+}
+
+static inline AI TN void gemm_k(int kind, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
+                                const void *x, size_t ldx, void *work) {
+    const int64_t nb = n / QK_K;
+    const uint8_t *W = w, *X = x;
+    uint8_t *wk = work;
+    /* rows past nr repeat the last row (valid memory); their lanes are not stored */
+    size_t roffs[16];
+    for (int r = 0; r < 16; r++) roffs[r] = (size_t)(r < nr ? r : nr - 1) * ldw;
+    const __mmask16 m = (__mmask16)((1u << nr) - 1);
+    if (nt <= TL_FUSED_TOKENS) {
+        if (nt == 1) mk(kind, 1, 1, nb, wk, W, roffs, X, ldx, out, ldo, m);
+        else mk(kind, 2, 1, nb, wk, W, roffs, X, ldx, out, ldo, m);
+        return;
+    }
+    for (int64_t i = 0; i < nb; i++) fill_sb(kind, W, roffs, i, wk + (size_t)i * gb_of(kind));
+    int t = 0;
+    for (; t + TOK_BLOCK <= nt; t += TOK_BLOCK)
+        mk(kind, TOK_BLOCK, 0, nb, wk, W, roffs, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo, ldo, m);
+    if (t < nt) mk_any(kind, nt - t, 0, nb, wk, W, roffs, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo, ldo, m);
+}
+
+static TN void gemm_q4_K(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
+                         size_t ldx, void *work) {
+    gemm_k(K_4, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
+}
+static TN void gemm_q5_K(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
+                         size_t ldx, void *work) {
+    gemm_k(K_5, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
+}
+static TN void gemm_q6_K(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
+                         size_t ldx, void *work) {
+    gemm_k(K_6, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
+}
+
+/* vec_dot for one row: the 1 x 1 tile, so both sum in the same order. Only
+ * tests and the vec_dot_tile fallback call it; matmuls go through gemm. */
+static TN void dot1_q4_K(int64_t n, float *out, const void *w, const void *x) {
+    _Alignas(64) uint8_t g[GB_K4];
+    gemm_k(K_4, n, 1, 1, out, 1, w, 0, x, 0, g);
+}
+static TN void dot1_q5_K(int64_t n, float *out, const void *w, const void *x) {
+    _Alignas(64) uint8_t g[GB_K4];
+    gemm_k(K_5, n, 1, 1, out, 1, w, 0, x, 0, g);
+}
+static TN void dot1_q6_K(int64_t n, float *out, const void *w, const void *x) {
+    _Alignas(64) uint8_t g[GB_K6];
+    gemm_k(K_6, n, 1, 1, out, 1, w, 0, x, 0, g);
+}
+
+/* The prepared row is the q8_K row as tl_quantize_row makes it. */
+static tl_quantize_fn quantize_q8_K_fn;
+static void prepare_q8_K(const float *src, void *dst, int64_t n) { quantize_q8_K_fn(src, dst, n); }
+
+void tl_gemm_k_fill_avx512(tl_kernel_table *t) {
+    quantize_q8_K_fn = t->quantize_q8_K;
+    t->vec_dot[TL_TYPE_Q4_K] = dot1_q4_K;
+    t->vec_dot[TL_TYPE_Q5_K] = dot1_q5_K;
+    t->vec_dot[TL_TYPE_Q6_K] = dot1_q6_K;
+    /* the level's row-dot tiles sum in another order: tiles loop over vec_dot */
+    t->vec_dot_tile[TL_TYPE_Q4_K] = NULL;
+    t->vec_dot_tile[TL_TYPE_Q5_K] = NULL;
+    t->vec_dot_tile[TL_TYPE_Q6_K] = NULL;
+    t->gemm_tile[TL_TYPE_Q4_K] = gemm_q4_K;
+    t->gemm_tile[TL_TYPE_Q5_K] = gemm_q5_K;
+    t->gemm_tile[TL_TYPE_Q6_K] = gemm_q6_K;
+    t->gemm_prepare[TL_TYPE_Q4_K] = prepare_q8_K;
+    t->gemm_prepare[TL_TYPE_Q5_K] = prepare_q8_K;
+    t->gemm_prepare[TL_TYPE_Q6_K] = prepare_q8_K;
+}
+
+#else
+void tl_gemm_k_fill_avx512(tl_kernel_table *t) { (void)t; }
+#endif
+
+size_t tl_gemm_k_work_size(int64_t n) { return (size_t)(n / 256) * (89 * 64); }
