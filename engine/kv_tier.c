@@ -223,9 +223,10 @@ static int ensure_scratch(tl_kv_tiers *t, size_t n) {
 }
 
 /* Reads, parses and checks one file against the model's identity (and
- * against expect's namespace, key and depth when given). */
-static int disk_read(tl_kv_tiers *t, const char *path, const tl_kvf_meta *expect, tl_kvf_meta *got, char *err,
-                     size_t cap) {
+ * against expect's namespace, key and depth when given); *tok and
+ * *payload point into the scratch image. */
+static int disk_read(tl_kv_tiers *t, const char *path, const tl_kvf_meta *expect, tl_kvf_meta *got,
+                     const int32_t **tok, const uint8_t **payload, char *err, size_t cap) {
     struct stat st;
     if (stat(path, &st) || !S_ISREG(st.st_mode)) {
         snprintf(err, cap, "%s: %s", path, errno ? strerror(errno) : "not a regular file");
@@ -243,10 +244,8 @@ static int disk_read(tl_kv_tiers *t, const char *path, const tl_kvf_meta *expect
         snprintf(err, cap, "%s: %s", path, strerror(errno));
         return -1;
     }
-    const int32_t *tok;
-    const uint8_t *payload;
     char why[400];
-    if (tl_kvf_parse(t->scratch, n, got, &tok, &payload, why, sizeof why)) {
+    if (tl_kvf_parse(t->scratch, n, got, tok, payload, why, sizeof why)) {
         snprintf(err, cap, "%s: %s", path, why);
         return -1;
     }
@@ -280,7 +279,9 @@ int tl_tiers_scan(tl_kv_tiers *t) {
         snprintf(path, sizeof path, "%s/%s", t->dir, e->d_name);
         tl_kvf_meta got;
         char name[80];
-        if (disk_read(t, path, NULL, &got, err, sizeof err) == 0) {
+        const int32_t *tok;
+        const uint8_t *payload;
+        if (disk_read(t, path, NULL, &got, &tok, &payload, err, sizeof err) == 0) {
             tl_kvf_name(got.key, name);
             if (strcmp(name, e->d_name)) {
                 snprintf(err, sizeof err, "%.500s: holds block %s, not the one its name says", path, name);
@@ -424,7 +425,9 @@ static int disk_take(tl_kv_tiers *t, const tl_kvf_meta *expect, const int32_t *t
     tl_kvf_meta got;
     tl_tier_item *it = tier_get(tr, expect->key);
     if (!it && access(path, F_OK)) return -1; /* not on disk: a plain miss */
-    if (disk_read(t, path, expect, &got, err, sizeof err)) {
+    const int32_t *tok;
+    const uint8_t *payload;
+    if (disk_read(t, path, expect, &got, &tok, &payload, err, sizeof err)) {
         tr->refused++; /* present but bad: never loaded */
         report(t, err);
         if (it) {
@@ -433,11 +436,6 @@ static int disk_take(tl_kv_tiers *t, const tl_kvf_meta *expect, const int32_t *t
         }
         return -1;
     }
-    /* parse succeeded on the scratch image: tokens follow the header */
-    const int32_t *tok;
-    const uint8_t *payload;
-    char why[300];
-    tl_kvf_parse(t->scratch, tl_kvf_file_size(&got), &got, &tok, &payload, why, sizeof why);
     if (memcmp(tok, tokens, (size_t)expect->block_size * sizeof *tokens)) {
         tr->refused++;
         snprintf(err, sizeof err, "%.600s: its tokens differ from the prompt's (a key collision)", path);
