@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "forward_ops.h"
 #include "kv_mode.h"
 #include "model.h"
 #include "quants.h"
@@ -45,12 +46,15 @@ typedef struct tl_scratch {
      * from its h rows (h_cap, n_embd); grown to the longest context read. */
     float *hx, *hk, *hv;
     int h_cap;
+    float *rope_cs;          /* (2, cap, n_rot): tl_rope_table of each token for two bases */
+    float rope_base[2];
+    int rope_ok[2];          /* table i holds this batch's angles for rope_base[i] */
     int profile;             /* tl_forward_profile: accumulate prof[] */
     double prof[3];          /* seconds: matmul, attention, whole forward */
 } tl_scratch;
 
 static void scratch_free_bufs(tl_scratch *s) {
-    float **bufs[] = {&s->x, &s->xb, &s->q, &s->k, &s->v, &s->att, &s->hb, &s->hb2, &s->o, &s->logits_x};
+    float **bufs[] = {&s->x, &s->xb, &s->q, &s->k, &s->v, &s->att, &s->hb, &s->hb2, &s->o, &s->logits_x, &s->rope_cs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         tl_free_aligned(*bufs[i]);
         *bufs[i] = NULL;
@@ -100,12 +104,13 @@ static int scratch_reserve(tl_model *m, int T, int n_seq) {
     s->hb2 = tl_alloc_aligned(n * hp->n_ff * sizeof(float));
     s->o = tl_alloc_aligned(n * wide * sizeof(float));
     s->logits_x = tl_alloc_aligned(n * hp->n_embd * sizeof(float));
+    s->rope_cs = tl_alloc_aligned(2 * n * (size_t)hp->n_rot * sizeof(float) + 64);
     s->xq_stride = max_xq_row(m);
     s->xq = tl_alloc_aligned(n * s->xq_stride);
     s->tok_seq = malloc(n * sizeof(int32_t));
     s->tok_pos = malloc(n * sizeof(int32_t));
     s->chunk_t0 = malloc((n + 1) * sizeof(int32_t));
-    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->o || !s->logits_x ||
+    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->o || !s->logits_x || !s->rope_cs ||
         !s->xq || !s->tok_seq || !s->tok_pos || !s->chunk_t0) {
         scratch_free_bufs(s);
         return tl_set_error(TL_ERR_NOMEM, "out of memory for a batch of %d tokens", T);
@@ -155,29 +160,6 @@ void tl_forward_free(tl_model *m) {
 }
 
 /* ---- element-wise ops ------------------------------------------------------ */
-
-static void rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
-    float scale = 1.0f / sqrtf((float)(sum / n) + eps);
-    for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
-}
-
-/* Rotates one head in place. NORM pairs (2i, 2i+1); NEOX pairs (i, i + n_rot/2).
- * freq_factors (Llama 3.1's rope_freqs) divide each pair's angle. */
-static void rope(float *x, int pos, int n_rot, float base, int type, const float *freq_factors) {
-    float theta_scale = powf(base, -2.0f / (float)n_rot);
-    float theta = (float)pos;
-    for (int i = 0; i < n_rot / 2; i++) {
-        float th = freq_factors ? theta / freq_factors[i] : theta;
-        float c = cosf(th), s = sinf(th);
-        int a = type == TL_ROPE_NEOX ? i : 2 * i, b = type == TL_ROPE_NEOX ? i + n_rot / 2 : 2 * i + 1;
-        float x0 = x[a], x1 = x[b];
-        x[a] = x0 * c - x1 * s;
-        x[b] = x0 * s + x1 * c;
-        theta *= theta_scale;
-    }
-}
 
 static void add_bias(float *x, const float *b, int T, int n) {
     for (int t = 0; t < T; t++)
@@ -323,6 +305,18 @@ static const float *att_rows(const att_ctx *c, const tl_seq *seq, int b, int kh,
     return buf;
 }
 
+/* The same rows read in place when they are f16 and the level reads f16
+ * rows directly (tl_attn_has_f16_rows), else NULL. */
+static const uint16_t *att_rows_f16(const att_ctx *c, const tl_seq *seq, int b, int kh, int v) {
+    const tl_kv_pool *kv = &c->m->kv;
+    const tl_kv_layout *l = &kv->layout;
+    if (l->store_h || (v ? l->type_v : l->type_k) != TL_KVT_F16 || c->m->hp.head_dim < 32 || !tl_attn_has_f16_rows())
+        return NULL;
+    int id = seq->bt.ids[b * seq->bt.depth + c->vl];
+    size_t rb = v ? l->row_bytes_v : l->row_bytes_k;
+    return (const uint16_t *)(const void *)((v ? tl_kv_v(kv, id) : tl_kv_k(kv, id)) + tl_kv_row_off(l, kh, 0, rb));
+}
+
 static float dot_small(const float *a, const float *b, int n) {
     if (n >= 32) return tl_dot_f32(a, b, n);
     float s = 0.0f;
@@ -376,6 +370,15 @@ static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, 
         for (int r = 0; r < hi - lo; r++) out[(size_t)p * msl + r] *= c->scale;
 }
 
+/* ys[q] += the V rows [r0, r1) weighted by as[q], from f32 rows v or f16 rows v16. */
+static void v_rows(int nq, float *const *ys, const float *const *as, const float *v, const uint16_t *v16, size_t ld,
+                   int r0, int r1, int hd) {
+    if (v16)
+        tl_axpy_rows_multi_f16(nq, ys, as, v16 + (size_t)r0 * ld, ld, r1 - r0, hd);
+    else
+        tl_axpy_rows_multi_f32(nq, ys, as, v + (size_t)r0 * ld, ld, r1 - r0, hd);
+}
+
 /* One task = one KV head and one chunk of consecutive tokens of a
  * sequence: each K/V block is converted once for the chunk, and the query
  * heads of the group share it. Every token still computes its scores, its
@@ -406,18 +409,27 @@ static void att_task(void *p, int ith, int nth) {
                                     qq + ((size_t)(t - ta) * group + g) * s->qq_bytes, hd);
             for (int b = b_first; b <= pos_last / bs; b++) k_direct_scores(c, seq, b, kh, w, ta, tb, qq, scores);
         }
+        /* A block seen by one or two queries (decode) is read in place as
+         * f16 rather than widened to f32 first and read once; bitwise the
+         * same scores and sums either way. */
+        int in_place = (tb - ta) * group <= 2;
         for (int b = b_first; !s->k_direct && b <= pos_last / bs; b++) {
             int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
-            size_t ld;
-            const float *k = att_rows(c, seq, b, kh, 0, rows, kbuf, &ld);
+            size_t ld = (size_t)hd;
+            const uint16_t *k16 = in_place ? att_rows_f16(c, seq, b, kh, 0) : NULL;
+            const float *k = k16 ? NULL : att_rows(c, seq, b, kh, 0, rows, kbuf, &ld);
             for (int t = ta; t < tb; t++) {
                 if (!block_rows(b, bs, s->tok_pos[t], w, &r0, &r1)) continue;
                 const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
                 float *sc = scores + (size_t)(t - ta) * tok_scores;
                 for (int g = 0; g < group; g++) {
+                    float *o = sc + (size_t)g * msl + b * bs + r0;
+                    if (k16) {
+                        tl_dot_rows_f16(q + g * hd, k16 + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale, o);
+                        continue;
+                    }
                     if (hd >= 32) { /* bitwise the dot_small calls, in one call */
-                        tl_dot_rows_f32(q + g * hd, k + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale,
-                                        sc + (size_t)g * msl + b * bs + r0);
+                        tl_dot_rows_f32(q + g * hd, k + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale, o);
                         continue;
                     }
                     for (int r = r0; r < r1; r++)
@@ -430,31 +442,34 @@ static void att_task(void *p, int ith, int nth) {
             float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
             for (int g = 0; g < group; g++) {
                 float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl;
-                float maxv = -INFINITY;
-                for (int j = j0; j <= pos; j++)
-                    if (sc[j] > maxv) maxv = sc[j];
-                double sum = 0.0;
-                for (int j = j0; j <= pos; j++) {
-                    sc[j] = expf(sc[j] - maxv);
-                    sum += sc[j];
-                }
-                float inv = (float)(1.0 / sum);
-                for (int j = j0; j <= pos; j++) sc[j] *= inv;
+                tl_softmax_f32(sc + j0, pos - j0 + 1);
                 memset(out + g * hd, 0, (size_t)hd * sizeof(float));
             }
         }
         for (int b = b_first; b <= pos_last / bs; b++) {
             int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
-            size_t ld;
-            const float *v = att_rows(c, seq, b, kh, 1, rows, kbuf, &ld);
+            size_t ld = (size_t)hd;
+            const uint16_t *v16 = in_place ? att_rows_f16(c, seq, b, kh, 1) : NULL;
+            const float *v = v16 ? NULL : att_rows(c, seq, b, kh, 1, rows, kbuf, &ld);
+            /* queries (token, head of the group) that see the same rows go
+             * through one multi-query call, up to 4 at a time */
+            float *ys[4];
+            const float *as[4];
+            int nq = 0, q0 = 0, q1 = 0;
             for (int t = ta; t < tb; t++) {
                 if (!block_rows(b, bs, s->tok_pos[t], w, &r0, &r1)) continue;
                 float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
                 for (int g = 0; g < group; g++) {
                     const float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl + b * bs;
                     float *o = out + g * hd;
-                    if (hd >= 32) { /* bitwise one tl_axpy_f32 per row, in one call */
-                        tl_axpy_rows_f32(o, sc + r0, v + (size_t)r0 * ld, ld, r1 - r0, hd);
+                    if (hd >= 32) { /* bitwise one tl_axpy_f32 per row */
+                        if (nq && (nq == 4 || r0 != q0 || r1 != q1)) {
+                            v_rows(nq, ys, as, v, v16, ld, q0, q1, hd);
+                            nq = 0;
+                        }
+                        q0 = r0, q1 = r1;
+                        ys[nq] = o;
+                        as[nq++] = sc + r0;
                         continue;
                     }
                     for (int r = r0; r < r1; r++) {
@@ -463,6 +478,7 @@ static void att_task(void *p, int ith, int nth) {
                     }
                 }
             }
+            if (nq) v_rows(nq, ys, as, v, v16, ld, q0, q1, hd);
         }
     }
 }
@@ -493,13 +509,18 @@ static void store_kv(tl_model *m, tl_seq **seqs, int vl, int T) {
     }
 }
 
-/* q/k norm and RoPE of one token's K heads (or Q heads), in place. */
-static void k_finish(const tl_model *m, float *k, int n_heads, const float *norm, int pos, float rope_base) {
+/* q/k norm and RoPE of one token's K heads (or Q heads), in place; cs: the
+ * token's tl_rope_table, or NULL to compute the angles here. */
+static void k_finish(const tl_model *m, float *k, int n_heads, const float *norm, int pos, float rope_base,
+                     const float *cs) {
     int hd = m->hp.head_dim;
     for (int h = 0; h < n_heads; h++) {
         float *x = k + (size_t)h * hd;
-        if (norm) rmsnorm(x, x, norm, hd, m->hp.norm_eps);
-        rope(x, pos, m->hp.n_rot, rope_base, m->arch->rope_type, m->rope_freqs);
+        if (norm) tl_rmsnorm(x, x, norm, hd, m->hp.norm_eps);
+        if (cs)
+            tl_rope_apply(x, cs, m->hp.n_rot, m->arch->rope_type);
+        else
+            tl_rope(x, pos, m->hp.n_rot, rope_base, m->arch->rope_type, m->rope_freqs);
     }
 }
 
@@ -543,7 +564,7 @@ static int h_recompute(tl_model *m, const tl_seq *seq, int vl, const tl_layer *l
     if (ly->bk) add_bias(s->hk, ly->bk, n, kv_dim);
     if (ly->bv) add_bias(s->hv, ly->bv, n, kv_dim);
     for (int t = 0; t < n; t++)
-        k_finish(m, s->hk + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, p0 + t, rope_base);
+        k_finish(m, s->hk + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, p0 + t, rope_base, NULL);
     return TL_OK;
 }
 
@@ -579,15 +600,87 @@ static int attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T,
 
 /* ---- one layer ------------------------------------------------------------------ */
 
+/* The RoPE table (one of two, for the two bases Gemma's local and global
+ * layers use) that holds rope_base's angles, claimed for it if neither does. */
+static int rope_tab_for(tl_scratch *s, float rope_base) {
+    for (int i = 0; i < 2; i++)
+        if (s->rope_ok[i] && s->rope_base[i] == rope_base) return i;
+    int i = s->rope_ok[0] ? 1 : 0;
+    s->rope_ok[i] = 0;
+    s->rope_base[i] = rope_base;
+    return i;
+}
+
+/* A layer's element-wise steps between its matmuls, split over the pool
+ * by tokens: each token's arithmetic is the same whichever thread runs it
+ * (these ran on the calling thread alone before, 10-15% of a prefill that
+ * the second thread did not share). */
+enum { TOK_ATTN_IN, TOK_QK_FINISH, TOK_ATTN_OUT, TOK_FFN_ACT, TOK_FFN_OUT };
+
+typedef struct {
+    tl_model *m;
+    const tl_layer *ly;
+    int T, step;
+    float rope_base;
+    int tab; /* TOK_QK_FINISH: the RoPE table for rope_base */
+} tok_ctx;
+
+static void tok_task(void *p, int ith, int nth) {
+    const tok_ctx *c = p;
+    tl_model *m = c->m;
+    const tl_hparams *hp = &m->hp;
+    const tl_layer *ly = c->ly;
+    tl_scratch *s = m->scratch;
+    int D = hp->n_embd, q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
+    int t0 = (int)((int64_t)c->T * ith / nth), t1 = (int)((int64_t)c->T * (ith + 1) / nth);
+    for (int t = t0; t < t1; t++) {
+        float *x = s->x + (size_t)t * D, *xb = s->xb + (size_t)t * D, *o = s->o + (size_t)t * D;
+        switch (c->step) {
+        case TOK_ATTN_IN: tl_rmsnorm(xb, x, ly->attn_norm, D, hp->norm_eps); break;
+        case TOK_QK_FINISH: {
+            float *cs = s->rope_cs + ((size_t)c->tab * s->cap + t) * hp->n_rot;
+            if (!s->rope_ok[c->tab]) tl_rope_table(cs, s->tok_pos[t], hp->n_rot, c->rope_base, m->rope_freqs);
+            k_finish(m, s->q + (size_t)t * q_dim, hp->n_head, ly->q_norm, s->tok_pos[t], c->rope_base, cs);
+            if (!m->kv.layout.store_h)
+                k_finish(m, s->k + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, s->tok_pos[t], c->rope_base, cs);
+            break;
+        }
+        case TOK_ATTN_OUT:
+            if (ly->post_attn_norm) tl_rmsnorm(o, o, ly->post_attn_norm, D, hp->norm_eps);
+            for (int i = 0; i < D; i++) x[i] += o[i];
+            tl_rmsnorm(xb, x, ly->ffn_norm, D, hp->norm_eps);
+            break;
+        case TOK_FFN_ACT: {
+            float *h = s->hb + (size_t)t * hp->n_ff, *g = s->hb2 + (size_t)t * hp->n_ff;
+            if (m->arch->ffn_act == TL_ACT_GELU_TANH)
+                tl_gelu_tanh_mul(h, g, hp->n_ff);
+            else
+                for (int i = 0; i < hp->n_ff; i++) h[i] = h[i] / (1.0f + expf(-h[i])) * g[i];
+            break;
+        }
+        case TOK_FFN_OUT:
+            if (ly->post_ffn_norm) tl_rmsnorm(o, o, ly->post_ffn_norm, D, hp->norm_eps);
+            for (int i = 0; i < D; i++) x[i] += o[i];
+            break;
+        }
+    }
+}
+
+static void per_token(tl_model *m, const tl_layer *ly, int T, int step, float rope_base, int tab) {
+    tok_ctx c = {.m = m, .ly = ly, .T = T, .step = step, .rope_base = rope_base, .tab = tab};
+    tl_threadpool_run(m->tp, tok_task, &c, T);
+}
+
+
 static int layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
     const tl_hparams *hp = &m->hp;
     const tl_layer *ly = &m->layers[L];
     tl_scratch *s = m->scratch;
-    int D = hp->n_embd, hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
+    int hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
     int window = tl_model_layer_window(m, L), store_h = m->kv.layout.store_h;
     float rope_base = window && m->arch->rope_base_swa > 0 ? m->arch->rope_base_swa : hp->rope_base;
 
-    for (int t = 0; t < T; t++) rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, ly->attn_norm, D, hp->norm_eps);
+    per_token(m, ly, T, TOK_ATTN_IN, rope_base, 0);
     matmul(m, s->q, &ly->wq, s->xb, T);
     if (ly->bq) add_bias(s->q, ly->bq, T, q_dim);
     if (!store_h) { /* store-h computes K and V from the stored h when it reads them */
@@ -596,35 +689,21 @@ static int layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
         if (ly->bk) add_bias(s->k, ly->bk, T, kv_dim);
         if (ly->bv) add_bias(s->v, ly->bv, T, kv_dim);
     }
-    for (int t = 0; t < T; t++) {
-        k_finish(m, s->q + (size_t)t * q_dim, hp->n_head, ly->q_norm, s->tok_pos[t], rope_base);
-        if (!store_h) k_finish(m, s->k + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, s->tok_pos[t], rope_base);
-    }
+    int tab = rope_tab_for(s, rope_base);
+    per_token(m, ly, T, TOK_QK_FINISH, rope_base, tab);
+    s->rope_ok[tab] = 1; /* filled for every token of the batch */
     double t0 = s->profile ? tl_now() : 0;
     store_kv(m, seqs, vl, T);
     int rc = attend(m, seqs, vl, ly, T, window, rope_base);
     if (s->profile) s->prof[1] += tl_now() - t0;
     if (rc) return rc;
     matmul(m, s->o, &ly->wo, s->att, T);
-    for (int t = 0; t < T; t++) {
-        float *o = s->o + (size_t)t * D, *x = s->x + (size_t)t * D;
-        if (ly->post_attn_norm) rmsnorm(o, o, ly->post_attn_norm, D, hp->norm_eps);
-        for (int i = 0; i < D; i++) x[i] += o[i];
-        rmsnorm(s->xb + (size_t)t * D, x, ly->ffn_norm, D, hp->norm_eps);
-    }
+    per_token(m, ly, T, TOK_ATTN_OUT, rope_base, 0);
     matmul(m, s->hb, &ly->w_gate, s->xb, T);
     matmul(m, s->hb2, &ly->w_up, s->xb, T);
-    size_t nf = (size_t)T * hp->n_ff;
-    if (m->arch->ffn_act == TL_ACT_GELU_TANH)
-        tl_gelu_tanh_mul(s->hb, s->hb2, (int64_t)nf);
-    else
-        for (size_t i = 0; i < nf; i++) s->hb[i] = s->hb[i] / (1.0f + expf(-s->hb[i])) * s->hb2[i];
+    per_token(m, ly, T, TOK_FFN_ACT, rope_base, 0);
     matmul(m, s->o, &ly->w_down, s->hb, T);
-    for (int t = 0; t < T; t++) {
-        float *o = s->o + (size_t)t * D, *x = s->x + (size_t)t * D;
-        if (ly->post_ffn_norm) rmsnorm(o, o, ly->post_ffn_norm, D, hp->norm_eps);
-        for (int i = 0; i < D; i++) x[i] += o[i];
-    }
+    per_token(m, ly, T, TOK_FFN_OUT, rope_base, 0);
     return TL_OK;
 }
 
@@ -750,6 +829,7 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
         }
     }
     if (opts->vl_begin > 0) memcpy(s->x, opts->x_in, (size_t)T * D * sizeof(float));
+    s->rope_ok[0] = s->rope_ok[1] = 0; /* new positions */
     s->n_chunks = 0;
     for (t = 0; t < T; t++)
         if (t == 0 || s->tok_seq[t] != s->tok_seq[t - 1] || t - s->chunk_t0[s->n_chunks - 1] >= s->att_qc)
@@ -768,7 +848,7 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
         for (int i = 0; i < n_seq; i++) {
             t += n_tokens[i];
             if (opts->want_logits && !opts->want_logits[i]) continue;
-            rmsnorm(s->logits_x + (size_t)rows++ * D, s->x + (size_t)(t - 1) * D, m->output_norm, D, hp->norm_eps);
+            tl_rmsnorm(s->logits_x + (size_t)rows++ * D, s->x + (size_t)(t - 1) * D, m->output_norm, D, hp->norm_eps);
         }
         if (rows) matmul(m, logits, &m->output, s->logits_x, rows);
     }

@@ -4,6 +4,7 @@
  * One table per level is built at init: scalar, then AVX2 on top of it,
  * then AVX-512 on top of that, so a level only overrides what it has. The
  * active table is an atomic pointer; tl_kernels_set_isa swaps it (tests). */
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -66,9 +67,33 @@ static void axpy_rows_generic(float *y, const float *a, const float *x, size_t l
     for (int r = 0; r < rows; r++) tl_axpy_f32(y, a[r], x + (size_t)r * ldx, n);
 }
 
+static void axpy_rows_multi_generic(int nq, float *const *y, const float *const *a, const float *x, size_t ldx,
+                                    int rows, int64_t n) {
+    for (int q = 0; q < nq; q++) tl_axpy_rows_f32(y[q], a[q], x, ldx, rows, n);
+}
+
+/* ggml's soft_max: libm expf, the sum in double. */
+static void softmax_ref(float *x, int64_t n) {
+    float maxv = -INFINITY;
+    for (int64_t j = 0; j < n; j++)
+        if (x[j] > maxv) maxv = x[j];
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; j++) {
+        x[j] = expf(x[j] - maxv);
+        sum += x[j];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int64_t j = 0; j < n; j++) x[j] *= inv;
+}
+
 static void drop_stale_rows(tl_kernel_table *t, const tl_kernel_table *below) {
     if (t->dot_f32 != below->dot_f32 && t->dot_rows_f32 == below->dot_rows_f32) t->dot_rows_f32 = dot_rows_generic;
     if (t->axpy_f32 != below->axpy_f32 && t->axpy_rows_f32 == below->axpy_rows_f32) t->axpy_rows_f32 = axpy_rows_generic;
+    if (t->axpy_rows_f32 != below->axpy_rows_f32 && t->axpy_rows_multi_f32 == below->axpy_rows_multi_f32)
+        t->axpy_rows_multi_f32 = axpy_rows_multi_generic;
+    if (t->dot_rows_f32 != below->dot_rows_f32 && t->dot_rows_f16 == below->dot_rows_f16) t->dot_rows_f16 = NULL;
+    if (t->axpy_rows_multi_f32 != below->axpy_rows_multi_f32 && t->axpy_rows_multi_f16 == below->axpy_rows_multi_f16)
+        t->axpy_rows_multi_f16 = NULL;
 }
 
 static void init_once(void) {
@@ -82,6 +107,8 @@ static void init_once(void) {
     tl_kernels_fill_ref(&tables[TL_ISA_SCALAR]);
     tables[TL_ISA_SCALAR].dot_rows_f32 = dot_rows_generic;
     tables[TL_ISA_SCALAR].axpy_rows_f32 = axpy_rows_generic;
+    tables[TL_ISA_SCALAR].axpy_rows_multi_f32 = axpy_rows_multi_generic;
+    tables[TL_ISA_SCALAR].softmax_f32 = softmax_ref;
     tables[TL_ISA_AVX2] = tables[TL_ISA_SCALAR];
     if (cpu_level >= TL_ISA_AVX2) tl_kernels_fill_avx2(&tables[TL_ISA_AVX2]);
     drop_stale_tiles(&tables[TL_ISA_AVX2], &tables[TL_ISA_SCALAR]);
@@ -183,4 +210,17 @@ void tl_dot_rows_f32(const float *q, const float *k, size_t ldk, int rows, int64
 }
 void tl_axpy_rows_f32(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n) {
     kt()->axpy_rows_f32(y, a, x, ldx, rows, n);
+}
+void tl_axpy_rows_multi_f32(int nq, float *const *y, const float *const *a, const float *x, size_t ldx, int rows,
+                            int64_t n) {
+    kt()->axpy_rows_multi_f32(nq, y, a, x, ldx, rows, n);
+}
+void tl_softmax_f32(float *x, int64_t n) { kt()->softmax_f32(x, n); }
+int tl_attn_has_f16_rows(void) { return kt()->dot_rows_f16 && kt()->axpy_rows_multi_f16; }
+void tl_dot_rows_f16(const float *q, const uint16_t *k, size_t ldk, int rows, int64_t n, float scale, float *out) {
+    kt()->dot_rows_f16(q, k, ldk, rows, n, scale, out);
+}
+void tl_axpy_rows_multi_f16(int nq, float *const *y, const float *const *a, const uint16_t *x, size_t ldx, int rows,
+                            int64_t n) {
+    kt()->axpy_rows_multi_f16(nq, y, a, x, ldx, rows, n);
 }

@@ -109,6 +109,24 @@ void tl_gelu_tanh_mul(float *h, const float *g, int64_t n);
 void tl_dot_rows_f32(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out);
 void tl_axpy_rows_f32(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n);
 
+/* x[i] = exp(x[i] - max) / sum_j exp(x[j] - max) over n > 0 elements: the
+ * scalar level is libm expf with the sum in double (as ggml's soft_max);
+ * the AVX-512 level a polynomial exp with the sum in double lanes, within
+ * 1e-6 relative of the scalar level (test_gemm). */
+void tl_softmax_f32(float *x, int64_t n);
+/* tl_axpy_rows_f32(y[q], a[q], x, ldx, rows, n) for q < nq, bitwise, with
+ * each row of x loaded once for all queries (attention's V rows). */
+void tl_axpy_rows_multi_f32(int nq, float *const *y, const float *const *a, const float *x, size_t ldx, int rows,
+                            int64_t n);
+
+/* 1 when the active level reads f16 K/V rows directly: then the two below
+ * are bitwise tl_dot_rows_f32 / tl_axpy_rows_multi_f32 on the rows widened
+ * to f32 (exact), without the widened copy. Not to be called otherwise. */
+int tl_attn_has_f16_rows(void);
+void tl_dot_rows_f16(const float *q, const uint16_t *k, size_t ldk, int rows, int64_t n, float scale, float *out);
+void tl_axpy_rows_multi_f16(int nq, float *const *y, const float *const *a, const uint16_t *x, size_t ldx, int rows,
+                            int64_t n);
+
 /* CPU feature level: 0 scalar, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW, VL). */
 enum { TL_ISA_SCALAR = 0, TL_ISA_AVX2 = 1, TL_ISA_AVX512 = 2 };
 /* Detects the CPU and selects kernels; idempotent and thread-safe.

@@ -25,18 +25,15 @@ static inline T5 float hsum256(__m256 v) {
 
 /* ---------------------------------------------------------- float rows */
 
-#define LDH16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #define LDB16(p) \
     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
 
-/* The tail (n % 16) goes through a masked load, so there is no scalar loop. */
-static inline T5 __mmask16 tail_mask(int64_t r) { return (__mmask16)((1u << r) - 1); }
-
 #define AI __attribute__((always_inline))
+#include "avx512_dot.h"
 
 /* The horizontal sum every f32 dot here ends with, written out (it is the
- * tree GCC's _mm512_reduce_add_ps uses) so that dot_rows_512 can reproduce
- * it for 16 rows at once: ((v_i + v_i+8) + (v_i+4 + v_i+12)) per i < 4,
+ * tree GCC's _mm512_reduce_add_ps uses) so that attn_avx512.c's dot_rows can
+ * reproduce it for 16 rows at once: ((v_i + v_i+8) + (v_i+4 + v_i+12)) per i < 4,
  * then (i=0 + i=2) + (i=1 + i=3). */
 static inline AI T5 float hsum512(__m512 v) {
     const __m256 t3 = _mm256_add_ps(_mm512_extractf32x8_ps(v, 1), _mm512_castps512_ps256(v));
@@ -45,52 +42,9 @@ static inline AI T5 float hsum512(__m512 v) {
     return _mm_cvtss_f32(t8) + _mm_cvtss_f32(_mm_shuffle_ps(t8, t8, 1));
 }
 
-/* dot_f32's lanes before the horizontal sum. */
-static inline AI T5 __m512 dot_f32_vec(const float *a, const float *b, int64_t n) {
-    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    int64_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-        s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
-        s2 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 32), _mm512_loadu_ps(b + i + 32), s2);
-        s3 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 48), _mm512_loadu_ps(b + i + 48), s3);
-    }
-    for (; i + 16 <= n; i += 16) s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
-    if (i < n) {
-        const __mmask16 m = tail_mask(n - i);
-        s1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s1);
-    }
-    return _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3));
-}
+static inline AI T5 __m512 dot_f32_vec(const float *a, const float *b, int64_t n) { return dot_vec(0, a, b, n); }
 
 static T5 float dot_f32_512(const float *a, const float *b, int64_t n) { return hsum512(dot_f32_vec(a, b, n)); }
-
-/* Attention scores for up to 16 rows at a time: each row's lanes as in
- * dot_f32, then the 16 horizontal sums as one transposing tree with
- * hsum512's pairing in every lane (lane r ends as row r's hsum512), so
- * each output is bitwise tl_dot_f32(q, row) * scale. */
-static T5 void dot_rows_512(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out) {
-    const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-    for (int r0 = 0; r0 < rows; r0 += 16) {
-        const int nr = rows - r0 < 16 ? rows - r0 : 16;
-        __m512 v[16], c[8], d[4], e[2];
-        for (int i = 0; i < 16; i++) v[i] = i < nr ? dot_f32_vec(q, k + (size_t)(r0 + i) * ldk, n) : _mm512_setzero_ps();
-        for (int p = 0; p < 8; p++) /* t3: lanes 0-7 row 2p, 8-15 row 2p+1 */
-            c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                 _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-        for (int p = 0; p < 4; p++) /* t6: 128-bit lane L = row 4p + L */
-            d[p] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                 _mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-        for (int p = 0; p < 2; p++) /* t8: lane L = rows 8p + L (0, 1), 8p + 4 + L (2, 3) */
-            e[p] = _mm512_add_ps(_mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                                 _mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-        /* element 4L + m holds row 4m + L */
-        const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                       _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
-        const __m512 o = _mm512_mul_ps(_mm512_permutexvar_ps(perm, f), _mm512_set1_ps(scale));
-        _mm512_mask_storeu_ps(out + r0, tail_mask(nr), o);
-    }
-}
 
 static T5 float dot_f16_f32_512(const uint16_t *a, const float *b, int64_t n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
@@ -483,10 +437,10 @@ void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni) {
     t->dot_f16_f32 = dot_f16_f32_512;
     t->axpy_f32 = axpy_f32_512;
     t->axpy_f16 = axpy_f16_512;
-    t->dot_rows_f32 = dot_rows_512;
     t->axpy_rows_f32 = axpy_rows_512;
     t->f16_to_f32_row = f16_to_f32_512;
     t->f32_to_f16_row = f32_to_f16_512;
+    tl_attn_fill_avx512(t);
     if (vnni) tl_gemm_fill_avx512(t); /* q8_0/q4_0/q5_0: gemm_avx512.c */
 }
 

@@ -147,6 +147,18 @@ typedef struct tl_kernel_table {
      * version gets the generic loop (dispatch.c). */
     void (*dot_rows_f32)(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out);
     void (*axpy_rows_f32)(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n);
+    /* Attention: softmax (a level's own numerics, within 1e-6 of the scalar
+     * level's), and axpy_rows_f32 for several queries, bitwise one
+     * axpy_rows_f32 call per query (attn_avx512.c; dispatch.c's generic
+     * loop where a level replaced axpy_rows_f32 without it). */
+    void (*softmax_f32)(float *x, int64_t n);
+    void (*axpy_rows_multi_f32)(int nq, float *const *y, const float *const *a, const float *x, size_t ldx, int rows,
+                                int64_t n);
+    /* dot_rows_f32 / axpy_rows_multi_f32 over f16 rows, bitwise those on
+     * the widened rows; NULL where a level has none (below AVX-512). */
+    void (*dot_rows_f16)(const float *q, const uint16_t *k, size_t ldk, int rows, int64_t n, float scale, float *out);
+    void (*axpy_rows_multi_f16)(int nq, float *const *y, const float *const *a, const uint16_t *x, size_t ldx,
+                                int rows, int64_t n);
     void (*f16_to_f32_row)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16_row)(const float *src, uint16_t *dst, int64_t n);
     /* nb q8_0 / q4_0 / q4_1 blocks to floats (tl_dequantize_row; attention
@@ -164,6 +176,8 @@ void tl_dequant_q8_0_blocks(const void *src, float *dst, int64_t nb);
 void tl_dequant_q4_0_blocks(const void *src, float *dst, int64_t nb);
 void tl_dequant_q4_1_blocks(const void *src, float *dst, int64_t nb);
 void tl_kernels_fill_avx2(tl_kernel_table *t);
+/* attn_avx512.c: softmax_f32 and axpy_rows_multi_f32 (called by tl_kernels_fill_avx512). */
+void tl_attn_fill_avx512(tl_kernel_table *t);
 /* vnni: the CPU has AVX512-VNNI; quant kernels need it (else they keep AVX2). */
 void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni);
 /* gemm_avx512.c: the VNNI GEMM path and the vec_dots it is bitwise with. */

@@ -26,7 +26,10 @@
  *            * |g| of the scalar tanhf formula, over [-30, 30] and at the
  *            tails, writing nothing past n.
  *   rows     tl_dot_rows_f32 / tl_axpy_rows_f32 (attention) are bitwise
- *            the per-row tl_dot_f32 / tl_axpy_f32 calls at every level. */
+ *            the per-row tl_dot_f32 / tl_axpy_f32 calls at every level, and
+ *            tl_axpy_rows_multi_f32 one tl_axpy_rows_f32 per query.
+ *   softmax  tl_softmax_f32 at every level within 1e-6 relative of the
+ *            scalar level (libm expf, double sum), writing nothing past n. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -301,7 +304,7 @@ static void test_rows(void) {
     const int isa_max = tl_kernels_isa();
     for (int lvl = 0; lvl <= isa_max; lvl++) {
         tl_kernels_set_isa(lvl);
-        int bad_dot = 0, bad_axpy = 0;
+        int bad_dot = 0, bad_axpy = 0, bad_multi = 0, bad_f16 = 0, f16_cases = 0;
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
             for (int rows = 0; rows <= MAXROWS; rows++) {
                 const int n = ns[ni];
@@ -314,10 +317,94 @@ static void test_rows(void) {
                 tl_axpy_rows_f32(y0, a, k, ld, rows, n);
                 for (int r = 0; r < rows; r++) tl_axpy_f32(y1, a[r], k + r * ld, n);
                 bad_axpy += memcmp(y0, y1, sizeof(float) * n) != 0;
+                /* 1..6 queries: whole groups of 4 and every leftover */
+                for (int nq = 1; nq <= 6; nq++) {
+                    static float ym[6][MAXN], am[6][MAXROWS];
+                    float *yp[6];
+                    const float *ap[6];
+                    for (int qi = 0; qi < nq; qi++) {
+                        for (int i = 0; i < n; i++) ym[qi][i] = q[(i + qi) % n];
+                        for (int r = 0; r < rows; r++) am[qi][r] = a[(r + qi) % MAXROWS] * (float)(qi + 1);
+                        yp[qi] = ym[qi];
+                        ap[qi] = am[qi];
+                    }
+                    tl_axpy_rows_multi_f32(nq, yp, ap, k, ld, rows, n);
+                    for (int qi = 0; qi < nq; qi++) {
+                        for (int i = 0; i < n; i++) y1[i] = q[(i + qi) % n];
+                        tl_axpy_rows_f32(y1, am[qi], k, ld, rows, n);
+                        bad_multi += memcmp(ym[qi], y1, sizeof(float) * n) != 0;
+                    }
+                    if (!tl_attn_has_f16_rows()) continue;
+                    /* f16 rows read directly == the f32 kernels on the widened rows */
+                    static uint16_t kh[MAXROWS * MAXN];
+                    static float kw[MAXROWS * MAXN], yw[6][MAXN];
+                    tl_f32_to_f16_row(k, kh, (int64_t)rows * (int64_t)ld);
+                    tl_f16_to_f32_row(kh, kw, (int64_t)rows * (int64_t)ld);
+                    f16_cases++;
+                    tl_dot_rows_f16(q, kh, ld, rows, n, 0.125f, o0);
+                    tl_dot_rows_f32(q, kw, ld, rows, n, 0.125f, o1);
+                    bad_f16 += rows && memcmp(o0, o1, sizeof(float) * rows) != 0;
+                    float *yq[6];
+                    for (int qi = 0; qi < nq; qi++) {
+                        for (int i = 0; i < n; i++) ym[qi][i] = yw[qi][i] = q[(i + qi) % n];
+                        yp[qi] = ym[qi];
+                        yq[qi] = yw[qi];
+                    }
+                    tl_axpy_rows_multi_f16(nq, yp, ap, kh, ld, rows, n);
+                    tl_axpy_rows_multi_f32(nq, yq, ap, kw, ld, rows, n);
+                    for (int qi = 0; qi < nq; qi++) bad_f16 += memcmp(ym[qi], yw[qi], sizeof(float) * n) != 0;
+                }
             }
         CHECK(bad_dot == 0, "%s dot_rows equals per-row tl_dot_f32 bitwise (%d cases differ)", tl_isa_name(lvl), bad_dot);
         CHECK(bad_axpy == 0, "%s axpy_rows equals per-row tl_axpy_f32 bitwise (%d cases differ)", tl_isa_name(lvl),
               bad_axpy);
+        CHECK(bad_multi == 0, "%s axpy_rows_multi equals one axpy_rows per query bitwise (%d queries differ)",
+              tl_isa_name(lvl), bad_multi);
+        if (f16_cases)
+            CHECK(bad_f16 == 0, "%s dot_rows / axpy_rows_multi over f16 rows equal the f32 kernels on the widened rows "
+                  "bitwise (%d of %d cases differ)", tl_isa_name(lvl), bad_f16, f16_cases);
+    }
+    tl_kernels_set_isa(isa_max);
+}
+
+/* Softmax rows as attention makes them (scores around 0, a spread of up
+ * to 60, one dominant entry, -inf where nothing is seen, 1..2000
+ * elements): every level within 1e-6 relative (+1e-30) of the scalar
+ * level's libm result, nothing written past n. */
+static void test_softmax(void) {
+    enum { N = 2003 };
+    static float x[N + 1], ref[N + 1], got[N + 1];
+    const int isa_max = tl_kernels_isa();
+    static const int ns[] = {1, 2, 15, 16, 17, 33, 100, 511, 2000};
+    static const float spread[] = {0.5f, 4.0f, 20.0f};
+    for (int lvl = 0; lvl <= isa_max; lvl++) {
+        int far = 0, past = 0, cases = 0;
+        double worst = 0;
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
+            for (size_t si = 0; si < sizeof spread / sizeof spread[0]; si++)
+                for (int shape = 0; shape < 3; shape++) {
+                    const int n = ns[ni];
+                    for (int i = 0; i < n; i++) x[i] = gauss() * spread[si];
+                    if (shape == 1) x[n / 2] = 50.0f;       /* one entry dominates: the rest underflow */
+                    if (shape == 2 && n > 1) x[0] = -INFINITY; /* exp(-inf) = 0 */
+                    x[n] = 777.0f;
+                    tl_kernels_set_isa(TL_ISA_SCALAR);
+                    memcpy(ref, x, sizeof x);
+                    tl_softmax_f32(ref, n);
+                    tl_kernels_set_isa(lvl);
+                    memcpy(got, x, sizeof x);
+                    tl_softmax_f32(got, n);
+                    past += got[n] != 777.0f;
+                    cases++;
+                    for (int i = 0; i < n; i++) {
+                        double e = fabs((double)got[i] - ref[i]) / (fabs(ref[i]) + 1e-30);
+                        if (!(fabs((double)got[i] - ref[i]) <= 1e-6 * fabs(ref[i]) + 1e-30)) far++;
+                        if (ref[i] > 1e-30 && e > worst) worst = e;
+                    }
+                }
+        CHECK(far == 0, "%s softmax is within 1e-6 relative of the scalar level over %d rows (%d far, worst %.2g)",
+              tl_isa_name(lvl), cases, far, worst);
+        CHECK(past == 0, "%s softmax writes nothing past n", tl_isa_name(lvl));
     }
     tl_kernels_set_isa(isa_max);
 }
@@ -384,5 +471,6 @@ int main(void) {
     test_forward();
     test_gelu();
     test_rows();
+    test_softmax();
     return test_summary();
 }

@@ -1,0 +1,193 @@
+/* attn_avx512.c - attention's score rows, softmax and multi-query
+ * weighted V sums for the AVX-512 level (the scalar level's are in
+ * dispatch.c). Score rows and V sums also read f16 K/V rows directly,
+ * widening in registers: a decoding token (one query per block) would
+ * otherwise convert each block to f32 to read it once.
+ *
+ * Softmax: a polynomial exp, the sum in double lanes. The scalar loop it
+ * replaces (libm expf, then a sum with one double add per element, each
+ * waiting for the last) was as much of a 512-token prefill as the score
+ * dots. The result is within 1e-6 relative of the scalar level's (test_gemm);
+ * each token's softmax depends on its own scores only, so batch, chunk
+ * and cache still change nothing.
+ *
+ * Weighted V sums: tl_axpy_rows_f32 for up to 4 queries (the tokens of a
+ * chunk and the query heads of a group that see the same rows of a block)
+ * with each V row loaded once for all of them. Per lane the same FMAs in
+ * the same order as one call per query, so the result is bitwise theirs. */
+#include "quants_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <math.h>
+
+#define T5 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
+#define AI __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 4")
+#define UNROLL16 _Pragma("GCC unroll 16")
+#include "avx512_dot.h"
+
+/* exp(x) within 2 ulp for x <= 88.7: x = n ln2 + r with |r| <= ln2/2 (ln2
+ * in two parts for an exact r), a degree-6 polynomial for e^r, then
+ * scalef by 2^n, which underflows to 0 as libm's expf does (x < -103.9). */
+static inline AI T5 __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-110.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+static T5 void softmax_512(float *x, int64_t n) {
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
+    if (i < n) mv = _mm512_mask_max_ps(mv, tail_mask(n - i), mv, _mm512_maskz_loadu_ps(tail_mask(n - i), x + i));
+    const __m512 maxv = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0;
+    for (i = 0; i + 16 <= n; i += 16) {
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), maxv));
+        _mm512_storeu_ps(x + i, e);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
+    }
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), maxv)));
+        _mm512_mask_storeu_ps(x + i, m, e);
+        s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
+    }
+    const __m512 inv = _mm512_set1_ps((float)(1.0 / _mm512_reduce_add_pd(_mm512_add_pd(s0, s1))));
+    for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
+    }
+}
+
+/* Q queries (constant after inlining): y[q] += a[q][r] * x_r, r in order,
+ * laid out as quants_avx512.c's axpy_rows_512 (64 lanes, then 16 masked). */
+static inline AI T5 void axpy_rows_q(int f16, int Q, float *const *y, const float *const *a, const void *x,
+                                     size_t ldx, int rows, int64_t n) {
+    const size_t es = f16 ? 2 : 4;
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512 acc[4][4];
+        UNROLL for (int q = 0; q < Q; q++) UNROLL for (int j = 0; j < 4; j++) acc[q][j] = _mm512_loadu_ps(y[q] + i + 16 * j);
+        for (int r = 0; r < rows; r++) {
+            const uint8_t *xr = (const uint8_t *)x + (size_t)r * ldx * es;
+            const __m512 x0 = ld_f(f16, xr, i), x1 = ld_f(f16, xr, i + 16);
+            const __m512 x2 = ld_f(f16, xr, i + 32), x3 = ld_f(f16, xr, i + 48);
+            UNROLL for (int q = 0; q < Q; q++) {
+                const __m512 va = _mm512_set1_ps(a[q][r]);
+                acc[q][0] = _mm512_fmadd_ps(va, x0, acc[q][0]);
+                acc[q][1] = _mm512_fmadd_ps(va, x1, acc[q][1]);
+                acc[q][2] = _mm512_fmadd_ps(va, x2, acc[q][2]);
+                acc[q][3] = _mm512_fmadd_ps(va, x3, acc[q][3]);
+            }
+        }
+        UNROLL for (int q = 0; q < Q; q++) UNROLL for (int j = 0; j < 4; j++) _mm512_storeu_ps(y[q] + i + 16 * j, acc[q][j]);
+    }
+    for (; i < n; i += 16) {
+        const __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : tail_mask(n - i);
+        __m512 acc[4];
+        UNROLL for (int q = 0; q < Q; q++) acc[q] = _mm512_maskz_loadu_ps(m, y[q] + i);
+        for (int r = 0; r < rows; r++) {
+            const __m512 xv = ld_f_tail(f16, m, (const uint8_t *)x + (size_t)r * ldx * es, i);
+            UNROLL for (int q = 0; q < Q; q++) acc[q] = _mm512_fmadd_ps(_mm512_set1_ps(a[q][r]), xv, acc[q]);
+        }
+        UNROLL for (int q = 0; q < Q; q++) _mm512_mask_storeu_ps(y[q] + i, m, acc[q]);
+    }
+}
+
+static inline AI T5 void axpy_rows_multi(int f16, int nq, float *const *y, const float *const *a, const void *x,
+                                         size_t ldx, int rows, int64_t n) {
+    for (; nq >= 4; nq -= 4, y += 4, a += 4) axpy_rows_q(f16, 4, y, a, x, ldx, rows, n);
+    if (nq == 3) axpy_rows_q(f16, 3, y, a, x, ldx, rows, n);
+    if (nq == 2) axpy_rows_q(f16, 2, y, a, x, ldx, rows, n);
+    if (nq == 1) axpy_rows_q(f16, 1, y, a, x, ldx, rows, n);
+}
+
+static T5 void axpy_rows_multi_512(int nq, float *const *y, const float *const *a, const float *x, size_t ldx,
+                                   int rows, int64_t n) {
+    axpy_rows_multi(0, nq, y, a, x, ldx, rows, n);
+}
+
+static T5 void axpy_rows_multi_f16_512(int nq, float *const *y, const float *const *a, const uint16_t *x, size_t ldx,
+                                       int rows, int64_t n) {
+    axpy_rows_multi(1, nq, y, a, x, ldx, rows, n);
+}
+
+/* Scores: 16 rows at a time, each row's lanes as in tl_dot_f32, then the
+ * 16 horizontal sums as one transposing tree with hsum512's pairing
+ * (quants_avx512.c) in every lane: lane r ends as row r's hsum512, so each
+ * output is bitwise tl_dot_f32(q, row) * scale. A full group of 64, 128 or
+ * 256 elements is compiled for its width (the rows and their 64-element
+ * steps unrolled, the 16 lane sums kept in registers). */
+static inline AI T5 void rows_group(int f16, const float *q, const uint8_t *k, size_t ldk_bytes, int nr, int64_t n,
+                                    float scale, float *out) {
+    const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    __m512 v[16], c[8], d[4], e[2];
+    UNROLL16 for (int i = 0; i < 16; i++) v[i] = i < nr ? dot_vec(f16, q, k + (size_t)i * ldk_bytes, n) : _mm512_setzero_ps();
+    for (int p = 0; p < 8; p++) /* t3: lanes 0-7 row 2p, 8-15 row 2p+1 */
+        c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int p = 0; p < 4; p++) /* t6: 128-bit lane L = row 4p + L */
+        d[p] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int p = 0; p < 2; p++) /* t8: lane L = rows 8p + L (0, 1), 8p + 4 + L (2, 3) */
+        e[p] = _mm512_add_ps(_mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* element 4L + m holds row 4m + L */
+    const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 o = _mm512_mul_ps(_mm512_permutexvar_ps(perm, f), _mm512_set1_ps(scale));
+    _mm512_mask_storeu_ps(out, tail_mask(nr), o);
+}
+
+static inline AI T5 void dot_rows(int f16, const float *q, const void *k, size_t ldk, int rows, int64_t n, float scale,
+                                  float *out) {
+    const size_t ldb = ldk * (f16 ? 2 : 4);
+    for (int r0 = 0; r0 < rows; r0 += 16) {
+        const int nr = rows - r0 < 16 ? rows - r0 : 16;
+        const uint8_t *kr = (const uint8_t *)k + (size_t)r0 * ldb;
+        if (nr == 16 && n == 64)
+            rows_group(f16, q, kr, ldb, 16, 64, scale, out + r0);
+        else if (nr == 16 && n == 128)
+            rows_group(f16, q, kr, ldb, 16, 128, scale, out + r0);
+        else if (nr == 16 && n == 256)
+            rows_group(f16, q, kr, ldb, 16, 256, scale, out + r0);
+        else
+            rows_group(f16, q, kr, ldb, nr, n, scale, out + r0);
+    }
+}
+
+static T5 void dot_rows_512(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out) {
+    dot_rows(0, q, k, ldk, rows, n, scale, out);
+}
+
+static T5 void dot_rows_f16_512(const float *q, const uint16_t *k, size_t ldk, int rows, int64_t n, float scale,
+                                float *out) {
+    dot_rows(1, q, k, ldk, rows, n, scale, out);
+}
+
+void tl_attn_fill_avx512(tl_kernel_table *t) {
+    t->softmax_f32 = softmax_512;
+    t->dot_rows_f32 = dot_rows_512;
+    t->dot_rows_f16 = dot_rows_f16_512;
+    t->axpy_rows_multi_f32 = axpy_rows_multi_512;
+    t->axpy_rows_multi_f16 = axpy_rows_multi_f16_512;
+}
+
+#else
+void tl_attn_fill_avx512(tl_kernel_table *t) { (void)t; }
+#endif
