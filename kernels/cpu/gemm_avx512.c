@@ -49,9 +49,7 @@ enum { GROUP_BYTES = 8 * 64 + 64 };
  * row stride, or 0 for a one-row group), plus 2 KiB measured best */
 #define PF_AHEAD(roffs) (16 * (roffs)[1] + 2048)
 
-/* Layout of a prepared activation row of n elements (nb = n / 32 blocks). */
-static inline size_t xp_dy_off(int64_t nb) { return ((size_t)nb * sizeof(block_q8_0) + 3) & ~(size_t)3; }
-static inline size_t xp_corr_off(int64_t nb) { return xp_dy_off(nb) + (size_t)nb * 4; }
+/* The prepared activation row's layout: tl_gemm_dy_off / tl_gemm_corr_off (quants_impl.h). */
 
 static inline int off_of(int kind) { return kind == Q_8_0 ? 128 : kind == Q_4_0 ? 8 : 16; }
 static inline size_t bw_of(int kind) {
@@ -147,7 +145,7 @@ static inline AI TN void transpose_block(int kind, const uint8_t *w, const size_
  * group: from the workspace (wk != NULL) or transposed on the fly. */
 static inline AI TN void mk(int kind, int C, int64_t nb, const uint8_t *wk, const uint8_t *w, const size_t *roffs,
                             const uint8_t *x, size_t ldx, float *out, size_t ldo, __mmask16 m) {
-    const size_t dyo = xp_dy_off(nb), co = xp_corr_off(nb);
+    const size_t dyo = tl_gemm_dy_off(nb), co = tl_gemm_corr_off(nb);
     __m512 acc[TOK_BLOCK];
     UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -234,8 +232,8 @@ static inline AI TN void prepare(int kind, const float *src, void *dst, int64_t 
     const int64_t nb = n / 32;
     uint8_t *p = dst;
     quantize(src, p, n);
-    float *dy = (float *)(p + xp_dy_off(nb));
-    int32_t *corr = (int32_t *)(p + xp_corr_off(nb));
+    float *dy = (float *)(p + tl_gemm_dy_off(nb));
+    int32_t *corr = (int32_t *)(p + tl_gemm_corr_off(nb));
     const __m256i ones = _mm256_set1_epi8(1);
     for (int64_t b = 0; b < nb; b++) {
         const block_q8_0 *yb = (const block_q8_0 *)p + b;

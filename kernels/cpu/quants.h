@@ -63,8 +63,8 @@ void tl_vec_dot_tile(int type, int64_t n, int nr, int nt, float *out, size_t ldo
                      const void *x, size_t ldx);
 
 /* The GEMM path: weight rows x tokens for the forward pass's matmuls, on
- * levels that have one for the type (AVX512-VNNI: q8_0, q4_0, q5_0, and
- * q4_K, q5_K, q6_K with q8_K activations).
+ * levels that have one for the type (AVX2: q8_0, q4_0, q5_0; AVX512-VNNI:
+ * those and q4_K, q5_K, q6_K with q8_K activations).
  * Activations are prepared once per matmul, TL_GEMM_ROWS weight rows are
  * transposed into a per-thread workspace and reused for every token. Every
  * output is bitwise tl_vec_dot(type) of its (row, token) pair with the

@@ -26,24 +26,7 @@ static inline T2 float hsum128(__m128 s) {
     return _mm_cvtss_f32(s);
 }
 
-static inline T2 float f16(uint16_t h) { return _cvtsh_ss(h); }
-
-/* 32 nibbles -> 32 bytes: low nibbles in the low lane, high in the high. */
-static inline T2 __m256i nibbles32(const uint8_t *qs) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
-    const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
-    return _mm256_and_si256(b, _mm256_set1_epi8(0xF));
-}
-
-/* Byte k = 0xFF where bit k of the 32-bit word is set. */
-static inline T2 __m256i bits32(const uint8_t *p) {
-    uint32_t x;
-    memcpy(&x, p, 4);
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
-    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
-}
+#include "avx2_bytes.h"
 
 /* ---------------------------------------------------------- float rows */
 
@@ -212,7 +195,7 @@ static T2 void vd_q4_1(int64_t n, float *out, const void *w, const void *x) {
  * R and C are, and the single-row vec_dot of these types is the 1x1 case,
  * so a tile entry is bitwise what vec_dot returns. 4 x 2 keeps the 8
  * accumulators and the loads inside the 16 ymm registers; the shapes that
- * measured better (f32, q5_0) say so where they are instantiated. */
+ * measured better (f32) say so where they are instantiated. */
 
 #define AI __attribute__((always_inline))
 /* Software prefetch distance in bytes; see quants_avx512.c. */
@@ -268,126 +251,8 @@ static inline AI T2 void mk_float(int kind, int R, int C, int pf, int64_t n, flo
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[c * ldo + r] = hsum256(acc[r][c]);
 }
 
-/* 32-element blocks against q8_0. q8_0 uses the sign trick (|w| unsigned,
- * y carrying w's sign; |w| is per row). q4_0/q5_0 keep the weight unsigned
- * (nibble, or nibble | 5th bit << 4) and subtract maddubs(off, y), which
- * is per token and shared by the rows: dot(q - off, y) = maddubs(q, y) -
- * maddubs(off, y), neither of which saturates (31*128*2 < 32767). */
-enum { Q_8_0, Q_4_0, Q_5_0 };
-
-/* Staged tiles (dwf != NULL, from tdq): the weight scales of the row group
- * come as floats (dwf[r * MAXNB + b], converted once for all tokens), and
- * the R x C scale products of every block are computed 8 blocks per vmulps
- * before the block loop, which then reads each as a broadcast load instead
- * of converting and multiplying per row, token and block. Both factors are
- * exact conversions of the same halves and the product the same IEEE
- * multiplication, so outputs stay bitwise those of the unstaged 1x1 case. */
-enum { MAXNB = 256 };
-
-static inline AI T2 void mk_q_s(int kind, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
-                                size_t ldw, const uint8_t *x, size_t ldx, const float *dwf) {
-    const int64_t nb = n / 32;
-    float ds[8][MAXNB] __attribute__((aligned(32)));
-    if (dwf) {
-        float dyf[4][MAXNB] __attribute__((aligned(32)));
-        UNROLL for (int c = 0; c < C; c++) {
-            int64_t b = 0;
-            for (; b < nb; b++) dyf[c][b] = f16(((const block_q8_0 *)(x + c * ldx))[b].d);
-            for (; b % 8; b++) dyf[c][b] = 0;
-        }
-        for (int64_t b = 0; b < nb; b += 8) {
-            __m256 fy[4];
-            UNROLL for (int c = 0; c < C; c++) fy[c] = _mm256_load_ps(&dyf[c][b]);
-            UNROLL for (int r = 0; r < R; r++) {
-                const __m256 fw = _mm256_load_ps(dwf + r * MAXNB + b);
-                UNROLL for (int c = 0; c < C; c++) _mm256_store_ps(&ds[r * C + c][b], _mm256_mul_ps(fw, fy[c]));
-            }
-        }
-    }
-    const __m256i ones = _mm256_set1_epi16(1), x10 = _mm256_set1_epi8(0x10);
-    const __m256i off = _mm256_set1_epi8(kind == Q_5_0 ? 16 : 8);
-    const size_t bw = kind == Q_4_0 ? sizeof(block_q4_0) : kind == Q_5_0 ? sizeof(block_q5_0) : sizeof(block_q8_0);
-    const size_t qo = kind == Q_5_0 ? 6 : 2; /* offset of qs in the block */
-    __m256 acc[4][4];
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        if (pf) UNROLL for (int k = 0; k < R * (int)bw; k += 64) _mm_prefetch((const char *)(w + PF_QUANT + R * b * bw + k), _MM_HINT_T0);
-        __m256i y[4], base[4];
-        __m256 dy[4];
-        UNROLL for (int c = 0; c < C; c++) {
-            const block_q8_0 *yb = (const block_q8_0 *)(x + c * ldx) + b;
-            y[c] = _mm256_loadu_si256((const __m256i *)yb->qs);
-            base[c] = kind == Q_8_0 ? _mm256_setzero_si256() : _mm256_maddubs_epi16(off, y[c]);
-            if (!dwf) dy[c] = _mm256_cvtph_ps(_mm_set1_epi16((short)yb->d));
-        }
-        UNROLL for (int r = 0; r < R; r++) {
-            const uint8_t *wb = w + r * ldw + b * bw;
-            __m256i q;
-            if (kind == Q_8_0) {
-                q = _mm256_loadu_si256((const __m256i *)(wb + qo));
-            } else {
-                q = nibbles32(wb + qo);
-                if (kind == Q_5_0) q = _mm256_or_si256(q, _mm256_and_si256(bits32(wb + 2), x10));
-            }
-            const __m256i aq = kind == Q_8_0 ? _mm256_sign_epi8(q, q) : q;
-            uint16_t dh;
-            memcpy(&dh, wb, 2);
-            const __m256 dw = dwf ? _mm256_setzero_ps() : _mm256_cvtph_ps(_mm_set1_epi16((short)dh));
-            UNROLL for (int c = 0; c < C; c++) {
-                __m256i p;
-                if (kind == Q_8_0) p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(y[c], q));
-                else p = _mm256_sub_epi16(_mm256_maddubs_epi16(aq, y[c]), base[c]);
-                const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                const __m256 d = dwf ? _mm256_broadcast_ss(&ds[r * C + c][b]) : _mm256_mul_ps(dw, dy[c]);
-                acc[r][c] = _mm256_fmadd_ps(s, d, acc[r][c]);
-            }
-        }
-    }
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) out[c * ldo + r] = hsum256(acc[r][c]);
-}
-
-static inline AI T2 void mk_q(int kind, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
-                              size_t ldw, const uint8_t *x, size_t ldx) {
-    mk_q_s(kind, R, C, pf, n, out, ldo, w, ldw, x, ldx, NULL);
-}
-
-/* The staged driver: like TILE_DRIVER_RC (same micro-tiles, same order)
- * with each row group's weight scales converted once for all its tokens.
- * Rows longer than MAXNB blocks, and single tokens (decode: nothing to
- * share the conversion with), take the unstaged driver. RB * CB <= 8 (the
- * rows of mk_q_s's ds). */
-static inline AI T2 void tdq(int kind, int RB, int CB, int64_t n, int nr, int nt, float *out, size_t ldo,
-                             const void *w, size_t ldw, const void *x, size_t ldx,
-                             void (*unstaged)(int64_t, int, int, float *, size_t, const void *, size_t, const void *,
-                                              size_t)) {
-    const int64_t nb = n / 32;
-    if (nb > MAXNB || nt < 2 || nr < RB) {
-        unstaged(n, nr, nt, out, ldo, w, ldw, x, ldx);
-        return;
-    }
-    const uint8_t *W = w, *X = x;
-    const size_t bw = kind == Q_4_0 ? sizeof(block_q4_0) : kind == Q_5_0 ? sizeof(block_q5_0) : sizeof(block_q8_0);
-    float dwf[4 * MAXNB] __attribute__((aligned(32)));
-    int r = 0;
-    for (; r + RB <= nr; r += RB) {
-        const uint8_t *wr = W + (size_t)r * ldw;
-        UNROLL for (int i = 0; i < RB; i++) {
-            int64_t b = 0;
-            for (; b < nb; b++) {
-                uint16_t dh;
-                memcpy(&dh, wr + i * ldw + b * bw, 2);
-                dwf[i * MAXNB + b] = f16(dh);
-            }
-            for (; b % 8; b++) dwf[i * MAXNB + b] = 0;
-        }
-        int t = 0;
-        for (; t + CB <= nt; t += CB)
-            mk_q_s(kind, RB, CB, t == 0, n, out + (size_t)t * ldo + r, ldo, wr, ldw, X + (size_t)t * ldx, ldx, dwf);
-        for (; t < nt; t++)
-            mk_q_s(kind, RB, 1, t == 0, n, out + (size_t)t * ldo + r, ldo, wr, ldw, X + (size_t)t * ldx, ldx, dwf);
-    }
-    if (r < nr) unstaged(n, nr - r, nt, out + r, ldo, W + (size_t)r * ldw, ldw, x, ldx);
-}
+/* q8_0/q4_0/q5_0: gemm_avx2.c (8 rows transposed per block, exact integer
+ * block sums). */
 
 /* TILE_DRIVER and the MK_* shorthands: quants_impl.h */
 
@@ -396,20 +261,6 @@ static inline AI T2 void tdq(int kind, int RB, int CB, int64_t n, int nr, int nt
 TILE_DRIVER(vdt_f32, T2, MK_F32, 3)
 TILE_DRIVER(vdt_f16, T2, MK_F16, 2)
 TILE_DRIVER(vdt_bf16, T2, MK_BF16, 2)
-TILE_DRIVER(vdt_q8_0u, T2, MK_Q8_0, 2)
-TILE_DRIVER(vdt_q4_0u, T2, MK_Q4_0, 2)
-/* q5_0 unpacks more per weight block (the 5th bits), so it pays to share
- * that across 4 tokens; 2 rows keep the 8 accumulators in registers. */
-TILE_DRIVER_RC(vdt_q5_0, T2, MK_Q5_0, 2, 4)
-#define TILE_DRIVER_Q(NAME, KIND, RB, CB)                                                                             \
-    static T2 void NAME(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x, \
-                        size_t ldx) {                                                                                 \
-        tdq(KIND, RB, CB, n, nr, nt, out, ldo, w, ldw, x, ldx, NAME##u);                                              \
-    }
-TILE_DRIVER_Q(vdt_q8_0, Q_8_0, 4, 2)
-TILE_DRIVER_Q(vdt_q4_0, Q_4_0, 4, 2)
-/* q5_0 stays unstaged: its 2 x 4 staged tile measured ~2% slower on the
- * Gemma 3 270M prefill (its rows are 20 and 64 blocks). */
 
 /* ------------------------------------------------------------ K-quants */
 
@@ -714,16 +565,10 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_F32] = vdt_f32_1;
     t->vec_dot[TL_TYPE_F16] = vdt_f16_1;
     t->vec_dot[TL_TYPE_BF16] = vdt_bf16_1;
-    t->vec_dot[TL_TYPE_Q4_0] = vdt_q4_0u_1;
     t->vec_dot[TL_TYPE_Q4_1] = vd_q4_1;
-    t->vec_dot[TL_TYPE_Q5_0] = vdt_q5_0_1;
-    t->vec_dot[TL_TYPE_Q8_0] = vdt_q8_0u_1;
     t->vec_dot_tile[TL_TYPE_F32] = vdt_f32;
     t->vec_dot_tile[TL_TYPE_F16] = vdt_f16;
     t->vec_dot_tile[TL_TYPE_BF16] = vdt_bf16;
-    t->vec_dot_tile[TL_TYPE_Q4_0] = vdt_q4_0;
-    t->vec_dot_tile[TL_TYPE_Q5_0] = vdt_q5_0;
-    t->vec_dot_tile[TL_TYPE_Q8_0] = vdt_q8_0;
     t->vec_dot[TL_TYPE_Q4_K] = vdt_q4_K_1;
     t->vec_dot[TL_TYPE_Q5_K] = vdt_q5_K_1;
     t->vec_dot[TL_TYPE_Q6_K] = vdt_q6_K_1;
@@ -744,6 +589,7 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     t->dequant_q4_0 = dequant_q4_0_avx2;
     t->dequant_q4_1 = dequant_q4_1_avx2;
     t->f32_to_f16_row = f32_to_f16_avx2;
+    tl_gemm_fill_avx2(t); /* q8_0/q4_0/q5_0: gemm_avx2.c */
 }
 
 #else

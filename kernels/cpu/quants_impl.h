@@ -176,6 +176,14 @@ void tl_dequant_q8_0_blocks(const void *src, float *dst, int64_t nb);
 void tl_dequant_q4_0_blocks(const void *src, float *dst, int64_t nb);
 void tl_dequant_q4_1_blocks(const void *src, float *dst, int64_t nb);
 void tl_kernels_fill_avx2(tl_kernel_table *t);
+/* gemm_avx2.c: the AVX2 GEMM path for q8_0/q4_0/q5_0 and the vec_dots it
+ * is bitwise with (called by tl_kernels_fill_avx2). */
+void tl_gemm_fill_avx2(tl_kernel_table *t);
+/* A prepared activation row of nb blocks (tl_gemm_prepare, both GEMM
+ * files): the q8_0 row, then at these offsets the nb block scales as
+ * floats and the nb int32 bias corrections -off * sum(y). */
+static inline size_t tl_gemm_dy_off(int64_t nb) { return ((size_t)nb * sizeof(block_q8_0) + 3) & ~(size_t)3; }
+static inline size_t tl_gemm_corr_off(int64_t nb) { return tl_gemm_dy_off(nb) + (size_t)nb * 4; }
 /* attn_avx512.c: softmax_f32 and axpy_rows_multi_f32 (called by tl_kernels_fill_avx512). */
 void tl_attn_fill_avx512(tl_kernel_table *t);
 /* vnni: the CPU has AVX512-VNNI; quant kernels need it (else they keep AVX2). */
@@ -218,8 +226,5 @@ void tl_quantize_row_ref(int type, const float *src, void *dst, int64_t n);
 #define MK_F32(R, C, ...) mk_float(W_F32, R, C, __VA_ARGS__)
 #define MK_F16(R, C, ...) mk_float(W_F16, R, C, __VA_ARGS__)
 #define MK_BF16(R, C, ...) mk_float(W_BF16, R, C, __VA_ARGS__)
-#define MK_Q8_0(R, C, ...) mk_q(Q_8_0, R, C, __VA_ARGS__)
-#define MK_Q4_0(R, C, ...) mk_q(Q_4_0, R, C, __VA_ARGS__)
-#define MK_Q5_0(R, C, ...) mk_q(Q_5_0, R, C, __VA_ARGS__)
 
 #endif

@@ -1,0 +1,335 @@
+/* gemm_avx2.c - q8_0/q4_0/q5_0 weights x q8_0 activations with AVX2, 8
+ * weight rows at a time, for the matmuls of the forward pass (prefill and
+ * decode alike). The AVX2 counterpart of gemm_avx512.c, without VNNI.
+ *
+ * The row-dot tiles this replaces (quants_avx2.c's mk_q) kept one 8-lane
+ * accumulator per (row, token) and paid a vpmaddwd, a convert, a multiply
+ * and an FMA per 32 products and output. Here the 8 rows of a group are
+ * transposed per block so that lane r of a ymm belongs to row r:
+ *
+ *   work, one block b of an 8-row group (288 bytes):
+ *     q[k], k = 0..7:  32 bytes, lane r = bytes 4k..4k+3 of row r's block
+ *                      (q8_0: signed; q4_0: nibble; q5_0: nibble | 5th bit
+ *                      << 4, both unsigned)
+ *     dw:              8 floats, row r's block scale
+ *
+ * and vpmaddubsw of q[k] with 4 activation bytes broadcast feeds 8 rows.
+ * vpmaddubsw multiplies unsigned by signed bytes into saturating int16
+ * pairs, so the types differ in how they stay exact:
+ *   q8_0: the sign trick, |w| x (y signed by w); a pair is at most
+ *         2 * 128 * 127 < 32767, widened (vpmaddwd) per k;
+ *   q4_0: nibbles x y; a pair is at most 2 * 15 * 127, so all 8 k of a
+ *         block add up in int16 (30480) before one vpmaddwd;
+ *   q5_0: values to 31; 4 k add up in int16 (31496), two vpmaddwd.
+ * The unsigned types' bias (8, 16) comes back as -off * sum(y) per block,
+ * from the prepared activation row. After a block each lane holds the exact
+ * integer block sum of its row, and each output is summed exactly as the
+ * scalar reference does it, block by block:
+ *
+ *   s += (float)isum_b * (d_w,b * d_y,b)        (multiply, then add)
+ *
+ * so every entry is bitwise tl_vec_dot_ref's result, whatever the tile
+ * shape, token count or thread split.
+ *
+ * Few tokens (decode: nothing to share a transposition with) read the rows
+ * in place: each row's block gives 8 int32 partial sums, and a vphaddd
+ * tree turns the 8 rows' partials into one ymm of 8 block sums, the same
+ * integers. vec_dot and vec_dot_tile (q8_0 rows read in place, as the
+ * attention's quantized-K scores do) are that path on raw q8_0 rows. */
+#include "quants_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define T2 __attribute__((target("avx2,fma,f16c")))
+#define AI __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 8")
+/* the k loop of a micro-tile: fully unrolled, GCC interleaves the 8 steps
+ * and spills the accumulators */
+#define K_UNROLL _Pragma("GCC unroll 2")
+#include "avx2_bytes.h"
+
+enum { Q_8_0, Q_4_0, Q_5_0 };
+enum { GROUP_BYTES = 8 * 32 + 32 };
+#define FUSED_TOKENS 2 /* at most this many tokens read the rows in place */
+#define TOK_BLOCK 4    /* tokens per micro-tile: 4 int and 4 float accumulators */
+/* prefetch distance past a group's first row: 8 rows on, plus 1 KiB */
+#define PF_AHEAD(roffs) (8 * (roffs)[1] + 1024)
+
+static inline int off_of(int kind) { return kind == Q_8_0 ? 0 : kind == Q_4_0 ? 8 : 16; }
+static inline size_t bw_of(int kind) {
+    return kind == Q_8_0 ? sizeof(block_q8_0) : kind == Q_4_0 ? sizeof(block_q4_0) : sizeof(block_q5_0);
+}
+
+static inline uint32_t ld32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Row block wb's 32 weights as bytes (element i in byte i). */
+static inline AI T2 __m256i unpack_block(int kind, const uint8_t *wb) {
+    if (kind == Q_8_0) return _mm256_loadu_si256((const __m256i *)(wb + 2));
+    if (kind == Q_4_0) return nibbles32(wb + 2);
+    return _mm256_or_si256(nibbles32(wb + 6), _mm256_and_si256(bits32(wb + 2), _mm256_set1_epi8(0x10)));
+}
+
+/* The exact int32 block sums of the products of 4-byte groups: lane i of
+ * the result sums elements 4i..4i+3 of q (as unpack_block gives it) times
+ * y, less the bias (q4_0/q5_0: off * y, through `base`, the same maddubs
+ * of the bias bytes, so the int16 difference cannot saturate). */
+static inline AI T2 __m256i block_partials(int kind, __m256i q, __m256i y, __m256i base) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (kind == Q_8_0) return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q)), ones);
+    return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q, y), base), ones);
+}
+
+/* 8 vectors of partials -> lane r = the sum of p[r]'s lanes. */
+static inline AI T2 __m256i sum8(const __m256i p[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* The 8 rows' block scales (the first 2 bytes of each block) as floats,
+ * inserted one by one: 8 2-byte stores read back as one 16-byte load would
+ * miss store forwarding, once per block in the decode path. */
+static inline AI T2 __m256 row_scales(const uint8_t *wb, const size_t *roffs) {
+    uint16_t dh;
+    memcpy(&dh, wb + roffs[0], 2);
+    __m128i d = _mm_cvtsi32_si128(dh);
+#define INS(R) memcpy(&dh, wb + roffs[R], 2); d = _mm_insert_epi16(d, dh, R);
+    INS(1) INS(2) INS(3) INS(4) INS(5) INS(6) INS(7)
+#undef INS
+    return _mm256_cvtph_ps(d);
+}
+
+/* s + isum * (dw * dy), lane by lane: the reference's multiply, then add. */
+static inline AI T2 __m256 scale_add(__m256 s, __m256i isum, __m256 dw, float dy) {
+    return _mm256_add_ps(s, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(dy))));
+}
+
+/* Stores the first nr lanes of v to out. */
+static inline AI T2 void store_rows(float *out, __m256 v, int nr) {
+    if (nr == 8) {
+        _mm256_storeu_ps(out, v);
+        return;
+    }
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_maskstore_ps(out, _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), idx), v);
+}
+
+/* One token (a q8_0 row y, raw or the prefix of a prepared row) against 8
+ * rows read in place. */
+static inline AI T2 void mk_direct(int kind, int64_t nb, const uint8_t *w, const size_t *roffs, const block_q8_0 *y,
+                                   float *out, int nr, int pf) {
+    const size_t bw = bw_of(kind);
+    const __m256i offv = _mm256_set1_epi8((char)off_of(kind));
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *wb = w + (size_t)b * bw;
+        /* 8 row streams are more than the hardware prefetcher follows: the
+         * next group's rows (contiguous after these) go to L2 linearly */
+        if (pf) UNROLL for (size_t k = 0; k < 8 * bw; k += 64) _mm_prefetch((const char *)(w + PF_AHEAD(roffs) + (size_t)b * 8 * bw + k), _MM_HINT_T1);
+        const __m256i yv = _mm256_loadu_si256((const __m256i *)y[b].qs);
+        const __m256i base = kind == Q_8_0 ? _mm256_setzero_si256() : _mm256_maddubs_epi16(offv, yv);
+        __m256i p[8];
+        UNROLL for (int r = 0; r < 8; r++) p[r] = block_partials(kind, unpack_block(kind, wb + roffs[r]), yv, base);
+        acc = scale_add(acc, sum8(p), row_scales(wb, roffs), f16(y[b].d));
+    }
+    store_rows(out, acc, nr);
+}
+
+/* Block b of 8 rows transposed into g (GROUP_BYTES): q[k] lane r = bytes
+ * 4k..4k+3 of row r, then the 8 scales as floats. */
+static inline AI T2 void transpose_block(int kind, const uint8_t *w, const size_t *roffs, int64_t b, uint8_t *g) {
+    const uint8_t *wb = w + (size_t)b * bw_of(kind);
+    __m256i z[8], t[8], u[8];
+    UNROLL for (int r = 0; r < 8; r++) z[r] = unpack_block(kind, wb + roffs[r]);
+    UNROLL for (int r = 0; r < 8; r += 2) {
+        t[r] = _mm256_unpacklo_epi32(z[r], z[r + 1]);     /* r.0 r+1.0 r.1 r+1.1 | .4 .5 */
+        t[r + 1] = _mm256_unpackhi_epi32(z[r], z[r + 1]); /* .2 .3 | .6 .7 */
+    }
+    UNROLL for (int h = 0; h < 8; h += 4) {
+        u[h + 0] = _mm256_unpacklo_epi64(t[h + 0], t[h + 2]); /* rows h..h+3 of dword 0 | 4 */
+        u[h + 1] = _mm256_unpackhi_epi64(t[h + 0], t[h + 2]); /* 1 | 5 */
+        u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]); /* 2 | 6 */
+        u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]); /* 3 | 7 */
+    }
+    __m256i *q = (__m256i *)g;
+    UNROLL for (int j = 0; j < 4; j++) {
+        _mm256_store_si256(q + j, _mm256_permute2x128_si256(u[j], u[j + 4], 0x20));
+        _mm256_store_si256(q + j + 4, _mm256_permute2x128_si256(u[j], u[j + 4], 0x31));
+    }
+    _mm256_store_ps((float *)(q + 8), row_scales(wb, roffs));
+}
+
+/* C tokens (C <= TOK_BLOCK, a constant after inlining) of prepared rows x
+ * against one transposed 8-row group wk. Per token one int accumulator
+ * (q8_0: int32; q4_0: int16; q5_0: both) and one float accumulator, so
+ * that with the weights and the broadcast they stay in the 16 registers. */
+static inline AI T2 void mk(int kind, int C, int64_t nb, const uint8_t *wk, const uint8_t *x, size_t ldx, float *out,
+                            size_t ldo, int nr) {
+    const size_t dyo = tl_gemm_dy_off(nb), co = tl_gemm_corr_off(nb);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[TOK_BLOCK];
+    UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const __m256i *g = (const __m256i *)(wk + (size_t)b * GROUP_BYTES);
+        __m256i s[TOK_BLOCK], h[TOK_BLOCK];
+        UNROLL for (int c = 0; c < C; c++) s[c] = h[c] = _mm256_setzero_si256();
+        K_UNROLL for (int k = 0; k < 8; k++) {
+            const __m256i q = _mm256_load_si256(g + k);
+            const __m256i aq = kind == Q_8_0 ? _mm256_abs_epi8(q) : q;
+            UNROLL for (int c = 0; c < C; c++) {
+                const uint8_t *yq = x + c * ldx + (size_t)b * sizeof(block_q8_0) + 2 + 4 * k;
+                const __m256i y = _mm256_set1_epi32((int)ld32(yq));
+                if (kind == Q_8_0) {
+                    s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(y, q)), ones));
+                    continue;
+                }
+                h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(q, y));
+                if (kind == Q_5_0 && k == 3) {
+                    s[c] = _mm256_madd_epi16(h[c], ones);
+                    h[c] = _mm256_setzero_si256();
+                }
+            }
+        }
+        const __m256 dw = _mm256_load_ps((const float *)(g + 8));
+        UNROLL for (int c = 0; c < C; c++) {
+            const __m256i corr = _mm256_set1_epi32(((const int32_t *)(x + c * ldx + co))[b]);
+            __m256i isum;
+            if (kind == Q_8_0) isum = s[c];
+            else if (kind == Q_4_0) isum = _mm256_add_epi32(_mm256_madd_epi16(h[c], ones), corr);
+            else isum = _mm256_add_epi32(_mm256_add_epi32(s[c], _mm256_madd_epi16(h[c], ones)), corr);
+            acc[c] = scale_add(acc[c], isum, dw, ((const float *)(x + c * ldx + dyo))[b]);
+        }
+    }
+    UNROLL for (int c = 0; c < C; c++) store_rows(out + c * ldo, acc[c], nr);
+}
+
+static inline AI T2 void mk_any(int kind, int C, int64_t nb, const uint8_t *wk, const uint8_t *x, size_t ldx,
+                                float *out, size_t ldo, int nr) {
+    switch (C) {
+    case 1: mk(kind, 1, nb, wk, x, ldx, out, ldo, nr); break;
+    case 2: mk(kind, 2, nb, wk, x, ldx, out, ldo, nr); break;
+    case 3: mk(kind, 3, nb, wk, x, ldx, out, ldo, nr); break;
+    case 4: mk(kind, 4, nb, wk, x, ldx, out, ldo, nr); break;
+    }
+}
+
+/* roffs for the 8 rows from r0: rows past nr repeat the last row (valid
+ * memory); their lanes are not stored. Returns the rows stored. */
+static inline int group_rows(int r0, int nr, size_t ldw, size_t roffs[8]) {
+    const int g = nr - r0 < 8 ? nr - r0 : 8;
+    for (int r = 0; r < 8; r++) roffs[r] = (size_t)(r < g ? r : g - 1) * ldw;
+    return g;
+}
+
+static inline AI T2 void gemm_q(int kind, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w,
+                                size_t ldw, const void *x, size_t ldx, void *work) {
+    const int64_t nb = n / 32;
+    const uint8_t *X = x;
+    size_t roffs[8];
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        const uint8_t *W = (const uint8_t *)w + (size_t)r0 * ldw;
+        const int g = group_rows(r0, nr, ldw, roffs);
+        if (nt <= FUSED_TOKENS) {
+            for (int t = 0; t < nt; t++)
+                mk_direct(kind, nb, W, roffs, (const block_q8_0 *)(X + (size_t)t * ldx), out + (size_t)t * ldo + r0, g,
+                          t == 0);
+            continue;
+        }
+        uint8_t *wk = work;
+        for (int64_t b = 0; b < nb; b++) transpose_block(kind, W, roffs, b, wk + (size_t)b * GROUP_BYTES);
+        int t = 0;
+        for (; t + TOK_BLOCK <= nt; t += TOK_BLOCK)
+            mk(kind, TOK_BLOCK, nb, wk, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo + r0, ldo, g);
+        if (t < nt) mk_any(kind, nt - t, nb, wk, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo + r0, ldo, g);
+    }
+}
+
+/* vec_dot_tile on raw q8_0 activation rows: every entry through mk_direct. */
+static inline AI T2 void tile_direct(int kind, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w,
+                                     size_t ldw, const void *x, size_t ldx) {
+    size_t roffs[8];
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        const int g = group_rows(r0, nr, ldw, roffs);
+        for (int t = 0; t < nt; t++)
+            mk_direct(kind, n / 32, (const uint8_t *)w + (size_t)r0 * ldw, roffs,
+                      (const block_q8_0 *)((const uint8_t *)x + (size_t)t * ldx), out + (size_t)t * ldo + r0, g, 0);
+    }
+}
+
+/* vec_dot for one row, summed as the reference and the tiles sum (exact
+ * integer block sums, then multiply and add in block order). */
+static inline AI T2 void dot1(int kind, int64_t n, float *out, const void *w, const void *x) {
+    const uint8_t *wb = w;
+    const block_q8_0 *y = x;
+    const __m256i offv = _mm256_set1_epi8((char)off_of(kind));
+    float s = 0;
+    for (int64_t b = 0; b < n / 32; b++, wb += bw_of(kind)) {
+        const __m256i yv = _mm256_loadu_si256((const __m256i *)y[b].qs);
+        const __m256i base = kind == Q_8_0 ? _mm256_setzero_si256() : _mm256_maddubs_epi16(offv, yv);
+        const __m256i p = block_partials(kind, unpack_block(kind, wb), yv, base);
+        const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+        const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+        const int isum = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xB1)));
+        uint16_t dh;
+        memcpy(&dh, wb, 2);
+        s += (float)isum * (f16(dh) * f16(y[b].d));
+    }
+    *out = s;
+}
+
+/* The prepared row: the q8_0 row, then per block its scale as a float and
+ * -off * sum(y). */
+static tl_quantize_fn quantize_q8_0_fn;
+static inline AI T2 void prepare(int kind, const float *src, void *dst, int64_t n) {
+    const int64_t nb = n / 32;
+    uint8_t *p = dst;
+    quantize_q8_0_fn(src, p, n);
+    float *dy = (float *)(p + tl_gemm_dy_off(nb));
+    int32_t *corr = (int32_t *)(p + tl_gemm_corr_off(nb));
+    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nb; b++) {
+        const block_q8_0 *yb = (const block_q8_0 *)p + b;
+        dy[b] = f16(yb->d);
+        const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_loadu_si256((const __m256i *)yb->qs)), ones16);
+        const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+        corr[b] = -off_of(kind) * _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xB1)));
+    }
+}
+
+#define GEMM_KIND(SUF, KIND)                                                                                          \
+    static T2 void gemm_##SUF(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,          \
+                              const void *x, size_t ldx, void *work) {                                              \
+        gemm_q(KIND, n, nr, nt, out, ldo, w, ldw, x, ldx, work);                                                      \
+    }                                                                                                                 \
+    static T2 void tile_##SUF(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,          \
+                              const void *x, size_t ldx) {                                                          \
+        tile_direct(KIND, n, nr, nt, out, ldo, w, ldw, x, ldx);                                                       \
+    }                                                                                                                 \
+    static T2 void dot1_##SUF(int64_t n, float *out, const void *w, const void *x) { dot1(KIND, n, out, w, x); }     \
+    static T2 void prepare_##SUF(const float *src, void *dst, int64_t n) { prepare(KIND, src, dst, n); }
+GEMM_KIND(q8_0, Q_8_0)
+GEMM_KIND(q4_0, Q_4_0)
+GEMM_KIND(q5_0, Q_5_0)
+
+void tl_gemm_fill_avx2(tl_kernel_table *t) {
+    quantize_q8_0_fn = t->quantize_q8_0;
+#define FILL(TYPE, SUF)                      \
+    t->vec_dot[TYPE] = dot1_##SUF;           \
+    t->vec_dot_tile[TYPE] = tile_##SUF;      \
+    t->gemm_tile[TYPE] = gemm_##SUF;         \
+    t->gemm_prepare[TYPE] = prepare_##SUF;
+    FILL(TL_TYPE_Q8_0, q8_0)
+    FILL(TL_TYPE_Q4_0, q4_0)
+    FILL(TL_TYPE_Q5_0, q5_0)
+#undef FILL
+}
+
+#else
+void tl_gemm_fill_avx2(tl_kernel_table *t) { (void)t; }
+#endif
