@@ -15,7 +15,7 @@
 
 #include "kv_layout.h"
 
-#define TL_BACKEND_ABI 5
+#define TL_BACKEND_ABI 6
 
 /* Largest top_k a backend samples on its device; wider (or top_k 0 with a
  * temperature) rows come back as logits and are sampled on the host. */
@@ -25,6 +25,7 @@ typedef struct tl_weight {
     const void *data;      /* packed, host memory (the mapping) */
     int type;              /* ggml type id (TL_TYPE_*) */
     int64_t n_in, n_out;   /* ne[0] (row length), ne[1] (rows) */
+    int packed;            /* 1: rows in TL_PACK8 order (CPU only, kernels/cpu/quants.h) */
 } tl_weight;
 
 typedef struct tl_layer {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "chat.h"
 #include "forward.h"
@@ -115,6 +116,41 @@ static int bind_weight(tl_model *m, tl_weight *w, const char *name, int64_t n_in
     w->n_out = n_out;
     m->weight_bytes += t->size;
     return TL_OK;
+}
+
+/* Repacks a matmul weight into TL_PACK8 order in place where the active
+ * kernel level reads that layout natively (AVX2: q8_0, q4_0 with a
+ * multiple of 8 rows), so neither prefill nor decode re-transposes rows.
+ * The mapping is private: the written pages become the process's own
+ * copy, the same bytes the file's pages took (RSS does not grow). Only for
+ * the CPU (a device backend uploads plain rows) and an mmap'd file; any
+ * failure leaves the weight as it was. TINYLOOP_REPACK=0 turns it off. */
+static void pack_weight(tl_weight *w) {
+    if (w->packed || !tl_pack8_native(w->type) || w->n_out % 8) return;
+    const size_t rs = tl_row_size(w->type, w->n_in), bytes = rs * (size_t)w->n_out;
+    const uintptr_t page = 4096, a = (uintptr_t)w->data & ~(page - 1);
+    const size_t len = (size_t)((uintptr_t)w->data + bytes - a);
+    uint8_t *tmp = malloc(8 * rs);
+    if (!tmp || mprotect((void *)a, len, PROT_READ | PROT_WRITE)) {
+        free(tmp);
+        return;
+    }
+    for (int64_t r = 0; r < w->n_out; r += 8) tl_pack8_group(w->type, (uint8_t *)w->data + (size_t)r * rs, w->n_in, tmp);
+    mprotect((void *)a, len, PROT_READ);
+    free(tmp);
+    w->packed = 1;
+}
+
+static void pack_weights(tl_model *m) {
+    const char *env = getenv("TINYLOOP_REPACK");
+    if (m->backend || !m->file->mapped || (env && !strcmp(env, "0"))) return;
+    for (int i = 0; i < m->hp.n_layer; i++) {
+        tl_layer *L = &m->layers[i];
+        tl_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) pack_weight(ws[j]);
+    }
+    /* tied embeddings: token_embd's rows are also read one by one (lookups) */
+    if (m->output.data != m->tok_embd.data) pack_weight(&m->output);
 }
 
 /* Norm vectors are tiny: convert whatever type they have to owned f32. */
@@ -273,7 +309,8 @@ static int init_runtime(tl_model *m) {
     m->tp = tl_threadpool_new(p->n_threads > 0 ? p->n_threads : tl_cpu_count());
     if (!m->tp) return tl_set_error(TL_ERR_NOMEM, "cannot start %d worker threads", p->n_threads);
     tl_radix_init(&m->cache, &m->kv);
-    if ((rc = tl_cache_tiers_open(m))) return rc;
+    if ((rc = tl_cache_tiers_open(m))) return rc; /* hashes the weights as the file has them */
+    pack_weights(m);
     if ((rc = tl_forward_init(m))) return rc;
     return tl_sched_init(m);
 }

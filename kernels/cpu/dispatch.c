@@ -56,6 +56,10 @@ static void drop_stale_tiles(tl_kernel_table *t, const tl_kernel_table *below) {
                 t->gemm_prepare[i] = NULL;
             }
         }
+    /* the packed kernels go with the GEMM they share prepared rows with */
+    for (int i = 0; i < TL_TYPE_COUNT; i++)
+        if (t->gemm_tile[i] != below->gemm_tile[i] && t->gemm_tile_p8[i] == below->gemm_tile_p8[i])
+            t->gemm_tile_p8[i] = NULL;
 }
 
 /* The generic row loops run on the active level's dot_f32 / axpy_f32. */
@@ -185,6 +189,26 @@ void tl_gemm_prepare(int type, const float *x, void *xp, int64_t n) { kt()->gemm
 void tl_gemm_tile(int type, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
                   const void *xp, size_t ldx, void *work) {
     kt()->gemm_tile[type](n, nr, nt, out, ldo, w, ldw, xp, ldx, work);
+}
+
+int tl_pack8_native(int type) {
+    return type >= 0 && type < TL_TYPE_COUNT && kt()->gemm_tile_p8[type] != NULL && tl_pack8_supported(type);
+}
+
+/* Packed rows at a level without a kernel for them (a test switching the
+ * level, or prepared rows of a level that has its own GEMM): each 8-row
+ * group back to plain rows in work, then the level's vec_dot_tile, which
+ * reads the q8_0 row at the start of a prepared one. */
+void tl_pack8_tile(int type, int prepared, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w,
+                   size_t ldw, const void *x, size_t ldx, void *work) {
+    if (prepared && tl_pack8_native(type)) {
+        kt()->gemm_tile_p8[type](n, nr, nt, out, ldo, w, ldw, x, ldx, work);
+        return;
+    }
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        tl_unpack8_group(type, (const uint8_t *)w + (size_t)r0 * ldw, n, work);
+        tl_vec_dot_tile(type, n, 8, nt, out + r0, ldo, work, ldw, x, ldx);
+    }
 }
 
 void tl_quantize_row(int type, const float *src, void *dst, int64_t n) {

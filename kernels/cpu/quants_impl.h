@@ -137,6 +137,9 @@ typedef struct tl_kernel_table {
      * that replaces the type's vec_dot without its own gemm (dispatch.c). */
     tl_gemm_tile_fn gemm_tile[TL_TYPE_COUNT];
     tl_quantize_fn gemm_prepare[TL_TYPE_COUNT];
+    /* gemm_tile on TL_PACK8 rows (pack8.c), over the same prepared rows;
+     * NULL where the level has none (tl_pack8_tile's generic loop). */
+    tl_gemm_tile_fn gemm_tile_p8[TL_TYPE_COUNT];
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     float (*dot_f16_f32)(const uint16_t *a, const float *b, int64_t n);
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
@@ -155,7 +158,7 @@ typedef struct tl_kernel_table {
     void (*axpy_rows_multi_f32)(int nq, float *const *y, const float *const *a, const float *x, size_t ldx, int rows,
                                 int64_t n);
     /* dot_rows_f32 / axpy_rows_multi_f32 over f16 rows, bitwise those on
-     * the widened rows; NULL where a level has none (below AVX-512). */
+     * the widened rows; NULL where a level has none (scalar). */
     void (*dot_rows_f16)(const float *q, const uint16_t *k, size_t ldk, int rows, int64_t n, float scale, float *out);
     void (*axpy_rows_multi_f16)(int nq, float *const *y, const float *const *a, const uint16_t *x, size_t ldx,
                                 int rows, int64_t n);

@@ -14,6 +14,9 @@
  *            micro-tiles and every leftover), each entry bitwise
  *            tl_vec_dot at that level and bitwise the scalar reference,
  *            nothing written outside the tile or past the workspace.
+ *   pack8    TL_PACK8 q8_0/q4_0 rows: pack/unpack round trip, and packed
+ *            tiles at every level (prepared or plain activation rows)
+ *            bitwise tl_vec_dot of the plain rows.
  *   extremes q4_K/q5_K/q6_K blocks of random bytes (every scale and min
  *            at any value) x activations of +-1 (q8_K rows all +-127): the
  *            GEMM entries are still the scalar reference bitwise.
@@ -189,6 +192,81 @@ static void test_gemm_path(void) {
     }
 }
 
+/* TL_PACK8 rows: packing then unpacking gives the rows back byte for
+ * byte, and at every level tl_pack8_tile on packed rows (prepared rows
+ * where the level has a GEMM path, plain q8_0 rows always) gives bitwise
+ * tl_vec_dot of the plain rows, writing nothing outside the tile. */
+static void test_pack8(void) {
+    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0};
+    enum { MAXR = 16, MAXT = 19, PAD = 3 };
+    const int isa_max = tl_kernels_isa();
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const int type = types[ti];
+        static const int64_t sizes[] = {32, 32 * 11, 32 * 75};
+        for (size_t si = 0; si < 3; si++) {
+            const int64_t n = sizes[si];
+            const size_t rw = tl_row_size(type, n), rx = tl_row_size(TL_TYPE_Q8_0, n), xs = tl_gemm_x_size(n);
+            const size_t ldo = MAXR + PAD, ws = tl_gemm_work_size(n);
+            uint8_t *w = malloc(rw * MAXR), *wp = malloc(rw * MAXR), *back = malloc(rw * 8), *tmp = malloc(rw * 8);
+            uint8_t *x = malloc(rx * MAXT), *xp = aligned_alloc(64, xs * MAXT), *work = aligned_alloc(64, ws + 64);
+            float *src = malloc(sizeof(float) * n * MAXT), *out = malloc(sizeof(float) * ldo * MAXT);
+            for (int r = 0; r < MAXR; r++) {
+                for (int64_t i = 0; i < n; i++) src[i] = gauss() * (1 + (i / 32) % 3);
+                tl_quantize_row(type, src, w + rw * r, n);
+            }
+            memcpy(wp, w, rw * MAXR);
+            int moved = 0, lost = 0;
+            for (int g = 0; g < MAXR; g += 8) {
+                tl_pack8_group(type, wp + rw * g, n, tmp);
+                moved += memcmp(wp + rw * g, w + rw * g, rw * 8) != 0;
+                tl_unpack8_group(type, wp + rw * g, n, back);
+                lost += memcmp(back, w + rw * g, rw * 8) != 0;
+            }
+            for (int t = 0; t < MAXT; t++) {
+                for (int64_t i = 0; i < n; i++) src[(size_t)n * t + i] = gauss() * (t == 3 ? 40.0f : 1.0f);
+                tl_quantize_row(TL_TYPE_Q8_0, src + (size_t)n * t, x + rx * t, n);
+            }
+            int bad = 0, spill = 0, past = 0, runs = 0;
+            for (int lvl = 0; lvl <= isa_max; lvl++) {
+                tl_kernels_set_isa(lvl);
+                for (int prep = 0; prep <= tl_gemm_has(type); prep++) {
+                    if (prep)
+                        for (int t = 0; t < MAXT; t++) tl_gemm_prepare(type, src + (size_t)n * t, xp + xs * t, n);
+                    for (int nr = 8; nr <= MAXR; nr += 8)
+                        for (int nt = 1; nt <= MAXT; nt++) {
+                            if (nt > 5 && nt != 8 && nt != 13 && nt != MAXT) continue;
+                            for (size_t i = 0; i < ldo * MAXT; i++) out[i] = -12345.0f;
+                            memset(work + ws, 0x5a, 64);
+                            tl_pack8_tile(type, prep, n, nr, nt, out, ldo, wp, rw, prep ? xp : x, prep ? xs : rx, work);
+                            runs++;
+                            for (int i = 0; i < 64; i++) past += work[ws + i] != 0x5a;
+                            for (int t = 0; t < MAXT; t++)
+                                for (int r = 0; r < (int)ldo; r++) {
+                                    const float got = out[t * ldo + r];
+                                    if (r >= nr || t >= nt) {
+                                        spill += got != -12345.0f;
+                                        continue;
+                                    }
+                                    float one;
+                                    tl_vec_dot(type)(n, &one, w + rw * r, x + rx * t);
+                                    bad += memcmp(&got, &one, sizeof got) != 0;
+                                }
+                        }
+                }
+            }
+            tl_kernels_set_isa(isa_max);
+            const char *name = tl_type_info(type)->name;
+            CHECK(moved == MAXR / 8 && lost == 0, "%s n=%lld: packing moves the bytes and unpacking restores them (%d lost)",
+                  name, (long long)n, lost);
+            CHECK(bad == 0 && runs > 0, "%s n=%lld: packed tiles equal vec_dot on the plain rows bitwise (%d runs, %d differ)",
+                  name, (long long)n, runs, bad);
+            CHECK(spill == 0 && past == 0, "%s n=%lld: packed tiles write nothing outside the tile or past the workspace",
+                  name, (long long)n);
+            free(w); free(wp); free(back); free(tmp); free(x); free(xp); free(work); free(src); free(out);
+        }
+    }
+}
+
 static int forward(tl_model *m, tl_seq **seqs, const int32_t *const *toks, const int *n, int n_seq, float *logits) {
     return tl_batch_forward(m, seqs, toks, n, n_seq, logits);
 }
@@ -213,6 +291,11 @@ static void test_forward(void) {
         mp.n_threads = 2;
         tl_model *m = NULL;
         tl_model_open(path, mp, &m);
+        /* the same file with its weights as the file has them (no TL_PACK8) */
+        tl_model *plain = NULL;
+        setenv("TINYLOOP_REPACK", "0", 1);
+        tl_model_open(path, mp, &plain);
+        unsetenv("TINYLOOP_REPACK");
         unlink(path);
         CHECK(m != NULL, "%s: the synthetic model opens (%s)", names[ci], m ? "" : tl_last_error());
         if (!m) continue;
@@ -236,6 +319,14 @@ static void test_forward(void) {
         tl_seq_free(s[0]);
         CHECK(ok && !memcmp(all, step, sizeof(float) * nv),
               "%s: a %d-token prompt in one forward gives bitwise the logits of one token at a time", names[ci], N);
+        if (plain) {
+            tl_seq *sp = NULL;
+            int okp = tl_seq_new(plain, 0, &sp) == TL_OK && forward(plain, &sp, &p, &n, 1, step) == TL_OK;
+            tl_seq_free(sp);
+            CHECK(okp && !memcmp(all, step, sizeof(float) * nv),
+                  "%s: repacked weights give bitwise the logits of the file's layout", names[ci]);
+            tl_model_close(plain);
+        }
         /* two sequences prefilled together vs the second alone */
         ok = tl_seq_new(m, 0, &s[0]) == TL_OK && tl_seq_new(m, 0, &s[1]) == TL_OK;
         const int32_t *pp[2] = {prompt, prompt2};
@@ -467,6 +558,7 @@ int main(void) {
     tl_kernels_init();
     test_tiles();
     test_gemm_path();
+    test_pack8();
     test_gemm_k_extremes();
     test_forward();
     test_gelu();
