@@ -141,16 +141,30 @@ static void pack_weight(tl_weight *w) {
     w->packed = 1;
 }
 
+static tl_weight *layer_weight(tl_layer *L, int j) {
+    tl_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    return ws[j];
+}
+
 static void pack_weights(tl_model *m) {
     const char *env = getenv("TINYLOOP_REPACK");
     if (m->backend || !m->file->mapped || (env && !strcmp(env, "0"))) return;
-    for (int i = 0; i < m->hp.n_layer; i++) {
-        tl_layer *L = &m->layers[i];
-        tl_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) pack_weight(ws[j]);
-    }
+    for (int i = 0; i < m->hp.n_layer; i++)
+        for (int j = 0; j < 7; j++) {
+            tl_weight *w = layer_weight(&m->layers[i], j);
+            /* a tensor bound twice is packed once (a second pass would scramble it) */
+            const tl_weight *prev = NULL;
+            for (int e = 0; e <= i && !prev; e++)
+                for (int k = 0; k < (e < i ? 7 : j) && !prev; k++)
+                    if (layer_weight(&m->layers[e], k)->data == w->data) prev = layer_weight(&m->layers[e], k);
+            if (prev) w->packed = prev->packed;
+            else pack_weight(w);
+        }
     /* tied embeddings: token_embd's rows are also read one by one (lookups) */
-    if (m->output.data != m->tok_embd.data) pack_weight(&m->output);
+    int shared = m->output.data == m->tok_embd.data;
+    for (int i = 0; i < m->hp.n_layer && !shared; i++)
+        for (int j = 0; j < 7; j++) shared |= layer_weight(&m->layers[i], j)->data == m->output.data;
+    if (!shared) pack_weight(&m->output);
 }
 
 /* Norm vectors are tiny: convert whatever type they have to owned f32. */
