@@ -83,35 +83,50 @@ static T2 void axpy_f32_avx2(float *y, float a, const float *x, int64_t n) {
     for (; i < n; i++) y[i] += a * x[i];
 }
 
+static T2 void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, LDH(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] += a * _cvtsh_ss(x[i]);
+}
+
+/* 8 elements from i of an f32 row, or of an f16 row widened (exactly). */
+static inline __attribute__((always_inline)) T2 __m256 ld8(int f16, const void *x, size_t i) {
+    return f16 ? LDH((const uint16_t *)x + i) : _mm256_loadu_ps((const float *)x + i);
+}
+
 /* y += a[r] * x_r for r in order: per lane the same FMAs in the same order
- * as separate tl_axpy_f32 calls, with y kept in registers across rows. */
-static T2 void axpy_rows_f32_avx2(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n) {
+ * as separate tl_axpy_f32 calls, with y kept in registers across rows. The
+ * f16 rows (attention reading f16 V in place) go through the same FMAs on
+ * the widened values, so they are bitwise the f32 rows widened first. */
+static inline __attribute__((always_inline)) T2 void axpy_rows_inl(int f16, float *y, const float *a, const void *x,
+                                                                   size_t ldx, int rows, int64_t n) {
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);
         __m256 y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);
         for (int r = 0; r < rows; r++) {
-            const float *xr = x + (size_t)r * ldx + i;
+            const size_t xr = (size_t)r * ldx + (size_t)i;
             const __m256 va = _mm256_set1_ps(a[r]);
-            y0 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xr), y0);
-            y1 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xr + 8), y1);
-            y2 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xr + 16), y2);
-            y3 = _mm256_fmadd_ps(va, _mm256_loadu_ps(xr + 24), y3);
+            y0 = _mm256_fmadd_ps(va, ld8(f16, x, xr), y0);
+            y1 = _mm256_fmadd_ps(va, ld8(f16, x, xr + 8), y1);
+            y2 = _mm256_fmadd_ps(va, ld8(f16, x, xr + 16), y2);
+            y3 = _mm256_fmadd_ps(va, ld8(f16, x, xr + 24), y3);
         }
         _mm256_storeu_ps(y + i, y0);
         _mm256_storeu_ps(y + i + 8, y1);
         _mm256_storeu_ps(y + i + 16, y2);
         _mm256_storeu_ps(y + i + 24, y3);
     }
-    if (i < n)
-        for (int r = 0; r < rows; r++) axpy_f32_avx2(y + i, a[r], x + (size_t)r * ldx + i, n - i);
+    for (int r = 0; i < n && r < rows; r++) {
+        const size_t xr = (size_t)r * ldx + (size_t)i;
+        if (f16) axpy_f16_avx2(y + i, a[r], (const uint16_t *)x + xr, n - i);
+        else axpy_f32_avx2(y + i, a[r], (const float *)x + xr, n - i);
+    }
 }
 
-static T2 void axpy_f16_avx2(float *y, float a, const uint16_t *x, int64_t n) {
-    const __m256 va = _mm256_set1_ps(a);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, LDH(x + i), _mm256_loadu_ps(y + i)));
-    for (; i < n; i++) y[i] += a * _cvtsh_ss(x[i]);
+static T2 void axpy_rows_f32_avx2(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n) {
+    axpy_rows_inl(0, y, a, x, ldx, rows, n);
 }
 
 /* Attention on f16 K/V rows read in place (decode), bitwise the f32 row
@@ -122,31 +137,9 @@ static T2 void dot_rows_f16_avx2(const float *q, const uint16_t *k, size_t ldk, 
     for (int r = 0; r < rows; r++) out[r] = dot_f16_f32_avx2(k + (size_t)r * ldk, q, n) * scale;
 }
 
-static T2 void axpy_rows_f16(float *y, const float *a, const uint16_t *x, size_t ldx, int rows, int64_t n) {
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);
-        __m256 y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);
-        for (int r = 0; r < rows; r++) {
-            const uint16_t *xr = x + (size_t)r * ldx + i;
-            const __m256 va = _mm256_set1_ps(a[r]);
-            y0 = _mm256_fmadd_ps(va, LDH(xr), y0);
-            y1 = _mm256_fmadd_ps(va, LDH(xr + 8), y1);
-            y2 = _mm256_fmadd_ps(va, LDH(xr + 16), y2);
-            y3 = _mm256_fmadd_ps(va, LDH(xr + 24), y3);
-        }
-        _mm256_storeu_ps(y + i, y0);
-        _mm256_storeu_ps(y + i + 8, y1);
-        _mm256_storeu_ps(y + i + 16, y2);
-        _mm256_storeu_ps(y + i + 24, y3);
-    }
-    if (i < n)
-        for (int r = 0; r < rows; r++) axpy_f16_avx2(y + i, a[r], x + (size_t)r * ldx + i, n - i);
-}
-
 static T2 void axpy_rows_multi_f16_avx2(int nq, float *const *y, const float *const *a, const uint16_t *x, size_t ldx,
                                         int rows, int64_t n) {
-    for (int q = 0; q < nq; q++) axpy_rows_f16(y[q], a[q], x, ldx, rows, n);
+    for (int q = 0; q < nq; q++) axpy_rows_inl(1, y[q], a[q], x, ldx, rows, n);
 }
 
 static T2 void f16_to_f32_avx2(const uint16_t *src, float *dst, int64_t n) {
