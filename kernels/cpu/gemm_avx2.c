@@ -48,8 +48,8 @@
  * and spills the accumulators */
 #define K_UNROLL _Pragma("GCC unroll 2")
 #include "avx2_bytes.h"
+#include "gemm_q.h"
 
-enum { Q_8_0, Q_4_0, Q_5_0 };
 enum { GROUP_BYTES = 8 * 32 + 32 };
 #define FUSED_TOKENS 2 /* at most this many tokens read the rows in place */
 #define TOK_BLOCK 4    /* tokens per micro-tile: 4 int and 4 float accumulators */
@@ -57,15 +57,6 @@ enum { GROUP_BYTES = 8 * 32 + 32 };
 #define PF_AHEAD(roffs) (8 * (roffs)[1] + 1024)
 
 static inline int off_of(int kind) { return kind == Q_8_0 ? 0 : kind == Q_4_0 ? 8 : 16; }
-static inline size_t bw_of(int kind) {
-    return kind == Q_8_0 ? sizeof(block_q8_0) : kind == Q_4_0 ? sizeof(block_q4_0) : sizeof(block_q5_0);
-}
-
-static inline uint32_t ld32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
 
 /* Row block wb's 32 weights as bytes (element i in byte i). */
 static inline AI T2 __m256i unpack_block(int kind, const uint8_t *wb) {
@@ -309,10 +300,7 @@ static inline AI T2 void dot1(int kind, int64_t n, float *out, const void *w, co
     for (int64_t b = 0; b < n / 32; b++, wb += bw_of(kind)) {
         const __m256i yv = _mm256_loadu_si256((const __m256i *)y[b].qs);
         const __m256i base = kind == Q_8_0 ? _mm256_setzero_si256() : _mm256_maddubs_epi16(offv, yv);
-        const __m256i p = block_partials(kind, unpack_block(kind, wb), yv, base);
-        const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-        const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
-        const int isum = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xB1)));
+        const int isum = hsum_epi32(block_partials(kind, unpack_block(kind, wb), yv, base));
         uint16_t dh;
         memcpy(&dh, wb, 2);
         s += (float)isum * (f16(dh) * f16(y[b].d));
@@ -334,9 +322,7 @@ static inline AI T2 void prepare(int kind, const float *src, void *dst, int64_t 
         const block_q8_0 *yb = (const block_q8_0 *)p + b;
         dy[b] = f16(yb->d);
         const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_loadu_si256((const __m256i *)yb->qs)), ones16);
-        const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-        const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
-        corr[b] = -off_of(kind) * _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xB1)));
+        corr[b] = -off_of(kind) * hsum_epi32(s);
     }
 }
 

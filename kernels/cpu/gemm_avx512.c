@@ -36,12 +36,13 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
+#include "gemm_q.h"
+
 #define TN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
 #define AI __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
 #define UNROLL16 _Pragma("GCC unroll 16")
 
-enum { Q_8_0, Q_4_0, Q_5_0 };
 enum { GROUP_BYTES = 8 * 64 + 64 };
 #define TL_FUSED_TOKENS 2
 #define TOK_BLOCK 8 /* tokens per micro-tile */
@@ -52,15 +53,6 @@ enum { GROUP_BYTES = 8 * 64 + 64 };
 /* The prepared activation row's layout: tl_gemm_dy_off / tl_gemm_corr_off (quants_impl.h). */
 
 static inline int off_of(int kind) { return kind == Q_8_0 ? 128 : kind == Q_4_0 ? 8 : 16; }
-static inline size_t bw_of(int kind) {
-    return kind == Q_8_0 ? sizeof(block_q8_0) : kind == Q_4_0 ? sizeof(block_q4_0) : sizeof(block_q5_0);
-}
-
-static inline uint32_t ld32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
 
 /* Row block b's 32 weights as unsigned bytes (element i in byte i). */
 static inline AI TN __m256i unpack_block(int kind, const uint8_t *wb) {
@@ -239,9 +231,7 @@ static inline AI TN void prepare(int kind, const float *src, void *dst, int64_t 
         const block_q8_0 *yb = (const block_q8_0 *)p + b;
         dy[b] = _cvtsh_ss(yb->d);
         const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, _mm256_loadu_si256((const __m256i *)yb->qs));
-        const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-        const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
-        corr[b] = -off_of(kind) * _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xB1)));
+        corr[b] = -off_of(kind) * hsum_epi32(s);
     }
 }
 
@@ -260,10 +250,7 @@ static inline AI TN void dot1(int kind, int64_t n, float *out, const void *w, co
     for (int64_t b = 0; b < n / 32; b++, wb += bw_of(kind)) {
         const __m256i yv = _mm256_loadu_si256((const __m256i *)y[b].qs);
         const __m256i base = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), off, yv));
-        const __m256i p = _mm256_dpbusd_epi32(base, unpack_block(kind, wb), yv);
-        const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-        const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
-        const int isum = _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xB1)));
+        const int isum = hsum_epi32(_mm256_dpbusd_epi32(base, unpack_block(kind, wb), yv));
         uint16_t dh;
         memcpy(&dh, wb, 2);
         s += (float)isum * (_cvtsh_ss(dh) * _cvtsh_ss(y[b].d));

@@ -50,6 +50,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
+#include "gemm_q.h"
+
 #define TN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
 #define AI __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
@@ -62,15 +64,10 @@ enum { GB_K4 = 82 * 64, GB_K6 = 89 * 64 }; /* workspace bytes per super-block of
 #define PF_AHEAD(roffs) (16 * (roffs)[1] + 2048)
 
 static inline size_t gb_of(int kind) { return kind == K_6 ? GB_K6 : GB_K4; }
-static inline size_t bw_of(int kind) {
+static inline size_t kbw_of(int kind) {
     return kind == K_4 ? sizeof(block_q4_K) : kind == K_5 ? sizeof(block_q5_K) : sizeof(block_q6_K);
 }
 
-static inline uint32_t ld32(const void *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
 
 /* 16 rows of 8 dwords -> q[j] lane r = dword j of row r (gemm_avx512.c's
  * transpose: rows r and r+8 share a zmm, then 32- and 64-bit unpacks and a
@@ -104,7 +101,7 @@ static inline AI TN void tr_bytes(const uint8_t *wb, const size_t *roffs, size_t
 
 /* Super-block i of the group (row r at w + roffs[r]) into g (gb_of bytes). */
 static inline AI TN void fill_sb(int kind, const uint8_t *w, const size_t *roffs, int64_t i, uint8_t *g) {
-    const size_t bw = bw_of(kind);
+    const size_t bw = kbw_of(kind);
     const uint8_t *wb = w + (size_t)i * bw;
     __m512i *G = (__m512i *)g;
     /* the next group's rows into L2 linearly (see gemm_avx512.c) */

@@ -1,0 +1,27 @@
+/* gemm_q.h - shared by the GEMM files (gemm_avx2.c, gemm_avx512.c,
+ * gemm_k_avx512.c): the 32-element weight kinds against q8_0 activations,
+ * their block sizes, and small loads and sums. Include after
+ * <immintrin.h>. */
+#ifndef TL_GEMM_Q_H
+#define TL_GEMM_Q_H
+
+enum { Q_8_0, Q_4_0, Q_5_0 };
+
+static inline size_t bw_of(int kind) {
+    return kind == Q_8_0 ? sizeof(block_q8_0) : kind == Q_4_0 ? sizeof(block_q4_0) : sizeof(block_q5_0);
+}
+
+static inline uint32_t ld32(const void *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* The sum of the 8 int32 lanes (exact). */
+static inline __attribute__((always_inline, target("avx2"))) int hsum_epi32(__m256i p) {
+    const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+    const __m128i h2 = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
+    return _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xB1)));
+}
+
+#endif
