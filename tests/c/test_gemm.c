@@ -121,6 +121,37 @@ static void test_tiles(void) {
     }
 }
 
+/* Before a tile call: the output marked, 64 bytes past the workspace
+ * (at guard) filled. */
+static void arm_tile(float *out, size_t n_out, uint8_t *guard) {
+    for (size_t i = 0; i < n_out; i++) out[i] = -12345.0f;
+    memset(guard, 0x5a, 64);
+}
+
+/* After it: counts guard bytes changed (*past), marked entries outside the
+ * nr x nt tile written (*spill), and entries that are not bitwise
+ * tl_vec_dot of their plain (row, token) pair (*bad) or, with bad_ref,
+ * not bitwise the scalar reference. */
+static void score_tile(int type, int64_t n, int nr, int nt, const float *out, size_t ldo, int maxt, const uint8_t *w,
+                       size_t rw, const uint8_t *x, size_t rx, const uint8_t *guard, int *past, int *spill, int *bad,
+                       int *bad_ref) {
+    for (int i = 0; i < 64; i++) *past += guard[i] != 0x5a;
+    for (int t = 0; t < maxt; t++)
+        for (int r = 0; r < (int)ldo; r++) {
+            const float got = out[t * ldo + r];
+            if (r >= nr || t >= nt) {
+                *spill += got != -12345.0f;
+                continue;
+            }
+            float one, ref;
+            tl_vec_dot(type)(n, &one, w + rw * r, x + rx * t);
+            *bad += memcmp(&got, &one, sizeof got) != 0;
+            if (!bad_ref) continue;
+            tl_vec_dot_ref(type)(n, &ref, w + rw * r, x + rx * t);
+            *bad_ref += memcmp(&got, &ref, sizeof got) != 0;
+        }
+}
+
 static void test_gemm_path(void) {
     static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
     enum { MAXR = TL_GEMM_ROWS, MAXT = 19, PAD = 3 };
@@ -154,23 +185,10 @@ static void test_gemm_path(void) {
                 for (int nr = 1; nr <= MAXR; nr++)
                     for (int nt = 1; nt <= MAXT; nt++) {
                         if (nr > 3 && nr < 15 && nr != 9 && nt > 3 && nt != 8 && nt != 11) continue; /* keep it quick */
-                        for (size_t i = 0; i < ldo * MAXT; i++) out[i] = -12345.0f;
-                        memset(work + ws, 0x5a, 64);
+                        arm_tile(out, ldo * MAXT, work + ws);
                         tl_gemm_tile(type, n, nr, nt, out, ldo, w, rw, xp, xs, work);
-                        for (int i = 0; i < 64; i++) past += work[ws + i] != 0x5a;
-                        for (int t = 0; t < MAXT; t++)
-                            for (int r = 0; r < (int)ldo; r++) {
-                                const float got = out[t * ldo + r];
-                                if (r >= nr || t >= nt) {
-                                    spill += got != -12345.0f;
-                                    continue;
-                                }
-                                float one, ref;
-                                tl_vec_dot(type)(n, &one, w + rw * r, x + rx * t);
-                                tl_vec_dot_ref(type)(n, &ref, w + rw * r, x + rx * t);
-                                bad += memcmp(&got, &one, sizeof got) != 0;
-                                bad_ref += memcmp(&got, &ref, sizeof got) != 0;
-                            }
+                        score_tile(type, n, nr, nt, out, ldo, MAXT, w, rw, x, rx, work + ws, &past, &spill, &bad,
+                                   &bad_ref);
                     }
             }
             tl_kernels_set_isa(isa_max);
@@ -235,22 +253,11 @@ static void test_pack8(void) {
                     for (int nr = 8; nr <= MAXR; nr += 8)
                         for (int nt = 1; nt <= MAXT; nt++) {
                             if (nt > 5 && nt != 8 && nt != 13 && nt != MAXT) continue;
-                            for (size_t i = 0; i < ldo * MAXT; i++) out[i] = -12345.0f;
-                            memset(work + ws, 0x5a, 64);
+                            arm_tile(out, ldo * MAXT, work + ws);
                             tl_pack8_tile(type, prep, n, nr, nt, out, ldo, wp, rw, prep ? xp : x, prep ? xs : rx, work);
                             runs++;
-                            for (int i = 0; i < 64; i++) past += work[ws + i] != 0x5a;
-                            for (int t = 0; t < MAXT; t++)
-                                for (int r = 0; r < (int)ldo; r++) {
-                                    const float got = out[t * ldo + r];
-                                    if (r >= nr || t >= nt) {
-                                        spill += got != -12345.0f;
-                                        continue;
-                                    }
-                                    float one;
-                                    tl_vec_dot(type)(n, &one, w + rw * r, x + rx * t);
-                                    bad += memcmp(&got, &one, sizeof got) != 0;
-                                }
+                            score_tile(type, n, nr, nt, out, ldo, MAXT, w, rw, x, rx, work + ws, &past, &spill, &bad,
+                                       NULL);
                         }
                 }
             }
