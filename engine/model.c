@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "chat.h"
 #include "forward.h"
@@ -128,7 +129,7 @@ static int bind_weight(tl_model *m, tl_weight *w, const char *name, int64_t n_in
 static void pack_weight(tl_weight *w) {
     if (w->packed || !tl_pack8_native(w->type) || w->n_out % 8) return;
     const size_t rs = tl_row_size(w->type, w->n_in), bytes = rs * (size_t)w->n_out;
-    const uintptr_t page = 4096, a = (uintptr_t)w->data & ~(page - 1);
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)w->data & ~(page - 1);
     const size_t len = (size_t)((uintptr_t)w->data + bytes - a);
     uint8_t *tmp = malloc(8 * rs);
     if (!tmp || mprotect((void *)a, len, PROT_READ | PROT_WRITE)) {
@@ -141,30 +142,32 @@ static void pack_weight(tl_weight *w) {
     w->packed = 1;
 }
 
-static tl_weight *layer_weight(tl_layer *L, int j) {
-    tl_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-    return ws[j];
-}
-
 static void pack_weights(tl_model *m) {
     const char *env = getenv("TINYLOOP_REPACK");
     if (m->backend || !m->file->mapped || (env && !strcmp(env, "0"))) return;
-    for (int i = 0; i < m->hp.n_layer; i++)
-        for (int j = 0; j < 7; j++) {
-            tl_weight *w = layer_weight(&m->layers[i], j);
-            /* a tensor bound twice is packed once (a second pass would scramble it) */
-            const tl_weight *prev = NULL;
-            for (int e = 0; e <= i && !prev; e++)
-                for (int k = 0; k < (e < i ? 7 : j) && !prev; k++)
-                    if (layer_weight(&m->layers[e], k)->data == w->data) prev = layer_weight(&m->layers[e], k);
-            if (prev) w->packed = prev->packed;
-            else pack_weight(w);
-        }
-    /* tied embeddings: token_embd's rows are also read one by one (lookups) */
-    int shared = m->output.data == m->tok_embd.data;
-    for (int i = 0; i < m->hp.n_layer && !shared; i++)
-        for (int j = 0; j < 7; j++) shared |= layer_weight(&m->layers[i], j)->data == m->output.data;
-    if (!shared) pack_weight(&m->output);
+    /* every matrix once, token_embd first and never packed (its rows are
+     * also read one by one, as lookups); a tensor bound to two weights
+     * (tied output, or a file naming the same bytes twice) is packed once
+     * and read the same way by both, and one sharing token_embd's bytes
+     * not at all */
+    size_t n = 0, cap = (size_t)m->hp.n_layer * 7 + 2;
+    tl_weight **all = malloc(cap * sizeof *all);
+    if (!all) return;
+    all[n++] = &m->tok_embd;
+    for (int i = 0; i < m->hp.n_layer; i++) {
+        tl_layer *L = &m->layers[i];
+        tl_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) all[n++] = ws[j];
+    }
+    all[n++] = &m->output;
+    for (size_t i = 1; i < n; i++) {
+        const tl_weight *prev = NULL;
+        for (size_t k = 0; k < i && !prev; k++)
+            if (all[k]->data == all[i]->data) prev = all[k];
+        if (prev) all[i]->packed = prev->packed;
+        else pack_weight(all[i]);
+    }
+    free(all);
 }
 
 /* Norm vectors are tiny: convert whatever type they have to owned f32. */

@@ -192,7 +192,7 @@ void tl_gemm_tile(int type, int64_t n, int nr, int nt, float *out, size_t ldo, c
 }
 
 int tl_pack8_native(int type) {
-    return type >= 0 && type < TL_TYPE_COUNT && kt()->gemm_tile_p8[type] != NULL && tl_pack8_supported(type);
+    return type >= 0 && type < TL_TYPE_COUNT && kt()->gemm_tile_p8[type] != NULL;
 }
 
 /* Packed rows at a level without a kernel for them (a test switching the
