@@ -35,12 +35,13 @@ typedef struct tl_scratch {
     int n_chunks;
     int att_qc;              /* tokens per query chunk at most */
     float *scores;           /* per thread: (att_qc, group, max_seq_len) scores + (block_size, head_dim) K/V rows
-                              * + with k_direct, (att_qc, group) queries as q8_0 rows of qq_bytes */
+                              * + kp_floats of K panels + with k_direct, (att_qc, group) queries as q8_0 rows of qq_bytes */
     int k_direct;            /* K rows are ggml q8_0 / q4_1 rows: scores from the int8 dot kernels */
     size_t qq_bytes;
     uint8_t *gemm_work;      /* per thread: tl_gemm_work_size(widest input) bytes */
     size_t gemm_work_stride;
     size_t scores_stride;
+    size_t kp_floats;        /* per thread, after the K/V rows: K panels of a block (0: no panel kernels) */
     float *logits_x;         /* (n_seq, n_embd) */
     /* store-h: one sequence's recomputed K and V, (h_cap, kv_dim) each,
      * from its h rows (h_cap, n_embd); grown to the longest context read. */
@@ -119,6 +120,8 @@ static int scratch_reserve(tl_model *m, int T, int n_seq) {
     return TL_OK;
 }
 
+enum { ATT_QC_MAX = 64 }; /* tokens per attention query chunk at most */
+
 int tl_forward_init(tl_model *m) {
     m->scratch = calloc(1, sizeof *m->scratch);
     if (!m->scratch) return tl_set_error(TL_ERR_NOMEM, "out of memory");
@@ -127,7 +130,7 @@ int tl_forward_init(tl_model *m) {
      * chunks of att_qc; their score rows (a max_seq_len row per query head)
      * are kept to about 4 MiB per thread. */
     int64_t qc = ((int64_t)1 << 20) / ((int64_t)group * m->max_seq_len);
-    m->scratch->att_qc = qc < 1 ? 1 : qc > 16 ? 16 : (int)qc;
+    m->scratch->att_qc = qc < 1 ? 1 : qc > ATT_QC_MAX ? ATT_QC_MAX : (int)qc;
     /* q8 / q4 K in groups of 32 is, row for row, ggml's q8_0 / q4_1: the
      * queries are quantized to q8_0 once per chunk and the scores come from
      * the weight kernels' int8 dot products (VNNI where present), so K is
@@ -136,8 +139,13 @@ int tl_forward_init(tl_model *m) {
     m->scratch->k_direct = !l->store_h && l->group == 32 && (l->type_k == TL_KVT_Q8 || l->type_k == TL_KVT_Q4);
     m->scratch->qq_bytes = m->scratch->k_direct ? tl_row_size(TL_TYPE_Q8_0, m->hp.head_dim) : 0;
     size_t qq_floats = ((size_t)m->scratch->att_qc * group * m->scratch->qq_bytes + 3) / 4;
+    /* (head_dim >= 32: narrower heads take dot_small's scalar loop, in its own order) */
+    m->scratch->kp_floats = !m->scratch->k_direct && m->hp.head_dim >= 32 && tl_attn_has_panels(m->hp.head_dim)
+                                ? tl_attn_panels_floats(m->kv.block_size, m->hp.head_dim)
+                                : 0;
     m->scratch->scores_stride = ((size_t)m->scratch->att_qc * group * m->max_seq_len +
-                                 (size_t)m->kv.block_size * m->hp.head_dim + qq_floats + 15) & ~(size_t)15;
+                                 (size_t)m->kv.block_size * m->hp.head_dim + m->scratch->kp_floats + qq_floats + 15) &
+                                ~(size_t)15;
     size_t n = (size_t)tl_threadpool_size(m->tp) * m->scratch->scores_stride;
     m->scratch->scores = tl_alloc_aligned(n * sizeof(float));
     if (!m->scratch->scores) return tl_set_error(TL_ERR_NOMEM, "out of memory for attention scores");
@@ -333,13 +341,23 @@ static inline int seq_window(const tl_seq *seq, int layer_window) {
     return tl_window_narrower(layer_window, seq->window);
 }
 
-/* The rows [*r0, *r1) of logical block b that a token at pos sees; 0 when
- * it sees none of them. */
-static inline int block_rows(int b, int bs, int pos, int w, int *r0, int *r1) {
+/* The blocks a token sees: logical blocks [b0, b1], from row r0 of b0 to
+ * row r1 (exclusive) of b1; computed once per token of a task, as the
+ * block loops ask for every (block, token) pair. */
+typedef struct {
+    int b0, r0, b1, r1;
+} tok_span;
+
+static inline tok_span token_span(int bs, int pos, int w) {
     int j0 = tl_window_first(pos, w);
-    if (b < j0 / bs || b > pos / bs) return 0;
-    *r0 = b == j0 / bs ? j0 % bs : 0;
-    *r1 = b == pos / bs ? pos % bs + 1 : bs;
+    return (tok_span){j0 / bs, j0 % bs, pos / bs, pos % bs + 1};
+}
+
+/* The rows [*r0, *r1) of logical block b a token sees; 0 when none. */
+static inline int span_rows(const tok_span *sp, int b, int bs, int *r0, int *r1) {
+    if (b < sp->b0 || b > sp->b1) return 0;
+    *r0 = b == sp->b0 ? sp->r0 : 0;
+    *r1 = b == sp->b1 ? sp->r1 : bs;
     return 1;
 }
 
@@ -350,7 +368,7 @@ static inline int block_rows(int b, int bs, int pos, int w, int *r0, int *r1) {
  * past its position are written but never read (its softmax runs over
  * [first, pos] only). Each cell is bitwise tl_vec_dot of its pair, so a
  * token's scores do not depend on the chunk it is in. */
-static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, int w, int ta, int tb,
+static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, const tok_span *sp, int ta, int tb,
                             const uint8_t *qq, float *scores) {
     const tl_kv_pool *kv = &c->m->kv;
     const tl_kv_layout *l = &kv->layout;
@@ -359,7 +377,7 @@ static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, 
     size_t msl = (size_t)c->m->max_seq_len;
     int lo = bs, hi = 0, r0, r1;
     for (int t = ta; t < tb; t++) {
-        if (!block_rows(b, bs, s->tok_pos[t], w, &r0, &r1)) continue;
+        if (!span_rows(&sp[t - ta], b, bs, &r0, &r1)) continue;
         if (r0 < lo) lo = r0;
         if (r1 > hi) hi = r1;
     }
@@ -371,6 +389,43 @@ static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, 
     tl_vec_dot_tile(type, hd, hi - lo, (tb - ta) * group, out, msl, k, l->row_bytes_k, qq, s->qq_bytes);
     for (int p = 0; p < (tb - ta) * group; p++)
         for (int r = 0; r < hi - lo; r++) out[(size_t)p * msl + r] *= c->scale;
+}
+
+/* Scores of the chunk's queries (tokens [ta, tb), each head of the group)
+ * that see logical block b, through K panels (tl_attn_has_panels): the
+ * block's rows transposed once for the chunk, then several queries per
+ * panel load. A token's cells outside its window or past its position are
+ * written but never read, as in k_direct_scores; each cell is bitwise
+ * tl_dot_rows_f32 of its pair, so the chunk changes no score. */
+static void panel_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, const tok_span *sp, int ta, int tb, int rows,
+                         float *kbuf, float *kp, float *scores) {
+    const tl_scratch *s = c->m->scratch;
+    int hd = c->m->hp.head_dim, bs = c->m->kv.block_size, group = c->m->hp.n_head / c->m->hp.n_head_kv, r0, r1;
+    size_t msl = (size_t)c->m->max_seq_len, q_dim = (size_t)c->m->hp.n_head * hd;
+    const uint16_t *k16 = att_rows_f16(c, seq, b, kh, 0);
+    if (k16) {
+        tl_attn_k_panels_f16(k16, (size_t)hd, rows, hd, kp);
+    } else {
+        size_t ld;
+        const float *k = att_rows(c, seq, b, kh, 0, rows, kbuf, &ld);
+        tl_attn_k_panels_f32(k, ld, rows, hd, kp);
+    }
+    enum { BATCH = 32 };
+    const float *qs[BATCH];
+    float *outs[BATCH];
+    int nq = 0;
+    for (int t = ta; t < tb; t++) {
+        if (!span_rows(&sp[t - ta], b, bs, &r0, &r1)) continue;
+        for (int g = 0; g < group; g++) {
+            qs[nq] = s->q + (size_t)t * q_dim + (size_t)(kh * group + g) * hd;
+            outs[nq++] = scores + ((size_t)(t - ta) * group + g) * msl + (size_t)b * bs;
+            if (nq == BATCH) {
+                tl_attn_scores_panels(nq, qs, kp, rows, hd, c->scale, outs);
+                nq = 0;
+            }
+        }
+    }
+    if (nq) tl_attn_scores_panels(nq, qs, kp, rows, hd, c->scale, outs);
 }
 
 /* ys[q] += the V rows [r0, r1) weighted by as[q], from f32 rows v or f16 rows v16. */
@@ -396,8 +451,8 @@ static void att_task(void *p, int ith, int nth) {
     int hd = hp->head_dim, bs = m->kv.block_size, group = hp->n_head / hp->n_head_kv;
     size_t msl = (size_t)m->max_seq_len, tok_scores = (size_t)group * msl;
     float *scores = s->scores + (size_t)ith * s->scores_stride;
-    float *kbuf = scores + (size_t)s->att_qc * tok_scores;
-    uint8_t *qq = (uint8_t *)(kbuf + (size_t)bs * hd);
+    float *kbuf = scores + (size_t)s->att_qc * tok_scores, *kp = kbuf + (size_t)bs * hd;
+    uint8_t *qq = (uint8_t *)(kp + s->kp_floats);
     int total = (c->c1 - c->c0) * hp->n_head_kv;
     for (int i = ith; i < total; i += nth) {
         int ci = c->c0 + i / hp->n_head_kv, kh = i % hp->n_head_kv;
@@ -405,24 +460,30 @@ static void att_task(void *p, int ith, int nth) {
         const tl_seq *seq = c->seqs[s->tok_seq[ta]];
         int w = seq_window(seq, c->layer_window);
         int b_first = tl_window_first(s->tok_pos[ta], w) / bs, pos_last = s->tok_pos[tb - 1], r0, r1;
+        tok_span sp[ATT_QC_MAX];
+        for (int t = ta; t < tb; t++) sp[t - ta] = token_span(bs, s->tok_pos[t], w);
         if (s->k_direct) {
             for (int t = ta; t < tb; t++)
                 for (int g = 0; g < group; g++)
                     tl_quantize_row(TL_TYPE_Q8_0, s->q + (size_t)t * hp->n_head * hd + (size_t)(kh * group + g) * hd,
                                     qq + ((size_t)(t - ta) * group + g) * s->qq_bytes, hd);
-            for (int b = b_first; b <= pos_last / bs; b++) k_direct_scores(c, seq, b, kh, w, ta, tb, qq, scores);
+            for (int b = b_first; b <= pos_last / bs; b++) k_direct_scores(c, seq, b, kh, sp, ta, tb, qq, scores);
         }
         /* A block seen by one or two queries (decode) is read in place as
          * f16 rather than widened to f32 first and read once; bitwise the
          * same scores and sums either way. */
-        int in_place = (tb - ta) * group <= 2;
+        int in_place = (tb - ta) * group <= 2, panels = !in_place && s->kp_floats && tl_attn_has_panels(hd);
         for (int b = b_first; !s->k_direct && b <= pos_last / bs; b++) {
             int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
+            if (panels) {
+                panel_scores(c, seq, b, kh, sp, ta, tb, rows, kbuf, kp, scores);
+                continue;
+            }
             size_t ld = (size_t)hd;
             const uint16_t *k16 = in_place ? att_rows_f16(c, seq, b, kh, 0) : NULL;
             const float *k = k16 ? NULL : att_rows(c, seq, b, kh, 0, rows, kbuf, &ld);
             for (int t = ta; t < tb; t++) {
-                if (!block_rows(b, bs, s->tok_pos[t], w, &r0, &r1)) continue;
+                if (!span_rows(&sp[t - ta], b, bs, &r0, &r1)) continue;
                 const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
                 float *sc = scores + (size_t)(t - ta) * tok_scores;
                 for (int g = 0; g < group; g++) {
@@ -460,7 +521,7 @@ static void att_task(void *p, int ith, int nth) {
             const float *as[4];
             int nq = 0, q0 = 0, q1 = 0;
             for (int t = ta; t < tb; t++) {
-                if (!block_rows(b, bs, s->tok_pos[t], w, &r0, &r1)) continue;
+                if (!span_rows(&sp[t - ta], b, bs, &r0, &r1)) continue;
                 float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
                 for (int g = 0; g < group; g++) {
                     const float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl + b * bs;
@@ -833,9 +894,14 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
     }
     if (opts->vl_begin > 0) memcpy(s->x, opts->x_in, (size_t)T * D * sizeof(float));
     s->rope_ok[0] = s->rope_ok[1] = 0; /* new positions */
+    /* Query chunks of att_qc tokens at most: longer chunks convert each
+     * K/V block for more queries, but fewer than 4 tasks per thread leave
+     * threads idle (later chunks attend to more positions). */
+    int qc = s->att_qc, nth = tl_threadpool_size(m->tp);
+    while (qc > 16 && (int64_t)hp->n_head_kv * ((T + qc - 1) / qc) < 4 * nth) qc /= 2;
     s->n_chunks = 0;
     for (t = 0; t < T; t++)
-        if (t == 0 || s->tok_seq[t] != s->tok_seq[t - 1] || t - s->chunk_t0[s->n_chunks - 1] >= s->att_qc)
+        if (t == 0 || s->tok_seq[t] != s->tok_seq[t - 1] || t - s->chunk_t0[s->n_chunks - 1] >= qc)
             s->chunk_t0[s->n_chunks++] = t;
     s->chunk_t0[s->n_chunks] = T;
     int loops0 = seqs[0]->loops;

@@ -127,17 +127,41 @@ static T5 void axpy_rows_multi_f16_512(int nq, float *const *y, const float *con
     axpy_rows_multi(1, nq, y, a, x, ldx, rows, n);
 }
 
-/* Scores: 16 rows at a time, each row's lanes as in tl_dot_f32, then the
- * 16 horizontal sums as one transposing tree with hsum512's pairing
- * (quants_avx512.c) in every lane: lane r ends as row r's hsum512, so each
- * output is bitwise tl_dot_f32(q, row) * scale. A full group of 64, 128 or
- * 256 elements is compiled for its width (the rows and their 64-element
- * steps unrolled, the 16 lane sums kept in registers). */
+/* Scores, in this level's own order (not tl_dot_f32's: one chain per lane
+ * is fewer operations per score in both forms below): lane j of a
+ * 16-lane accumulator sums the products of elements j, j+16, j+32, ... as
+ * one FMA chain (the first a multiply; a tail of n % 16 is one more
+ * masked step that leaves the other lanes as they are), then the 16 lanes
+ * add in hsum512's tree (quants_avx512.c): ((v_i + v_i+8) + (v_i+4 +
+ * v_i+12)) per i < 4, then (i=0 + i=2) + (i=1 + i=3); the sum is then
+ * multiplied by the scale. tl_attn_score_ref (dispatch.c) writes it out
+ * element by element. */
+static inline AI T5 __m512 score_vec(int f16, const float *a, const void *b, int64_t n) {
+    if (n < 16) {
+        const __mmask16 m = tail_mask(n);
+        return _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a), ld_f_tail(f16, m, b, 0));
+    }
+    __m512 s = _mm512_mul_ps(_mm512_loadu_ps(a), ld_f(f16, b, 0));
+    int64_t i = 16;
+    for (; i + 16 <= n; i += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), ld_f(f16, b, i), s);
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        s = _mm512_mask3_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), ld_f_tail(f16, m, b, i), s, m);
+    }
+    return s;
+}
+
+/* Row form (a decoding query, or rows no panel kernel takes): 16 rows at a
+ * time, each row's lanes by score_vec, then the 16 horizontal sums as one
+ * transposing tree with hsum512's pairing in every lane: lane r ends as
+ * row r's sum. A full group of 64, 128 or 256 elements is compiled for its
+ * width (the rows and their steps unrolled, the 16 lane sums kept in
+ * registers). */
 static inline AI T5 void rows_group(int f16, const float *q, const uint8_t *k, size_t ldk_bytes, int nr, int64_t n,
                                     float scale, float *out) {
     const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     __m512 v[16], c[8], d[4], e[2];
-    UNROLL16 for (int i = 0; i < 16; i++) v[i] = i < nr ? dot_vec(f16, q, k + (size_t)i * ldk_bytes, n) : _mm512_setzero_ps();
+    UNROLL16 for (int i = 0; i < 16; i++) v[i] = i < nr ? score_vec(f16, q, k + (size_t)i * ldk_bytes, n) : _mm512_setzero_ps();
     for (int p = 0; p < 8; p++) /* t3: lanes 0-7 row 2p, 8-15 row 2p+1 */
         c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                              _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
@@ -180,14 +204,237 @@ static T5 void dot_rows_f16_512(const float *q, const uint16_t *k, size_t ldk, i
     dot_rows(1, q, k, ldk, rows, n, scale, out);
 }
 
+/* Panel form (prefill: a chunk of queries against one K block). The rows
+ * go 16 to a panel, transposed once per block so that element d of the
+ * panel's rows is one vector (lane i = row 16p + i; rows past the last are
+ * zero): kp[p * 16 * n + d * 16 + i]. A query's 16 lane chains are then
+ * computed for all 16 rows at once, chain j over the vectors d = j, j+16,
+ * ... times q[d] broadcast, and folded with hsum512's pairing as whole
+ * vectors: pair(i) = chain i + chain i+8, quad(i) = pair(i) + pair(i+4),
+ * half(i) = quad(i) + quad(i+2), sum = half(0) + half(1). Each score is
+ * therefore bitwise the row form's (products, FMAs and adds commute), with
+ * one FMA per 16 products, no horizontal step, and 4 queries sharing each
+ * panel load. n is a multiple of 16 (tl_attn_has_panels). */
+static inline AI T5 void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    UNROLL16 for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    /* r[4i + e], 128-bit lane L: element 4L + e of rows 4i..4i+3 */
+    UNROLL for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    __m512 o[16];
+    UNROLL for (int e = 0; e < 4; e++) {
+        const __m512 a = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88), b = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xDD);
+        const __m512 c = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x88), d = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xDD);
+        o[e] = _mm512_shuffle_f32x4(a, c, 0x88);
+        o[8 + e] = _mm512_shuffle_f32x4(a, c, 0xDD);
+        o[4 + e] = _mm512_shuffle_f32x4(b, d, 0x88);
+        o[12 + e] = _mm512_shuffle_f32x4(b, d, 0xDD);
+    }
+    UNROLL16 for (int i = 0; i < 16; i++) r[i] = o[i];
+}
+
+static inline AI T5 void k_panels(int f16, const void *k, size_t ldk, int rows, int64_t n, float *kp) {
+    const size_t ldb = ldk * (f16 ? 2 : 4);
+    for (int p = 0; 16 * p < rows; p++) {
+        const int nr = rows - 16 * p < 16 ? rows - 16 * p : 16;
+        const uint8_t *kr = (const uint8_t *)k + (size_t)(16 * p) * ldb;
+        float *dst = kp + (size_t)p * 16 * n;
+        for (int64_t c = 0; c < n; c += 16) {
+            __m512 r[16];
+            UNROLL16 for (int i = 0; i < 16; i++) r[i] = i < nr ? ld_f(f16, kr + (size_t)i * ldb, c) : _mm512_setzero_ps();
+            transpose16(r);
+            UNROLL16 for (int d = 0; d < 16; d++) _mm512_storeu_ps(dst + (size_t)(c + d) * 16, r[d]);
+        }
+    }
+}
+
+static T5 void k_panels_f32_512(const float *k, size_t ldk, int rows, int64_t n, float *kp) { k_panels(0, k, ldk, rows, n, kp); }
+static T5 void k_panels_f16_512(const uint16_t *k, size_t ldk, int rows, int64_t n, float *kp) {
+    k_panels(1, k, ldk, rows, n, kp);
+}
+
+/* Chain j of Q queries over one panel (ns = n / 16 steps). */
+static inline AI T5 void chain(int Q, const float *const *q, const float *kp, int64_t ns, int j, __m512 *acc) {
+    const float *kj = kp + (size_t)j * 16;
+    __m512 kv = _mm512_loadu_ps(kj);
+    UNROLL for (int i = 0; i < Q; i++) acc[i] = _mm512_mul_ps(_mm512_set1_ps(q[i][j]), kv);
+    for (int64_t s = 1; s < ns; s++) {
+        kv = _mm512_loadu_ps(kj + (size_t)s * 256);
+        UNROLL for (int i = 0; i < Q; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][j + 16 * s]), kv, acc[i]);
+    }
+}
+
+#define FOLD(NAME, SUB, STRIDE)                                                                                     \
+    static inline AI T5 void NAME(int Q, const float *const *q, const float *kp, int64_t ns, int i, __m512 *out) { \
+        __m512 b[4];                                                                                                \
+        SUB(Q, q, kp, ns, i, out);                                                                                  \
+        SUB(Q, q, kp, ns, i + STRIDE, b);                                                                           \
+        UNROLL for (int x = 0; x < Q; x++) out[x] = _mm512_add_ps(out[x], b[x]);                                    \
+    }
+FOLD(pair, chain, 8)
+FOLD(quad, pair, 4)
+FOLD(half, quad, 2)
+#undef FOLD
+
+static inline AI T5 void panel_q(int Q, const float *const *q, const float *kp, int64_t ns, float scale,
+                                 float *const *out, int o, __mmask16 m) {
+    __m512 s[4], h[4];
+    half(Q, q, kp, ns, 0, s);
+    half(Q, q, kp, ns, 1, h);
+    const __m512 sc = _mm512_set1_ps(scale);
+    UNROLL for (int i = 0; i < Q; i++) _mm512_mask_storeu_ps(out[i] + o, m, _mm512_mul_ps(_mm512_add_ps(s[i], h[i]), sc));
+}
+
+static inline AI T5 void panels_n(int nq, const float *const *q, const float *kp, int rows, int64_t n, float scale,
+                                  float *const *out) {
+    const int64_t ns = n / 16;
+    for (int p = 0; 16 * p < rows; p++) {
+        const __mmask16 m = rows - 16 * p >= 16 ? (__mmask16)0xFFFF : tail_mask(rows - 16 * p);
+        const float *kpp = kp + (size_t)p * 16 * n;
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) panel_q(4, q + i, kpp, ns, scale, out + i, 16 * p, m);
+        if (nq - i == 3) panel_q(3, q + i, kpp, ns, scale, out + i, 16 * p, m);
+        if (nq - i == 2) panel_q(2, q + i, kpp, ns, scale, out + i, 16 * p, m);
+        if (nq - i == 1) panel_q(1, q + i, kpp, ns, scale, out + i, 16 * p, m);
+    }
+}
+
+static T5 void scores_panels_512(int nq, const float *const *q, const float *kp, int rows, int64_t n, float scale,
+                                 float *const *out) {
+    if (n == 64) panels_n(nq, q, kp, rows, 64, scale, out);
+    else if (n == 128) panels_n(nq, q, kp, rows, 128, scale, out);
+    else if (n == 256) panels_n(nq, q, kp, rows, 256, scale, out);
+    else panels_n(nq, q, kp, rows, n, scale, out);
+}
+
 void tl_attn_fill_avx512(tl_kernel_table *t) {
     t->softmax_f32 = softmax_512;
     t->dot_rows_f32 = dot_rows_512;
     t->dot_rows_f16 = dot_rows_f16_512;
+    t->k_panels_f32 = k_panels_f32_512;
+    t->k_panels_f16 = k_panels_f16_512;
+    t->scores_panels = scores_panels_512;
     t->axpy_rows_multi_f32 = axpy_rows_multi_512;
     t->axpy_rows_multi_f16 = axpy_rows_multi_f16_512;
 }
 
 #else
+/* Panel form (prefill: a chunk of queries against one K block). The rows
+ * go 16 to a panel, transposed once per block so that element d of the
+ * panel's rows is one vector (lane i = row 16p + i; rows past the last are
+ * zero): kp[p * 16 * n + d * 16 + i]. A query's 16 lane chains are then
+ * computed for all 16 rows at once, chain j over the vectors d = j, j+16,
+ * ... times q[d] broadcast, and folded with hsum512's pairing as whole
+ * vectors: pair(i) = chain i + chain i+8, quad(i) = pair(i) + pair(i+4),
+ * half(i) = quad(i) + quad(i+2), sum = half(0) + half(1). Each score is
+ * therefore bitwise the row form's (products, FMAs and adds commute), with
+ * one FMA per 16 products, no horizontal step, and 4 queries sharing each
+ * panel load. n is a multiple of 16 (tl_attn_has_panels). */
+static inline AI T5 void transpose16(__m512 r[16]) {
+    __m512 t[16];
+    UNROLL16 for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    /* r[4i + e], 128-bit lane L: element 4L + e of rows 4i..4i+3 */
+    UNROLL for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    __m512 o[16];
+    UNROLL for (int e = 0; e < 4; e++) {
+        const __m512 a = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88), b = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xDD);
+        const __m512 c = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x88), d = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xDD);
+        o[e] = _mm512_shuffle_f32x4(a, c, 0x88);
+        o[8 + e] = _mm512_shuffle_f32x4(a, c, 0xDD);
+        o[4 + e] = _mm512_shuffle_f32x4(b, d, 0x88);
+        o[12 + e] = _mm512_shuffle_f32x4(b, d, 0xDD);
+    }
+    UNROLL16 for (int i = 0; i < 16; i++) r[i] = o[i];
+}
+
+static inline AI T5 void k_panels(int f16, const void *k, size_t ldk, int rows, int64_t n, float *kp) {
+    const size_t ldb = ldk * (f16 ? 2 : 4);
+    for (int p = 0; 16 * p < rows; p++) {
+        const int nr = rows - 16 * p < 16 ? rows - 16 * p : 16;
+        const uint8_t *kr = (const uint8_t *)k + (size_t)(16 * p) * ldb;
+        float *dst = kp + (size_t)p * 16 * n;
+        for (int64_t c = 0; c < n; c += 16) {
+            __m512 r[16];
+            UNROLL16 for (int i = 0; i < 16; i++) r[i] = i < nr ? ld_f(f16, kr + (size_t)i * ldb, c) : _mm512_setzero_ps();
+            transpose16(r);
+            UNROLL16 for (int d = 0; d < 16; d++) _mm512_storeu_ps(dst + (size_t)(c + d) * 16, r[d]);
+        }
+    }
+}
+
+static T5 void k_panels_f32_512(const float *k, size_t ldk, int rows, int64_t n, float *kp) { k_panels(0, k, ldk, rows, n, kp); }
+static T5 void k_panels_f16_512(const uint16_t *k, size_t ldk, int rows, int64_t n, float *kp) {
+    k_panels(1, k, ldk, rows, n, kp);
+}
+
+/* Chain j of Q queries over one panel (ns = n / 16 steps). */
+static inline AI T5 void chain(int Q, const float *const *q, const float *kp, int64_t ns, int j, __m512 *acc) {
+    const float *kj = kp + (size_t)j * 16;
+    __m512 kv = _mm512_loadu_ps(kj);
+    UNROLL for (int i = 0; i < Q; i++) acc[i] = _mm512_mul_ps(_mm512_set1_ps(q[i][j]), kv);
+    for (int64_t s = 1; s < ns; s++) {
+        kv = _mm512_loadu_ps(kj + (size_t)s * 256);
+        UNROLL for (int i = 0; i < Q; i++) acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(q[i][j + 16 * s]), kv, acc[i]);
+    }
+}
+
+#define FOLD(NAME, SUB, STRIDE)                                                                                     \
+    static inline AI T5 void NAME(int Q, const float *const *q, const float *kp, int64_t ns, int i, __m512 *out) { \
+        __m512 b[4];                                                                                                \
+        SUB(Q, q, kp, ns, i, out);                                                                                  \
+        SUB(Q, q, kp, ns, i + STRIDE, b);                                                                           \
+        UNROLL for (int x = 0; x < Q; x++) out[x] = _mm512_add_ps(out[x], b[x]);                                    \
+    }
+FOLD(pair, chain, 8)
+FOLD(quad, pair, 4)
+FOLD(half, quad, 2)
+#undef FOLD
+
+static inline AI T5 void panel_q(int Q, const float *const *q, const float *kp, int64_t ns, float scale,
+                                 float *const *out, int o, __mmask16 m) {
+    __m512 s[4], h[4];
+    half(Q, q, kp, ns, 0, s);
+    half(Q, q, kp, ns, 1, h);
+    const __m512 sc = _mm512_set1_ps(scale);
+    UNROLL for (int i = 0; i < Q; i++) _mm512_mask_storeu_ps(out[i] + o, m, _mm512_mul_ps(_mm512_add_ps(s[i], h[i]), sc));
+}
+
+static inline AI T5 void panels_n(int nq, const float *const *q, const float *kp, int rows, int64_t n, float scale,
+                                  float *const *out) {
+    const int64_t ns = n / 16;
+    for (int p = 0; 16 * p < rows; p++) {
+        const __mmask16 m = rows - 16 * p >= 16 ? (__mmask16)0xFFFF : tail_mask(rows - 16 * p);
+        const float *kpp = kp + (size_t)p * 16 * n;
+        int i = 0;
+        for (; i + 4 <= nq; i += 4) panel_q(4, q + i, kpp, ns, scale, out + i, 16 * p, m);
+        if (nq - i == 3) panel_q(3, q + i, kpp, ns, scale, out + i, 16 * p, m);
+        if (nq - i == 2) panel_q(2, q + i, kpp, ns, scale, out + i, 16 * p, m);
+        if (nq - i == 1) panel_q(1, q + i, kpp, ns, scale, out + i, 16 * p, m);
+    }
+}
+
+static T5 void scores_panels_512(int nq, const float *const *q, const float *kp, int rows, int64_t n, float scale,
+                                 float *const *out) {
+    if (n == 64) panels_n(nq, q, kp, rows, 64, scale, out);
+    else if (n == 128) panels_n(nq, q, kp, rows, 128, scale, out);
+    else if (n == 256) panels_n(nq, q, kp, rows, 256, scale, out);
+    else panels_n(nq, q, kp, rows, n, scale, out);
+}
+
 void tl_attn_fill_avx512(tl_kernel_table *t) { (void)t; }
 #endif

@@ -98,6 +98,11 @@ static void drop_stale_rows(tl_kernel_table *t, const tl_kernel_table *below) {
     if (t->dot_rows_f32 != below->dot_rows_f32 && t->dot_rows_f16 == below->dot_rows_f16) t->dot_rows_f16 = NULL;
     if (t->axpy_rows_multi_f32 != below->axpy_rows_multi_f32 && t->axpy_rows_multi_f16 == below->axpy_rows_multi_f16)
         t->axpy_rows_multi_f16 = NULL;
+    if (t->dot_rows_f32 != below->dot_rows_f32 && t->scores_panels == below->scores_panels) {
+        t->scores_panels = NULL;
+        t->k_panels_f32 = NULL;
+        t->k_panels_f16 = NULL;
+    }
 }
 
 static void init_once(void) {
@@ -243,6 +248,18 @@ void tl_softmax_f32(float *x, int64_t n) { kt()->softmax_f32(x, n); }
 int tl_attn_has_f16_rows(void) { return kt()->dot_rows_f16 && kt()->axpy_rows_multi_f16; }
 void tl_dot_rows_f16(const float *q, const uint16_t *k, size_t ldk, int rows, int64_t n, float scale, float *out) {
     kt()->dot_rows_f16(q, k, ldk, rows, n, scale, out);
+}
+int tl_attn_has_panels(int64_t n) { return kt()->scores_panels && n % 16 == 0; }
+size_t tl_attn_panels_floats(int rows, int64_t n) { return (size_t)(rows + 15) / 16 * 16 * (size_t)n; }
+void tl_attn_k_panels_f32(const float *k, size_t ldk, int rows, int64_t n, float *kp) {
+    kt()->k_panels_f32(k, ldk, rows, n, kp);
+}
+void tl_attn_k_panels_f16(const uint16_t *k, size_t ldk, int rows, int64_t n, float *kp) {
+    kt()->k_panels_f16(k, ldk, rows, n, kp);
+}
+void tl_attn_scores_panels(int nq, const float *const *q, const float *kp, int rows, int64_t n, float scale,
+                           float *const *out) {
+    kt()->scores_panels(nq, q, kp, rows, n, scale, out);
 }
 void tl_axpy_rows_multi_f16(int nq, float *const *y, const float *const *a, const uint16_t *x, size_t ldx, int rows,
                             int64_t n) {

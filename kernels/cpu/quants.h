@@ -120,9 +120,12 @@ void tl_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
  * identity 0.5(1 + tanh(u)) = 1 / (1 + exp(-2u)) with a vector exp, within
  * 1e-6 * (|x| + 1) * |g| of the scalar result (test_gemm). */
 void tl_gelu_tanh_mul(float *h, const float *g, int64_t n);
-/* out[r] = tl_dot_f32(q, k + r*ldk, n) * scale for r < rows, and
- * y += a[r] * x_r for r < rows in order: bitwise what the per-row calls
- * give, without a call per row (attention). */
+/* Attention's scores: out[r] = q . (k + r*ldk) * scale for r < rows, summed
+ * in the level's score order: bitwise tl_dot_f32(q, row) * scale, except at
+ * AVX-512, whose order (one FMA chain per lane, then its horizontal tree;
+ * attn_avx512.c) costs fewer operations per score. Whatever the order, a
+ * score depends on its pair only. And y += a[r] * x_r for r < rows in
+ * order, bitwise the per-row tl_axpy_f32 calls (attention's V sums). */
 void tl_dot_rows_f32(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out);
 void tl_axpy_rows_f32(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n);
 
@@ -143,6 +146,18 @@ int tl_attn_has_f16_rows(void);
 void tl_dot_rows_f16(const float *q, const uint16_t *k, size_t ldk, int rows, int64_t n, float scale, float *out);
 void tl_axpy_rows_multi_f16(int nq, float *const *y, const float *const *a, const uint16_t *x, size_t ldx, int rows,
                             int64_t n);
+
+/* Prefill scores through K panels, where tl_attn_has_panels(n) (the level
+ * has them and n % 16 == 0): tl_attn_k_panels_* transposes K rows [0, rows)
+ * (f32 or f16, ldk elements apart) into tl_attn_panels_floats(rows, n)
+ * floats at kp, and tl_attn_scores_panels writes out[i][r] for queries
+ * i < nq and rows r < rows, each bitwise tl_dot_rows_f32(q[i], row r). */
+int tl_attn_has_panels(int64_t n);
+size_t tl_attn_panels_floats(int rows, int64_t n);
+void tl_attn_k_panels_f32(const float *k, size_t ldk, int rows, int64_t n, float *kp);
+void tl_attn_k_panels_f16(const uint16_t *k, size_t ldk, int rows, int64_t n, float *kp);
+void tl_attn_scores_panels(int nq, const float *const *q, const float *kp, int rows, int64_t n, float scale,
+                           float *const *out);
 
 /* CPU feature level: 0 scalar, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW, VL). */
 enum { TL_ISA_SCALAR = 0, TL_ISA_AVX2 = 1, TL_ISA_AVX512 = 2 };

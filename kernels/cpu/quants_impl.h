@@ -145,9 +145,11 @@ typedef struct tl_kernel_table {
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
     void (*gelu_tanh_mul)(float *h, const float *g, int64_t n);
-    /* Row loops over dot_f32 / axpy_f32, bitwise equal to calling those per
-     * row; a level that replaces dot_f32 or axpy_f32 without its own row
-     * version gets the generic loop (dispatch.c). */
+    /* Row loops: axpy_rows_f32 bitwise axpy_f32 per row; dot_rows_f32 the
+     * level's attention scores, bitwise dot_f32 per row times the scale
+     * except at AVX-512 (its own order, attn_avx512.c). A level that
+     * replaces dot_f32 or axpy_f32 without its own row version gets the
+     * generic loop (dispatch.c). */
     void (*dot_rows_f32)(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out);
     void (*axpy_rows_f32)(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n);
     /* Attention: softmax (a level's own numerics, within 1e-6 of the scalar
@@ -162,6 +164,13 @@ typedef struct tl_kernel_table {
     void (*dot_rows_f16)(const float *q, const uint16_t *k, size_t ldk, int rows, int64_t n, float scale, float *out);
     void (*axpy_rows_multi_f16)(int nq, float *const *y, const float *const *a, const uint16_t *x, size_t ldx,
                                 int rows, int64_t n);
+    /* Prefill scores from K rows transposed into 16-row panels, bitwise the
+     * level's dot_rows_f32 (attn_avx512.c); NULL where a level has none.
+     * A level that replaces dot_rows_f32 without them drops them (dispatch.c). */
+    void (*k_panels_f32)(const float *k, size_t ldk, int rows, int64_t n, float *kp);
+    void (*k_panels_f16)(const uint16_t *k, size_t ldk, int rows, int64_t n, float *kp);
+    void (*scores_panels)(int nq, const float *const *q, const float *kp, int rows, int64_t n, float scale,
+                          float *const *out);
     void (*f16_to_f32_row)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16_row)(const float *src, uint16_t *dst, int64_t n);
     /* nb q8_0 / q4_0 / q4_1 blocks to floats (tl_dequantize_row; attention

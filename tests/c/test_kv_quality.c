@@ -145,9 +145,12 @@ static const bound stories_bounds[] = {
  *   h:q8   0.9970   16 (16)   (Gemma's K/V matmuls quantize h to q8_0 anyway)
  * On this model even f32 KV moves perplexity by ~1% and breaks greedy ties
  * within a few tokens (bench kv: f32 agreement 0 / 10 of 32), so the
- * agreement bounds are loose and the perplexity bounds allow a few %. */
+ * agreement bounds are loose and the perplexity bounds allow a few %.
+ * On an Intel AVX-512 machine (2026-12-03, before and after the attention
+ * panel kernels) h:q8 measured 0.977-0.984 with agreement 6.0 (min 4): its
+ * greedy ties break there as q8's do, so it has q8's agreement bound. */
 static const bound gemma_bounds[] = {
-    {"f16", 0, 0}, {"q8", 1.03, 3}, {"q4", 1.12, 2}, {"h:q8", 1.02, 8},
+    {"f16", 0, 0}, {"q8", 1.03, 3}, {"q4", 1.12, 2}, {"h:q8", 1.02, 3},
 };
 
 int main(void) {
