@@ -137,7 +137,8 @@ int tl_forward_init(tl_model *m) {
      * never widened to f32 (as llama.cpp's CPU path does for a q8_0 cache). */
     const tl_kv_layout *l = &m->kv.layout;
     m->scratch->k_direct = !l->store_h && l->group == 32 && (l->type_k == TL_KVT_Q8 || l->type_k == TL_KVT_Q4);
-    m->scratch->qq_bytes = m->scratch->k_direct ? tl_row_size(TL_TYPE_Q8_0, m->hp.head_dim) : 0;
+    /* (room for a tl_gemm_prepare row, which starts with the q8_0 row) */
+    m->scratch->qq_bytes = m->scratch->k_direct ? tl_gemm_x_size(m->hp.head_dim) : 0;
     size_t qq_floats = ((size_t)m->scratch->att_qc * group * m->scratch->qq_bytes + 3) / 4;
     /* (head_dim >= 32: narrower heads take dot_small's scalar loop, in its own order) */
     m->scratch->kp_floats = !m->scratch->k_direct && m->hp.head_dim >= 32 && tl_attn_has_panels(m->hp.head_dim)
@@ -367,9 +368,11 @@ static inline int span_rows(const tok_span *sp, int b, int bs, int *r0, int *r1)
  * any token of the chunk sees; a token's cells outside its own window or
  * past its position are written but never read (its softmax runs over
  * [first, pos] only). Each cell is bitwise tl_vec_dot of its pair, so a
- * token's scores do not depend on the chunk it is in. */
+ * token's scores do not depend on the chunk it is in. With `prepared` the
+ * queries are tl_gemm_prepare rows and q8 K goes through the GEMM tiles
+ * (VNNI where present: 16 K rows per instruction), else tl_vec_dot_tile. */
 static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, const tok_span *sp, int ta, int tb,
-                            const uint8_t *qq, float *scores) {
+                            const uint8_t *qq, int prepared, void *work, float *scores) {
     const tl_kv_pool *kv = &c->m->kv;
     const tl_kv_layout *l = &kv->layout;
     const tl_scratch *s = c->m->scratch;
@@ -386,7 +389,13 @@ static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, 
     const uint8_t *k = tl_kv_k(kv, id) + tl_kv_row_off(l, kh, lo, l->row_bytes_k);
     int type = l->type_k == TL_KVT_Q8 ? TL_TYPE_Q8_0 : TL_TYPE_Q4_1;
     float *out = scores + (size_t)b * bs + lo;
-    tl_vec_dot_tile(type, hd, hi - lo, (tb - ta) * group, out, msl, k, l->row_bytes_k, qq, s->qq_bytes);
+    int nt = (tb - ta) * group;
+    if (prepared) /* 16 rows per GEMM tile (bitwise tl_vec_dot as well) */
+        for (int r = 0; r < hi - lo; r += 16)
+            tl_gemm_tile(type, hd, hi - lo - r < 16 ? hi - lo - r : 16, nt, out + r, msl,
+                         k + (size_t)r * l->row_bytes_k, l->row_bytes_k, qq, s->qq_bytes, work);
+    else
+        tl_vec_dot_tile(type, hd, hi - lo, nt, out, msl, k, l->row_bytes_k, qq, s->qq_bytes);
     for (int p = 0; p < (tb - ta) * group; p++)
         for (int r = 0; r < hi - lo; r++) out[(size_t)p * msl + r] *= c->scale;
 }
@@ -463,11 +472,17 @@ static void att_task(void *p, int ith, int nth) {
         tok_span sp[ATT_QC_MAX];
         for (int t = ta; t < tb; t++) sp[t - ta] = token_span(bs, s->tok_pos[t], w);
         if (s->k_direct) {
+            int prepared = m->kv.layout.type_k == TL_KVT_Q8 && tl_gemm_has(TL_TYPE_Q8_0);
             for (int t = ta; t < tb; t++)
-                for (int g = 0; g < group; g++)
-                    tl_quantize_row(TL_TYPE_Q8_0, s->q + (size_t)t * hp->n_head * hd + (size_t)(kh * group + g) * hd,
-                                    qq + ((size_t)(t - ta) * group + g) * s->qq_bytes, hd);
-            for (int b = b_first; b <= pos_last / bs; b++) k_direct_scores(c, seq, b, kh, sp, ta, tb, qq, scores);
+                for (int g = 0; g < group; g++) {
+                    const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)(kh * group + g) * hd;
+                    uint8_t *dst = qq + ((size_t)(t - ta) * group + g) * s->qq_bytes;
+                    if (prepared) tl_gemm_prepare(TL_TYPE_Q8_0, q, dst, hd);
+                    else tl_quantize_row(TL_TYPE_Q8_0, q, dst, hd);
+                }
+            void *work = s->gemm_work + (size_t)ith * s->gemm_work_stride;
+            for (int b = b_first; b <= pos_last / bs; b++)
+                k_direct_scores(c, seq, b, kh, sp, ta, tb, qq, prepared, work, scores);
         }
         /* A block seen by one or two queries (decode) is read in place as
          * f16 rather than widened to f32 first and read once; bitwise the
