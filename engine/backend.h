@@ -25,7 +25,7 @@ typedef struct tl_weight {
     const void *data;      /* packed, host memory (the mapping) */
     int type;              /* ggml type id (TL_TYPE_*) */
     int64_t n_in, n_out;   /* ne[0] (row length), ne[1] (rows) */
-    int packed;            /* 1: rows in TL_PACK8 order (CPU only, kernels/cpu/quants.h) */
+    int packed;            /* G > 0: rows interleaved G at a time, TL_PACK8 / TL_PACK16 (CPU only, kernels/cpu/quants.h) */
 } tl_weight;
 
 typedef struct tl_layer {

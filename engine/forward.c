@@ -213,7 +213,7 @@ static void mm_task(void *p, int ith, int nth) {
             float *out = c->out + (size_t)t0 * rows + rt;
             const uint8_t *wr = base + (size_t)rt * row_size, *xq = c->xq + (size_t)t0 * c->xq_stride;
             if (w->packed)
-                tl_pack8_tile(w->type, c->gemm, w->n_in, nr, nt, out, (size_t)rows, wr, row_size, xq, c->xq_stride,
+                tl_packed_tile(w->type, w->packed, c->gemm, w->n_in, nr, nt, out, (size_t)rows, wr, row_size, xq, c->xq_stride,
                               work);
             else if (c->gemm)
                 tl_gemm_tile(w->type, w->n_in, nr, nt, out, (size_t)rows, wr, row_size, xq, c->xq_stride, work);

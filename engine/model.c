@@ -119,27 +119,29 @@ static int bind_weight(tl_model *m, tl_weight *w, const char *name, int64_t n_in
     return TL_OK;
 }
 
-/* Repacks a matmul weight into TL_PACK8 order in place where the active
- * kernel level reads that layout natively (AVX2: q8_0, q4_0 with a
- * multiple of 8 rows), so neither prefill nor decode re-transposes rows.
+/* Repacks a matmul weight in place into the row-interleaved order the
+ * active kernel level reads natively (TL_PACK8 at AVX2, TL_PACK16 at
+ * AVX-512: q8_0, q4_0 with a multiple of G rows), so neither prefill nor
+ * decode re-transposes rows.
  * The mapping is private: the written pages become the process's own
  * copy, the same bytes the file's pages took (RSS does not grow). Only for
  * the CPU (a device backend uploads plain rows) and an mmap'd file; any
  * failure leaves the weight as it was. TINYLOOP_REPACK=0 turns it off. */
 static void pack_weight(tl_weight *w) {
-    if (w->packed || !tl_pack8_native(w->type) || w->n_out % 8) return;
+    const int G = tl_pack_rows(w->type);
+    if (w->packed || !G || w->n_out % G) return;
     const size_t rs = tl_row_size(w->type, w->n_in), bytes = rs * (size_t)w->n_out;
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)w->data & ~(page - 1);
     const size_t len = (size_t)((uintptr_t)w->data + bytes - a);
-    uint8_t *tmp = malloc(8 * rs);
+    uint8_t *tmp = malloc((size_t)G * rs);
     if (!tmp || mprotect((void *)a, len, PROT_READ | PROT_WRITE)) {
         free(tmp);
         return;
     }
-    for (int64_t r = 0; r < w->n_out; r += 8) tl_pack8_group(w->type, (uint8_t *)w->data + (size_t)r * rs, w->n_in, tmp);
+    for (int64_t r = 0; r < w->n_out; r += G) tl_pack_group(w->type, G, (uint8_t *)w->data + (size_t)r * rs, w->n_in, tmp);
     mprotect((void *)a, len, PROT_READ);
     free(tmp);
-    w->packed = 1;
+    w->packed = G;
 }
 
 static void pack_weights(tl_model *m) {

@@ -58,8 +58,8 @@ static void drop_stale_tiles(tl_kernel_table *t, const tl_kernel_table *below) {
         }
     /* the packed kernels go with the GEMM they share prepared rows with */
     for (int i = 0; i < TL_TYPE_COUNT; i++)
-        if (t->gemm_tile[i] != below->gemm_tile[i] && t->gemm_tile_p8[i] == below->gemm_tile_p8[i])
-            t->gemm_tile_p8[i] = NULL;
+        if (t->gemm_tile[i] != below->gemm_tile[i] && t->gemm_tile_pk[i] == below->gemm_tile_pk[i])
+            t->gemm_tile_pk[i] = NULL;
 }
 
 /* The generic row loops run on the active level's dot_f32 / axpy_f32. */
@@ -196,23 +196,23 @@ void tl_gemm_tile(int type, int64_t n, int nr, int nt, float *out, size_t ldo, c
     kt()->gemm_tile[type](n, nr, nt, out, ldo, w, ldw, xp, ldx, work);
 }
 
-int tl_pack8_native(int type) {
-    return type >= 0 && type < TL_TYPE_COUNT && kt()->gemm_tile_p8[type] != NULL;
+int tl_pack_rows(int type) {
+    return type >= 0 && type < TL_TYPE_COUNT && kt()->gemm_tile_pk[type] != NULL ? kt()->pack_rows : 0;
 }
 
 /* Packed rows at a level without a kernel for them (a test switching the
  * level, or prepared rows of a level that has its own GEMM): each 8-row
  * group back to plain rows in work, then the level's vec_dot_tile, which
  * reads the q8_0 row at the start of a prepared one. */
-void tl_pack8_tile(int type, int prepared, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w,
-                   size_t ldw, const void *x, size_t ldx, void *work) {
-    if (prepared && tl_pack8_native(type)) {
-        kt()->gemm_tile_p8[type](n, nr, nt, out, ldo, w, ldw, x, ldx, work);
+void tl_packed_tile(int type, int G, int prepared, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w,
+                    size_t ldw, const void *x, size_t ldx, void *work) {
+    if (prepared && tl_pack_rows(type) == G) {
+        kt()->gemm_tile_pk[type](n, nr, nt, out, ldo, w, ldw, x, ldx, work);
         return;
     }
-    for (int r0 = 0; r0 < nr; r0 += 8) {
-        tl_unpack8_group(type, (const uint8_t *)w + (size_t)r0 * ldw, n, work);
-        tl_vec_dot_tile(type, n, 8, nt, out + r0, ldo, work, ldw, x, ldx);
+    for (int r0 = 0; r0 < nr; r0 += G) {
+        tl_unpack_group(type, G, (const uint8_t *)w + (size_t)r0 * ldw, n, work);
+        tl_vec_dot_tile(type, n, G, nt, out + r0, ldo, work, ldw, x, ldx);
     }
 }
 

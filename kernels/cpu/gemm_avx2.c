@@ -155,7 +155,7 @@ static inline AI T2 void transpose_block(int kind, const uint8_t *w, const size_
     _mm256_store_ps((float *)(q + 8), row_scales(wb, roffs));
 }
 
-/* q[k] of a packed block g (pack8.c): q8_0 32 bytes per k; q4_0 the
+/* q[k] of a packed block g (pack.c): q8_0 32 bytes per k; q4_0 the
  * nibbles of 32 bytes per k % 4 (low for k < 4, high after). */
 static inline AI T2 __m256i load_p8(int kind, const uint8_t *g, int k) {
     if (kind == Q_8_0) return _mm256_loadu_si256((const __m256i *)(g + 16 + 32 * k));
@@ -254,7 +254,7 @@ static inline AI T2 void gemm_q(int kind, int64_t n, int nr, int nt, float *out,
     }
 }
 
-/* The GEMM on TL_PACK8 rows (pack8.c): the groups are read as they lie,
+/* The GEMM on TL_PACK8 rows (pack.c): the groups are read as they lie,
  * for every token count. */
 static inline AI T2 void gemm_p8(int kind, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w,
                                  size_t ldw, const void *x, size_t ldx, void *work) {
@@ -360,8 +360,9 @@ void tl_gemm_fill_avx2(tl_kernel_table *t) {
     FILL(TL_TYPE_Q4_0, q4_0)
     FILL(TL_TYPE_Q5_0, q5_0)
 #undef FILL
-    t->gemm_tile_p8[TL_TYPE_Q8_0] = gemm_p8_q8_0;
-    t->gemm_tile_p8[TL_TYPE_Q4_0] = gemm_p8_q4_0;
+    t->gemm_tile_pk[TL_TYPE_Q8_0] = gemm_p8_q8_0;
+    t->gemm_tile_pk[TL_TYPE_Q4_0] = gemm_p8_q4_0;
+    t->pack_rows = 8;
 }
 
 #else

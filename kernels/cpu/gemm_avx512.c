@@ -49,6 +49,9 @@ enum { GROUP_BYTES = 8 * 64 + 64 };
 /* prefetch start past a group's first row: 16 rows on (roffs[1] is the
  * row stride, or 0 for a one-row group), plus 2 KiB measured best */
 #define PF_AHEAD(roffs) (16 * (roffs)[1] + 2048)
+#ifndef PF_PACKED
+#define PF_PACKED 4096
+#endif
 
 /* The prepared activation row's layout: tl_gemm_dy_off / tl_gemm_corr_off (quants_impl.h). */
 
@@ -133,20 +136,49 @@ static inline AI TN void transpose_block(int kind, const uint8_t *w, const size_
     *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
 }
 
+/* Block b of a TL_PACK16 group g (pack.c): the 16 scales, then q[k] lane r
+ * = bytes 4k..4k+3 of row r (q8_0, made unsigned here), or for q4_0 the
+ * packed bytes 4j..4j+3 split into low (q[j]) and high (q[j + 4]) nibbles:
+ * the registers transpose_block builds, read with one load each. */
+static inline AI TN void load_packed(int kind, const uint8_t *g, int64_t b, __m512i q[8], __m512 *dw) {
+    const uint8_t *gb = g + (size_t)b * 16 * bw_of(kind);
+    /* the stream runs across pages, where the hardware prefetcher stops:
+     * the bytes PF_PACKED ahead go to L2 as this block is read */
+    UNROLL16 for (size_t k = 0; k < 16 * bw_of(kind); k += 64) _mm_prefetch((const char *)(gb + PF_PACKED + k), _MM_HINT_T1);
+    *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
+    if (kind == Q_8_0) {
+        UNROLL for (int k = 0; k < 8; k++)
+            q[k] = _mm512_xor_si512(_mm512_loadu_si512(gb + 32 + 64 * k), _mm512_set1_epi8((char)0x80));
+        return;
+    }
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    UNROLL for (int j = 0; j < 4; j++) {
+        const __m512i p = _mm512_loadu_si512(gb + 32 + 64 * j);
+        q[j] = _mm512_and_si512(p, m4);
+        q[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
+    }
+}
+
+/* Where mk finds a block's registers: transposed on the fly from plain
+ * rows, from the workspace, or from a packed group. */
+enum { SRC_ROWS, SRC_WORK, SRC_PACKED };
+
 /* C tokens (C <= TOK_BLOCK, a constant after inlining) against one 16-row
- * group: from the workspace (wk != NULL) or transposed on the fly. */
-static inline AI TN void mk(int kind, int C, int64_t nb, const uint8_t *wk, const uint8_t *w, const size_t *roffs,
-                            const uint8_t *x, size_t ldx, float *out, size_t ldo, __mmask16 m) {
+ * group; wk: the workspace or the packed group. */
+static inline AI TN void mk(int kind, int src, int C, int64_t nb, const uint8_t *wk, const uint8_t *w,
+                            const size_t *roffs, const uint8_t *x, size_t ldx, float *out, size_t ldo, __mmask16 m) {
     const size_t dyo = tl_gemm_dy_off(nb), co = tl_gemm_corr_off(nb);
     __m512 acc[TOK_BLOCK];
     UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m512i q[8];
         __m512 dw;
-        if (wk) {
+        if (src == SRC_WORK) {
             const __m512i *g = (const __m512i *)(wk + (size_t)b * GROUP_BYTES);
             UNROLL for (int k = 0; k < 8; k++) q[k] = _mm512_load_si512(g + k);
             dw = _mm512_load_ps((const float *)(g + 8));
+        } else if (src == SRC_PACKED) {
+            load_packed(kind, wk, b, q, &dw);
         } else {
             transpose_block(kind, w, roffs, b, q, &dw);
         }
@@ -168,11 +200,11 @@ static inline AI TN void mk(int kind, int C, int64_t nb, const uint8_t *wk, cons
     UNROLL for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(out + c * ldo, m, acc[c]);
 }
 
-static inline AI TN void mk_any(int kind, int C, int64_t nb, const uint8_t *wk, const uint8_t *w, const size_t *roffs,
-                                const uint8_t *x, size_t ldx, float *out, size_t ldo, __mmask16 m) {
+static inline AI TN void mk_any(int kind, int src, int C, int64_t nb, const uint8_t *wk, const uint8_t *w,
+                                const size_t *roffs, const uint8_t *x, size_t ldx, float *out, size_t ldo, __mmask16 m) {
     switch (C) {
 #define MK_CASE(N) \
-    case N: mk(kind, N, nb, wk, w, roffs, x, ldx, out, ldo, m); break;
+    case N: mk(kind, src, N, nb, wk, w, roffs, x, ldx, out, ldo, m); break;
         MK_CASE(1) MK_CASE(2) MK_CASE(3) MK_CASE(4) MK_CASE(5) MK_CASE(6) MK_CASE(7) MK_CASE(8)
 #undef MK_CASE
     }
@@ -187,7 +219,7 @@ static inline AI TN void gemm_q(int kind, int64_t n, int nr, int nt, float *out,
     for (int r = 0; r < 16; r++) roffs[r] = (size_t)(r < nr ? r : nr - 1) * ldw;
     const __mmask16 m = (__mmask16)((1u << nr) - 1);
     if (nt <= TL_FUSED_TOKENS) {
-        mk_any(kind, nt, nb, NULL, W, roffs, X, ldx, out, ldo, m);
+        mk_any(kind, SRC_ROWS, nt, nb, NULL, W, roffs, X, ldx, out, ldo, m);
         return;
     }
     uint8_t *wk = work;
@@ -201,8 +233,40 @@ static inline AI TN void gemm_q(int kind, int64_t n, int nr, int nt, float *out,
     }
     int t = 0;
     for (; t + TOK_BLOCK <= nt; t += TOK_BLOCK)
-        mk(kind, TOK_BLOCK, nb, wk, W, roffs, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo, ldo, m);
-    if (t < nt) mk_any(kind, nt - t, nb, wk, W, roffs, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo, ldo, m);
+        mk(kind, SRC_WORK, TOK_BLOCK, nb, wk, W, roffs, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo, ldo, m);
+    if (t < nt)
+        mk_any(kind, SRC_WORK, nt - t, nb, wk, W, roffs, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo, ldo, m);
+}
+
+/* The GEMM on TL_PACK16 rows (pack.c): each group read as it lies, by
+ * decode and prefill alike (nr is a multiple of 16: a matrix is packed
+ * only with a multiple of 16 rows, and the matmul's tiles are groups). */
+static inline AI TN void gemm_pk(int kind, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w,
+                                 size_t ldw, const void *x, size_t ldx) {
+    const int64_t nb = n / 32;
+    const uint8_t *X = x;
+    for (int r0 = 0; r0 < nr; r0 += 16) {
+        const uint8_t *g = (const uint8_t *)w + (size_t)r0 * ldw;
+        float *o = out + r0;
+        int t = 0;
+        for (; t + TOK_BLOCK <= nt; t += TOK_BLOCK)
+            mk(kind, SRC_PACKED, TOK_BLOCK, nb, g, NULL, NULL, X + (size_t)t * ldx, ldx, o + (size_t)t * ldo, ldo,
+               0xFFFF);
+        if (t < nt)
+            mk_any(kind, SRC_PACKED, nt - t, nb, g, NULL, NULL, X + (size_t)t * ldx, ldx, o + (size_t)t * ldo, ldo,
+                   0xFFFF);
+    }
+}
+
+static TN void gemm_pk_q8_0(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
+                            size_t ldx, void *work) {
+    (void)work;
+    gemm_pk(Q_8_0, n, nr, nt, out, ldo, w, ldw, x, ldx);
+}
+static TN void gemm_pk_q4_0(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
+                            size_t ldx, void *work) {
+    (void)work;
+    gemm_pk(Q_4_0, n, nr, nt, out, ldo, w, ldw, x, ldx);
 }
 
 static TN void gemm_q8_0(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
@@ -274,6 +338,9 @@ void tl_gemm_fill_avx512(tl_kernel_table *t) {
     t->gemm_prepare[TL_TYPE_Q8_0] = prepare_q8_0;
     t->gemm_prepare[TL_TYPE_Q4_0] = prepare_q4_0;
     t->gemm_prepare[TL_TYPE_Q5_0] = prepare_q5_0;
+    t->gemm_tile_pk[TL_TYPE_Q8_0] = gemm_pk_q8_0;
+    t->gemm_tile_pk[TL_TYPE_Q4_0] = gemm_pk_q4_0;
+    t->pack_rows = 16;
     tl_gemm_k_fill_avx512(t); /* q4_K/q6_K: gemm_k_avx512.c */
 }
 

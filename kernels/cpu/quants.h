@@ -85,22 +85,24 @@ void tl_gemm_prepare(int type, const float *x, void *xp, int64_t n);
 void tl_gemm_tile(int type, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
                   const void *xp, size_t ldx, void *work);
 
-/* TL_PACK8 (pack8.c): q8_0 / q4_0 weight rows interleaved 8 at a time per
- * block, in place and the same size, as the AVX2 GEMM reads them. A
- * matrix is packed at load when the active level reads packed rows
- * natively (tl_pack8_native) and it has a multiple of 8 rows. */
-int tl_pack8_supported(int type);
-int tl_pack8_native(int type);
-/* 8 consecutive rows of n elements (8 * tl_row_size bytes at group) to
+/* TL_PACK8 / TL_PACK16 (pack.c): q8_0 / q4_0 weight rows interleaved G =
+ * 8 (AVX2) or 16 (AVX-512) at a time per block, in place and the same
+ * size, as that level's GEMM reads them. A matrix is packed at load when
+ * the active level reads packed rows natively (tl_pack_rows: its G, else
+ * 0) and it has a multiple of G rows. */
+int tl_pack_supported(int type);
+int tl_pack_rows(int type);
+/* G consecutive rows of n elements (G * tl_row_size bytes at group) to
  * the packed layout in place (tmp: as many bytes), and back to plain rows. */
-void tl_pack8_group(int type, uint8_t *group, int64_t n, uint8_t *tmp);
-void tl_unpack8_group(int type, const uint8_t *group, int64_t n, uint8_t *rows);
+void tl_pack_group(int type, int G, uint8_t *group, int64_t n, uint8_t *tmp);
+void tl_unpack_group(int type, int G, const uint8_t *group, int64_t n, uint8_t *rows);
 /* tl_gemm_tile (prepared != 0: rows from tl_gemm_prepare) or
- * tl_vec_dot_tile (plain activation rows) on packed weight rows w (nr a
- * multiple of 8, group-aligned); bitwise the same outputs as on the rows
- * unpacked. work: tl_gemm_work_size(n) bytes. */
-void tl_pack8_tile(int type, int prepared, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w,
-                   size_t ldw, const void *x, size_t ldx, void *work);
+ * tl_vec_dot_tile (plain activation rows) on weight rows w packed G at a
+ * time (nr a multiple of G, group-aligned); bitwise the same outputs as on
+ * the rows unpacked, at any level. work: tl_gemm_work_size(n) bytes, at
+ * least 16 rows' worth (G * tl_row_size). */
+void tl_packed_tile(int type, int G, int prepared, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w,
+                    size_t ldw, const void *x, size_t ldx, void *work);
 
 /* Half/bfloat conversions. */
 float tl_f16_to_f32(uint16_t h);

@@ -137,9 +137,11 @@ typedef struct tl_kernel_table {
      * that replaces the type's vec_dot without its own gemm (dispatch.c). */
     tl_gemm_tile_fn gemm_tile[TL_TYPE_COUNT];
     tl_quantize_fn gemm_prepare[TL_TYPE_COUNT];
-    /* gemm_tile on TL_PACK8 rows (pack8.c), over the same prepared rows;
-     * NULL where the level has none (tl_pack8_tile's generic loop). */
-    tl_gemm_tile_fn gemm_tile_p8[TL_TYPE_COUNT];
+    /* gemm_tile on rows packed pack_rows at a time (pack.c), over the same
+     * prepared rows; NULL where the level has none (tl_packed_tile's
+     * generic loop). */
+    tl_gemm_tile_fn gemm_tile_pk[TL_TYPE_COUNT];
+    int pack_rows;
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     float (*dot_f16_f32)(const uint16_t *a, const float *b, int64_t n);
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);

@@ -107,7 +107,7 @@ static int up_weight(plugin *p, dev_w *dw, const tl_weight *w, const char *what,
     else
         snprintf(name, sizeof name, "%s", what);
     REQ(w->data, "%s: no data", name);
-    REQ(!w->packed, "%s: rows repacked for the CPU (TL_PACK8); describe a model opened without repacking", name);
+    REQ(!w->packed, "%s: rows repacked for the CPU (TL_PACK8 / TL_PACK16); describe a model opened without repacking", name);
     REQ(w->n_in == n_in && w->n_out == n_out, "%s: shape (%lld, %lld), expected (%lld, %lld)", name,
         (long long)w->n_in, (long long)w->n_out, (long long)n_in, (long long)n_out);
     REQ(n_in < (1 << 30) && n_out < (1 << 30), "%s: shape too large", name);

@@ -14,7 +14,7 @@
  *            micro-tiles and every leftover), each entry bitwise
  *            tl_vec_dot at that level and bitwise the scalar reference,
  *            nothing written outside the tile or past the workspace.
- *   pack8    TL_PACK8 q8_0/q4_0 rows: pack/unpack round trip, and packed
+ *   pack     TL_PACK8 / TL_PACK16 q8_0/q4_0 rows: pack/unpack round trip, and packed
  *            tiles at every level (prepared or plain activation rows)
  *            bitwise tl_vec_dot of the plain rows.
  *   extremes q4_K/q5_K/q6_K blocks of random bytes (every scale and min
@@ -211,22 +211,23 @@ static void test_gemm_path(void) {
     }
 }
 
-/* TL_PACK8 rows: packing then unpacking gives the rows back byte for
- * byte, and at every level tl_pack8_tile on packed rows (prepared rows
- * where the level has a GEMM path, plain q8_0 rows always) gives bitwise
+/* TL_PACK8 / TL_PACK16 rows: packing then unpacking gives the rows back
+ * byte for byte, and at every level tl_packed_tile on packed rows
+ * (prepared rows where the level has a GEMM path, plain q8_0 rows always;
+ * native where the level reads that G, else unpacked) gives bitwise
  * tl_vec_dot of the plain rows, writing nothing outside the tile. */
-static void test_pack8(void) {
+static void test_pack(void) {
     static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0};
-    enum { MAXR = 16, MAXT = 19, PAD = 3 };
+    enum { MAXR = 32, MAXT = 19, PAD = 3 };
     const int isa_max = tl_kernels_isa();
-    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        const int type = types[ti];
+    for (size_t ti = 0; ti < 2 * sizeof types / sizeof types[0]; ti++) {
+        const int type = types[ti % 2], G = ti < 2 ? 8 : 16;
         static const int64_t sizes[] = {32, 32 * 11, 32 * 75};
         for (size_t si = 0; si < 3; si++) {
             const int64_t n = sizes[si];
             const size_t rw = tl_row_size(type, n), rx = tl_row_size(TL_TYPE_Q8_0, n), xs = tl_gemm_x_size(n);
             const size_t ldo = MAXR + PAD, ws = tl_gemm_work_size(n);
-            uint8_t *w = malloc(rw * MAXR), *wp = malloc(rw * MAXR), *back = malloc(rw * 8), *tmp = malloc(rw * 8);
+            uint8_t *w = malloc(rw * MAXR), *wp = malloc(rw * MAXR), *back = malloc(rw * G), *tmp = malloc(rw * G);
             uint8_t *x = malloc(rx * MAXT), *xp = aligned_alloc(64, xs * MAXT), *work = aligned_alloc(64, ws + 64);
             float *src = malloc(sizeof(float) * n * MAXT), *out = malloc(sizeof(float) * ldo * MAXT);
             for (int r = 0; r < MAXR; r++) {
@@ -235,27 +236,29 @@ static void test_pack8(void) {
             }
             memcpy(wp, w, rw * MAXR);
             int moved = 0, lost = 0;
-            for (int g = 0; g < MAXR; g += 8) {
-                tl_pack8_group(type, wp + rw * g, n, tmp);
-                moved += memcmp(wp + rw * g, w + rw * g, rw * 8) != 0;
-                tl_unpack8_group(type, wp + rw * g, n, back);
-                lost += memcmp(back, w + rw * g, rw * 8) != 0;
+            for (int g = 0; g < MAXR; g += G) {
+                tl_pack_group(type, G, wp + rw * g, n, tmp);
+                moved += memcmp(wp + rw * g, w + rw * g, rw * G) != 0;
+                tl_unpack_group(type, G, wp + rw * g, n, back);
+                lost += memcmp(back, w + rw * g, rw * G) != 0;
             }
             for (int t = 0; t < MAXT; t++) {
                 for (int64_t i = 0; i < n; i++) src[(size_t)n * t + i] = gauss() * (t == 3 ? 40.0f : 1.0f);
                 tl_quantize_row(TL_TYPE_Q8_0, src + (size_t)n * t, x + rx * t, n);
             }
-            int bad = 0, spill = 0, past = 0, runs = 0;
+            int bad = 0, spill = 0, past = 0, runs = 0, native = 0;
             for (int lvl = 0; lvl <= isa_max; lvl++) {
                 tl_kernels_set_isa(lvl);
+                native += tl_pack_rows(type) == G;
                 for (int prep = 0; prep <= tl_gemm_has(type); prep++) {
                     if (prep)
                         for (int t = 0; t < MAXT; t++) tl_gemm_prepare(type, src + (size_t)n * t, xp + xs * t, n);
-                    for (int nr = 8; nr <= MAXR; nr += 8)
+                    for (int nr = G; nr <= (G == 8 ? 16 : MAXR); nr += G)
                         for (int nt = 1; nt <= MAXT; nt++) {
                             if (nt > 5 && nt != 8 && nt != 13 && nt != MAXT) continue;
                             arm_tile(out, ldo * MAXT, work + ws);
-                            tl_pack8_tile(type, prep, n, nr, nt, out, ldo, wp, rw, prep ? xp : x, prep ? xs : rx, work);
+                            tl_packed_tile(type, G, prep, n, nr, nt, out, ldo, wp, rw, prep ? xp : x, prep ? xs : rx,
+                                           work);
                             runs++;
                             score_tile(type, n, nr, nt, out, ldo, MAXT, w, rw, x, rx, work + ws, &past, &spill, &bad,
                                        NULL);
@@ -264,12 +267,15 @@ static void test_pack8(void) {
             }
             tl_kernels_set_isa(isa_max);
             const char *name = tl_type_info(type)->name;
-            CHECK(moved == MAXR / 8 && lost == 0, "%s n=%lld: packing moves the bytes and unpacking restores them (%d lost)",
-                  name, (long long)n, lost);
-            CHECK(bad == 0 && runs > 0, "%s n=%lld: packed tiles equal vec_dot on the plain rows bitwise (%d runs, %d differ)",
-                  name, (long long)n, runs, bad);
-            CHECK(spill == 0 && past == 0, "%s n=%lld: packed tiles write nothing outside the tile or past the workspace",
-                  name, (long long)n);
+            CHECK(moved == MAXR / G && lost == 0,
+                  "%s n=%lld G=%d: packing moves the bytes and unpacking restores them (%d lost)", name, (long long)n, G,
+                  lost);
+            CHECK(bad == 0 && runs > 0,
+                  "%s n=%lld G=%d: packed tiles equal vec_dot on the plain rows bitwise (%d runs, %d differ; %d levels "
+                  "native)", name, (long long)n, G, runs, bad, native);
+            CHECK(spill == 0 && past == 0,
+                  "%s n=%lld G=%d: packed tiles write nothing outside the tile or past the workspace", name, (long long)n,
+                  G);
             free(w); free(wp); free(back); free(tmp); free(x); free(xp); free(work); free(src); free(out);
         }
     }
@@ -562,7 +568,7 @@ int main(void) {
     tl_kernels_init();
     test_tiles();
     test_gemm_path();
-    test_pack8();
+    test_pack();
     test_gemm_k_extremes();
     test_forward();
     test_gelu();

@@ -241,7 +241,7 @@ static void run_case(const tcase *tc, int idx) {
     mp.kv_mode = tc->kv_mode;
     runner r = {0};
     /* the plugin is described from this CPU model: plain rows, as a model
-     * opened on a device backend keeps them (no TL_PACK8) */
+     * opened on a device backend keeps them (no TL_PACK8 / TL_PACK16) */
     setenv("TINYLOOP_REPACK", "0", 1);
     int rc = tl_model_open(path, mp, &r.m);
     unsetenv("TINYLOOP_REPACK");
