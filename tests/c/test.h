@@ -4,6 +4,7 @@
 #define TL_TEST_H
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,17 @@ static inline double test_nmse(const float *a, const float *ref, size_t n) {
         r += (double)ref[i] * ref[i];
     }
     return r > 0 ? e / r : e;
+}
+
+/* A deterministic, roughly normal sample (sum of 4 uniforms from a 64-bit
+ * LCG, sd ~1): test data that depends only on the seed in *rng. */
+static inline float test_gauss(uint64_t *rng) {
+    float s = 0;
+    for (int i = 0; i < 4; i++) {
+        *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+        s += (float)((*rng >> 40) & 0xFFFF) / 65536.0f - 0.5f;
+    }
+    return s * 1.7f;
 }
 
 static inline const char *test_shared_dir(void) {

@@ -20,14 +20,7 @@
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 
-static float gauss(void) {
-    float s = 0;
-    for (int i = 0; i < 4; i++) {
-        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-        s += (float)((rng >> 40) & 0xFFFF) / 65536.0f - 0.5f;
-    }
-    return s * 1.7f;
-}
+static float gauss(void) { return test_gauss(&rng); }
 
 /* The AVX-512 score order, element by element: lane j chains the products
  * of elements j, j+16, ... (a multiply, then FMAs); lanes pair as

@@ -47,14 +47,7 @@
 
 static uint64_t rng = 0x243F6A8885A308D3ull;
 
-static float gauss(void) {
-    float s = 0;
-    for (int i = 0; i < 4; i++) {
-        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-        s += (float)((rng >> 40) & 0xFFFF) / 65536.0f - 0.5f;
-    }
-    return s * 1.7f;
-}
+static float gauss(void) { return test_gauss(&rng); }
 
 static void test_tiles(void) {
     static const int types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1,
