@@ -213,8 +213,8 @@ static void mm_task(void *p, int ith, int nth) {
             float *out = c->out + (size_t)t0 * rows + rt;
             const uint8_t *wr = base + (size_t)rt * row_size, *xq = c->xq + (size_t)t0 * c->xq_stride;
             if (w->packed)
-                tl_packed_tile(w->type, w->packed, c->gemm, w->n_in, nr, nt, out, (size_t)rows, wr, row_size, xq, c->xq_stride,
-                              work);
+                tl_packed_tile(w->type, w->packed, c->gemm, w->n_in, nr, nt, out, (size_t)rows, wr, row_size, xq,
+                               c->xq_stride, work);
             else if (c->gemm)
                 tl_gemm_tile(w->type, w->n_in, nr, nt, out, (size_t)rows, wr, row_size, xq, c->xq_stride, work);
             else
@@ -468,9 +468,9 @@ static void att_task(void *p, int ith, int nth) {
         int ta = s->chunk_t0[ci], tb = s->chunk_t0[ci + 1];
         const tl_seq *seq = c->seqs[s->tok_seq[ta]];
         int w = seq_window(seq, c->layer_window);
-        int b_first = tl_window_first(s->tok_pos[ta], w) / bs, pos_last = s->tok_pos[tb - 1], r0, r1;
         tok_span sp[ATT_QC_MAX];
         for (int t = ta; t < tb; t++) sp[t - ta] = token_span(bs, s->tok_pos[t], w);
+        int b_first = sp[0].b0, pos_last = s->tok_pos[tb - 1], r0, r1;
         if (s->k_direct) {
             int prepared = m->kv.layout.type_k == TL_KVT_Q8 && tl_gemm_has(TL_TYPE_Q8_0);
             for (int t = ta; t < tb; t++)
