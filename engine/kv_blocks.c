@@ -21,7 +21,7 @@ int tl_kv_pool_init(tl_kv_pool *p, int n_blocks, const tl_kv_layout *layout, int
         return tl_set_error(TL_ERR_NOMEM, "kv pool: %d blocks of %zu bytes overflow size_t", n_blocks,
                             layout->block_bytes);
     p->block_bytes = layout->block_bytes;
-    p->arena = with_arena ? tl_alloc_aligned(total) : NULL;
+    p->arena = with_arena ? tl_alloc_huge(total) : NULL;
     p->refcnt = calloc((size_t)n_blocks, sizeof *p->refcnt);
     p->free_list = malloc((size_t)n_blocks * sizeof *p->free_list);
     if ((with_arena && !p->arena) || !p->refcnt || !p->free_list) {
