@@ -119,28 +119,34 @@ static int bind_weight(tl_model *m, tl_weight *w, const char *name, int64_t n_in
     return TL_OK;
 }
 
-/* Repacks a matmul weight in place into the row-interleaved order the
- * active kernel level reads natively (TL_PACK8 at AVX2, TL_PACK16 at
- * AVX-512: q8_0, q4_0 with a multiple of G rows), so neither prefill nor
- * decode re-transposes rows.
- * The mapping is private: the written pages become the process's own
- * copy, the same bytes the file's pages took (RSS does not grow). Only for
- * the CPU (a device backend uploads plain rows) and an mmap'd file; any
- * failure leaves the weight as it was. TINYLOOP_REPACK=0 turns it off. */
-static void pack_weight(tl_weight *w) {
+/* Repacks a matmul weight into the row-interleaved order the active
+ * kernel level reads natively (TL_PACK8 at AVX2, TL_PACK16 at AVX-512:
+ * q8_0, q4_0 with a multiple of G rows), so neither prefill nor decode
+ * re-transposes rows.
+ * The packed copy goes to a buffer of its own on transparent huge pages
+ * (tl_alloc_huge), and the file's pages under it are dropped from the
+ * private mapping (MADV_DONTNEED: nothing reads them again), so RSS does
+ * not grow. A decode step streams every matrix once: on 2 MiB pages the
+ * hardware prefetcher is not stopped at each 4 KiB boundary and the TLB
+ * covers the matrix (measured on Zen 4, 110M Q8_0, one thread: matmuls
+ * 6.2-6.4 -> 5.8-5.9 ms a token). Only for the CPU (a device backend
+ * uploads plain rows) and an mmap'd file; any failure leaves the weight as
+ * it was. TINYLOOP_REPACK=0 turns it off. */
+static size_t packed_bytes(const tl_weight *w) {
     const int G = tl_pack_rows(w->type);
-    if (w->packed || !G || w->n_out % G) return;
+    if (w->packed || !G || w->n_out % G) return 0;
+    return (tl_row_size(w->type, w->n_in) * (size_t)w->n_out + 63) & ~(size_t)63;
+}
+
+static void pack_weight(tl_weight *w, uint8_t *dst, uint8_t *tmp) {
+    const int G = tl_pack_rows(w->type);
     const size_t rs = tl_row_size(w->type, w->n_in), bytes = rs * (size_t)w->n_out;
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)w->data & ~(page - 1);
-    const size_t len = (size_t)((uintptr_t)w->data + bytes - a);
-    uint8_t *tmp = malloc((size_t)G * rs);
-    if (!tmp || mprotect((void *)a, len, PROT_READ | PROT_WRITE)) {
-        free(tmp);
-        return;
-    }
-    for (int64_t r = 0; r < w->n_out; r += G) tl_pack_group(w->type, G, (uint8_t *)w->data + (size_t)r * rs, w->n_in, tmp);
-    mprotect((void *)a, len, PROT_READ);
-    free(tmp);
+    memcpy(dst, w->data, bytes);
+    for (int64_t r = 0; r < w->n_out; r += G) tl_pack_group(w->type, G, dst + (size_t)r * rs, w->n_in, tmp);
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), src = (uintptr_t)w->data;
+    const uintptr_t a = (src + page - 1) & ~(page - 1), b = (src + bytes) & ~(page - 1);
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED); /* whole pages of this matrix only */
+    w->data = dst;
     w->packed = G;
 }
 
@@ -152,9 +158,11 @@ static void pack_weights(tl_model *m) {
      * (tied output, or a file naming the same bytes twice) is packed once
      * and read the same way by both, and one sharing token_embd's bytes
      * not at all */
-    size_t n = 0, cap = (size_t)m->hp.n_layer * 7 + 2;
+    size_t n = 0, cap = (size_t)m->hp.n_layer * 7 + 2, total = 0, widest = 0;
     tl_weight **all = malloc(cap * sizeof *all);
-    if (!all) return;
+    const void **file_data = malloc(cap * sizeof *file_data);
+    uint8_t *tmp = NULL;
+    if (!all || !file_data) goto out;
     all[n++] = &m->tok_embd;
     for (int i = 0; i < m->hp.n_layer; i++) {
         tl_layer *L = &m->layers[i];
@@ -162,14 +170,35 @@ static void pack_weights(tl_model *m) {
         for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) all[n++] = ws[j];
     }
     all[n++] = &m->output;
+    for (size_t i = 0; i < n; i++) file_data[i] = all[i]->data;
+    /* first the arena's size: each tensor once */
+    for (size_t i = 1; i < n; i++) {
+        size_t k = 0;
+        while (k < i && file_data[k] != file_data[i]) k++;
+        if (k < i || !packed_bytes(all[i])) continue;
+        total += packed_bytes(all[i]);
+        size_t g = (size_t)tl_pack_rows(all[i]->type) * tl_row_size(all[i]->type, all[i]->n_in);
+        if (g > widest) widest = g;
+    }
+    if (!total || !(m->packed_arena = tl_alloc_huge(total)) || !(tmp = malloc(widest))) goto out;
+    uint8_t *dst = m->packed_arena;
     for (size_t i = 1; i < n; i++) {
         const tl_weight *prev = NULL;
         for (size_t k = 0; k < i && !prev; k++)
-            if (all[k]->data == all[i]->data) prev = all[k];
-        if (prev) all[i]->packed = prev->packed;
-        else pack_weight(all[i]);
+            if (file_data[k] == file_data[i]) prev = all[k];
+        if (prev) {
+            all[i]->data = prev->data;
+            all[i]->packed = prev->packed;
+        } else if (packed_bytes(all[i])) {
+            size_t b = packed_bytes(all[i]);
+            pack_weight(all[i], dst, tmp);
+            dst += b;
+        }
     }
+out:
+    free(tmp);
     free(all);
+    free(file_data);
 }
 
 /* Norm vectors are tiny: convert whatever type they have to owned f32. */
@@ -403,6 +432,7 @@ void tl_model_close(tl_model *m) {
     tl_kv_pool_destroy(&m->kv);
     for (int i = 0; i < m->n_owned_norms; i++) tl_free_aligned(m->owned_norms[i]);
     free(m->owned_norms);
+    tl_free_aligned(m->packed_arena);
     free(m->layers);
     tl_tokenizer_free(m->tok);
     gguf_close(m->file);
