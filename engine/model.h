@@ -56,7 +56,7 @@ struct tl_model {
     tl_layer *layers;      /* (n_layer) */
     float **owned_norms;   /* norm vectors we converted to f32 */
     int n_owned_norms;
-    void *packed_arena;    /* the repacked matrices (pack_weights), or NULL */
+    void *packed_arena;    /* the matmul weights moved off the file's mapping (pack_weights), or NULL */
     size_t weight_bytes;
 
     int chat_kind;              /* chat.c */
