@@ -66,6 +66,7 @@ static void model_id(const tl_model *m, uint8_t out[32]) {
     }
     const char *be = tl_backend_name(m);
     tl_sha256_update(&h, be, strlen(be) + 1);
+    if (m->bf16_act) tl_sha256_update(&h, "repack=bf16", 12); /* other arithmetic, other KV */
     tl_sha256_final(&h, out);
 }
 

@@ -184,6 +184,7 @@ typedef struct {
     float *out;
     int T;
     int gemm;          /* xq holds tl_gemm_prepare rows; tiles go through tl_gemm_tile */
+    int bf16;          /* xq holds BF16 rows; tiles go through tl_bf16dot_tile (repack "bf16") */
     uint8_t *work;     /* gemm: thread i's workspace at work + i * work_stride */
     size_t work_stride;
 } mm_ctx;
@@ -212,7 +213,9 @@ static void mm_task(void *p, int ith, int nth) {
             int nr = (int)((rt + 16 < r1 ? rt + 16 : r1) - rt);
             float *out = c->out + (size_t)t0 * rows + rt;
             const uint8_t *wr = base + (size_t)rt * row_size, *xq = c->xq + (size_t)t0 * c->xq_stride;
-            if (w->packed)
+            if (c->bf16)
+                tl_bf16dot_tile(w->n_in, nr, nt, out, (size_t)rows, wr, row_size, xq, c->xq_stride);
+            else if (w->packed)
                 tl_packed_tile(w->type, w->packed, c->gemm, w->n_in, nr, nt, out, (size_t)rows, wr, row_size, xq,
                                c->xq_stride, work);
             else if (c->gemm)
@@ -256,7 +259,15 @@ static void matmul(tl_model *m, float *out, const tl_weight *w, const float *x, 
     double t0 = s->profile ? tl_now() : 0;
     int vt = tl_type_info(w->type)->vec_dot_type;
     mm_ctx c = {.w = w, .out = out, .T = T, .work = s->gemm_work, .work_stride = s->gemm_work_stride};
-    if (vt == TL_TYPE_F32) {
+    if (w->type == TL_TYPE_BF16 && m->bf16_act) {
+        /* the lossy BF16 mode: activations rounded to BF16 once per matmul */
+        quant_ctx q = {.type = TL_TYPE_BF16, .x = x, .n = w->n_in, .xq = s->xq, .T = T};
+        q.stride = (tl_row_size(TL_TYPE_BF16, w->n_in) + 63) & ~(size_t)63;
+        tl_threadpool_run(m->tp, quant_task, &q, T);
+        c.bf16 = 1;
+        c.xq = s->xq;
+        c.xq_stride = q.stride;
+    } else if (vt == TL_TYPE_F32) {
         c.xq = (const uint8_t *)x;
         c.xq_stride = (size_t)w->n_in * sizeof(float);
     } else if (tl_gemm_has(w->type) && s->gemm_work_stride >= tl_gemm_work_size(w->n_in)) {

@@ -6,8 +6,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "chat.h"
 #include "forward.h"
@@ -117,110 +115,6 @@ static int bind_weight(tl_model *m, tl_weight *w, const char *name, int64_t n_in
     w->n_out = n_out;
     m->weight_bytes += t->size;
     return TL_OK;
-}
-
-/* The matmul weights move at load from the file's mapping into one buffer
- * on transparent huge pages (tl_alloc_huge), and the file's pages under
- * them are dropped from the private mapping (MADV_DONTNEED: nothing reads
- * them again), so RSS does not grow. A decode step streams every matrix
- * once: on 2 MiB pages the hardware prefetcher is not stopped at each
- * 4 KiB boundary and the TLB covers the matrix (measured on Zen 4, one
- * thread, 512-token context: Q8_0 matmuls 7.0-8.4 -> 5.8-7.6 ms a token,
- * Q4_0 3.9-4.5 -> 3.6-3.7). The cost: processes opening the same file no
- * longer share its pages.
- * On the way, q8_0 / q4_0 matrices with a multiple of G rows are repacked
- * into the row-interleaved order the active kernel level reads natively
- * (TL_PACK8 at AVX2, TL_PACK16 at AVX-512), so neither prefill nor decode
- * re-transposes rows. Only for the CPU (a device backend uploads plain
- * rows) and an mmap'd file; any failure leaves the weights where they
- * were. TINYLOOP_REPACK=0 turns both off. */
-static size_t arena_bytes(const tl_weight *w) {
-    return (tl_row_size(w->type, w->n_in) * (size_t)w->n_out + 63) & ~(size_t)63;
-}
-
-static int pack_group_rows(const tl_weight *w) {
-    const int G = tl_pack_rows(w->type);
-    return G && w->n_out % G == 0 ? G : 0;
-}
-
-/* Copies (and packs) ~1 MiB of rows at a time and drops the file's pages
- * behind each piece, so load never holds both copies of a matrix (a tied
- * 262144 x 640 output matrix is 178 MiB). */
-static void move_weight(tl_weight *w, uint8_t *dst, uint8_t *tmp, int may_pack) {
-    const int G = may_pack ? pack_group_rows(w) : 0;
-    const size_t rs = tl_row_size(w->type, w->n_in), bytes = rs * (size_t)w->n_out;
-    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), src = (uintptr_t)w->data;
-    const uintptr_t first = (src + page - 1) & ~(page - 1); /* the matrix's first whole page */
-    int64_t step = (int64_t)((1u << 20) / (rs ? rs : 1));
-    if (G) step = (step / G + 1) * G;
-    if (step < 1) step = 1;
-    for (int64_t r0 = 0; r0 < w->n_out; r0 += step) {
-        const int64_t r1 = r0 + step < w->n_out ? r0 + step : w->n_out;
-        memcpy(dst + (size_t)r0 * rs, (const uint8_t *)w->data + (size_t)r0 * rs, (size_t)(r1 - r0) * rs);
-        for (int64_t r = r0; G && r < r1; r += G) tl_pack_group(w->type, G, dst + (size_t)r * rs, w->n_in, tmp);
-        /* whole pages of this matrix read so far (none shared with a neighbour) */
-        const uintptr_t a = r0 ? ((src + (size_t)r0 * rs) & ~(page - 1)) : first;
-        const uintptr_t b = (src + (r1 == w->n_out ? bytes : (size_t)r1 * rs)) & ~(page - 1);
-        if (b > a && a >= first) (void)madvise((void *)a, b - a, MADV_DONTNEED);
-    }
-    w->data = dst;
-    w->packed = G;
-}
-
-static void pack_weights(tl_model *m) {
-    const char *env = getenv("TINYLOOP_REPACK");
-    if (m->backend || !m->file->mapped || (env && !strcmp(env, "0"))) return;
-    /* every matrix once, token_embd first and never packed (its rows are
-     * also read one by one, as lookups), and moved only when the output
-     * matrix is tied to it (else only its looked-up rows are ever read,
-     * and moving it would bring the rest into RSS); a tensor bound to two
-     * weights (tied output, or a file naming the same bytes twice) is
-     * moved once and read the same way by both */
-    size_t n = 0, cap = (size_t)m->hp.n_layer * 7 + 2, total = 0, widest = 0;
-    tl_weight **all = malloc(cap * sizeof *all);
-    const void **file_data = malloc(cap * sizeof *file_data);
-    uint8_t *tmp = NULL;
-    int tied = 0;
-    if (!all || !file_data) goto out;
-    all[n++] = &m->tok_embd;
-    for (int i = 0; i < m->hp.n_layer; i++) {
-        tl_layer *L = &m->layers[i];
-        tl_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) all[n++] = ws[j];
-    }
-    all[n++] = &m->output;
-    for (size_t i = 0; i < n; i++) {
-        file_data[i] = all[i]->data;
-        tied |= i > 0 && file_data[i] == file_data[0];
-    }
-    /* first the arena's size: each tensor once */
-    for (size_t i = !tied; i < n; i++) {
-        size_t k = 0;
-        while (k < i && file_data[k] != file_data[i]) k++;
-        if (k < i) continue;
-        total += arena_bytes(all[i]);
-        size_t g = i ? (size_t)pack_group_rows(all[i]) * tl_row_size(all[i]->type, all[i]->n_in) : 0;
-        if (g > widest) widest = g;
-    }
-    if (!total || !(m->packed_arena = tl_alloc_huge(total)) || !(tmp = malloc(widest ? widest : 1))) goto out;
-    uint8_t *dst = m->packed_arena;
-    for (size_t i = !tied; i < n; i++) {
-        const tl_weight *prev = NULL;
-        for (size_t k = 0; k < i && !prev; k++)
-            if (file_data[k] == file_data[i]) prev = all[k];
-        if (prev) {
-            all[i]->data = prev->data;
-            all[i]->packed = prev->packed;
-        } else {
-            size_t b = arena_bytes(all[i]);
-            move_weight(all[i], dst, tmp, i > 0);
-            dst += b;
-        }
-    }
-out:
-    free(tmp);
-    free(all);
-    free(file_data);
 }
 
 /* Norm vectors are tiny: convert whatever type they have to owned f32. */
@@ -379,8 +273,9 @@ static int init_runtime(tl_model *m) {
     m->tp = tl_threadpool_new(p->n_threads > 0 ? p->n_threads : tl_cpu_count());
     if (!m->tp) return tl_set_error(TL_ERR_NOMEM, "cannot start %d worker threads", p->n_threads);
     tl_radix_init(&m->cache, &m->kv);
+    if ((rc = tl_weights_resolve(m))) return rc;
     if ((rc = tl_cache_tiers_open(m))) return rc; /* hashes the weights as the file has them */
-    pack_weights(m);
+    tl_weights_move(m);
     if ((rc = tl_forward_init(m))) return rc;
     return tl_sched_init(m);
 }
@@ -454,7 +349,7 @@ void tl_model_close(tl_model *m) {
     tl_kv_pool_destroy(&m->kv);
     for (int i = 0; i < m->n_owned_norms; i++) tl_free_aligned(m->owned_norms[i]);
     free(m->owned_norms);
-    tl_free_aligned(m->packed_arena);
+    tl_free_aligned(m->weight_arena);
     free(m->layers);
     tl_tokenizer_free(m->tok);
     gguf_close(m->file);

@@ -56,7 +56,9 @@ struct tl_model {
     tl_layer *layers;      /* (n_layer) */
     float **owned_norms;   /* norm vectors we converted to f32 */
     int n_owned_norms;
-    void *packed_arena;    /* the matmul weights moved off the file's mapping (pack_weights), or NULL */
+    void *weight_arena;    /* the matmul weights moved off the file's mapping (weights.c), or NULL */
+    int repack_mode;       /* weights.c: on, off or bf16 */
+    int bf16_act;          /* repack "bf16": BF16 matmuls round their activations to BF16 (tl_bf16dot_tile) */
     size_t weight_bytes;
 
     int chat_kind;              /* chat.c */
@@ -97,5 +99,11 @@ int tl_backend_sample_k(const tl_model *m);
 void tl_backend_attach_pool(tl_model *m);
 void tl_backend_close(tl_model *m);
 const char *tl_backend_name(const tl_model *m);
+
+/* weights.c: the repack mode from the params or the environment (before
+ * the KV tiers hash the model: the BF16 mode computes other KV), then the
+ * matmul weights' move off the file's mapping, packed or converted. */
+int tl_weights_resolve(tl_model *m);
+void tl_weights_move(tl_model *m);
 
 #endif

@@ -87,6 +87,13 @@ typedef struct tl_model_params {
     const char *kv_dir;
     size_t kv_host_mem;
     size_t kv_disk_mem;
+    /* Weight repacking on the CPU (README "Models and weight types"):
+     * "on" (matmul weights moved to huge pages, q8_0/q4_0 repacked for the
+     * kernels; bitwise the file's results), "off" (the file's layout),
+     * "bf16" (also F32/F16 matrices rounded to BF16 and BF16 matmuls run
+     * with BF16 activations: faster, lossy; needs AVX512_BF16). NULL:
+     * $TINYLOOP_REPACK, else "on". */
+    const char *repack;
 } tl_model_params;
 /* The compute backend is chosen when a model opens: TINYLOOP_BACKEND=cpu |
  * cuda | auto (default). auto uses the CUDA plugin (libtinyloop-cuda.so,

@@ -21,7 +21,7 @@ static void usage(void) {
             "  tinyloop bench kv [-m MODEL]... [-t N] [--only mem,quality,speed] [--ctx N] [-n N]\n"
             "                    [--ppl-ctx N] [--ppl-score N] [--ppl-chunks N] [-f TEXT]   (KV modes: memory, quality, speed)\n"
             "common options: -t THREADS  --max-seq-len N  --kv f16|f32|q8|q4|K,V|h|h:TYPE  --kv-mem MB\n"
-            "                --loop-start S --loop-end E --loop-default D\n");
+            "                --loop-start S --loop-end E --loop-default D  --repack on|off|bf16 (bf16: lossy, faster)\n");
 }
 
 typedef struct {
@@ -89,6 +89,10 @@ static int parse_opts(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--kv")) {
             if (!v) { fprintf(stderr, "tinyloop: --kv expects a KV mode (f16, f32, q8, q4, q8,f16, h, h:q8)\n"); return -1; }
             o->mp.kv_mode = v; /* checked when the model opens */
+            i++;
+        } else if (!strcmp(a, "--repack")) {
+            if (!v) { fprintf(stderr, "tinyloop: --repack expects on, off or bf16\n"); return -1; }
+            o->mp.repack = v; /* checked when the model opens */
             i++;
         } else if (!strcmp(a, "--ids")) o->ids = 1;
         else if (!strcmp(a, "--no-special")) o->no_special = 1;

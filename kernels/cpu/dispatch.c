@@ -13,6 +13,10 @@
 
 #include "quants_impl.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 static tl_kernel_table tables[3];
 static int cpu_level; /* best level the CPU (and OS) supports */
 static int env_cap = TL_ISA_AVX512;
@@ -38,6 +42,18 @@ static int detect_cpu(void) {
 static int has_vnni(void) {
 #if defined(__x86_64__) || defined(__i386__)
     return __builtin_cpu_supports("avx512vnni");
+#else
+    return 0;
+#endif
+}
+
+static int has_bf16(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    /* CPUID leaf 7 sub-leaf 1, EAX bit 5 (no __builtin_cpu_supports name in
+     * older compilers); the OS's AVX-512 state is implied by avx512f. */
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
+    return (a >> 5) & 1;
 #else
     return 0;
 #endif
@@ -124,6 +140,7 @@ static void init_once(void) {
     drop_stale_rows(&tables[TL_ISA_AVX2], &tables[TL_ISA_SCALAR]);
     tables[TL_ISA_AVX512] = tables[TL_ISA_AVX2];
     if (cpu_level >= TL_ISA_AVX512) tl_kernels_fill_avx512(&tables[TL_ISA_AVX512], has_vnni());
+    if (cpu_level >= TL_ISA_AVX512 && has_bf16()) tl_bf16dot_fill_avx512(&tables[TL_ISA_AVX512]);
     drop_stale_tiles(&tables[TL_ISA_AVX512], &tables[TL_ISA_AVX2]);
     drop_stale_rows(&tables[TL_ISA_AVX512], &tables[TL_ISA_AVX2]);
     const int level = cpu_level < env_cap ? cpu_level : env_cap;
@@ -185,6 +202,13 @@ void tl_vec_dot_tile(int type, int64_t n, int nr, int nt, float *out, size_t ldo
     for (int r = 0; r < nr; r++)
         for (int j = 0; j < nt; j++)
             dot(n, &out[(size_t)j * ldo + r], (const uint8_t *)w + (size_t)r * ldw, (const uint8_t *)x + (size_t)j * ldx);
+}
+
+int tl_bf16dot_has(void) { return kt()->bf16dot_tile != NULL; }
+
+void tl_bf16dot_tile(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
+                     size_t ldx) {
+    kt()->bf16dot_tile(n, nr, nt, out, ldo, w, ldw, x, ldx);
 }
 
 int tl_gemm_has(int type) { return type >= 0 && type < TL_TYPE_COUNT && kt()->gemm_tile[type] != NULL; }

@@ -315,8 +315,9 @@ _M.Model_mt = model_mt
 
 local MODEL_KEYS = keyset {
     "max_seq_len", "n_threads", "kv_mem", "kv_block_size", "kv_type", "loop_start", "loop_end",
-    "loop_default", "vocab_only", "kv_dir", "kv_host_mem", "kv_disk_mem",
+    "loop_default", "vocab_only", "kv_dir", "kv_host_mem", "kv_disk_mem", "repack",
 }
+local REPACK_MODES = { on = true, off = true, bf16 = true }
 local KV_ROW = { f16 = true, f32 = true, q8 = true, q4 = true }
 local KV_MODES_SHOWN = { "f16", "f32", "q8", "q4", "h:f16", "h:q8" }
 
@@ -382,7 +383,9 @@ end
 -- $TINYLOOP_KV_DIR), kv_host_mem (bytes of host RAM for evicted blocks;
 -- 0 or unset: $TINYLOOP_KV_HOST_MEM, else none), kv_disk_mem (the disk
 -- tier's budget in bytes; 0 or unset: $TINYLOOP_KV_DISK_MEM, else
--- unlimited). Unset: the C defaults.
+-- unlimited); repack ("on" | "off" | "bf16": weight repacking on the CPU,
+-- "bf16" lossy and faster, needs AVX512_BF16; unset: $TINYLOOP_REPACK,
+-- else "on"). Unset: the C defaults.
 function _M.Model(path, opts)
     if type(path) ~= "string" then
         bad("Model", "path", "expected a string, got " .. type(path))
@@ -405,6 +408,12 @@ function _M.Model(path, opts)
             bad("Model", "kv_dir", "expected a directory path (a non-empty string), got " .. show(o.kv_dir))
         end
         p.kv_dir = o.kv_dir -- o holds the string while tl_model_open reads it
+    end
+    if o.repack ~= nil then
+        if not REPACK_MODES[o.repack] then
+            bad("Model", "repack", "expected \"on\", \"off\" or \"bf16\", got " .. show(o.repack))
+        end
+        p.repack = o.repack -- o holds the string while tl_model_open reads it
     end
     p.kv_host_mem = opt_bytes("kv_host_mem", o.kv_host_mem, p.kv_host_mem)
     p.kv_disk_mem = opt_bytes("kv_disk_mem", o.kv_disk_mem, p.kv_disk_mem)

@@ -42,6 +42,9 @@ PY
     check "CLI reports prompt + max_tokens past max_seq_len" $?
     $BIN generate -m "$MODEL" -p "Once upon a time" -n 200 --max-seq-len 512 --ids >/dev/null
     check "CLI --max-seq-len 512 lifts the file's 128" $?
+    err=$($BIN generate -m "$MODEL" -p "Once" -n 2 --repack fast 2>&1); r=$?
+    [ $r != 0 ] && printf '%s' "$err" | grep -q 'repack: expected "on", "off" or "bf16", got "fast"'
+    check "CLI --repack fast is refused, naming the value and the choices" $?
     out=$($BIN bench cache -m "$MODEL" -t 1 2>&1); r=$?
     [ $r = 0 ] && ! printf '%s' "$out" | grep -q "exceeds" && printf '%s' "$out" | grep -q "multi-turn chat, 8 conversations x 3 turns"
     check "CLI bench cache sizes its chat to a 128-token model (no errors, 3 turns)" $?

@@ -60,6 +60,19 @@ describe("tinyloop.Model", function()
             m:close()
         end)
 
+        it("takes repack = \"off\" and, with AVX512_BF16, \"bf16\" (the same 8 greedy tokens here)", function()
+            local off = tl.Model(path, { repack = "off" })
+            off:close()
+            local ok, m = pcall(tl.Model, path, { repack = "bf16" })
+            if not ok then -- a CPU without AVX512_BF16: refused, naming it
+                assert.truthy(tostring(m):find("AVX512_BF16", 1, true), m)
+                return
+            end
+            local got = m:generate(once, greedy)
+            m:close()
+            assert.are.same(model:generate(once, greedy), got)
+        end)
+
         it("raises with the file name when the file cannot be opened", function()
             local ok, err = pcall(tl.Model, "/nonexistent/model.gguf")
             assert.is_false(ok)
@@ -75,6 +88,8 @@ describe("tinyloop.Model", function()
                 "bad argument 'n_threads' to Model (expected an integer >= 0, got 1.5)")
             assert.has_error(function() tl.Model(path, { kv_type = "q3" }) end,
                 "bad argument 'kv_type' to Model (" .. tl.KV_MODE_EXPECTED .. ", got \"q3\")")
+            assert.has_error(function() tl.Model(path, { repack = "fast" }) end,
+                "bad argument 'repack' to Model (expected \"on\", \"off\" or \"bf16\", got \"fast\")")
             assert.has_error(function() tl.Model(path, { max_seqlen = 4 }) end,
                 "bad argument 'opts' to Model (unknown option \"max_seqlen\")")
             assert.has_error(function() tl.Model(path, 5) end,
