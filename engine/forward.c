@@ -360,7 +360,7 @@ static void prefetch_kv(const att_ctx *c, const tl_seq *seq, int j, int b_first,
         int v = i >= nb, id = seq->bt.ids[(b_first + i % nb) * seq->bt.depth + c->vl];
         size_t rb = v ? l->row_bytes_v : l->row_bytes_k, bytes = (size_t)kv->block_size * rb;
         const char *r = (const char *)(v ? tl_kv_v(kv, id) : tl_kv_k(kv, id)) + tl_kv_row_off(l, kh, 0, rb);
-        for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(r + off, 0, 2);
+        tl_prefetch(r, bytes);
     }
 }
 

@@ -35,6 +35,14 @@ void *tl_alloc_aligned(size_t size) {
 
 void tl_free_aligned(void *p) { free(p); }
 
+/* Out of line on purpose: GCC treats __builtin_prefetch as free of side
+ * effects, so a static helper that only prefetches was judged pure and its
+ * calls deleted (forward.c's KV prefetch compiled to nothing); a call into
+ * another translation unit stays. */
+void tl_prefetch(const void *p, size_t bytes) {
+    for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch((const char *)p + off, 0, 2);
+}
+
 /* Large buffers read in scattered pieces (the KV pool: a few KiB per
  * block and head) on 2 MiB pages where the kernel gives them (transparent
  * huge pages in madvise mode, else a no-op): one TLB entry per 2 MiB
