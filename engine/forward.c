@@ -340,16 +340,17 @@ static const uint16_t *att_rows_f16(const att_ctx *c, const tl_seq *seq, int b, 
     return (const uint16_t *)(const void *)((v ? tl_kv_v(kv, id) : tl_kv_k(kv, id)) + tl_kv_row_off(l, kh, 0, rb));
 }
 
-/* A decoding query reads each block's K rows of its head once, then each
- * block's V rows: a few KiB per block, scattered over the pool, which the
- * hardware prefetcher does not see coming (and would not follow across
- * pages), so each block started with misses to DRAM; attention was a third
- * of a decode step at 512 positions. The K blocks then the V blocks are
- * one stream of items: at item j the items up to j + PF_ITEMS are asked
- * into L2 (the first call also asks for those before), and land while
- * earlier ones are summed. Measured on Zen 4, one thread, 110M Q8_0 at
- * 512-640 positions: attention 3.4 -> 1.9 ms a token (8 items ahead; 4
- * gave 2.8, into L1 rather than L2 2.5). */
+/* A task reads each block's K rows of its head, then each block's V rows:
+ * a few KiB per block, scattered over the pool, which the hardware
+ * prefetcher does not see coming (and would not follow across pages), so
+ * for a decoding token each block started with misses to DRAM; attention
+ * was a third of a decode step at 512 positions. The K blocks then the V
+ * blocks are one stream of items: at item j the items up to j + PF_ITEMS
+ * are asked into L2 (the first call also asks for those before), and land
+ * while earlier ones are summed. Zen 4, one thread, 512-640 positions:
+ * 110M Q4_0 attention 3.0-3.2 -> 1.7-2.0 ms a token, Gemma 3 270M (4
+ * query heads a KV head, the converting path) 2.2-2.5 -> 1.6 (2 to 16
+ * items ahead all within the noise; prefill unchanged). */
 enum { PF_ITEMS = 8 };
 static void prefetch_kv(const att_ctx *c, const tl_seq *seq, int j, int b_first, int nb, int kh) {
     const tl_kv_pool *kv = &c->m->kv;
@@ -508,7 +509,7 @@ static void att_task(void *p, int ith, int nth) {
         int b_first = sp[0].b0, pos_last = s->tok_pos[tb - 1], nb = pos_last / bs - b_first + 1, r0, r1;
         /* A block seen by one or two queries (decode) is read in place as
          * f16 rather than widened to f32 first and read once; bitwise the
-         * same scores and sums either way. Its rows are prefetched. */
+         * same scores and sums either way. */
         int in_place = (tb - ta) * group <= 2, panels = !in_place && s->kp_floats && tl_attn_has_panels(hd);
         if (s->k_direct) {
             int prepared = m->kv.layout.type_k == TL_KVT_Q8 && tl_gemm_has(TL_TYPE_Q8_0);
@@ -521,13 +522,13 @@ static void att_task(void *p, int ith, int nth) {
                 }
             void *work = s->gemm_work + (size_t)ith * s->gemm_work_stride;
             for (int b = b_first; b <= pos_last / bs; b++) {
-                if (in_place) prefetch_kv(c, seq, b - b_first, b_first, nb, kh);
+                prefetch_kv(c, seq, b - b_first, b_first, nb, kh);
                 k_direct_scores(c, seq, b, kh, sp, ta, tb, qq, prepared, work, scores);
             }
         }
         for (int b = b_first; !s->k_direct && b <= pos_last / bs; b++) {
             int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
-            if (in_place) prefetch_kv(c, seq, b - b_first, b_first, nb, kh);
+            prefetch_kv(c, seq, b - b_first, b_first, nb, kh);
             if (panels) {
                 panel_scores(c, seq, b, kh, sp, ta, tb, rows, kbuf, kp, scores);
                 continue;
@@ -566,7 +567,7 @@ static void att_task(void *p, int ith, int nth) {
         for (int b = b_first; b <= pos_last / bs; b++) {
             int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
             size_t ld = (size_t)hd;
-            if (in_place) prefetch_kv(c, seq, nb + b - b_first, b_first, nb, kh);
+            prefetch_kv(c, seq, nb + b - b_first, b_first, nb, kh);
             const uint16_t *v16 = in_place ? att_rows_f16(c, seq, b, kh, 1) : NULL;
             const float *v = v16 ? NULL : att_rows(c, seq, b, kh, 1, rows, kbuf, &ld);
             /* queries (token, head of the group) that see the same rows go
