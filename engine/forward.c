@@ -352,17 +352,19 @@ static const uint16_t *att_rows_f16(const att_ctx *c, const tl_seq *seq, int b, 
  * query heads a KV head, the converting path) 2.2-2.5 -> 1.6 (2 to 16
  * items ahead all within the noise; prefill unchanged). */
 enum { PF_ITEMS = 8 };
-static void prefetch_kv(const att_ctx *c, const tl_seq *seq, int j, int b_first, int nb, int kh) {
+/* Head kh's K (v 0) or V (v 1) rows of logical block b, into L2. */
+static void prefetch_block(const att_ctx *c, const tl_seq *seq, int b, int kh, int v) {
     const tl_kv_pool *kv = &c->m->kv;
     const tl_kv_layout *l = &kv->layout;
     if (l->store_h) return; /* recomputed rows: not in the pool */
+    int id = seq->bt.ids[b * seq->bt.depth + c->vl];
+    size_t rb = v ? l->row_bytes_v : l->row_bytes_k;
+    tl_prefetch((v ? tl_kv_v(kv, id) : tl_kv_k(kv, id)) + tl_kv_row_off(l, kh, 0, rb), (size_t)kv->block_size * rb);
+}
+
+static void prefetch_kv(const att_ctx *c, const tl_seq *seq, int j, int b_first, int nb, int kh) {
     int from = j == 0 ? 0 : j + PF_ITEMS, to = j + PF_ITEMS < 2 * nb - 1 ? j + PF_ITEMS : 2 * nb - 1;
-    for (int i = from; i <= to; i++) {
-        int v = i >= nb, id = seq->bt.ids[(b_first + i % nb) * seq->bt.depth + c->vl];
-        size_t rb = v ? l->row_bytes_v : l->row_bytes_k, bytes = (size_t)kv->block_size * rb;
-        const char *r = (const char *)(v ? tl_kv_v(kv, id) : tl_kv_k(kv, id)) + tl_kv_row_off(l, kh, 0, rb);
-        tl_prefetch(r, bytes);
-    }
+    for (int i = from; i <= to; i++) prefetch_block(c, seq, b_first + i % nb, kh, i >= nb);
 }
 
 static float dot_small(const float *a, const float *b, int n) {
@@ -687,6 +689,142 @@ static int h_recompute(tl_model *m, const tl_seq *seq, int vl, const tl_layer *l
     return TL_OK;
 }
 
+/* A decode step with fewer (sequence, KV head) tasks than threads (one
+ * sequence of a model with one KV head, as Gemma 3: one task) would leave
+ * the other threads idle through attention. It splits each task instead,
+ * in three passes that keep every value's operations and their order, so
+ * the split changes no bit: the scores by blocks (each score whole, by the
+ * kernels att_task uses), the softmax per query, and the weighted V sums
+ * by slices of head_dim (each output lane adds its rows in the same order;
+ * slices start at multiples of 16 lanes, where the kernels' steps do). */
+typedef struct {
+    const att_ctx *ac;
+    int pass; /* 0 scores, 1 softmax, 2 V sums */
+} split_ctx;
+
+typedef struct {
+    const tl_seq *seq;
+    int t, kh, pos, j0;
+    tok_span sp;
+    float *sc;   /* its group's score rows, max_seq_len apart */
+    float *out;  /* its group's outputs in s->att */
+} split_task;
+
+static split_task split_task_of(const att_ctx *c, int i) {
+    const tl_scratch *s = c->m->scratch;
+    const tl_hparams *hp = &c->m->hp;
+    split_task k;
+    k.t = s->chunk_t0[i / hp->n_head_kv];
+    k.kh = i % hp->n_head_kv;
+    k.seq = c->seqs[s->tok_seq[k.t]];
+    k.pos = s->tok_pos[k.t];
+    int w = seq_window(k.seq, c->layer_window);
+    k.j0 = tl_window_first(k.pos, w);
+    k.sp = token_span(c->m->kv.block_size, k.pos, w);
+    k.sc = s->scores + (size_t)i * s->scores_stride; /* task i < threads: thread i's score area */
+    int group = hp->n_head / hp->n_head_kv;
+    k.out = s->att + (size_t)k.t * hp->n_head * hp->head_dim + (size_t)k.kh * group * hp->head_dim;
+    return k;
+}
+
+static void split_scores(const att_ctx *c, const split_task *k, int b, float *kbuf) {
+    const tl_hparams *hp = &c->m->hp;
+    int hd = hp->head_dim, bs = c->m->kv.block_size, group = hp->n_head / hp->n_head_kv, r0, r1;
+    size_t msl = (size_t)c->m->max_seq_len, ld = (size_t)hd;
+    if (!span_rows(&k->sp, b, bs, &r0, &r1)) return;
+    const float *q = c->m->scratch->q + (size_t)k->t * hp->n_head * hd + (size_t)k->kh * group * hd;
+    const uint16_t *k16 = att_rows_f16(c, k->seq, b, k->kh, 0);
+    const float *kr = k16 ? NULL : att_rows(c, k->seq, b, k->kh, 0, r1, kbuf, &ld);
+    for (int g = 0; g < group; g++) {
+        float *o = k->sc + (size_t)g * msl + b * bs + r0;
+        if (k16)
+            tl_dot_rows_f16(q + g * hd, k16 + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale, o);
+        else if (hd >= 32)
+            tl_dot_rows_f32(q + g * hd, kr + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale, o);
+        else
+            for (int r = r0; r < r1; r++) o[r - r0] = dot_small(q + g * hd, kr + (size_t)r * ld, hd) * c->scale;
+    }
+}
+
+/* Lanes [d0, d1) of the task's V sums over all its blocks. */
+static void split_v(const att_ctx *c, const split_task *k, int d0, int d1, float *kbuf) {
+    const tl_hparams *hp = &c->m->hp;
+    int hd = hp->head_dim, bs = c->m->kv.block_size, group = hp->n_head / hp->n_head_kv, r0, r1;
+    size_t msl = (size_t)c->m->max_seq_len;
+    for (int b = k->sp.b0; b <= k->sp.b1; b++) {
+        if (!span_rows(&k->sp, b, bs, &r0, &r1)) continue;
+        for (int f = b == k->sp.b0 ? b : b + PF_ITEMS; f <= b + PF_ITEMS && f <= k->sp.b1; f++)
+            prefetch_block(c, k->seq, f, k->kh, 1);
+        size_t ld = (size_t)hd;
+        const uint16_t *v16 = att_rows_f16(c, k->seq, b, k->kh, 1);
+        const float *v = v16 ? NULL : att_rows(c, k->seq, b, k->kh, 1, r1, kbuf, &ld);
+        for (int g0 = 0; g0 < group; g0 += 4) {
+            float *ys[4];
+            const float *as[4];
+            int nq = group - g0 < 4 ? group - g0 : 4;
+            for (int q = 0; q < nq; q++) {
+                ys[q] = k->out + (size_t)(g0 + q) * hd + d0;
+                as[q] = k->sc + (size_t)(g0 + q) * msl + b * bs + r0;
+            }
+            if (hd < 32) { /* att_task's scalar loop, lane by lane */
+                for (int q = 0; q < nq; q++)
+                    for (int r = r0; r < r1; r++)
+                        for (int d = 0; d < d1 - d0; d++) ys[q][d] += as[q][r - r0] * v[(size_t)r * ld + d0 + d];
+                continue;
+            }
+            v_rows(nq, ys, as, v ? v + d0 : NULL, v16 ? v16 + d0 : NULL, ld, r0, r1, d1 - d0);
+        }
+    }
+}
+
+static void split_pass(void *p, int ith, int nth) {
+    const split_ctx *x = p;
+    const att_ctx *c = x->ac;
+    const tl_scratch *s = c->m->scratch;
+    const tl_hparams *hp = &c->m->hp;
+    int tasks = s->n_chunks * hp->n_head_kv, group = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
+    float *kbuf = s->scores + (size_t)ith * s->scores_stride + (size_t)s->att_qc * group * c->m->max_seq_len;
+    if (x->pass == 0) { /* the (task, block) pairs in contiguous shares */
+        int total = 0, j = 0;
+        for (int i = 0; i < tasks; i++) {
+            split_task k = split_task_of(c, i);
+            total += k.sp.b1 - k.sp.b0 + 1;
+        }
+        int lo = (int)((int64_t)total * ith / nth), hi = (int)((int64_t)total * (ith + 1) / nth);
+        for (int i = 0; i < tasks && j < hi; i++) {
+            split_task k = split_task_of(c, i);
+            for (int b = k.sp.b0; b <= k.sp.b1; b++, j++) {
+                if (j < lo || j >= hi) continue;
+                for (int f = j == lo ? b : b + PF_ITEMS; f <= b + PF_ITEMS && f <= k.sp.b1; f++)
+                    prefetch_block(c, k.seq, f, k.kh, 0);
+                split_scores(c, &k, b, kbuf);
+            }
+        }
+    } else if (x->pass == 1) {
+        for (int p = ith; p < tasks * group; p += nth) {
+            split_task k = split_task_of(c, p / group);
+            int g = p % group;
+            tl_softmax_f32(k.sc + (size_t)g * c->m->max_seq_len + k.j0, k.pos - k.j0 + 1);
+            memset(k.out + (size_t)g * hd, 0, (size_t)hd * sizeof(float));
+        }
+    } else {
+        int d0 = (hd * ith / nth) & ~15, d1 = ith == nth - 1 ? hd : (hd * (ith + 1) / nth) & ~15;
+        if (hd < 32) d0 = ith ? hd : 0, d1 = hd; /* too narrow to split: thread 0 */
+        for (int i = 0; d1 > d0 && i < tasks; i++) {
+            split_task k = split_task_of(c, i);
+            split_v(c, &k, d0, d1, kbuf);
+        }
+    }
+}
+
+/* 1 when this step takes the split (see split_ctx). */
+static int split_decode(const tl_model *m, int T) {
+    const tl_scratch *s = m->scratch;
+    int nth = tl_threadpool_size(m->tp);
+    return nth > 1 && T == s->n_chunks && s->n_chunks * m->hp.n_head_kv < nth && !s->k_direct &&
+           !m->kv.layout.store_h;
+}
+
 /* Attention of the batch at virtual layer vl, after the new rows are
  * stored. Store-h runs one sequence at a time over its recomputed K/V. */
 static int attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T, int window, float rope_base) {
@@ -694,6 +832,14 @@ static int attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T,
     const tl_hparams *hp = &m->hp;
     att_ctx ac = {.m = m, .seqs = seqs, .vl = vl, .T = T, .layer_window = window,
                   .scale = 1.0f / sqrtf((float)hp->head_dim), .c0 = 0, .c1 = s->n_chunks};
+    if (split_decode(m, T)) {
+        int nth = tl_threadpool_size(m->tp);
+        for (int pass = 0; pass < 3; pass++) {
+            split_ctx x = {.ac = &ac, .pass = pass};
+            tl_threadpool_run(m->tp, split_pass, &x, nth);
+        }
+        return TL_OK;
+    }
     if (!m->kv.layout.store_h) {
         tl_threadpool_run(m->tp, att_task, &ac, s->n_chunks * hp->n_head_kv);
         return TL_OK;
