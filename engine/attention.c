@@ -1,0 +1,589 @@
+/* attention.c - attention over the paged KV cache for the CPU forward
+ * pass (forward.c): each token's scores against its sequence's K rows, the
+ * softmax and the weighted V sums, per query chunk and KV head, with the
+ * K/V rows read in place where the kernels take them; the K/V stores;
+ * store-h's recomputed K/V; the split of a decode step over the threads.
+ * Every token's values come out bitwise the same whatever the batch, the
+ * chunk or the thread count (the comments at each step say why). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward_impl.h"
+#include "forward_ops.h"
+#include "kv_mode.h"
+#include "quants.h"
+#include "threadpool.h"
+#include "util.h"
+
+/* ---- attention over the paged KV ------------------------------------------- */
+
+typedef struct {
+    tl_model *m;
+    tl_seq **seqs;
+    int vl, T;
+    int layer_window;  /* sliding window of this layer, 0 = none */
+    float scale;
+    int c0, c1;        /* the query chunks to run */
+    int h_p0;          /* store-h: position of the first row of scratch hk / hv */
+} att_ctx;
+
+/* K (v 0) or V (v 1) rows of head kh in logical block b, as f32 rows *ld
+ * floats apart. The layout inside a block is [head][position][row], so a
+ * head's slice is contiguous and converts in one call (into buf, which
+ * holds block_size * head_dim floats). Store-h reads the sequence's K and
+ * V recomputed for this layer (h_recompute). */
+static const float *att_rows(const att_ctx *c, const tl_seq *seq, int b, int kh, int v, int rows, float *buf,
+                             size_t *ld) {
+    const tl_kv_pool *kv = &c->m->kv;
+    const tl_kv_layout *l = &kv->layout;
+    int hd = c->m->hp.head_dim, kv_dim = c->m->hp.n_head_kv * hd;
+    if (l->store_h) {
+        *ld = (size_t)kv_dim;
+        const float *base = v ? c->m->scratch->hv : c->m->scratch->hk;
+        return base + (size_t)(b * kv->block_size - c->h_p0) * kv_dim + (size_t)kh * hd;
+    }
+    *ld = (size_t)hd;
+    int id = seq->bt.ids[b * seq->bt.depth + c->vl];
+    int type = v ? l->type_v : l->type_k;
+    size_t rb = v ? l->row_bytes_v : l->row_bytes_k;
+    const uint8_t *src = (v ? tl_kv_v(kv, id) : tl_kv_k(kv, id)) + tl_kv_row_off(l, kh, 0, rb);
+    if (type == TL_KVT_F32) return (const float *)(const void *)src;
+    tl_kv_load_row(type, l->group, src, buf, rows * hd);
+    return buf;
+}
+
+/* The same rows read in place when they are f16 and the level reads f16
+ * rows directly (tl_attn_has_f16_rows), else NULL. */
+static const uint16_t *att_rows_f16(const att_ctx *c, const tl_seq *seq, int b, int kh, int v) {
+    const tl_kv_pool *kv = &c->m->kv;
+    const tl_kv_layout *l = &kv->layout;
+    if (l->store_h || (v ? l->type_v : l->type_k) != TL_KVT_F16 || c->m->hp.head_dim < 32 || !tl_attn_has_f16_rows())
+        return NULL;
+    int id = seq->bt.ids[b * seq->bt.depth + c->vl];
+    size_t rb = v ? l->row_bytes_v : l->row_bytes_k;
+    return (const uint16_t *)(const void *)((v ? tl_kv_v(kv, id) : tl_kv_k(kv, id)) + tl_kv_row_off(l, kh, 0, rb));
+}
+
+/* A task reads each block's K rows of its head, then each block's V rows:
+ * a few KiB per block, scattered over the pool, which the hardware
+ * prefetcher does not see coming (and would not follow across pages), so
+ * for a decoding token each block started with misses to DRAM; attention
+ * was a third of a decode step at 512 positions. The K blocks then the V
+ * blocks are one stream of items: at item j the items up to j + PF_ITEMS
+ * are asked into L2 (the first call also asks for those before), and land
+ * while earlier ones are summed. Zen 4, one thread, 512-640 positions:
+ * 110M Q4_0 attention 3.0-3.2 -> 1.7-2.0 ms a token, Gemma 3 270M (4
+ * query heads a KV head, the converting path) 2.2-2.5 -> 1.6 (2 to 16
+ * items ahead all within the noise; prefill unchanged). */
+enum { PF_ITEMS = 8 };
+/* Head kh's K (v 0) or V (v 1) rows of logical block b, into L2. */
+static void prefetch_block(const att_ctx *c, const tl_seq *seq, int b, int kh, int v) {
+    const tl_kv_pool *kv = &c->m->kv;
+    const tl_kv_layout *l = &kv->layout;
+    if (l->store_h) return; /* recomputed rows: not in the pool */
+    int id = seq->bt.ids[b * seq->bt.depth + c->vl];
+    size_t rb = v ? l->row_bytes_v : l->row_bytes_k;
+    tl_prefetch((v ? tl_kv_v(kv, id) : tl_kv_k(kv, id)) + tl_kv_row_off(l, kh, 0, rb), (size_t)kv->block_size * rb);
+}
+
+static void prefetch_kv(const att_ctx *c, const tl_seq *seq, int j, int b_first, int nb, int kh) {
+    int from = j == 0 ? 0 : j + PF_ITEMS, to = j + PF_ITEMS < 2 * nb - 1 ? j + PF_ITEMS : 2 * nb - 1;
+    for (int i = from; i <= to; i++) prefetch_block(c, seq, b_first + i % nb, kh, i >= nb);
+}
+
+static float dot_small(const float *a, const float *b, int n) {
+    if (n >= 32) return tl_dot_f32(a, b, n);
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+/* The window a sequence's tokens attend over in a layer: the narrower of
+ * the request's cache_window and the layer's sliding window (0: none). */
+static inline int seq_window(const tl_seq *seq, int layer_window) {
+    return tl_window_narrower(layer_window, seq->window);
+}
+
+/* The blocks a token sees: logical blocks [b0, b1], from row r0 of b0 to
+ * row r1 (exclusive) of b1; computed once per token of a task, as the
+ * block loops ask for every (block, token) pair. */
+typedef struct {
+    int b0, r0, b1, r1;
+} tok_span;
+
+static inline tok_span token_span(int bs, int pos, int w) {
+    int j0 = tl_window_first(pos, w);
+    return (tok_span){j0 / bs, j0 % bs, pos / bs, pos % bs + 1};
+}
+
+/* The rows [*r0, *r1) of logical block b a token sees; 0 when none. */
+static inline int span_rows(const tok_span *sp, int b, int bs, int *r0, int *r1) {
+    if (b < sp->b0 || b > sp->b1) return 0;
+    *r0 = b == sp->b0 ? sp->r0 : 0;
+    *r1 = b == sp->b1 ? sp->r1 : bs;
+    return 1;
+}
+
+/* Scores of tokens [ta, tb) (queries quantized in qq, one q8_0 row per
+ * token and query head of the group) against K rows of head kh in logical
+ * block b, read as q8_0 / q4_1 rows in place. One tile call covers the rows
+ * any token of the chunk sees; a token's cells outside its own window or
+ * past its position are written but never read (its softmax runs over
+ * [first, pos] only). Each cell is bitwise tl_vec_dot of its pair, so a
+ * token's scores do not depend on the chunk it is in. With `prepared` the
+ * queries are tl_gemm_prepare rows and q8 K goes through the GEMM tiles
+ * (VNNI where present: 16 K rows per instruction), else tl_vec_dot_tile. */
+static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, const tok_span *sp, int ta, int tb,
+                            const uint8_t *qq, int prepared, void *work, float *scores) {
+    const tl_kv_pool *kv = &c->m->kv;
+    const tl_kv_layout *l = &kv->layout;
+    const tl_scratch *s = c->m->scratch;
+    int hd = c->m->hp.head_dim, bs = kv->block_size, group = c->m->hp.n_head / c->m->hp.n_head_kv;
+    size_t msl = (size_t)c->m->max_seq_len;
+    int lo = bs, hi = 0, r0, r1;
+    for (int t = ta; t < tb; t++) {
+        if (!span_rows(&sp[t - ta], b, bs, &r0, &r1)) continue;
+        if (r0 < lo) lo = r0;
+        if (r1 > hi) hi = r1;
+    }
+    if (lo >= hi) return;
+    int id = seq->bt.ids[b * seq->bt.depth + c->vl];
+    const uint8_t *k = tl_kv_k(kv, id) + tl_kv_row_off(l, kh, lo, l->row_bytes_k);
+    int type = l->type_k == TL_KVT_Q8 ? TL_TYPE_Q8_0 : TL_TYPE_Q4_1;
+    float *out = scores + (size_t)b * bs + lo;
+    int nt = (tb - ta) * group;
+    if (prepared) /* 16 rows per GEMM tile (bitwise tl_vec_dot as well) */
+        for (int r = 0; r < hi - lo; r += 16)
+            tl_gemm_tile(type, hd, hi - lo - r < 16 ? hi - lo - r : 16, nt, out + r, msl,
+                         k + (size_t)r * l->row_bytes_k, l->row_bytes_k, qq, s->qq_bytes, work);
+    else
+        tl_vec_dot_tile(type, hd, hi - lo, nt, out, msl, k, l->row_bytes_k, qq, s->qq_bytes);
+    for (int p = 0; p < (tb - ta) * group; p++)
+        for (int r = 0; r < hi - lo; r++) out[(size_t)p * msl + r] *= c->scale;
+}
+
+/* Scores of the chunk's queries (tokens [ta, tb), each head of the group)
+ * that see logical block b, through K panels (tl_attn_has_panels): the
+ * block's rows transposed once for the chunk, then several queries per
+ * panel load. A token's cells outside its window or past its position are
+ * written but never read, as in k_direct_scores; each cell is bitwise
+ * tl_dot_rows_f32 of its pair, so the chunk changes no score. */
+static void panel_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, const tok_span *sp, int ta, int tb, int rows,
+                         float *kbuf, float *kp, float *scores) {
+    const tl_scratch *s = c->m->scratch;
+    int hd = c->m->hp.head_dim, bs = c->m->kv.block_size, group = c->m->hp.n_head / c->m->hp.n_head_kv, r0, r1;
+    size_t msl = (size_t)c->m->max_seq_len, q_dim = (size_t)c->m->hp.n_head * hd;
+    const uint16_t *k16 = att_rows_f16(c, seq, b, kh, 0);
+    if (k16) {
+        tl_attn_k_panels_f16(k16, (size_t)hd, rows, hd, kp);
+    } else {
+        size_t ld;
+        const float *k = att_rows(c, seq, b, kh, 0, rows, kbuf, &ld);
+        tl_attn_k_panels_f32(k, ld, rows, hd, kp);
+    }
+    enum { BATCH = 32 };
+    const float *qs[BATCH];
+    float *outs[BATCH];
+    int nq = 0;
+    for (int t = ta; t < tb; t++) {
+        if (!span_rows(&sp[t - ta], b, bs, &r0, &r1)) continue;
+        for (int g = 0; g < group; g++) {
+            qs[nq] = s->q + (size_t)t * q_dim + (size_t)(kh * group + g) * hd;
+            outs[nq++] = scores + ((size_t)(t - ta) * group + g) * msl + (size_t)b * bs;
+            if (nq == BATCH) {
+                tl_attn_scores_panels(nq, qs, kp, rows, hd, c->scale, outs);
+                nq = 0;
+            }
+        }
+    }
+    if (nq) tl_attn_scores_panels(nq, qs, kp, rows, hd, c->scale, outs);
+}
+
+/* ys[q] += the V rows [r0, r1) weighted by as[q], from f32 rows v or f16 rows v16. */
+static void v_rows(int nq, float *const *ys, const float *const *as, const float *v, const uint16_t *v16, size_t ld,
+                   int r0, int r1, int hd) {
+    if (v16)
+        tl_axpy_rows_multi_f16(nq, ys, as, v16 + (size_t)r0 * ld, ld, r1 - r0, hd);
+    else
+        tl_axpy_rows_multi_f32(nq, ys, as, v + (size_t)r0 * ld, ld, r1 - r0, hd);
+}
+
+/* One task = one KV head and one chunk of consecutive tokens of a
+ * sequence: each K/V block is converted once for the chunk, and the query
+ * heads of the group share it. Every token still computes its scores, its
+ * softmax and its weighted sum of V rows with the same operations in the
+ * same order as it would alone, so chunking changes no result. Tasks are
+ * dealt round-robin: later chunks attend to more positions. */
+static void att_task(void *p, int ith, int nth) {
+    const att_ctx *c = p;
+    tl_model *m = c->m;
+    const tl_hparams *hp = &m->hp;
+    tl_scratch *s = m->scratch;
+    int hd = hp->head_dim, bs = m->kv.block_size, group = hp->n_head / hp->n_head_kv;
+    size_t msl = (size_t)m->max_seq_len, tok_scores = (size_t)group * msl;
+    float *scores = s->scores + (size_t)ith * s->scores_stride;
+    float *kbuf = scores + (size_t)s->att_qc * tok_scores, *kp = kbuf + (size_t)bs * hd;
+    uint8_t *qq = (uint8_t *)(kp + s->kp_floats);
+    int total = (c->c1 - c->c0) * hp->n_head_kv;
+    for (int i = ith; i < total; i += nth) {
+        int ci = c->c0 + i / hp->n_head_kv, kh = i % hp->n_head_kv;
+        int ta = s->chunk_t0[ci], tb = s->chunk_t0[ci + 1];
+        const tl_seq *seq = c->seqs[s->tok_seq[ta]];
+        int w = seq_window(seq, c->layer_window);
+        tok_span sp[ATT_QC_MAX];
+        for (int t = ta; t < tb; t++) sp[t - ta] = token_span(bs, s->tok_pos[t], w);
+        int b_first = sp[0].b0, pos_last = s->tok_pos[tb - 1], nb = pos_last / bs - b_first + 1, r0, r1;
+        /* A block seen by one or two queries (decode) is read in place as
+         * f16 rather than widened to f32 first and read once; bitwise the
+         * same scores and sums either way. */
+        int in_place = (tb - ta) * group <= 2, panels = !in_place && s->kp_floats && tl_attn_has_panels(hd);
+        if (s->k_direct) {
+            int prepared = m->kv.layout.type_k == TL_KVT_Q8 && tl_gemm_has(TL_TYPE_Q8_0);
+            for (int t = ta; t < tb; t++)
+                for (int g = 0; g < group; g++) {
+                    const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)(kh * group + g) * hd;
+                    uint8_t *dst = qq + ((size_t)(t - ta) * group + g) * s->qq_bytes;
+                    if (prepared) tl_gemm_prepare(TL_TYPE_Q8_0, q, dst, hd);
+                    else tl_quantize_row(TL_TYPE_Q8_0, q, dst, hd);
+                }
+            void *work = s->gemm_work + (size_t)ith * s->gemm_work_stride;
+            for (int b = b_first; b <= pos_last / bs; b++) {
+                prefetch_kv(c, seq, b - b_first, b_first, nb, kh);
+                k_direct_scores(c, seq, b, kh, sp, ta, tb, qq, prepared, work, scores);
+            }
+        }
+        for (int b = b_first; !s->k_direct && b <= pos_last / bs; b++) {
+            int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
+            prefetch_kv(c, seq, b - b_first, b_first, nb, kh);
+            if (panels) {
+                panel_scores(c, seq, b, kh, sp, ta, tb, rows, kbuf, kp, scores);
+                continue;
+            }
+            size_t ld = (size_t)hd;
+            const uint16_t *k16 = in_place ? att_rows_f16(c, seq, b, kh, 0) : NULL;
+            const float *k = k16 ? NULL : att_rows(c, seq, b, kh, 0, rows, kbuf, &ld);
+            for (int t = ta; t < tb; t++) {
+                if (!span_rows(&sp[t - ta], b, bs, &r0, &r1)) continue;
+                const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
+                float *sc = scores + (size_t)(t - ta) * tok_scores;
+                for (int g = 0; g < group; g++) {
+                    float *o = sc + (size_t)g * msl + b * bs + r0;
+                    if (k16) {
+                        tl_dot_rows_f16(q + g * hd, k16 + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale, o);
+                        continue;
+                    }
+                    if (hd >= 32) { /* bitwise the dot_small calls, in one call */
+                        tl_dot_rows_f32(q + g * hd, k + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale, o);
+                        continue;
+                    }
+                    for (int r = r0; r < r1; r++)
+                        sc[(size_t)g * msl + b * bs + r] = dot_small(q + g * hd, k + (size_t)r * ld, hd) * c->scale;
+                }
+            }
+        }
+        for (int t = ta; t < tb; t++) {
+            int pos = s->tok_pos[t], j0 = tl_window_first(pos, w);
+            float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
+            for (int g = 0; g < group; g++) {
+                float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl;
+                tl_softmax_f32(sc + j0, pos - j0 + 1);
+                memset(out + g * hd, 0, (size_t)hd * sizeof(float));
+            }
+        }
+        for (int b = b_first; b <= pos_last / bs; b++) {
+            int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
+            size_t ld = (size_t)hd;
+            prefetch_kv(c, seq, nb + b - b_first, b_first, nb, kh);
+            const uint16_t *v16 = in_place ? att_rows_f16(c, seq, b, kh, 1) : NULL;
+            const float *v = v16 ? NULL : att_rows(c, seq, b, kh, 1, rows, kbuf, &ld);
+            /* queries (token, head of the group) that see the same rows go
+             * through one multi-query call, up to 4 at a time */
+            float *ys[4];
+            const float *as[4];
+            int nq = 0, q0 = 0, q1 = 0;
+            for (int t = ta; t < tb; t++) {
+                if (!span_rows(&sp[t - ta], b, bs, &r0, &r1)) continue;
+                float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
+                for (int g = 0; g < group; g++) {
+                    const float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl + b * bs;
+                    float *o = out + g * hd;
+                    if (hd >= 32) { /* bitwise one tl_axpy_f32 per row */
+                        if (nq && (nq == 4 || r0 != q0 || r1 != q1)) {
+                            v_rows(nq, ys, as, v, v16, ld, q0, q1, hd);
+                            nq = 0;
+                        }
+                        q0 = r0, q1 = r1;
+                        ys[nq] = o;
+                        as[nq++] = sc + r0;
+                        continue;
+                    }
+                    for (int r = r0; r < r1; r++) {
+                        const float a = sc[r], *vr = v + (size_t)r * ld;
+                        for (int d = 0; d < hd; d++) o[d] += a * vr[d];
+                    }
+                }
+            }
+            if (nq) v_rows(nq, ys, as, v, v16, ld, q0, q1, hd);
+        }
+    }
+}
+
+/* Writes the new tokens' rows into their blocks: K and V per head, or in
+ * store-h the layer's normed input xb. */
+void tl_fwd_store_kv(tl_model *m, tl_seq **seqs, int vl, int T) {
+    tl_scratch *s = m->scratch;
+    tl_kv_pool *kv = &m->kv;
+    const tl_kv_layout *l = &kv->layout;
+    int hd = m->hp.head_dim, bs = kv->block_size, kv_dim = m->hp.n_head_kv * hd;
+    for (int t = 0; t < T; t++) {
+        const tl_seq *seq = seqs[s->tok_seq[t]];
+        int pos = s->tok_pos[t];
+        int id = seq->bt.ids[(pos / bs) * seq->bt.depth + vl];
+        if (l->store_h) {
+            tl_kv_store_row(l->type_k, l->group, s->xb + (size_t)t * m->hp.n_embd,
+                            tl_kv_k(kv, id) + tl_kv_row_off(l, 0, pos % bs, l->row_bytes_k), m->hp.n_embd);
+            continue;
+        }
+        const float *k = s->k + (size_t)t * kv_dim, *v = s->v + (size_t)t * kv_dim;
+        for (int h = 0; h < m->hp.n_head_kv; h++) {
+            tl_kv_store_row(l->type_k, l->group, k + (size_t)h * hd,
+                            tl_kv_k(kv, id) + tl_kv_row_off(l, h, pos % bs, l->row_bytes_k), hd);
+            tl_kv_store_row(l->type_v, l->group, v + (size_t)h * hd,
+                            tl_kv_v(kv, id) + tl_kv_row_off(l, h, pos % bs, l->row_bytes_v), hd);
+        }
+    }
+}
+
+/* q/k norm and RoPE of one token's K heads (or Q heads), in place; cs: the
+ * token's tl_rope_table, or NULL to compute the angles here. */
+void tl_fwd_k_finish(const tl_model *m, float *k, int n_heads, const float *norm, int pos, float rope_base,
+                     const float *cs) {
+    int hd = m->hp.head_dim;
+    for (int h = 0; h < n_heads; h++) {
+        float *x = k + (size_t)h * hd;
+        if (norm) tl_rmsnorm(x, x, norm, hd, m->hp.norm_eps);
+        if (cs)
+            tl_rope_apply(x, cs, m->hp.n_rot, m->arch->rope_type);
+        else
+            tl_rope(x, pos, m->hp.n_rot, rope_base, m->arch->rope_type, m->rope_freqs);
+    }
+}
+
+static int h_reserve(tl_scratch *s, const tl_hparams *hp, int n) {
+    if (n <= s->h_cap) return TL_OK;
+    int cap = s->h_cap ? s->h_cap : 64;
+    while (cap < n) cap *= 2;
+    size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    tl_free_aligned(s->hx);
+    tl_free_aligned(s->hk);
+    tl_free_aligned(s->hv);
+    s->hx = tl_alloc_aligned((size_t)cap * hp->n_embd * sizeof(float));
+    s->hk = tl_alloc_aligned((size_t)cap * kv_dim * sizeof(float));
+    s->hv = tl_alloc_aligned((size_t)cap * kv_dim * sizeof(float));
+    s->h_cap = s->hx && s->hk && s->hv ? cap : 0;
+    return s->h_cap ? TL_OK : tl_set_error(TL_ERR_NOMEM, "store-h: out of memory for K/V of %d positions", n);
+}
+
+/* Store-h: K and V of positions [p0, p1] of one sequence at virtual layer
+ * vl, recomputed from the stored h rows with the layer's weights, in
+ * pieces the matmul scratch holds. Every position goes through the same
+ * rows of the same matmul whatever the batch, so a cached and an uncached
+ * run read identical K and V. */
+static int h_recompute(tl_model *m, const tl_seq *seq, int vl, const tl_layer *ly, int p0, int p1, float rope_base) {
+    const tl_hparams *hp = &m->hp;
+    tl_scratch *s = m->scratch;
+    const tl_kv_layout *l = &m->kv.layout;
+    int bs = m->kv.block_size, D = hp->n_embd, kv_dim = hp->n_head_kv * hp->head_dim, n = p1 - p0 + 1;
+    int rc = h_reserve(s, hp, n);
+    if (rc) return rc;
+    for (int p = p0; p <= p1; p++) {
+        int id = seq->bt.ids[(p / bs) * seq->bt.depth + vl];
+        tl_kv_load_row(l->type_k, l->group, tl_kv_k(&m->kv, id) + tl_kv_row_off(l, 0, p % bs, l->row_bytes_k),
+                       s->hx + (size_t)(p - p0) * D, D);
+    }
+    for (int i = 0; i < n; i += s->cap) {
+        int len = n - i < s->cap ? n - i : s->cap;
+        tl_fwd_matmul(m, s->hk + (size_t)i * kv_dim, &ly->wk, s->hx + (size_t)i * D, len);
+        tl_fwd_matmul(m, s->hv + (size_t)i * kv_dim, &ly->wv, s->hx + (size_t)i * D, len);
+    }
+    if (ly->bk) tl_fwd_add_bias(s->hk, ly->bk, n, kv_dim);
+    if (ly->bv) tl_fwd_add_bias(s->hv, ly->bv, n, kv_dim);
+    for (int t = 0; t < n; t++)
+        tl_fwd_k_finish(m, s->hk + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, p0 + t, rope_base, NULL);
+    return TL_OK;
+}
+
+/* A decode step with fewer (sequence, KV head) tasks than threads (one
+ * sequence of a model with one KV head, as Gemma 3: one task) would leave
+ * the other threads idle through attention. It splits each task instead,
+ * in three passes that keep every value's operations and their order, so
+ * the split changes no bit: the scores by blocks (each score whole, by the
+ * kernels att_task uses), the softmax per query, and the weighted V sums
+ * by slices of head_dim (each output lane adds its rows in the same order;
+ * slices start at multiples of 16 lanes, where the kernels' steps do). */
+typedef struct {
+    const att_ctx *ac;
+    int pass; /* 0 scores, 1 softmax, 2 V sums */
+} split_ctx;
+
+typedef struct {
+    const tl_seq *seq;
+    int t, kh, pos, j0;
+    tok_span sp;
+    float *sc;   /* its group's score rows, max_seq_len apart */
+    float *out;  /* its group's outputs in s->att */
+} split_task;
+
+static split_task split_task_of(const att_ctx *c, int i) {
+    const tl_scratch *s = c->m->scratch;
+    const tl_hparams *hp = &c->m->hp;
+    split_task k;
+    k.t = s->chunk_t0[i / hp->n_head_kv];
+    k.kh = i % hp->n_head_kv;
+    k.seq = c->seqs[s->tok_seq[k.t]];
+    k.pos = s->tok_pos[k.t];
+    int w = seq_window(k.seq, c->layer_window);
+    k.j0 = tl_window_first(k.pos, w);
+    k.sp = token_span(c->m->kv.block_size, k.pos, w);
+    k.sc = s->scores + (size_t)i * s->scores_stride; /* task i < threads: thread i's score area */
+    int group = hp->n_head / hp->n_head_kv;
+    k.out = s->att + (size_t)k.t * hp->n_head * hp->head_dim + (size_t)k.kh * group * hp->head_dim;
+    return k;
+}
+
+static void split_scores(const att_ctx *c, const split_task *k, int b, float *kbuf) {
+    const tl_hparams *hp = &c->m->hp;
+    int hd = hp->head_dim, bs = c->m->kv.block_size, group = hp->n_head / hp->n_head_kv, r0, r1;
+    size_t msl = (size_t)c->m->max_seq_len, ld = (size_t)hd;
+    if (!span_rows(&k->sp, b, bs, &r0, &r1)) return;
+    const float *q = c->m->scratch->q + (size_t)k->t * hp->n_head * hd + (size_t)k->kh * group * hd;
+    const uint16_t *k16 = att_rows_f16(c, k->seq, b, k->kh, 0);
+    const float *kr = k16 ? NULL : att_rows(c, k->seq, b, k->kh, 0, r1, kbuf, &ld);
+    for (int g = 0; g < group; g++) {
+        float *o = k->sc + (size_t)g * msl + b * bs + r0;
+        if (k16)
+            tl_dot_rows_f16(q + g * hd, k16 + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale, o);
+        else if (hd >= 32)
+            tl_dot_rows_f32(q + g * hd, kr + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale, o);
+        else
+            for (int r = r0; r < r1; r++) o[r - r0] = dot_small(q + g * hd, kr + (size_t)r * ld, hd) * c->scale;
+    }
+}
+
+/* Lanes [d0, d1) of the task's V sums over all its blocks. */
+static void split_v(const att_ctx *c, const split_task *k, int d0, int d1, float *kbuf) {
+    const tl_hparams *hp = &c->m->hp;
+    int hd = hp->head_dim, bs = c->m->kv.block_size, group = hp->n_head / hp->n_head_kv, r0, r1;
+    size_t msl = (size_t)c->m->max_seq_len;
+    for (int b = k->sp.b0; b <= k->sp.b1; b++) {
+        if (!span_rows(&k->sp, b, bs, &r0, &r1)) continue;
+        for (int f = b == k->sp.b0 ? b : b + PF_ITEMS; f <= b + PF_ITEMS && f <= k->sp.b1; f++)
+            prefetch_block(c, k->seq, f, k->kh, 1);
+        size_t ld = (size_t)hd;
+        const uint16_t *v16 = att_rows_f16(c, k->seq, b, k->kh, 1);
+        const float *v = v16 ? NULL : att_rows(c, k->seq, b, k->kh, 1, r1, kbuf, &ld);
+        for (int g0 = 0; g0 < group; g0 += 4) {
+            float *ys[4];
+            const float *as[4];
+            int nq = group - g0 < 4 ? group - g0 : 4;
+            for (int q = 0; q < nq; q++) {
+                ys[q] = k->out + (size_t)(g0 + q) * hd + d0;
+                as[q] = k->sc + (size_t)(g0 + q) * msl + b * bs + r0;
+            }
+            if (hd < 32) { /* att_task's scalar loop, lane by lane */
+                for (int q = 0; q < nq; q++)
+                    for (int r = r0; r < r1; r++)
+                        for (int d = 0; d < d1 - d0; d++) ys[q][d] += as[q][r - r0] * v[(size_t)r * ld + d0 + d];
+                continue;
+            }
+            v_rows(nq, ys, as, v ? v + d0 : NULL, v16 ? v16 + d0 : NULL, ld, r0, r1, d1 - d0);
+        }
+    }
+}
+
+static void split_pass(void *p, int ith, int nth) {
+    const split_ctx *x = p;
+    const att_ctx *c = x->ac;
+    const tl_scratch *s = c->m->scratch;
+    const tl_hparams *hp = &c->m->hp;
+    int tasks = s->n_chunks * hp->n_head_kv, group = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
+    float *kbuf = s->scores + (size_t)ith * s->scores_stride + (size_t)s->att_qc * group * c->m->max_seq_len;
+    if (x->pass == 0) { /* the (task, block) pairs in contiguous shares */
+        int total = 0, j = 0;
+        for (int i = 0; i < tasks; i++) {
+            split_task k = split_task_of(c, i);
+            total += k.sp.b1 - k.sp.b0 + 1;
+        }
+        int lo = (int)((int64_t)total * ith / nth), hi = (int)((int64_t)total * (ith + 1) / nth);
+        for (int i = 0; i < tasks && j < hi; i++) {
+            split_task k = split_task_of(c, i);
+            for (int b = k.sp.b0; b <= k.sp.b1; b++, j++) {
+                if (j < lo || j >= hi) continue;
+                for (int f = j == lo ? b : b + PF_ITEMS; f <= b + PF_ITEMS && f <= k.sp.b1; f++)
+                    prefetch_block(c, k.seq, f, k.kh, 0);
+                split_scores(c, &k, b, kbuf);
+            }
+        }
+    } else if (x->pass == 1) {
+        for (int p = ith; p < tasks * group; p += nth) {
+            split_task k = split_task_of(c, p / group);
+            int g = p % group;
+            tl_softmax_f32(k.sc + (size_t)g * c->m->max_seq_len + k.j0, k.pos - k.j0 + 1);
+            memset(k.out + (size_t)g * hd, 0, (size_t)hd * sizeof(float));
+        }
+    } else {
+        int d0 = (hd * ith / nth) & ~15, d1 = ith == nth - 1 ? hd : (hd * (ith + 1) / nth) & ~15;
+        if (hd < 32) d0 = ith ? hd : 0, d1 = hd; /* too narrow to split: thread 0 */
+        for (int i = 0; d1 > d0 && i < tasks; i++) {
+            split_task k = split_task_of(c, i);
+            split_v(c, &k, d0, d1, kbuf);
+        }
+    }
+}
+
+/* 1 when this step takes the split (see split_ctx). */
+static int split_decode(const tl_model *m, int T) {
+    const tl_scratch *s = m->scratch;
+    int nth = tl_threadpool_size(m->tp);
+    return nth > 1 && T == s->n_chunks && s->n_chunks * m->hp.n_head_kv < nth && !s->k_direct &&
+           !m->kv.layout.store_h;
+}
+
+/* Attention of the batch at virtual layer vl, after the new rows are
+ * stored. Store-h runs one sequence at a time over its recomputed K/V. */
+int tl_fwd_attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T, int window, float rope_base) {
+    tl_scratch *s = m->scratch;
+    const tl_hparams *hp = &m->hp;
+    att_ctx ac = {.m = m, .seqs = seqs, .vl = vl, .T = T, .layer_window = window,
+                  .scale = 1.0f / sqrtf((float)hp->head_dim), .c0 = 0, .c1 = s->n_chunks};
+    if (split_decode(m, T)) {
+        int nth = tl_threadpool_size(m->tp);
+        for (int pass = 0; pass < 3; pass++) {
+            split_ctx x = {.ac = &ac, .pass = pass};
+            tl_threadpool_run(m->tp, split_pass, &x, nth);
+        }
+        return TL_OK;
+    }
+    if (!m->kv.layout.store_h) {
+        tl_threadpool_run(m->tp, att_task, &ac, s->n_chunks * hp->n_head_kv);
+        return TL_OK;
+    }
+    int bs = m->kv.block_size;
+    for (int c0 = 0, c1; c0 < s->n_chunks; c0 = c1) {
+        int seq_i = s->tok_seq[s->chunk_t0[c0]];
+        for (c1 = c0 + 1; c1 < s->n_chunks && s->tok_seq[s->chunk_t0[c1]] == seq_i; c1++) {
+        }
+        const tl_seq *seq = seqs[seq_i];
+        int w = seq_window(seq, window);
+        int first = s->tok_pos[s->chunk_t0[c0]], last = s->tok_pos[s->chunk_t0[c1] - 1];
+        int p0 = tl_window_first(first, w) / bs * bs;
+        int rc = h_recompute(m, seq, vl, ly, p0, last, rope_base);
+        if (rc) return rc;
+        ac.c0 = c0;
+        ac.c1 = c1;
+        ac.h_p0 = p0;
+        tl_threadpool_run(m->tp, att_task, &ac, (c1 - c0) * hp->n_head_kv);
+    }
+    return TL_OK;
+}

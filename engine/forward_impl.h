@@ -1,0 +1,61 @@
+/* forward_impl.h - private to the CPU forward pass (forward.c, the layers
+ * and the batch; attention.c, attention over the paged KV): the scratch
+ * buffers and the steps one file calls in the other. */
+#ifndef TL_FORWARD_IMPL_H
+#define TL_FORWARD_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+
+enum { ATT_QC_MAX = 64 }; /* tokens per attention query chunk at most */
+
+typedef struct tl_scratch {
+    int cap;                 /* token capacity of the buffers below */
+    float *x;                /* (cap, n_embd) residual stream */
+    float *xb;               /* (cap, n_embd) normed input */
+    float *q;                /* (cap, q_dim) */
+    float *k, *v;            /* (cap, kv_dim) */
+    float *att;              /* (cap, q_dim) attention output */
+    float *hb, *hb2;         /* (cap, n_ff) */
+    float *o;                /* (cap, max(n_embd, ...)) projection output */
+    void *xq;                /* (cap, quantized row of the widest input) */
+    size_t xq_stride;
+    int32_t *tok_seq, *tok_pos;
+    int32_t *chunk_t0;       /* attention query chunks: tokens [chunk_t0[i], chunk_t0[i+1]), n_chunks + 1 entries */
+    int n_chunks;
+    int att_qc;              /* tokens per query chunk at most */
+    float *scores;           /* per thread: (att_qc, group, max_seq_len) scores + (block_size, head_dim) K/V rows
+                              * + kp_floats of K panels + with k_direct, (att_qc, group) queries as q8_0 rows of qq_bytes */
+    int k_direct;            /* K rows are ggml q8_0 / q4_1 rows: scores from the int8 dot kernels */
+    size_t qq_bytes;
+    uint8_t *gemm_work;      /* per thread: tl_gemm_work_size(widest input) bytes */
+    size_t gemm_work_stride;
+    size_t scores_stride;
+    size_t kp_floats;        /* per thread, after the K/V rows: K panels of a block (0: no panel kernels) */
+    float *logits_x;         /* (n_seq, n_embd) */
+    /* store-h: one sequence's recomputed K and V, (h_cap, kv_dim) each,
+     * from its h rows (h_cap, n_embd); grown to the longest context read. */
+    float *hx, *hk, *hv;
+    int h_cap;
+    float *rope_cs;          /* (2, cap, n_rot): tl_rope_table of each token for two bases */
+    float rope_base[2];
+    int rope_ok[2];          /* table i holds this batch's angles for rope_base[i] */
+    int profile;             /* tl_forward_profile: accumulate prof[] */
+    double prof[3];          /* seconds: matmul, attention, whole forward */
+} tl_scratch;
+
+/* forward.c: out (T, n_out) = x (T, n_in) . W^T on the pool; x += b per token. */
+void tl_fwd_matmul(tl_model *m, float *out, const tl_weight *w, const float *x, int T);
+void tl_fwd_add_bias(float *x, const float *b, int T, int n);
+
+/* attention.c: the new tokens' K/V rows into their blocks; q/k norm and
+ * RoPE of one token's heads in place (cs: its RoPE table, or NULL); the
+ * attention of the batch at virtual layer vl into scratch->att. */
+void tl_fwd_store_kv(tl_model *m, tl_seq **seqs, int vl, int T);
+void tl_fwd_k_finish(const tl_model *m, float *k, int n_heads, const float *norm, int pos, float rope_base,
+                     const float *cs);
+int tl_fwd_attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T, int window, float rope_base);
+
+#endif
