@@ -662,17 +662,26 @@ int tl_radix_evict(tl_radix *t, int need) {
             free(c.s);
             break;
         }
-        /* Evict this round's leaves lowest score first; parents that become
-         * leaves are candidates in the next round. Selection by repeated
-         * minimum keeps it simple; rounds are short under real pressure. */
+        /* Evict this round's leaves lowest score first. A parent left
+         * without children is a leaf from then on and competes in the same
+         * round: were it left for the next, an old prefix whose suffix
+         * leaves went first would outlive a newer leaf this round evicts
+         * instead (LRU evicted the newest of 6 prefixes that way). Selection
+         * by repeated minimum keeps it simple; rounds are short under real
+         * pressure. */
         while (t->kv->n_free < need && c.n > 0) {
             int best = 0;
             for (int i = 1; i < c.n; i++)
                 if (c.s[i] < c.s[best]) best = i;
-            tl_radix_node *victim = c.v[best];
+            tl_radix_node *victim = c.v[best], *p = victim->parent;
+            int p_leaf = p->parent && p->n_kids == 1; /* victim is its last child (then no join frees p) */
             c.v[best] = c.v[--c.n];
             c.s[best] = c.s[c.n];
             evict_leaf(t, victim); /* a joined parent was no leaf, its child is pinned: neither is in c */
+            if (p_leaf && p->lock == 0 && p->pin == 0) {
+                c.v[c.n] = p;
+                c.s[c.n++] = score_of(t, p);
+            }
         }
         free(c.v);
         free(c.s);

@@ -335,6 +335,56 @@ static void test_handles(void) {
     remove(path);
 }
 
+/* LRU across a round: prefix A served two suffixes (a branch point with
+ * two leaves), then B arrived. Freeing all but B's blocks at once must take
+ * A's leaves and then A's prefix, which becomes a leaf in the same round
+ * and is older than B; B stays whole. (The round took B instead, and left
+ * the older prefix for a next round it never needed.) */
+static void test_lru_across_round(void) {
+    tm_spec s = tm_default_spec();
+    s.n_ctx = 512;
+    const char *path = tmp_path("lru");
+    tm_write(&s, path);
+    tl_model *m = NULL, *mb = NULL;
+    tl_model_params mp = tl_model_default_params();
+    mp.kv_block_size = 16;
+    tl_model_open(path, mp, &m);
+    tl_model_open(path, mp, &mb);
+    if (!m || !mb) {
+        CHECK(0, "LRU model opens: %s", tl_last_error());
+        tl_model_close(m);
+        tl_model_close(mb);
+        return;
+    }
+    enum { P = 96, S = 16 };
+    int32_t a1[P + S], a2[P + S], b[P + S], out[1];
+    for (int i = 0; i < P + S; i++) {
+        a1[i] = 3 + (i * 37 + 11) % 300;
+        b[i] = 3 + (i * 53 + 29) % 300;
+    }
+    memcpy(a2, a1, sizeof a1);
+    for (int i = P; i < P + S; i++) a2[i] = 3 + (i * 71 + 5) % 300;
+    tl_generate(mb, b, P + S, greedy(1, 0), out, 1);
+    tl_cache_stats st;
+    tl_model_get_stats(mb, &st);
+    const int b_blocks = st.blocks_used; /* B alone */
+    tl_generate(m, a1, P + S, greedy(1, 0), out, 1);
+    tl_generate(m, a2, P + S, greedy(1, 0), out, 1); /* splits A after P tokens */
+    tl_generate(m, b, P + S, greedy(1, 0), out, 1);  /* B, the newest */
+    tl_model_get_stats(m, &st);
+    tl_radix_evict(&m->cache, m->kv.n_free + st.blocks_used - b_blocks);
+    tl_model_get_stats(m, &st);
+    CHECK(st.blocks_used == b_blocks, "freeing all but B's blocks leaves B's %d (%d used)", b_blocks, st.blocks_used);
+    int64_t h0 = hit_tokens(m);
+    tl_generate(m, b, P + S, greedy(1, 0), out, 1);
+    CHECK(hit_tokens(m) - h0 == P + S - 1, "B, the newest, still matches whole (%lld of %d tokens)",
+          (long long)(hit_tokens(m) - h0), P + S - 1);
+    check_invariants(m, "after evicting the older prefix");
+    tl_model_close(m);
+    tl_model_close(mb);
+    remove(path);
+}
+
 /* ---- tenants: salts with a shared operator prompt, budgets, the cost policy ---- */
 
 static void test_tenants(void) {
@@ -477,5 +527,6 @@ int main(void) {
     test_sharing();
     test_pool_semantics();
     test_handles();
+    test_lru_across_round();
     return test_summary();
 }

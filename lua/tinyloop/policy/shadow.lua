@@ -335,6 +335,15 @@ function Sim:_evict(extra)
         end
         self.evictions = self.evictions + 1
         self.evicted_tokens = self.evicted_tokens + #nd.toks
+        -- a parent left without children competes in this round too, in
+        -- score order (the engine's tl_radix_evict)
+        if p.nchild == 0 and not p.root and not p.pinned and not p.locked then
+            local s, j = self:_score(p), i + 1
+            while scored[j] and scored[j].s <= s do
+                j = j + 1
+            end
+            table.insert(scored, j, { nd = p, s = s })
+        end
         i = i + 1
     end
 end
