@@ -99,6 +99,19 @@ static float dot_small(const float *a, const float *b, int n) {
     return s;
 }
 
+/* One query's scores against rows [r0, r1) of a block, into o[0, r1 - r0):
+ * f16 rows read in place (k16) or f32 rows k, ld elements apart. */
+static void query_scores(const att_ctx *c, const float *q, const uint16_t *k16, const float *k, size_t ld, int r0,
+                         int r1, float *o) {
+    int hd = c->m->hp.head_dim;
+    if (k16)
+        tl_dot_rows_f16(q, k16 + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale, o);
+    else if (hd >= 32) /* bitwise the dot_small calls, in one call */
+        tl_dot_rows_f32(q, k + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale, o);
+    else
+        for (int r = r0; r < r1; r++) o[r - r0] = dot_small(q, k + (size_t)r * ld, hd) * c->scale;
+}
+
 /* The window a sequence's tokens attend over in a layer: the narrower of
  * the request's cache_window and the layer's sliding window (0: none). */
 static inline int seq_window(const tl_seq *seq, int layer_window) {
@@ -201,6 +214,17 @@ static void panel_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, con
 }
 
 /* ys[q] += the V rows [r0, r1) weighted by as[q], from f32 rows v or f16 rows v16. */
+/* The same for heads under 32 lanes (no vector kernel): lanes [0, n) of
+ * f32 rows, row by row. */
+static void v_rows_scalar(int nq, float *const *ys, const float *const *as, const float *v, size_t ld, int r0, int r1,
+                          int n) {
+    for (int q = 0; q < nq; q++)
+        for (int r = r0; r < r1; r++) {
+            const float a = as[q][r - r0], *vr = v + (size_t)r * ld;
+            for (int d = 0; d < n; d++) ys[q][d] += a * vr[d];
+        }
+}
+
 static void v_rows(int nq, float *const *ys, const float *const *as, const float *v, const uint16_t *v16, size_t ld,
                    int r0, int r1, int hd) {
     if (v16)
@@ -267,19 +291,8 @@ static void att_task(void *p, int ith, int nth) {
                 if (!span_rows(&sp[t - ta], b, bs, &r0, &r1)) continue;
                 const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
                 float *sc = scores + (size_t)(t - ta) * tok_scores;
-                for (int g = 0; g < group; g++) {
-                    float *o = sc + (size_t)g * msl + b * bs + r0;
-                    if (k16) {
-                        tl_dot_rows_f16(q + g * hd, k16 + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale, o);
-                        continue;
-                    }
-                    if (hd >= 32) { /* bitwise the dot_small calls, in one call */
-                        tl_dot_rows_f32(q + g * hd, k + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale, o);
-                        continue;
-                    }
-                    for (int r = r0; r < r1; r++)
-                        sc[(size_t)g * msl + b * bs + r] = dot_small(q + g * hd, k + (size_t)r * ld, hd) * c->scale;
-                }
+                for (int g = 0; g < group; g++)
+                    query_scores(c, q + g * hd, k16, k, ld, r0, r1, sc + (size_t)g * msl + b * bs + r0);
             }
         }
         for (int t = ta; t < tb; t++) {
@@ -318,10 +331,8 @@ static void att_task(void *p, int ith, int nth) {
                         as[nq++] = sc + r0;
                         continue;
                     }
-                    for (int r = r0; r < r1; r++) {
-                        const float a = sc[r], *vr = v + (size_t)r * ld;
-                        for (int d = 0; d < hd; d++) o[d] += a * vr[d];
-                    }
+                    const float *a = sc + r0;
+                    v_rows_scalar(1, &o, &a, v, ld, r0, r1, hd);
                 }
             }
             if (nq) v_rows(nq, ys, as, v, v16, ld, q0, q1, hd);
@@ -460,15 +471,8 @@ static void split_scores(const att_ctx *c, const split_task *k, int b, float *kb
     const float *q = c->m->scratch->q + (size_t)k->t * hp->n_head * hd + (size_t)k->kh * group * hd;
     const uint16_t *k16 = att_rows_f16(c, k->seq, b, k->kh, 0);
     const float *kr = k16 ? NULL : att_rows(c, k->seq, b, k->kh, 0, r1, kbuf, &ld);
-    for (int g = 0; g < group; g++) {
-        float *o = k->sc + (size_t)g * msl + b * bs + r0;
-        if (k16)
-            tl_dot_rows_f16(q + g * hd, k16 + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale, o);
-        else if (hd >= 32)
-            tl_dot_rows_f32(q + g * hd, kr + (size_t)r0 * ld, ld, r1 - r0, hd, c->scale, o);
-        else
-            for (int r = r0; r < r1; r++) o[r - r0] = dot_small(q + g * hd, kr + (size_t)r * ld, hd) * c->scale;
-    }
+    for (int g = 0; g < group; g++)
+        query_scores(c, q + g * hd, k16, kr, ld, r0, r1, k->sc + (size_t)g * msl + b * bs + r0);
 }
 
 /* Lanes [d0, d1) of the task's V sums over all its blocks. */
@@ -491,13 +495,10 @@ static void split_v(const att_ctx *c, const split_task *k, int d0, int d1, float
                 ys[q] = k->out + (size_t)(g0 + q) * hd + d0;
                 as[q] = k->sc + (size_t)(g0 + q) * msl + b * bs + r0;
             }
-            if (hd < 32) { /* att_task's scalar loop, lane by lane */
-                for (int q = 0; q < nq; q++)
-                    for (int r = r0; r < r1; r++)
-                        for (int d = 0; d < d1 - d0; d++) ys[q][d] += as[q][r - r0] * v[(size_t)r * ld + d0 + d];
-                continue;
-            }
-            v_rows(nq, ys, as, v ? v + d0 : NULL, v16 ? v16 + d0 : NULL, ld, r0, r1, d1 - d0);
+            if (hd < 32) /* att_task's scalar loop */
+                v_rows_scalar(nq, ys, as, v + d0, ld, r0, r1, d1 - d0);
+            else
+                v_rows(nq, ys, as, v ? v + d0 : NULL, v16 ? v16 + d0 : NULL, ld, r0, r1, d1 - d0);
         }
     }
 }

@@ -114,6 +114,13 @@ static void move_weight(const tl_model *m, tl_weight *w, uint8_t *dst, uint8_t *
     w->packed = G;
 }
 
+/* The first of the weights [0, i] bound to the same bytes as weight i. */
+static size_t first_holder(const void *const *file_data, size_t i) {
+    size_t k = 0;
+    while (file_data[k] != file_data[i]) k++;
+    return k;
+}
+
 void tl_weights_move(tl_model *m) {
     if (m->backend || !m->file->mapped || m->repack_mode == MODE_OFF) return;
     /* every matrix once, token_embd first and never packed (its rows are
@@ -124,7 +131,7 @@ void tl_weights_move(tl_model *m) {
      * moved once and read the same way by both */
     size_t n = 0, cap = (size_t)m->hp.n_layer * 7 + 2, total = 0, widest = 1;
     tl_weight **all = malloc(cap * sizeof *all);
-    const void **file_data = malloc(cap * sizeof *file_data);
+    const void **file_data = malloc(cap * sizeof *file_data); /* each weight's bytes in the file */
     uint8_t *tmp = NULL;
     int tied = 0;
     if (!all || !file_data) goto out;
@@ -137,13 +144,11 @@ void tl_weights_move(tl_model *m) {
     all[n++] = &m->output;
     for (size_t i = 0; i < n; i++) {
         file_data[i] = all[i]->data;
-        tied |= i > 0 && file_data[i] == file_data[0];
+        tied |= i > 0 && first_holder(file_data, i) == 0;
     }
     /* first the arena's size: each tensor once */
     for (size_t i = !tied; i < n; i++) {
-        size_t k = 0;
-        while (k < i && file_data[k] != file_data[i]) k++;
-        if (k < i) continue;
+        if (first_holder(file_data, i) < i) continue;
         total += arena_bytes(m, all[i]);
         size_t t = tmp_bytes(m, all[i], i > 0);
         if (t > widest) widest = t;
@@ -151,10 +156,9 @@ void tl_weights_move(tl_model *m) {
     if (!total || !(m->weight_arena = tl_alloc_huge(total)) || !(tmp = tl_alloc_aligned(widest))) goto out;
     uint8_t *dst = m->weight_arena;
     for (size_t i = !tied; i < n; i++) {
-        const tl_weight *prev = NULL;
-        for (size_t k = 0; k < i && !prev; k++)
-            if (file_data[k] == file_data[i]) prev = all[k];
-        if (prev) {
+        size_t k = first_holder(file_data, i);
+        if (k < i) {
+            const tl_weight *prev = all[k];
             all[i]->data = prev->data;
             all[i]->type = prev->type;
             all[i]->packed = prev->packed;
