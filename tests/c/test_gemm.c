@@ -278,6 +278,19 @@ static int forward(tl_model *m, tl_seq **seqs, const int32_t *const *toks, const
     return tl_batch_forward(m, seqs, toks, n, n_seq, logits);
 }
 
+/* A fresh sequence fed the prompt one token at a time; logits: the last step's. */
+static int step_by_step(tl_model *m, const int32_t *prompt, int n, float *logits) {
+    tl_seq *s = NULL;
+    int ok = tl_seq_new(m, 0, &s) == TL_OK;
+    for (int i = 0; ok && i < n; i++) {
+        const int32_t *pi = prompt + i;
+        int one = 1;
+        ok = forward(m, &s, &pi, &one, 1, logits) == TL_OK;
+    }
+    tl_seq_free(s);
+    return ok;
+}
+
 static void test_forward(void) {
     tm_spec specs[TM_ARCH_CASES];
     const char *names[TM_ARCH_CASES];
@@ -319,24 +332,12 @@ static void test_forward(void) {
         int n = N;
         ok = ok && forward(m, s, &p, &n, 1, all) == TL_OK;
         tl_seq_free(s[0]);
-        ok = ok && tl_seq_new(m, 0, &s[0]) == TL_OK;
-        for (int i = 0; ok && i < N; i++) {
-            const int32_t *pi = prompt + i;
-            int one = 1;
-            ok = forward(m, s, &pi, &one, 1, step) == TL_OK;
-        }
-        tl_seq_free(s[0]);
+        ok = ok && step_by_step(m, prompt, N, step);
         CHECK(ok && !memcmp(all, step, sizeof(float) * nv),
               "%s: a %d-token prompt in one forward gives bitwise the logits of one token at a time", names[ci], N);
         if (one) {
             float *step1 = malloc(sizeof(float) * nv);
-            int ok1 = tl_seq_new(one, 0, &s[0]) == TL_OK;
-            for (int i = 0; ok1 && i < N; i++) {
-                const int32_t *pi = prompt + i;
-                int n1 = 1;
-                ok1 = forward(one, s, &pi, &n1, 1, step1) == TL_OK;
-            }
-            tl_seq_free(s[0]);
+            int ok1 = step_by_step(one, prompt, N, step1);
             CHECK(ok1 && !memcmp(step, step1, sizeof(float) * nv),
                   "%s: one token at a time gives bitwise the same logits on 1 and 2 threads", names[ci]);
             free(step1);
