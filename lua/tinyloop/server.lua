@@ -814,6 +814,7 @@ local function run(r)
     local parts = {}
     local n_tok, last, first = 0, nil, true
     local deadline = r.t0 + (cfg.request_timeout or 600)
+    local expired = false
     while true do
         local n, fin_or_err, rc = engine:take(id, tok_buf, TOK_CAP)
         if not n then
@@ -856,13 +857,17 @@ local function run(r)
         if fin_or_err then
             break
         end
-        if ngx_now() > deadline then
+        if expired then
             engine:cancel(id)
             r.error = format("request timed out after %g s", cfg.request_timeout or 600)
             r.timed_out = true
             break
         end
         sema:wait(1)
+        -- Seen after a wait, so one more take sends what the engine made
+        -- before the deadline; a request is never ended before its first
+        -- wait (at a tiny timeout it would race the first token).
+        expired = ngx_now() > deadline
     end
     local held = dec:finish() -- an incomplete last character is dropped
     if held ~= "" then

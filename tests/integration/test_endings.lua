@@ -153,9 +153,10 @@ local ok_run, run_err = pcall(function()
         subst = { { "init_worker%({ max_queue = 256 }%)",
             "init_worker({ max_queue = 256, request_timeout = 1e-6 })" } } }
     if check("an instance with a tiny request timeout starts", tsrv, terr) then
-        -- whether the first take already has a token before the deadline
-        -- check is a race at a microsecond: a stream that timed out before
-        -- any text is asked again (each try counts as one failure below)
+        -- the handler sees the deadline only after its first wait, which
+        -- the first tokens end, and takes once more before it stops; a wake
+        -- without news (the notifier's poll) could still end a try before
+        -- any text, so such a stream is asked again (each try counts below)
         local t, ev, done, tries = nil, nil, nil, 0
         repeat
             tries = tries + 1
