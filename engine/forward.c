@@ -313,7 +313,7 @@ static void tok_task(void *p, int ith, int nth) {
             if (m->arch->ffn_act == TL_ACT_GELU_TANH)
                 tl_gelu_tanh_mul(h, g, hp->n_ff);
             else
-                for (int i = 0; i < hp->n_ff; i++) h[i] = h[i] / (1.0f + expf(-h[i])) * g[i];
+                tl_silu_mul(h, g, hp->n_ff);
             break;
         }
         case TOK_FFN_OUT:

@@ -25,7 +25,7 @@
  *            the logits of feeding it one token at a time (attention
  *            query chunks, token chunks of the matmuls, tile shapes), and
  *            two sequences prefilled together give what each gives alone.
- *   gelu     tl_gelu_tanh_mul at every ISA level within 1e-6 * (|x| + 1)
+ *   glu      tl_gelu_tanh_mul, tl_silu_mul at every ISA level within 1e-6 * (|x| + 1)
  *            * |g| of the scalar tanhf formula, over [-30, 30] and at the
  *            tails, writing nothing past n.
  *   rows     tl_axpy_rows_f32 (attention) is bitwise the per-row
@@ -367,7 +367,8 @@ static void test_forward(void) {
     }
 }
 
-static void test_gelu(void) {
+/* A gated activation fn(h, g) at every ISA level against the scalar one. */
+static void test_glu(const char *name, void (*fn)(float *h, const float *g, int64_t n)) {
     enum { N = 1203 };
     static float x[N + 8], g[N], ref[N + 8], got[N + 8];
     for (int i = 0; i < N; i++) {
@@ -383,28 +384,28 @@ static void test_gelu(void) {
     const int isa_max = tl_kernels_isa();
     tl_kernels_set_isa(TL_ISA_SCALAR);
     memcpy(ref, x, sizeof x);
-    tl_gelu_tanh_mul(ref, g, N);
+    fn(ref, g, N);
     for (int lvl = 0; lvl <= isa_max; lvl++) {
         tl_kernels_set_isa(lvl);
         int far = 0, past = 0;
         for (int n = 0; n <= 17; n++) { /* tails */
             memcpy(got, x, sizeof x);
             got[n] = 777.0f;
-            tl_gelu_tanh_mul(got, g, n);
+            fn(got, g, n);
             past += got[n] != 777.0f;
             for (int i = 0; i < n; i++) far += !(fabsf(got[i] - ref[i]) <= 1e-6f * (fabsf(x[i]) + 1) * fabsf(g[i]));
         }
         memcpy(got, x, sizeof x);
-        tl_gelu_tanh_mul(got, g, N);
+        fn(got, g, N);
         double worst = 0;
         for (int i = 0; i < N; i++) {
             double e = fabs(got[i] - ref[i]) / ((fabs(x[i]) + 1) * fabs(g[i]) + 1e-30);
             if (!(e <= 1e-6)) far++;
             if (e > worst) worst = e;
         }
-        CHECK(far == 0, "%s gelu*g is within 1e-6 (|x|+1)|g| of the scalar formula (%d far, worst %.2g)",
-              tl_isa_name(lvl), far, worst);
-        CHECK(past == 0, "%s gelu*g writes nothing past n", tl_isa_name(lvl));
+        CHECK(far == 0, "%s %s*g is within 1e-6 (|x|+1)|g| of the scalar formula (%d far, worst %.2g)",
+              tl_isa_name(lvl), name, far, worst);
+        CHECK(past == 0, "%s %s*g writes nothing past n", tl_isa_name(lvl), name);
     }
     tl_kernels_set_isa(isa_max);
 }
@@ -581,7 +582,8 @@ int main(void) {
     test_pack();
     test_gemm_k_extremes();
     test_forward();
-    test_gelu();
+    test_glu("gelu", tl_gelu_tanh_mul);
+    test_glu("silu", tl_silu_mul);
     test_rows();
     test_softmax();
     return test_summary();
