@@ -481,7 +481,11 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
             s->tok_pos[t] = seqs[i]->n_pos + j;
             if (opts->vl_begin > 0) continue;
             float *x = s->x + (size_t)t * D;
-            tl_dequantize_row(m->tok_embd.type, (const uint8_t *)m->tok_embd.data + (size_t)tokens[i][j] * emb_row, x, D);
+            const tl_weight *e = &m->tok_embd;
+            if (e->packed) /* tied to the output matrix, packed for its matmul */
+                tl_packed_row_dequantize(e->type, e->packed, e->data, tokens[i][j], D, x);
+            else
+                tl_dequantize_row(e->type, (const uint8_t *)e->data + (size_t)tokens[i][j] * emb_row, x, D);
             if (emb_scale != 1.0f)
                 for (int d = 0; d < D; d++) x[d] *= emb_scale;
         }

@@ -78,14 +78,14 @@ static int pack_group_rows(const tl_weight *w) {
 
 /* Row bytes of the largest temporary move_weight needs: G packed rows, or
  * one row widened to f32 for the BF16 conversion. */
-static size_t tmp_bytes(const tl_model *m, const tl_weight *w, int may_pack) {
-    size_t g = may_pack ? (size_t)pack_group_rows(w) * tl_row_size(w->type, w->n_in) : 0;
+static size_t tmp_bytes(const tl_model *m, const tl_weight *w) {
+    size_t g = (size_t)pack_group_rows(w) * tl_row_size(w->type, w->n_in);
     size_t f = arena_type(m, w) != w->type ? (size_t)w->n_in * sizeof(float) : 0;
     return g > f ? g : f;
 }
 
-static void move_weight(const tl_model *m, tl_weight *w, uint8_t *dst, uint8_t *tmp, int may_pack) {
-    const int to = arena_type(m, w), G = may_pack && to == w->type ? pack_group_rows(w) : 0;
+static void move_weight(const tl_model *m, tl_weight *w, uint8_t *dst, uint8_t *tmp) {
+    const int to = arena_type(m, w), G = to == w->type ? pack_group_rows(w) : 0;
     const size_t rs = tl_row_size(w->type, w->n_in), ds = tl_row_size(to, w->n_in), bytes = rs * (size_t)w->n_out;
     const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), src = (uintptr_t)w->data;
     const uintptr_t first = (src + page - 1) & ~(page - 1); /* the matrix's first whole page */
@@ -123,12 +123,14 @@ static size_t first_holder(const void *const *file_data, size_t i) {
 
 void tl_weights_move(tl_model *m) {
     if (m->backend || !m->file->mapped || m->repack_mode == MODE_OFF) return;
-    /* every matrix once, token_embd first and never packed (its rows are
-     * also read one by one, as lookups), and moved only when the output
+    /* every matrix once, token_embd first and moved only when the output
      * matrix is tied to it (else only its looked-up rows are ever read,
-     * and moving it would bring the rest into RSS); a tensor bound to two
-     * weights (tied output, or a file naming the same bytes twice) is
-     * moved once and read the same way by both */
+     * and moving it would bring the rest into RSS); then it is packed as
+     * the output matmul reads it, and lookups gather a row from its group
+     * (tl_packed_row_dequantize; Gemma 3 270M: the tied q8_0 matrix is 178
+     * of the 248 MB a decode step reads). A tensor bound to two weights
+     * (tied output, or a file naming the same bytes twice) is moved once
+     * and read the same way by both */
     size_t n = 0, cap = (size_t)m->hp.n_layer * 7 + 2, total = 0, widest = 1;
     tl_weight **all = malloc(cap * sizeof *all);
     const void **file_data = malloc(cap * sizeof *file_data); /* each weight's bytes in the file */
@@ -150,7 +152,7 @@ void tl_weights_move(tl_model *m) {
     for (size_t i = !tied; i < n; i++) {
         if (first_holder(file_data, i) < i) continue;
         total += arena_bytes(m, all[i]);
-        size_t t = tmp_bytes(m, all[i], i > 0);
+        size_t t = tmp_bytes(m, all[i]);
         if (t > widest) widest = t;
     }
     if (!total || !(m->weight_arena = tl_alloc_huge(total)) || !(tmp = tl_alloc_aligned(widest))) goto out;
@@ -164,7 +166,7 @@ void tl_weights_move(tl_model *m) {
             all[i]->packed = prev->packed;
         } else {
             size_t b = arena_bytes(m, all[i]);
-            move_weight(m, all[i], dst, tmp, i > 0);
+            move_weight(m, all[i], dst, tmp);
             dst += b;
         }
     }

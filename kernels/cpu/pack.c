@@ -35,6 +35,20 @@ void tl_pack_group(int type, int G, uint8_t *group, int64_t n, uint8_t *tmp) {
     }
 }
 
+/* One block at a time: the row's scale and its 4-byte pieces gathered into
+ * a plain block, dequantized as such (bitwise the plain row's values). */
+void tl_packed_row_dequantize(int type, int G, const uint8_t *w, int64_t row, int64_t n, float *y) {
+    const size_t bs = tl_type_info(type)->type_size, qb = qbytes(type);
+    const int ri = (int)(row % G);
+    const uint8_t *p = w + (size_t)(row - ri) * tl_row_size(type, n); /* the group's first block */
+    uint8_t blk[34];
+    for (int64_t b = 0; b < n / 32; b++, p += (size_t)G * bs) {
+        memcpy(blk, p + 2 * ri, 2);
+        for (size_t k = 0; k < qb; k += 4) memcpy(blk + 2 + k, p + 2 * G + k * G + 4 * ri, 4);
+        tl_dequantize_row(type, blk, y + b * 32, 32);
+    }
+}
+
 void tl_unpack_group(int type, int G, const uint8_t *group, int64_t n, uint8_t *rows) {
     const size_t bs = tl_type_info(type)->type_size, rs = tl_row_size(type, n), qb = qbytes(type);
     const uint8_t *p = group;

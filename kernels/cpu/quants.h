@@ -96,6 +96,10 @@ int tl_pack_rows(int type);
  * the packed layout in place (tmp: as many bytes), and back to plain rows. */
 void tl_pack_group(int type, int G, uint8_t *group, int64_t n, uint8_t *tmp);
 void tl_unpack_group(int type, int G, const uint8_t *group, int64_t n, uint8_t *rows);
+/* Row `row` of a matrix w packed G rows at a time, dequantized into y[0, n)
+ * (bitwise tl_dequantize_row of the plain row): lookups in a packed tied
+ * token_embd. */
+void tl_packed_row_dequantize(int type, int G, const uint8_t *w, int64_t row, int64_t n, float *y);
 /* tl_gemm_tile (prepared != 0: rows from tl_gemm_prepare) or
  * tl_vec_dot_tile (plain activation rows) on weight rows w packed G at a
  * time (nr a multiple of G, group-aligned); bitwise the same outputs as on
