@@ -85,7 +85,7 @@ void tl_gemm_prepare(int type, const float *x, void *xp, int64_t n);
 void tl_gemm_tile(int type, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
                   const void *xp, size_t ldx, void *work);
 
-/* TL_PACK8 / TL_PACK16 (pack.c): q8_0 / q4_0 weight rows interleaved G =
+/* TL_PACK8 / TL_PACK16 (pack.c): q8_0 / q4_0 / q5_0 weight rows interleaved G =
  * 8 (AVX2) or 16 (AVX-512) at a time per block, in place and the same
  * size, as that level's GEMM reads them. A matrix is packed at load when
  * the active level reads packed rows natively (tl_pack_rows: its G, else

@@ -210,11 +210,12 @@ static void test_gemm_path(void) {
  * native where the level reads that G, else unpacked) gives bitwise
  * tl_vec_dot of the plain rows, writing nothing outside the tile. */
 static void test_pack(void) {
-    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0};
+    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0};
+    enum { NTYPES = sizeof types / sizeof types[0] };
     enum { MAXR = 32, MAXT = 19, PAD = 3 };
     const int isa_max = tl_kernels_isa();
-    for (size_t ti = 0; ti < 2 * sizeof types / sizeof types[0]; ti++) {
-        const int type = types[ti % 2], G = ti < 2 ? 8 : 16;
+    for (size_t ti = 0; ti < 2 * NTYPES; ti++) {
+        const int type = types[ti % NTYPES], G = ti < NTYPES ? 8 : 16;
         static const int64_t sizes[] = {32, 32 * 11, 32 * 75};
         for (size_t si = 0; si < 3; si++) {
             const int64_t n = sizes[si];
