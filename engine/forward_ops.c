@@ -4,10 +4,10 @@
 #include <math.h>
 
 #include "model.h"
+#include "quants.h"
 
 void tl_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
-    double sum = 0.0;
-    for (int i = 0; i < n; i++) sum += (double)(x[i] * x[i]);
+    double sum = tl_sum_sq(x, n);
     float scale = 1.0f / sqrtf((float)(sum / n) + eps);
     for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
 }

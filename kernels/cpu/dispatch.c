@@ -259,6 +259,7 @@ void tl_axpy_f32(float *y, float a, const float *x, int64_t n) { kt()->axpy_f32(
 void tl_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) { kt()->axpy_f16(y, a, x, n); }
 void tl_gelu_tanh_mul(float *h, const float *g, int64_t n) { kt()->gelu_tanh_mul(h, g, n); }
 void tl_silu_mul(float *h, const float *g, int64_t n) { kt()->silu_mul(h, g, n); }
+double tl_sum_sq(const float *x, int64_t n) { return kt()->sum_sq(x, n); }
 void tl_dot_rows_f32(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out) {
     kt()->dot_rows_f32(q, k, ldk, rows, n, scale, out);
 }

@@ -138,6 +138,10 @@ void tl_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
 void tl_gelu_tanh_mul(float *h, const float *g, int64_t n);
 /* h[i] = silu(h[i]) * g[i] (SwiGLU), within 1e-6 (|x| + 1) |g| of x / (1 + expf(-x)) * g. */
 void tl_silu_mul(float *h, const float *g, int64_t n);
+/* The sum of x[i] * x[i] (each product a float, summed in double) for
+ * RMSNorm: the scalar level in index order, the vector levels in double
+ * lanes (within 1e-12 relative of it, test_gemm). */
+double tl_sum_sq(const float *x, int64_t n);
 /* Attention's scores: out[r] = q . (k + r*ldk) * scale for r < rows, summed
  * in the level's score order: bitwise tl_dot_f32(q, row) * scale, except at
  * AVX-512, whose order (one FMA chain per lane, then its horizontal tree;

@@ -150,6 +150,7 @@ typedef struct tl_kernel_table {
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
     void (*gelu_tanh_mul)(float *h, const float *g, int64_t n);
     void (*silu_mul)(float *h, const float *g, int64_t n);
+    double (*sum_sq)(const float *x, int64_t n);
     /* Row loops: axpy_rows_f32 bitwise axpy_f32 per row; dot_rows_f32 the
      * level's attention scores, bitwise dot_f32 per row times the scale
      * except at AVX-512 (its own order, attn_avx512.c). A level that

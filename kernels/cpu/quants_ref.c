@@ -622,6 +622,12 @@ static void silu_mul_ref(float *h, const float *g, int64_t n) {
     for (int64_t i = 0; i < n; i++) h[i] = h[i] / (1.0f + expf(-h[i])) * g[i];
 }
 
+static double sum_sq_ref(const float *x, int64_t n) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) s += (double)(x[i] * x[i]);
+    return s;
+}
+
 void tl_kernels_fill_ref(tl_kernel_table *t) {
     memset(t, 0, sizeof *t);
     t->vec_dot[TL_TYPE_F32] = dot_f32_w;
@@ -642,6 +648,7 @@ void tl_kernels_fill_ref(tl_kernel_table *t) {
     t->axpy_f16 = axpy_f16_ref;
     t->gelu_tanh_mul = gelu_tanh_mul_ref;
     t->silu_mul = silu_mul_ref;
+    t->sum_sq = sum_sq_ref;
     t->f16_to_f32_row = f16_to_f32_row_ref;
     t->dequant_q8_0 = dequant_q8_0;
     t->dequant_q4_0 = dequant_q4_0;

@@ -378,6 +378,34 @@ static void test_forward(void) {
     }
 }
 
+/* tl_sum_sq (RMSNorm) at every level within 1e-12 relative of the scalar
+ * level's index-order sum, at every tail length and at model widths, and
+ * reading nothing past n (a huge value there would show). */
+static void test_sum_sq(void) {
+    enum { N = 2100 };
+    static float x[N + 1];
+    for (int i = 0; i < N; i++) x[i] = gauss() * (1 + i % 5) * (i % 97 == 0 ? 300.0f : 1.0f);
+    static const int sizes[] = {640, 768, 2048, 2100};
+    const int isa_max = tl_kernels_isa();
+    for (int lvl = 0; lvl <= isa_max; lvl++) {
+        int far = 0;
+        for (int k = 0; k < 4 + 40; k++) {
+            const int n = k < 4 ? sizes[k] : k - 4;
+            const float keep = x[n];
+            x[n] = 1e30f;
+            tl_kernels_set_isa(TL_ISA_SCALAR);
+            const double want = tl_sum_sq(x, n);
+            tl_kernels_set_isa(lvl);
+            const double got = tl_sum_sq(x, n);
+            far += !(fabs(got - want) <= 1e-12 * want);
+            x[n] = keep;
+        }
+        CHECK(far == 0, "%s sum of squares is within 1e-12 of the scalar sum at 44 lengths (%d far)", tl_isa_name(lvl),
+              far);
+    }
+    tl_kernels_set_isa(isa_max);
+}
+
 /* A gated activation fn(h, g) at every ISA level against the scalar one. */
 static void test_glu(const char *name, void (*fn)(float *h, const float *g, int64_t n)) {
     enum { N = 1203 };
@@ -595,6 +623,7 @@ int main(void) {
     test_forward();
     test_glu("gelu", tl_gelu_tanh_mul);
     test_glu("silu", tl_silu_mul);
+    test_sum_sq();
     test_rows();
     test_softmax();
     return test_summary();
