@@ -130,6 +130,19 @@ static inline tok_span token_span(int bs, int pos, int w) {
     return (tok_span){j0 / bs, j0 % bs, pos / bs, pos % bs + 1};
 }
 
+/* Task i's first items, asked for while the task before it runs: a decode
+ * step of many short sequences (16 at 16-144 positions) is many tasks of a
+ * few blocks each, and each began with misses to DRAM. */
+static void prefetch_task(const att_ctx *c, int i) {
+    const tl_scratch *s = c->m->scratch;
+    const int n_kv = c->m->hp.n_head_kv, bs = c->m->kv.block_size;
+    if (i >= (c->c1 - c->c0) * n_kv) return;
+    const int ci = c->c0 + i / n_kv, ta = s->chunk_t0[ci], tb = s->chunk_t0[ci + 1];
+    const tl_seq *seq = c->seqs[s->tok_seq[ta]];
+    const int b_first = token_span(bs, s->tok_pos[ta], seq_window(seq, c->layer_window)).b0;
+    prefetch_kv(c, seq, 0, b_first, s->tok_pos[tb - 1] / bs - b_first + 1, i % n_kv);
+}
+
 /* The rows [*r0, *r1) of logical block b a token sees; 0 when none. */
 static inline int span_rows(const tok_span *sp, int b, int bs, int *r0, int *r1) {
     if (b < sp->b0 || b > sp->b1) return 0;
@@ -255,6 +268,7 @@ static void att_task(void *p, int ith, int nth) {
         int ta = s->chunk_t0[ci], tb = s->chunk_t0[ci + 1];
         const tl_seq *seq = c->seqs[s->tok_seq[ta]];
         int w = seq_window(seq, c->layer_window);
+        prefetch_task(c, i + nth);
         tok_span sp[ATT_QC_MAX];
         for (int t = ta; t < tb; t++) sp[t - ta] = token_span(bs, s->tok_pos[t], w);
         int b_first = sp[0].b0, pos_last = s->tok_pos[tb - 1], nb = pos_last / bs - b_first + 1, r0, r1;
