@@ -203,49 +203,41 @@ static T2 void softmax_avx2(float *x, int64_t n) {
     for (int64_t i = n8; i < n; i++) x[i] = tail[i - n8] * _mm_cvtss_f32(_mm256_castps256_ps128(inv));
 }
 
-/* gelu_tanh(x) = 0.5x(1 + tanh(u)) = x / (1 + exp(-2u)): no cancellation
- * where tanh(u) is near -1. */
-static T2 void gelu_tanh_mul_avx2(float *h, const float *g, int64_t n) {
-    const __m256 k2 = _mm256_set1_ps(-2.0f * 0.79788456080286535587989211986876f), c = _mm256_set1_ps(0.044715f);
+/* The gated activations h = x / (1 + e^a) * g, a = -x for silu, -2u for
+ * gelu_tanh: gelu_tanh(x) = 0.5x(1 + tanh(u)) = x / (1 + exp(-2u)), no
+ * cancellation where tanh(u) is near -1. exp256 clamps: below x = -88 silu
+ * gives x / e^88, some 1e-36, where libm's is -0. Each element's value
+ * depends on it alone, so the n % 8 tail through a padded copy gives what
+ * the full lanes would. (libm's expf per element for silu was most of a
+ * layer's element-wise work: 24,576 calls a token on a 110M-shaped model.) */
+enum { GATE_SILU, GATE_GELU_TANH };
+
+static inline __attribute__((always_inline)) T2 __m256 gate8(int kind, __m256 x, __m256 g) {
     const __m256 one = _mm256_set1_ps(1.0f);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 x = _mm256_loadu_ps(h + i);
-        const __m256 u2 = _mm256_mul_ps(_mm256_mul_ps(k2, x), _mm256_fmadd_ps(_mm256_mul_ps(c, x), x, one));
-        const __m256 y = _mm256_div_ps(x, _mm256_add_ps(one, exp256(u2)));
-        _mm256_storeu_ps(h + i, _mm256_mul_ps(y, _mm256_loadu_ps(g + i)));
+    __m256 a;
+    if (kind == GATE_SILU) {
+        a = _mm256_xor_ps(x, _mm256_set1_ps(-0.0f));
+    } else {
+        const __m256 k2 = _mm256_set1_ps(-2.0f * 0.79788456080286535587989211986876f), c = _mm256_set1_ps(0.044715f);
+        a = _mm256_mul_ps(_mm256_mul_ps(k2, x), _mm256_fmadd_ps(_mm256_mul_ps(c, x), x, one));
     }
+    return _mm256_mul_ps(_mm256_div_ps(x, _mm256_add_ps(one, exp256(a))), g);
+}
+
+static inline __attribute__((always_inline)) T2 void gate_mul(int kind, float *h, const float *g, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(h + i, gate8(kind, _mm256_loadu_ps(h + i), _mm256_loadu_ps(g + i)));
     if (i < n) {
         float xs[8] = {0}, gs[8] = {0};
         memcpy(xs, h + i, (size_t)(n - i) * sizeof(float));
         memcpy(gs, g + i, (size_t)(n - i) * sizeof(float));
-        gelu_tanh_mul_avx2(xs, gs, 8);
+        _mm256_storeu_ps(xs, gate8(kind, _mm256_loadu_ps(xs), _mm256_loadu_ps(gs)));
         memcpy(h + i, xs, (size_t)(n - i) * sizeof(float));
     }
 }
 
-/* silu(x) * g = x / (1 + e^-x) * g with exp256 (clamped: below x = -88
- * the result is x / e^88, some 1e-36, where libm's is -0). Each element's
- * value depends on it alone, so the n % 8 tail through a padded copy
- * gives what the full lanes would. libm's expf in the scalar loop was
- * most of a layer's element-wise work: 24,576 calls a token on a
- * 110M-shaped model. */
-static T2 void silu_mul_avx2(float *h, const float *g, int64_t n) {
-    const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 x = _mm256_loadu_ps(h + i);
-        const __m256 y = _mm256_div_ps(x, _mm256_add_ps(one, exp256(_mm256_xor_ps(x, neg))));
-        _mm256_storeu_ps(h + i, _mm256_mul_ps(y, _mm256_loadu_ps(g + i)));
-    }
-    if (i < n) {
-        float xs[8] = {0}, gs[8] = {0};
-        memcpy(xs, h + i, (size_t)(n - i) * sizeof(float));
-        memcpy(gs, g + i, (size_t)(n - i) * sizeof(float));
-        silu_mul_avx2(xs, gs, 8);
-        memcpy(h + i, xs, (size_t)(n - i) * sizeof(float));
-    }
-}
+static T2 void gelu_tanh_mul_avx2(float *h, const float *g, int64_t n) { gate_mul(GATE_GELU_TANH, h, g, n); }
+static T2 void silu_mul_avx2(float *h, const float *g, int64_t n) { gate_mul(GATE_SILU, h, g, n); }
 
 /* RMSNorm's sum of squares in 8 double lanes: the scalar loop's one add
  * per element, each waiting for the last (4 cycles), was ~3% of a prefill. */

@@ -26,7 +26,7 @@
  *            query chunks, token chunks of the matmuls, tile shapes), and
  *            two sequences prefilled together give what each gives alone.
  *   glu      tl_gelu_tanh_mul, tl_silu_mul at every ISA level within 1e-6 * (|x| + 1)
- *            * |g| of the scalar tanhf formula, over [-30, 30] and at the
+ *            * |g| of the scalar formula (tanhf / expf), over [-30, 30] and at the
  *            tails, writing nothing past n.
  *   rows     tl_axpy_rows_f32 (attention) is bitwise the per-row
  *            tl_axpy_f32 calls at every level, tl_axpy_rows_multi_f32 one
