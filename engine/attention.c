@@ -130,17 +130,31 @@ static inline tok_span token_span(int bs, int pos, int w) {
     return (tok_span){j0 / bs, j0 % bs, pos / bs, pos % bs + 1};
 }
 
+/* What task i covers: tokens [ta, tb) of one chunk, KV head kh, their
+ * sequence and window, and the logical blocks [b_first, b_first + nb). */
+typedef struct {
+    int ta, tb, kh, w, b_first, nb;
+    const tl_seq *seq;
+} att_where;
+
+static att_where task_where(const att_ctx *c, int i) {
+    const tl_scratch *s = c->m->scratch;
+    const int n_kv = c->m->hp.n_head_kv, bs = c->m->kv.block_size, ci = c->c0 + i / n_kv;
+    att_where a = {.ta = s->chunk_t0[ci], .tb = s->chunk_t0[ci + 1], .kh = i % n_kv};
+    a.seq = c->seqs[s->tok_seq[a.ta]];
+    a.w = seq_window(a.seq, c->layer_window);
+    a.b_first = token_span(bs, s->tok_pos[a.ta], a.w).b0;
+    a.nb = s->tok_pos[a.tb - 1] / bs - a.b_first + 1;
+    return a;
+}
+
 /* Task i's first items, asked for while the task before it runs: a decode
  * step of many short sequences (16 at 16-144 positions) is many tasks of a
  * few blocks each, and each began with misses to DRAM. */
 static void prefetch_task(const att_ctx *c, int i) {
-    const tl_scratch *s = c->m->scratch;
-    const int n_kv = c->m->hp.n_head_kv, bs = c->m->kv.block_size;
-    if (i >= (c->c1 - c->c0) * n_kv) return;
-    const int ci = c->c0 + i / n_kv, ta = s->chunk_t0[ci], tb = s->chunk_t0[ci + 1];
-    const tl_seq *seq = c->seqs[s->tok_seq[ta]];
-    const int b_first = token_span(bs, s->tok_pos[ta], seq_window(seq, c->layer_window)).b0;
-    prefetch_kv(c, seq, 0, b_first, s->tok_pos[tb - 1] / bs - b_first + 1, i % n_kv);
+    if (i >= (c->c1 - c->c0) * c->m->hp.n_head_kv) return;
+    const att_where a = task_where(c, i);
+    prefetch_kv(c, a.seq, 0, a.b_first, a.nb, a.kh);
 }
 
 /* The rows [*r0, *r1) of logical block b a token sees; 0 when none. */
@@ -264,14 +278,13 @@ static void att_task(void *p, int ith, int nth) {
     uint8_t *qq = (uint8_t *)(kp + s->kp_floats);
     int total = (c->c1 - c->c0) * hp->n_head_kv;
     for (int i = ith; i < total; i += nth) {
-        int ci = c->c0 + i / hp->n_head_kv, kh = i % hp->n_head_kv;
-        int ta = s->chunk_t0[ci], tb = s->chunk_t0[ci + 1];
-        const tl_seq *seq = c->seqs[s->tok_seq[ta]];
-        int w = seq_window(seq, c->layer_window);
+        const att_where a = task_where(c, i);
+        const int ta = a.ta, tb = a.tb, kh = a.kh, b_first = a.b_first, nb = a.nb, w = a.w;
+        const tl_seq *seq = a.seq;
         prefetch_task(c, i + nth);
         tok_span sp[ATT_QC_MAX];
         for (int t = ta; t < tb; t++) sp[t - ta] = token_span(bs, s->tok_pos[t], w);
-        int b_first = sp[0].b0, pos_last = s->tok_pos[tb - 1], nb = pos_last / bs - b_first + 1, r0, r1;
+        int pos_last = s->tok_pos[tb - 1], r0, r1;
         /* A block seen by one or two queries (decode) is read in place as
          * f16 rather than widened to f32 first and read once; bitwise the
          * same scores and sums either way. */
