@@ -143,11 +143,18 @@ static inline AI TN void transpose_block(int kind, const uint8_t *w, const size_
  * the registers transpose_block builds, read with one load each. (Plain
  * q5_0 rows cost decode a bit gather per row and block: Gemma 3 270M's
  * 640-wide q5_0 matrices streamed at ~12 GB/s, packed q8_0 at ~20.) */
-static inline AI TN void load_packed(int kind, const uint8_t *g, int64_t b, __m512i q[8], __m512 *dw) {
+static inline AI TN void load_packed(int kind, const uint8_t *g, int64_t b, __m512i q[8], __m512 *dw, int pf) {
     const uint8_t *gb = g + (size_t)b * 16 * bw_of(kind);
-    /* the stream runs across pages, where the hardware prefetcher stops:
-     * the bytes PF_PACKED ahead go to L2 as this block is read */
-    UNROLL16 for (size_t k = 0; k < 16 * bw_of(kind); k += 64) _mm_prefetch((const char *)(gb + PF_PACKED + k), _MM_HINT_T1);
+    /* pf (a full micro-tile of TOK_BLOCK tokens, each block's compute
+     * long): the bytes PF_PACKED ahead go to L2 as this block is read, or
+     * the stream starves. A short one (decode, a small batch) runs ahead
+     * of the prefetches it would issue: the hardware prefetcher, on the
+     * weights' huge pages, serves it better alone. 110M, one thread,
+     * decode of one sequence: Q4_0 3.2-3.9 -> 2.3-3.1 ms a token, Q8_0
+     * 4.7-5.2 -> 4.3-4.6; 2 sequences 6.8 -> 4.1-4.5 ms a step (Q8_0);
+     * 16 need it (16 ms a step with, 22 without). */
+    if (pf)
+        UNROLL16 for (size_t k = 0; k < 16 * bw_of(kind); k += 64) _mm_prefetch((const char *)(gb + PF_PACKED + k), _MM_HINT_T1);
     *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)gb));
     if (kind == Q_8_0) {
         UNROLL for (int k = 0; k < 8; k++)
@@ -188,7 +195,7 @@ static inline AI TN void mk(int kind, int src, int C, int64_t nb, const uint8_t 
             UNROLL for (int k = 0; k < 8; k++) q[k] = _mm512_load_si512(g + k);
             dw = _mm512_load_ps((const float *)(g + 8));
         } else if (src == SRC_PACKED) {
-            load_packed(kind, wk, b, q, &dw);
+            load_packed(kind, wk, b, q, &dw, C == TOK_BLOCK);
         } else {
             transpose_block(kind, w, roffs, b, q, &dw);
         }
