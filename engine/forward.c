@@ -174,8 +174,10 @@ static void mm_task(void *p, int ith, int nth) {
     uint8_t *work = c->work + (size_t)ith * c->work_stride;
     for (int t0 = 0; t0 < c->T; t0 += chunk) {
         int nt = c->T - t0 < chunk ? c->T - t0 : chunk;
-        for (int64_t rt = r0; rt < r1; rt += 16) {
-            int nr = (int)((rt + 16 < r1 ? rt + 16 : r1) - rt);
+        /* packed rows (whole groups): the thread's rows in one call */
+        int64_t step = w->packed && !c->bf16 ? r1 - r0 : 16;
+        for (int64_t rt = r0; rt < r1; rt += step) {
+            int nr = (int)((rt + step < r1 ? rt + step : r1) - rt);
             float *out = c->out + (size_t)t0 * rows + rt;
             const uint8_t *wr = base + (size_t)rt * row_size, *xq = c->xq + (size_t)t0 * c->xq_stride;
             if (c->bf16)
