@@ -443,7 +443,7 @@ static int h_recompute(tl_model *m, const tl_seq *seq, int vl, const tl_layer *l
     for (int i = 0; i < n; i += s->cap) {
         int len = n - i < s->cap ? n - i : s->cap;
         tl_fwd_matmul(m, s->hk + (size_t)i * kv_dim, &ly->wk, s->hx + (size_t)i * D, len);
-        tl_fwd_matmul(m, s->hv + (size_t)i * kv_dim, &ly->wv, s->hx + (size_t)i * D, len);
+        tl_fwd_matmul_after(m, s->hv + (size_t)i * kv_dim, &ly->wv, s->hx + (size_t)i * D, len, &ly->wk);
     }
     if (ly->bk) tl_fwd_add_bias(s->hk, ly->bk, n, kv_dim);
     if (ly->bv) tl_fwd_add_bias(s->hv, ly->bv, n, kv_dim);

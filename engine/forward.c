@@ -221,41 +221,64 @@ void tl_forward_profile(tl_model *m, int on, double out[3]) {
     s->profile = on;
 }
 
-void tl_fwd_matmul(tl_model *m, float *out, const tl_weight *w, const float *x, int T) {
+/* How w's activations are made ready (in s->xq, or x itself): two weights
+ * with the same key read the same prepared rows of the same x. */
+enum { PREP_NONE, PREP_BF16, PREP_GEMM, PREP_QUANT };
+static int prep_kind(const tl_model *m, const tl_weight *w) {
+    int vt = tl_type_info(w->type)->vec_dot_type;
+    if (w->type == TL_TYPE_BF16 && m->bf16_act) return PREP_BF16;
+    if (vt == TL_TYPE_F32) return PREP_NONE;
+    if (tl_gemm_has(w->type) && m->scratch->gemm_work_stride >= tl_gemm_work_size(w->n_in)) return PREP_GEMM;
+    return PREP_QUANT;
+}
+
+static int same_prep(const tl_model *m, const tl_weight *a, const tl_weight *b) {
+    int k = prep_kind(m, a);
+    if (k != prep_kind(m, b) || a->n_in != b->n_in) return 0;
+    /* a GEMM's prepared row depends on the weight type (its offset
+     * correction), a plain quantization only on the type it quantizes to */
+    return k == PREP_GEMM ? a->type == b->type
+                          : tl_type_info(a->type)->vec_dot_type == tl_type_info(b->type)->vec_dot_type;
+}
+
+void tl_fwd_matmul_after(tl_model *m, float *out, const tl_weight *w, const float *x, int T, const tl_weight *prev) {
     tl_scratch *s = m->scratch;
     double t0 = s->profile ? tl_now() : 0;
-    int vt = tl_type_info(w->type)->vec_dot_type;
+    int kind = prep_kind(m, w), reuse = prev && same_prep(m, prev, w);
     mm_ctx c = {.w = w, .out = out, .T = T, .work = s->gemm_work, .work_stride = s->gemm_work_stride};
-    if (w->type == TL_TYPE_BF16 && m->bf16_act) {
+    quant_ctx q = {.x = x, .n = w->n_in, .xq = s->xq, .T = T};
+    if (kind == PREP_BF16) {
         /* the lossy BF16 mode: activations rounded to BF16 once per matmul */
-        quant_ctx q = {.type = TL_TYPE_BF16, .x = x, .n = w->n_in, .xq = s->xq, .T = T};
+        q.type = TL_TYPE_BF16;
         q.stride = (tl_row_size(TL_TYPE_BF16, w->n_in) + 63) & ~(size_t)63;
-        tl_threadpool_run(m->tp, quant_task, &q, T);
         c.bf16 = 1;
-        c.xq = s->xq;
-        c.xq_stride = q.stride;
-    } else if (vt == TL_TYPE_F32) {
+    } else if (kind == PREP_GEMM) {
+        /* rows prepared back to back: a chunk of tokens is contiguous */
+        q.type = w->type;
+        q.gemm = 1;
+        q.stride = tl_gemm_x_size(w->n_in);
+        c.gemm = 1;
+    } else if (kind == PREP_QUANT) {
+        q.type = tl_type_info(w->type)->vec_dot_type;
+        q.stride = s->xq_stride;
+    }
+    if (kind == PREP_NONE) {
         c.xq = (const uint8_t *)x;
         c.xq_stride = (size_t)w->n_in * sizeof(float);
-    } else if (tl_gemm_has(w->type) && s->gemm_work_stride >= tl_gemm_work_size(w->n_in)) {
-        /* rows prepared back to back: a chunk of tokens is contiguous */
-        quant_ctx q = {.type = w->type, .gemm = 1, .x = x, .n = w->n_in, .xq = s->xq, .T = T};
-        q.stride = tl_gemm_x_size(w->n_in);
-        tl_threadpool_run(m->tp, quant_task, &q, T);
-        c.gemm = 1;
+    } else {
+        if (!reuse) tl_threadpool_run(m->tp, quant_task, &q, T);
         c.xq = s->xq;
         c.xq_stride = q.stride;
-    } else {
-        quant_ctx q = {.type = vt, .x = x, .n = w->n_in, .xq = s->xq, .stride = s->xq_stride, .T = T};
-        tl_threadpool_run(m->tp, quant_task, &q, T);
-        c.xq = s->xq;
-        c.xq_stride = s->xq_stride;
     }
     /* Small matrices are not worth waking the workers. */
     int64_t work = w->n_out * w->n_in * (int64_t)T;
     int tasks = work < 64 * 1024 ? 1 : tl_threadpool_size(m->tp);
     tl_threadpool_run(m->tp, mm_task, &c, tasks);
     if (s->profile) s->prof[0] += tl_now() - t0;
+}
+
+void tl_fwd_matmul(tl_model *m, float *out, const tl_weight *w, const float *x, int T) {
+    tl_fwd_matmul_after(m, out, w, x, T, NULL);
 }
 
 /* ---- one layer ------------------------------------------------------------------ */
@@ -344,8 +367,8 @@ static int layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
     tl_fwd_matmul(m, s->q, &ly->wq, s->xb, T);
     if (ly->bq) tl_fwd_add_bias(s->q, ly->bq, T, q_dim);
     if (!store_h) { /* store-h computes K and V from the stored h when it reads them */
-        tl_fwd_matmul(m, s->k, &ly->wk, s->xb, T);
-        tl_fwd_matmul(m, s->v, &ly->wv, s->xb, T);
+        tl_fwd_matmul_after(m, s->k, &ly->wk, s->xb, T, &ly->wq);
+        tl_fwd_matmul_after(m, s->v, &ly->wv, s->xb, T, &ly->wk);
         if (ly->bk) tl_fwd_add_bias(s->k, ly->bk, T, kv_dim);
         if (ly->bv) tl_fwd_add_bias(s->v, ly->bv, T, kv_dim);
     }
@@ -360,7 +383,7 @@ static int layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
     tl_fwd_matmul(m, s->o, &ly->wo, s->att, T);
     per_token(m, ly, T, TOK_ATTN_OUT, rope_base, 0);
     tl_fwd_matmul(m, s->hb, &ly->w_gate, s->xb, T);
-    tl_fwd_matmul(m, s->hb2, &ly->w_up, s->xb, T);
+    tl_fwd_matmul_after(m, s->hb2, &ly->w_up, s->xb, T, &ly->w_gate);
     per_token(m, ly, T, TOK_FFN_ACT, rope_base, 0);
     tl_fwd_matmul(m, s->o, &ly->w_down, s->hb, T);
     per_token(m, ly, T, TOK_FFN_OUT, rope_base, 0);

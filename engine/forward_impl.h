@@ -48,6 +48,9 @@ typedef struct tl_scratch {
 
 /* forward.c: out (T, n_out) = x (T, n_in) . W^T on the pool; x += b per token. */
 void tl_fwd_matmul(tl_model *m, float *out, const tl_weight *w, const float *x, int T);
+/* The same, right after the matmul of prev on the same, unchanged x: its
+ * prepared activations are reused where w's would be the same bytes. */
+void tl_fwd_matmul_after(tl_model *m, float *out, const tl_weight *w, const float *x, int T, const tl_weight *prev);
 void tl_fwd_add_bias(float *x, const float *b, int T, int n);
 
 /* attention.c: the new tokens' K/V rows into their blocks; q/k norm and
