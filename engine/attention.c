@@ -70,13 +70,16 @@ static const uint16_t *att_rows_f16(const att_ctx *c, const tl_seq *seq, int b, 
  * prefetcher does not see coming (and would not follow across pages), so
  * for a decoding token each block started with misses to DRAM; attention
  * was a third of a decode step at 512 positions. The K blocks then the V
- * blocks are one stream of items: at item j the items up to j + PF_ITEMS
- * are asked into L2 (the first call also asks for those before), and land
- * while earlier ones are summed. Zen 4, one thread, 512-640 positions:
+ * blocks are one stream of items, and the item PF_ITEMS ahead is asked
+ * into L2 as each is read (pf_cursor), landing while earlier ones are
+ * summed. Zen 4, one thread, 512-640 positions:
  * 110M Q4_0 attention 3.0-3.2 -> 1.7-2.0 ms a token, Gemma 3 270M (4
- * query heads a KV head, the converting path) 2.2-2.5 -> 1.6 (2 to 16
- * items ahead all within the noise; prefill unchanged). */
-enum { PF_ITEMS = 8 };
+ * query heads a KV head, the converting path) 2.2-2.5 -> 1.6; prefill
+ * unchanged. 32 items (64 KiB of f16 rows at head_dim 64) ahead rather
+ * than 8: 16 sequences at positions to 144, one thread, 3.7-4.0 -> 3.0-3.7
+ * ms a step; two threads and one sequence at 512 the same within the
+ * noise (8 to 32). */
+enum { PF_ITEMS = 32 };
 /* Head kh's K (v 0) or V (v 1) rows of logical block b, into L2. */
 static void prefetch_block(const att_ctx *c, const tl_seq *seq, int b, int kh, int v) {
     const tl_kv_pool *kv = &c->m->kv;
@@ -85,11 +88,6 @@ static void prefetch_block(const att_ctx *c, const tl_seq *seq, int b, int kh, i
     int id = seq->bt.ids[b * seq->bt.depth + c->vl];
     size_t rb = v ? l->row_bytes_v : l->row_bytes_k;
     tl_prefetch((v ? tl_kv_v(kv, id) : tl_kv_k(kv, id)) + tl_kv_row_off(l, kh, 0, rb), (size_t)kv->block_size * rb);
-}
-
-static void prefetch_kv(const att_ctx *c, const tl_seq *seq, int j, int b_first, int nb, int kh) {
-    int from = j == 0 ? 0 : j + PF_ITEMS, to = j + PF_ITEMS < 2 * nb - 1 ? j + PF_ITEMS : 2 * nb - 1;
-    for (int i = from; i <= to; i++) prefetch_block(c, seq, b_first + i % nb, kh, i >= nb);
 }
 
 static float dot_small(const float *a, const float *b, int n) {
@@ -148,13 +146,27 @@ static att_where task_where(const att_ctx *c, int i) {
     return a;
 }
 
-/* Task i's first items, asked for while the task before it runs: a decode
- * step of many short sequences (16 at 16-144 positions) is many tasks of a
- * few blocks each, and each began with misses to DRAM. */
-static void prefetch_task(const att_ctx *c, int i) {
-    if (i >= (c->c1 - c->c0) * c->m->hp.n_head_kv) return;
-    const att_where a = task_where(c, i);
-    prefetch_kv(c, a.seq, 0, a.b_first, a.nb, a.kh);
+/* A thread's prefetch cursor: the item PF_ITEMS ahead of the one it
+ * reads, counted across its tasks (i, i + nth, ...), so the stream runs on
+ * into the next task's blocks (a decode step of many short sequences is
+ * many tasks of a few blocks each) and one item is asked for per item
+ * read. (Before, each task asked for its own first items and the next
+ * task's, up to 9 each, at its start: bursts the core waited behind; 110M
+ * Q8_0, 16 sequences at positions to 144, one thread: attention read ~10
+ * GB/s of K/V, 4.1-5.2 ms a step, then 3.7-4.0 with the cursor at 8.) */
+typedef struct {
+    int task, item, total, nth;
+    att_where a;
+} pf_cursor;
+
+static void pf_step(const att_ctx *c, pf_cursor *p) {
+    if (p->task >= p->total) return;
+    if (p->item == 0) p->a = task_where(c, p->task);
+    prefetch_block(c, p->a.seq, p->a.b_first + p->item % p->a.nb, p->a.kh, p->item >= p->a.nb);
+    if (++p->item == 2 * p->a.nb) {
+        p->item = 0;
+        p->task += p->nth;
+    }
 }
 
 /* The rows [*r0, *r1) of logical block b a token sees; 0 when none. */
@@ -277,11 +289,12 @@ static void att_task(void *p, int ith, int nth) {
     float *kbuf = scores + (size_t)s->att_qc * tok_scores, *kp = kbuf + (size_t)bs * hd;
     uint8_t *qq = (uint8_t *)(kp + s->kp_floats);
     int total = (c->c1 - c->c0) * hp->n_head_kv;
+    pf_cursor pf = {.task = ith, .total = total, .nth = nth};
+    for (int k = 0; k < PF_ITEMS; k++) pf_step(c, &pf);
     for (int i = ith; i < total; i += nth) {
         const att_where a = task_where(c, i);
-        const int ta = a.ta, tb = a.tb, kh = a.kh, b_first = a.b_first, nb = a.nb, w = a.w;
+        const int ta = a.ta, tb = a.tb, kh = a.kh, b_first = a.b_first, w = a.w;
         const tl_seq *seq = a.seq;
-        prefetch_task(c, i + nth);
         tok_span sp[ATT_QC_MAX];
         for (int t = ta; t < tb; t++) sp[t - ta] = token_span(bs, s->tok_pos[t], w);
         int pos_last = s->tok_pos[tb - 1], r0, r1;
@@ -300,13 +313,13 @@ static void att_task(void *p, int ith, int nth) {
                 }
             void *work = s->gemm_work + (size_t)ith * s->gemm_work_stride;
             for (int b = b_first; b <= pos_last / bs; b++) {
-                prefetch_kv(c, seq, b - b_first, b_first, nb, kh);
+                pf_step(c, &pf);
                 k_direct_scores(c, seq, b, kh, sp, ta, tb, qq, prepared, work, scores);
             }
         }
         for (int b = b_first; !s->k_direct && b <= pos_last / bs; b++) {
             int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
-            prefetch_kv(c, seq, b - b_first, b_first, nb, kh);
+            pf_step(c, &pf);
             if (panels) {
                 panel_scores(c, seq, b, kh, sp, ta, tb, rows, kbuf, kp, scores);
                 continue;
@@ -334,7 +347,7 @@ static void att_task(void *p, int ith, int nth) {
         for (int b = b_first; b <= pos_last / bs; b++) {
             int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
             size_t ld = (size_t)hd;
-            prefetch_kv(c, seq, nb + b - b_first, b_first, nb, kh);
+            pf_step(c, &pf);
             const uint16_t *v16 = in_place ? att_rows_f16(c, seq, b, kh, 1) : NULL;
             const float *v = v16 ? NULL : att_rows(c, seq, b, kh, 1, rows, kbuf, &ld);
             /* queries (token, head of the group) that see the same rows go
