@@ -146,14 +146,6 @@ static att_where task_where(const att_ctx *c, int i) {
     return a;
 }
 
-/* A thread's prefetch cursor: the item PF_ITEMS ahead of the one it
- * reads, counted across its tasks (i, i + nth, ...), so the stream runs on
- * into the next task's blocks (a decode step of many short sequences is
- * many tasks of a few blocks each) and one item is asked for per item
- * read. (Before, each task asked for its own first items and the next
- * task's, up to 9 each, at its start: bursts the core waited behind; 110M
- * Q8_0, 16 sequences at positions to 144, one thread: attention read ~10
- * GB/s of K/V, 4.1-5.2 ms a step, then 3.7-4.0 with the cursor at 8.) */
 /* Which tasks a thread runs: where the KV heads divide evenly among the
  * threads, each takes a contiguous run of heads of every chunk (its half
  * of each block's rows, one address range, with two threads), else every
@@ -166,18 +158,25 @@ typedef struct {
     int h0, h1, n_kv, nth; /* this thread's heads [h0, h1), or h1 < 0: every nth task */
 } task_deal;
 
+/* h0 is also the thread's first task in both ways of dealing. */
 static task_deal deal_of(int n_kv, int ith, int nth) {
     if (n_kv % nth) return (task_deal){ith, -1, n_kv, nth};
     return (task_deal){n_kv * ith / nth, n_kv * (ith + 1) / nth, n_kv, nth};
 }
-
-static int deal_first(const task_deal *d) { return d->h0; }
 
 static int deal_next(const task_deal *d, int i) {
     if (d->h1 < 0) return i + d->nth;
     return i % d->n_kv + 1 < d->h1 ? i + 1 : (i / d->n_kv + 1) * d->n_kv + d->h0;
 }
 
+/* A thread's prefetch cursor: the item PF_ITEMS ahead of the one it
+ * reads, counted across its tasks (deal_next), so the stream runs on into
+ * the next task's blocks (a decode step of many short sequences is many
+ * tasks of a few blocks each) and one item is asked for per item read.
+ * (Before, each task asked for its own first items and the next task's,
+ * up to 9 each, at its start: bursts the core waited behind; 110M Q8_0, 16
+ * sequences at positions to 144, one thread: attention read ~10 GB/s of
+ * K/V, 4.1-5.2 ms a step, then 3.7-4.0 with the cursor at 8.) */
 typedef struct {
     int task, item, total;
     const task_deal *d;
@@ -315,9 +314,9 @@ static void att_task(void *p, int ith, int nth) {
     uint8_t *qq = (uint8_t *)(kp + s->kp_floats);
     int total = (c->c1 - c->c0) * hp->n_head_kv;
     const task_deal deal = deal_of(hp->n_head_kv, ith, nth);
-    pf_cursor pf = {.task = deal_first(&deal), .total = total, .d = &deal};
+    pf_cursor pf = {.task = deal.h0, .total = total, .d = &deal};
     for (int k = 0; k < PF_ITEMS; k++) pf_step(c, &pf);
-    for (int i = deal_first(&deal); i < total; i = deal_next(&deal, i)) {
+    for (int i = deal.h0; i < total; i = deal_next(&deal, i)) {
         const att_where a = task_where(c, i);
         const int ta = a.ta, tb = a.tb, kh = a.kh, b_first = a.b_first, w = a.w;
         const tl_seq *seq = a.seq;

@@ -172,10 +172,10 @@ static void mm_task(void *p, int ith, int nth) {
     int chunk = (int)((192 * 1024) / c->xq_stride);
     if (chunk < 16) chunk = 16;
     uint8_t *work = c->work + (size_t)ith * c->work_stride;
+    /* packed rows (whole groups): the thread's rows in one call */
+    int64_t step = w->packed && !c->bf16 ? r1 - r0 : 16;
     for (int t0 = 0; t0 < c->T; t0 += chunk) {
         int nt = c->T - t0 < chunk ? c->T - t0 : chunk;
-        /* packed rows (whole groups): the thread's rows in one call */
-        int64_t step = w->packed && !c->bf16 ? r1 - r0 : 16;
         for (int64_t rt = r0; rt < r1; rt += step) {
             int nr = (int)((rt + step < r1 ? rt + step : r1) - rt);
             float *out = c->out + (size_t)t0 * rows + rt;
@@ -232,19 +232,19 @@ static int prep_kind(const tl_model *m, const tl_weight *w) {
     return PREP_QUANT;
 }
 
-static int same_prep(const tl_model *m, const tl_weight *a, const tl_weight *b) {
-    int k = prep_kind(m, a);
-    if (k != prep_kind(m, b) || a->n_in != b->n_in) return 0;
+/* Whether b's activations, prepared as `kind`, are the bytes a's are. */
+static int same_prep(const tl_model *m, const tl_weight *a, const tl_weight *b, int kind) {
+    if (prep_kind(m, a) != kind || a->n_in != b->n_in) return 0;
     /* a GEMM's prepared row depends on the weight type (its offset
      * correction), a plain quantization only on the type it quantizes to */
-    return k == PREP_GEMM ? a->type == b->type
-                          : tl_type_info(a->type)->vec_dot_type == tl_type_info(b->type)->vec_dot_type;
+    return kind == PREP_GEMM ? a->type == b->type
+                             : tl_type_info(a->type)->vec_dot_type == tl_type_info(b->type)->vec_dot_type;
 }
 
 void tl_fwd_matmul_after(tl_model *m, float *out, const tl_weight *w, const float *x, int T, const tl_weight *prev) {
     tl_scratch *s = m->scratch;
     double t0 = s->profile ? tl_now() : 0;
-    int kind = prep_kind(m, w), reuse = prev && same_prep(m, prev, w);
+    int kind = prep_kind(m, w), reuse = prev && same_prep(m, prev, w, kind);
     mm_ctx c = {.w = w, .out = out, .T = T, .work = s->gemm_work, .work_stride = s->gemm_work_stride};
     quant_ctx q = {.x = x, .n = w->n_in, .xq = s->xq, .T = T};
     if (kind == PREP_BF16) {
