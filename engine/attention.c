@@ -209,7 +209,10 @@ static inline int span_rows(const tok_span *sp, int b, int bs, int *r0, int *r1)
  * [first, pos] only). Each cell is bitwise tl_vec_dot of its pair, so a
  * token's scores do not depend on the chunk it is in. With `prepared` the
  * queries are tl_gemm_prepare rows and q8 K goes through the GEMM tiles
- * (VNNI where present: 16 K rows per instruction), else tl_vec_dot_tile. */
+ * (VNNI where present: 16 K rows per instruction), else tl_vec_dot_tile.
+ * The cells stay unscaled: the softmax multiplies by c->scale as it reads
+ * them (a pass of its own over the cells, scalar, was as long as the int8
+ * scores themselves in a 4,096-token q8 prefill). */
 static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, const tok_span *sp, int ta, int tb,
                             const uint8_t *qq, int prepared, void *work, float *scores) {
     const tl_kv_pool *kv = &c->m->kv;
@@ -235,8 +238,6 @@ static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, 
                          k + (size_t)r * l->row_bytes_k, l->row_bytes_k, qq, s->qq_bytes, work);
     else
         tl_vec_dot_tile(type, hd, hi - lo, nt, out, msl, k, l->row_bytes_k, qq, s->qq_bytes);
-    for (int p = 0; p < (tb - ta) * group; p++)
-        for (int r = 0; r < hi - lo; r++) out[(size_t)p * msl + r] *= c->scale;
 }
 
 /* Scores of the chunk's queries (tokens [ta, tb), each head of the group)
@@ -296,6 +297,47 @@ static void v_rows(int nq, float *const *ys, const float *const *as, const float
         tl_axpy_rows_multi_f32(nq, ys, as, v + (size_t)r0 * ld, ld, r1 - r0, hd);
 }
 
+/* The V sums of logical block b for tokens [ta, tb) in int8 (v_int8): the
+ * block's rows go in pieces of 16, each transposed once for the chunk
+ * (tl_attn_v8_prep), then the queries that see the same rows of a piece
+ * go through one tl_attn_v8_sum call, up to 32 at a time. A token's
+ * weights are quantized per piece and group of 32 values, neither of which
+ * depends on the chunk, and each sum is exact in integers, so the chunk
+ * changes no result. */
+static void v8_block(const att_ctx *c, const tl_seq *seq, int b, int kh, const tok_span *sp, int ta, int tb, int rows,
+                     const float *scores, void *piece) {
+    const tl_model *m = c->m;
+    const tl_kv_layout *l = &m->kv.layout;
+    int hd = m->hp.head_dim, bs = m->kv.block_size, group = m->hp.n_head / m->hp.n_head_kv, r0, r1;
+    size_t msl = (size_t)m->max_seq_len, tok_scores = (size_t)group * msl;
+    int id = seq->bt.ids[b * seq->bt.depth + c->vl];
+    const uint8_t *v = tl_kv_v(&m->kv, id) + tl_kv_row_off(l, kh, 0, l->row_bytes_v);
+    enum { BATCH = 32 };
+    for (int p0 = 0; p0 < rows; p0 += 16) {
+        int pr = rows - p0 < 16 ? rows - p0 : 16;
+        tl_attn_v8_prep(v + (size_t)p0 * l->row_bytes_v, l->row_bytes_v, pr, hd, piece);
+        float *ys[BATCH];
+        const float *as[BATCH];
+        int nq = 0, q0 = 0, q1 = 0;
+        for (int t = ta; t < tb; t++) {
+            if (!span_rows(&sp[t - ta], b, bs, &r0, &r1)) continue;
+            int lo = (r0 > p0 ? r0 : p0) - p0, hi = (r1 < p0 + pr ? r1 : p0 + pr) - p0;
+            if (lo >= hi) continue;
+            float *out = m->scratch->att + (size_t)t * m->hp.n_head * hd + (size_t)kh * group * hd;
+            for (int g = 0; g < group; g++) {
+                if (nq && (nq == BATCH || lo != q0 || hi != q1)) {
+                    tl_attn_v8_sum(nq, ys, as, piece, q0, q1, hd);
+                    nq = 0;
+                }
+                q0 = lo, q1 = hi;
+                ys[nq] = out + g * hd;
+                as[nq++] = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl + (size_t)b * bs + p0;
+            }
+        }
+        if (nq) tl_attn_v8_sum(nq, ys, as, piece, q0, q1, hd);
+    }
+}
+
 /* One task = one KV head and one chunk of consecutive tokens of a
  * sequence: each K/V block is converted once for the chunk, and the query
  * heads of the group share it. Every token still computes its scores, its
@@ -312,6 +354,7 @@ static void att_task(void *p, int ith, int nth) {
     float *scores = s->scores + (size_t)ith * s->scores_stride;
     float *kbuf = scores + (size_t)s->att_qc * tok_scores, *kp = kbuf + (size_t)bs * hd;
     uint8_t *qq = (uint8_t *)(kp + s->kp_floats);
+    void *piece = s->scores + (size_t)ith * s->scores_stride + s->v8_off;
     int total = (c->c1 - c->c0) * hp->n_head_kv;
     const task_deal deal = deal_of(hp->n_head_kv, ith, nth);
     pf_cursor pf = {.task = deal.h0, .total = total, .d = &deal};
@@ -365,7 +408,7 @@ static void att_task(void *p, int ith, int nth) {
             float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
             for (int g = 0; g < group; g++) {
                 float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl;
-                tl_softmax_f32(sc + j0, pos - j0 + 1);
+                tl_softmax_f32(sc + j0, pos - j0 + 1, s->k_direct ? c->scale : 1.0f);
                 memset(out + g * hd, 0, (size_t)hd * sizeof(float));
             }
         }
@@ -373,6 +416,10 @@ static void att_task(void *p, int ith, int nth) {
             int rows = b == pos_last / bs ? pos_last % bs + 1 : bs;
             size_t ld = (size_t)hd;
             pf_step(c, &pf);
+            if (s->v_int8) {
+                v8_block(c, seq, b, kh, sp, ta, tb, rows, scores, piece);
+                continue;
+            }
             const uint16_t *v16 = in_place ? att_rows_f16(c, seq, b, kh, 1) : NULL;
             const float *v = v16 ? NULL : att_rows(c, seq, b, kh, 1, rows, kbuf, &ld);
             /* queries (token, head of the group) that see the same rows go
@@ -595,7 +642,7 @@ static void split_pass(void *p, int ith, int nth) {
         for (int p = ith; p < tasks * group; p += nth) {
             split_task k = split_task_of(c, p / group);
             int g = p % group;
-            tl_softmax_f32(k.sc + (size_t)g * c->m->max_seq_len + k.j0, k.pos - k.j0 + 1);
+            tl_softmax_f32(k.sc + (size_t)g * c->m->max_seq_len + k.j0, k.pos - k.j0 + 1, 1.0f);
             memset(k.out + (size_t)g * hd, 0, (size_t)hd * sizeof(float));
         }
     } else {
@@ -608,11 +655,12 @@ static void split_pass(void *p, int ith, int nth) {
     }
 }
 
-/* 1 when this step takes the split (see split_ctx). */
+/* 1 when this step takes the split (see split_ctx). Not with int8 K
+ * scores or int8 V sums: their kernels take whole rows. */
 static int split_decode(const tl_model *m, int T) {
     const tl_scratch *s = m->scratch;
     int nth = tl_threadpool_size(m->tp);
-    return nth > 1 && T == s->n_chunks && s->n_chunks * m->hp.n_head_kv < nth && !s->k_direct &&
+    return nth > 1 && T == s->n_chunks && s->n_chunks * m->hp.n_head_kv < nth && !s->k_direct && !s->v_int8 &&
            !m->kv.layout.store_h;
 }
 

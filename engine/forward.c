@@ -109,9 +109,14 @@ int tl_forward_init(tl_model *m) {
     m->scratch->kp_floats = !m->scratch->k_direct && m->hp.head_dim >= 32 && tl_attn_has_panels(m->hp.head_dim)
                                 ? tl_attn_panels_floats(m->kv.block_size, m->hp.head_dim)
                                 : 0;
-    m->scratch->scores_stride = ((size_t)m->scratch->att_qc * group * m->max_seq_len +
-                                 (size_t)m->kv.block_size * m->hp.head_dim + m->scratch->kp_floats + qq_floats + 15) &
-                                ~(size_t)15;
+    /* q8 V in groups of 32 (ggml's q8_0 rows) is summed in int8: each
+     * block's rows transposed once into a piece for the chunk's queries,
+     * whose weights are quantized to u8 per 16 rows (tl_attn_v8_sum). */
+    m->scratch->v_int8 = !l->store_h && l->group == 32 && l->type_v == TL_KVT_Q8;
+    m->scratch->v8_off = (size_t)m->scratch->att_qc * group * m->max_seq_len + (size_t)m->kv.block_size * m->hp.head_dim +
+                         m->scratch->kp_floats + qq_floats;
+    size_t v8_floats = m->scratch->v_int8 ? (tl_attn_v8_bytes(m->hp.head_dim) + 3) / 4 : 0;
+    m->scratch->scores_stride = (m->scratch->v8_off + v8_floats + 15) & ~(size_t)15;
     size_t n = (size_t)tl_threadpool_size(m->tp) * m->scratch->scores_stride;
     m->scratch->scores = tl_alloc_aligned(n * sizeof(float));
     if (!m->scratch->scores) return tl_set_error(TL_ERR_NOMEM, "out of memory for attention scores");

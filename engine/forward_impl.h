@@ -27,8 +27,11 @@ typedef struct tl_scratch {
     int n_chunks;
     int att_qc;              /* tokens per query chunk at most */
     float *scores;           /* per thread: (att_qc, group, max_seq_len) scores + (block_size, head_dim) K/V rows
-                              * + kp_floats of K panels + with k_direct, (att_qc, group) queries as q8_0 rows of qq_bytes */
+                              * + kp_floats of K panels + with k_direct, (att_qc, group) queries as q8_0 rows of qq_bytes
+                              * + with v_int8, a tl_attn_v8_prep piece at float v8_off */
     int k_direct;            /* K rows are ggml q8_0 / q4_1 rows: scores from the int8 dot kernels */
+    int v_int8;              /* V rows are ggml q8_0 rows: V sums through tl_attn_v8_sum */
+    size_t v8_off;
     size_t qq_bytes;
     uint8_t *gemm_work;      /* per thread: tl_gemm_work_size(widest input) bytes */
     size_t gemm_work_stride;

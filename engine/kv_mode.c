@@ -94,6 +94,10 @@ void tl_kv_mode_name(const tl_kv_mode *mode, char *out, size_t cap) {
 /* The rounding of ggml's reference q8_0 / q4_1 quantizers, for any group
  * size: q8 scales by the largest magnitude, q4 spans [min, max] in 15 steps. */
 static void store_q8(int g, const float *x, uint8_t *dst, int n) {
+    if (g == 32) { /* exactly ggml's q8_0 blocks: the SIMD quantizer, bitwise this loop's */
+        tl_quantize_row(TL_TYPE_Q8_0, x, dst, n);
+        return;
+    }
     for (int b = 0; b < n / g; b++, x += g) {
         float amax = 0.0f;
         for (int i = 0; i < g; i++) amax = fmaxf(amax, fabsf(x[i]));

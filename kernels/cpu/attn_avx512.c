@@ -46,11 +46,21 @@ static inline AI T5 __m512 exp512(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-static T5 void softmax_512(float *x, int64_t n) {
+static T5 void softmax_512(float *x, int64_t n, float scale) {
     __m512 mv = _mm512_set1_ps(-INFINITY);
+    const __m512 sc = _mm512_set1_ps(scale);
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
-    if (i < n) mv = _mm512_mask_max_ps(mv, tail_mask(n - i), mv, _mm512_maskz_loadu_ps(tail_mask(n - i), x + i));
+    for (; i + 16 <= n; i += 16) {
+        const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i), sc);
+        _mm512_storeu_ps(x + i, y);
+        mv = _mm512_max_ps(mv, y);
+    }
+    if (i < n) {
+        const __mmask16 m = tail_mask(n - i);
+        const __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), sc);
+        _mm512_mask_storeu_ps(x + i, m, y);
+        mv = _mm512_mask_max_ps(mv, m, mv, y);
+    }
     const __m512 maxv = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
     __m512d s0 = _mm512_setzero_pd(), s1 = s0;
     for (i = 0; i + 16 <= n; i += 16) {
@@ -314,7 +324,106 @@ static T5 void scores_panels_512(int nq, const float *const *q, const float *kp,
     else panels_n(nq, q, kp, rows, n, scale, out);
 }
 
-void tl_attn_fill_avx512(tl_kernel_table *t) {
+/* Int8 V sums (tl_attn_v8_prep / tl_attn_v8_sum, quants.h). The prep
+ * transposes each quad of rows with byte then word interleaves (per
+ * 128-bit lane: dims 0-3 | 16-19, 4-7 | 20-23, ...), and two lane
+ * shuffles put dims 0-15 and 16-31 in order; a query's weights, quantized
+ * in one vector, then go 4 rows at a time into 16 lanes of vpdpbusd. */
+#define TV __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+
+static TV void attn_v8_prep_vnni(const uint8_t *v, size_t rb, int rows, int hd, void *vp) {
+    uint8_t *p = vp;
+    for (int g = 0; g < hd / 32; g++, p += TL_V8_GROUP_BYTES) {
+        const uint8_t *vg = v + (size_t)g * sizeof(block_q8_0);
+        uint16_t dh[16] = {0};
+        for (int r = 0; r < rows; r++) memcpy(&dh[r], vg + (size_t)r * rb, 2);
+        _mm512_storeu_ps(p, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)dh)));
+        for (int k = 0; k < 4; k++) {
+            __m256i x[4];
+            UNROLL for (int j = 0; j < 4; j++)
+                x[j] = 4 * k + j < rows ? _mm256_loadu_si256((const __m256i *)(const void *)(vg + (size_t)(4 * k + j) * rb + 2))
+                                        : _mm256_setzero_si256();
+            const __m256i lo01 = _mm256_unpacklo_epi8(x[0], x[1]), hi01 = _mm256_unpackhi_epi8(x[0], x[1]);
+            const __m256i lo23 = _mm256_unpacklo_epi8(x[2], x[3]), hi23 = _mm256_unpackhi_epi8(x[2], x[3]);
+            const __m512i A = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_unpacklo_epi16(lo01, lo23)),
+                                                 _mm256_unpackhi_epi16(lo01, lo23), 1);
+            const __m512i B = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_unpacklo_epi16(hi01, hi23)),
+                                                 _mm256_unpackhi_epi16(hi01, hi23), 1);
+            _mm512_storeu_si512(p + 64 + k * 128, _mm512_shuffle_i64x2(A, B, _MM_SHUFFLE(2, 0, 2, 0)));
+            _mm512_storeu_si512(p + 64 + k * 128 + 64, _mm512_shuffle_i64x2(A, B, _MM_SHUFFLE(3, 1, 3, 1)));
+        }
+    }
+}
+
+/* Lane i of the result: the largest of lanes 0-15 of v[i] (i < 16), by
+ * rows_group's transposing tree with max for add (max is exact in any
+ * order: the per-query maxima of 16 queries in 15 steps instead of 16
+ * horizontal reductions). */
+static inline AI TV __m512 hmax16(const __m512 v[16]) {
+    const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    __m512 c[8], d[4], e[2];
+    for (int p = 0; p < 8; p++)
+        c[p] = _mm512_max_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int p = 0; p < 4; p++)
+        d[p] = _mm512_max_ps(_mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int p = 0; p < 2; p++)
+        e[p] = _mm512_max_ps(_mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m512 f = _mm512_max_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_permutexvar_ps(perm, f);
+}
+
+static TV void attn_v8_sum_vnni(int nq, float *const *y, const float *const *a, const void *vp, int r0, int r1, int hd) {
+    const __mmask16 rm = (__mmask16)(((1u << r1) - 1) & ~((1u << r0) - 1));
+    const __m512 zero = _mm512_setzero_ps(), top = _mm512_set1_ps(255.0f);
+    for (int g = 0; g < hd / 32; g++) {
+        const uint8_t *p = (const uint8_t *)vp + (size_t)g * TL_V8_GROUP_BYTES;
+        const __m512 sc = _mm512_loadu_ps(p);
+        __m512i t[8];
+        UNROLL for (int i = 0; i < 8; i++) t[i] = _mm512_loadu_si512(p + 64 + 64 * i);
+        for (int q0 = 0; q0 < nq; q0 += 16) {
+            const int n = nq - q0 < 16 ? nq - q0 : 16;
+            __m512 w[16];
+            float m[16], inv[16], ds[16];
+            UNROLL16 for (int i = 0; i < 16; i++)
+                w[i] = i < n ? _mm512_max_ps(_mm512_maskz_mul_ps(rm, _mm512_maskz_loadu_ps(rm, a[q0 + i]), sc), zero) : zero;
+            if (n < 4) { /* a decoding token: the tree would be mostly padding */
+                for (int i = 0; i < n; i++) {
+                    m[i] = _mm512_reduce_max_ps(w[i]);
+                    inv[i] = 255.0f / m[i], ds[i] = m[i] / 255.0f;
+                }
+            } else {
+                const __m512 mv = hmax16(w);
+                _mm512_storeu_ps(m, mv);
+                _mm512_storeu_ps(inv, _mm512_div_ps(top, mv));
+                _mm512_storeu_ps(ds, _mm512_div_ps(mv, top));
+            }
+            for (int i = 0; i < n; i++) {
+                if (!(m[i] > 0.0f)) continue;
+                const __m512 f = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(w[i], _mm512_set1_ps(inv[i])), zero), top);
+                const __m128i u = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(f));
+                const __m512i b0 = _mm512_broadcastd_epi32(u), b1 = _mm512_broadcastd_epi32(_mm_shuffle_epi32(u, 0x55));
+                const __m512i b2 = _mm512_broadcastd_epi32(_mm_shuffle_epi32(u, 0xAA));
+                const __m512i b3 = _mm512_broadcastd_epi32(_mm_shuffle_epi32(u, 0xFF));
+                const __m512i z = _mm512_setzero_si512();
+                /* two chains per half, added at the end (integers: exact) */
+                const __m512i acc0 = _mm512_add_epi32(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, b0, t[0]), b1, t[2]),
+                                                      _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, b2, t[4]), b3, t[6]));
+                const __m512i acc1 = _mm512_add_epi32(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, b0, t[1]), b1, t[3]),
+                                                      _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, b2, t[5]), b3, t[7]));
+                const __m512 d = _mm512_set1_ps(ds[i]);
+                float *o = y[q0 + i] + g * 32;
+                _mm512_storeu_ps(o, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc0), d, _mm512_loadu_ps(o)));
+                _mm512_storeu_ps(o + 16, _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc1), d, _mm512_loadu_ps(o + 16)));
+            }
+        }
+    }
+}
+
+void tl_attn_fill_avx512(tl_kernel_table *t, int vnni) {
     t->softmax_f32 = softmax_512;
     t->dot_rows_f32 = dot_rows_512;
     t->dot_rows_f16 = dot_rows_f16_512;
@@ -323,8 +432,12 @@ void tl_attn_fill_avx512(tl_kernel_table *t) {
     t->scores_panels = scores_panels_512;
     t->axpy_rows_multi_f32 = axpy_rows_multi_512;
     t->axpy_rows_multi_f16 = axpy_rows_multi_f16_512;
+    if (vnni) {
+        t->attn_v8_prep = attn_v8_prep_vnni;
+        t->attn_v8_sum = attn_v8_sum_vnni;
+    }
 }
 
 #else
-void tl_attn_fill_avx512(tl_kernel_table *t) { (void)t; }
+void tl_attn_fill_avx512(tl_kernel_table *t, int vnni) { (void)t; (void)vnni; }
 #endif

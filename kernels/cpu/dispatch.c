@@ -93,10 +93,12 @@ static void axpy_rows_multi_generic(int nq, float *const *y, const float *const 
 }
 
 /* ggml's soft_max: libm expf, the sum in double. */
-static void softmax_ref(float *x, int64_t n) {
+static void softmax_ref(float *x, int64_t n, float scale) {
     float maxv = -INFINITY;
-    for (int64_t j = 0; j < n; j++)
+    for (int64_t j = 0; j < n; j++) {
+        x[j] *= scale;
         if (x[j] > maxv) maxv = x[j];
+    }
     double sum = 0.0;
     for (int64_t j = 0; j < n; j++) {
         x[j] = expf(x[j] - maxv);
@@ -104,6 +106,54 @@ static void softmax_ref(float *x, int64_t n) {
     }
     float inv = (float)(1.0 / sum);
     for (int64_t j = 0; j < n; j++) x[j] *= inv;
+}
+
+static void attn_v8_prep_ref(const uint8_t *v, size_t rb, int rows, int hd, void *vp) {
+    uint8_t *p = vp;
+    for (int g = 0; g < hd / 32; g++, p += TL_V8_GROUP_BYTES) {
+        float sc[16];
+        int8_t *t = (int8_t *)(p + sizeof sc);
+        for (int r = 0; r < 16; r++) {
+            const uint8_t *row = v + (size_t)r * rb + (size_t)g * sizeof(block_q8_0);
+            uint16_t d = 0;
+            if (r < rows) memcpy(&d, row, 2);
+            sc[r] = tl_f16_to_f32(d);
+            for (int e = 0; e < 32; e++) t[(r / 4) * 128 + e * 4 + r % 4] = r < rows ? (int8_t)row[2 + e] : 0;
+        }
+        memcpy(p, sc, sizeof sc);
+    }
+}
+
+static void attn_v8_sum_ref(int nq, float *const *y, const float *const *a, const void *vp, int r0, int r1, int hd) {
+    for (int g = 0; g < hd / 32; g++) {
+        const uint8_t *p = (const uint8_t *)vp + (size_t)g * TL_V8_GROUP_BYTES;
+        const int8_t *t = (const int8_t *)(p + 64);
+        float sc[16];
+        memcpy(sc, p, sizeof sc);
+        for (int q = 0; q < nq; q++) {
+            float w[16], m = 0.0f;
+            int u[16];
+            for (int r = 0; r < 16; r++) {
+                float x = r >= r0 && r < r1 ? a[q][r] * sc[r] : 0.0f;
+                w[r] = x > 0.0f ? x : 0.0f; /* (NaN: 0) */
+                if (w[r] > m) m = w[r];
+            }
+            if (!(m > 0.0f)) continue;
+            const float inv = 255.0f / m, ds = m / 255.0f;
+            for (int r = 0; r < 16; r++) {
+                float f = w[r] * inv;
+                f = f > 0.0f ? f : 0.0f;
+                f = f < 255.0f ? f : 255.0f;
+                u[r] = (int)nearbyintf(f);
+            }
+            for (int e = 0; e < 32; e++) {
+                int32_t acc = 0;
+                for (int r = 0; r < 16; r++) acc += u[r] * t[(r / 4) * 128 + e * 4 + r % 4];
+                float *o = y[q] + g * 32 + e;
+                *o = fmaf((float)acc, ds, *o);
+            }
+        }
+    }
 }
 
 static void drop_stale_rows(tl_kernel_table *t, const tl_kernel_table *below) {
@@ -134,6 +184,8 @@ static void init_once(void) {
     tables[TL_ISA_SCALAR].axpy_rows_f32 = axpy_rows_generic;
     tables[TL_ISA_SCALAR].axpy_rows_multi_f32 = axpy_rows_multi_generic;
     tables[TL_ISA_SCALAR].softmax_f32 = softmax_ref;
+    tables[TL_ISA_SCALAR].attn_v8_prep = attn_v8_prep_ref;
+    tables[TL_ISA_SCALAR].attn_v8_sum = attn_v8_sum_ref;
     tables[TL_ISA_AVX2] = tables[TL_ISA_SCALAR];
     if (cpu_level >= TL_ISA_AVX2) tl_kernels_fill_avx2(&tables[TL_ISA_AVX2]);
     drop_stale_tiles(&tables[TL_ISA_AVX2], &tables[TL_ISA_SCALAR]);
@@ -270,7 +322,14 @@ void tl_axpy_rows_multi_f32(int nq, float *const *y, const float *const *a, cons
                             int64_t n) {
     kt()->axpy_rows_multi_f32(nq, y, a, x, ldx, rows, n);
 }
-void tl_softmax_f32(float *x, int64_t n) { kt()->softmax_f32(x, n); }
+void tl_softmax_f32(float *x, int64_t n, float scale) { kt()->softmax_f32(x, n, scale); }
+size_t tl_attn_v8_bytes(int hd) { return (size_t)(hd / 32) * TL_V8_GROUP_BYTES; }
+void tl_attn_v8_prep(const uint8_t *v, size_t row_bytes, int rows, int hd, void *vp) {
+    kt()->attn_v8_prep(v, row_bytes, rows, hd, vp);
+}
+void tl_attn_v8_sum(int nq, float *const *y, const float *const *a, const void *vp, int r0, int r1, int hd) {
+    kt()->attn_v8_sum(nq, y, a, vp, r0, r1, hd);
+}
 int tl_attn_has_f16_rows(void) { return kt()->dot_rows_f16 && kt()->axpy_rows_multi_f16; }
 void tl_dot_rows_f16(const float *q, const uint16_t *k, size_t ldk, int rows, int64_t n, float scale, float *out) {
     kt()->dot_rows_f16(q, k, ldk, rows, n, scale, out);

@@ -151,11 +151,14 @@ double tl_sum_sq(const float *x, int64_t n);
 void tl_dot_rows_f32(const float *q, const float *k, size_t ldk, int rows, int64_t n, float scale, float *out);
 void tl_axpy_rows_f32(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n);
 
-/* x[i] = exp(x[i] - max) / sum_j exp(x[j] - max) over n > 0 elements: the
- * scalar level is libm expf with the sum in double (as ggml's soft_max);
- * the AVX-512 level a polynomial exp with the sum in double lanes, within
- * 1e-6 relative of the scalar level (test_gemm). */
-void tl_softmax_f32(float *x, int64_t n);
+/* The softmax of x[i] * scale over n > 0 elements: with y[i] = x[i] *
+ * scale (one rounding; scale 1 leaves x as it is), x[i] = exp(y[i] - max) /
+ * sum_j exp(y[j] - max). The scalar level is libm expf with the sum in
+ * double (as ggml's soft_max); the AVX-512 level a polynomial exp with the
+ * sum in double lanes, within 1e-6 relative of the scalar level
+ * (test_gemm). The scale rides along for scores that come unscaled from
+ * the int8 tiles: one pass over them fewer. */
+void tl_softmax_f32(float *x, int64_t n, float scale);
 /* tl_axpy_rows_f32(y[q], a[q], x, ldx, rows, n) for q < nq, bitwise, with
  * each row of x loaded once for all queries (attention's V rows). */
 void tl_axpy_rows_multi_f32(int nq, float *const *y, const float *const *a, const float *x, size_t ldx, int rows,
@@ -180,6 +183,25 @@ void tl_attn_k_panels_f32(const float *k, size_t ldk, int rows, int64_t n, float
 void tl_attn_k_panels_f16(const uint16_t *k, size_t ldk, int rows, int64_t n, float *kp);
 void tl_attn_scores_panels(int nq, const float *const *q, const float *kp, int rows, int64_t n, float scale,
                            float *const *out);
+
+/* Weighted sums of q8 V rows in int8 (q8 V in ggml's q8_0 blocks): the
+ * weights of 16 rows are quantized to u8 per 32-value group, with the
+ * rows' scales folded in, so the sums are vpdpbusd's (64 products an
+ * instruction against 16 for f32 FMAs).
+ * tl_attn_v8_prep: rows [0, rows), rows <= 16, of q8_0 rows of hd values
+ * (hd % 32 == 0) row_bytes apart, into tl_attn_v8_bytes(hd) bytes at vp:
+ * per group, the 16 row scales as floats, then the values transposed in
+ * quads of rows (byte 4d + j of quad k: value d of row 4k + j); rows past
+ * `rows` zero. tl_attn_v8_sum: for q < nq, y[q][0, hd) += rows [r0, r1) of
+ * the piece weighted by a[q][r] (a[q] indexed from the piece's row 0). Per
+ * query and group: p_r = a[q][r] * scale_r (0 outside [r0, r1), and for
+ * NaN or below 0), m = max p_r, and where m > 0, u_r = p_r * (255 / m)
+ * clamped to [0, 255] and rounded to nearest even, then y[d] = fmaf(sum_r
+ * u_r * v_rd, m / 255, y[d]). The integer sums are exact, so every level is
+ * bitwise the scalar code. */
+size_t tl_attn_v8_bytes(int hd);
+void tl_attn_v8_prep(const uint8_t *v, size_t row_bytes, int rows, int hd, void *vp);
+void tl_attn_v8_sum(int nq, float *const *y, const float *const *a, const void *vp, int r0, int r1, int hd);
 
 /* CPU feature level: 0 scalar, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW, VL). */
 enum { TL_ISA_SCALAR = 0, TL_ISA_AVX2 = 1, TL_ISA_AVX512 = 2 };

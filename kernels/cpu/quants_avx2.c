@@ -178,12 +178,17 @@ static inline T2 __m256 exp256_or_0(__m256 x) {
     return _mm256_and_ps(exp256(x), _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ));
 }
 
-static T2 void softmax_avx2(float *x, int64_t n) {
+static T2 void softmax_avx2(float *x, int64_t n, float scale) {
     float tail[8];
     const int64_t n8 = n & ~(int64_t)7;
-    for (int i = 0; i < 8; i++) tail[i] = n8 + i < n ? x[n8 + i] : -INFINITY;
+    for (int i = 0; i < 8; i++) tail[i] = n8 + i < n ? x[n8 + i] * scale : -INFINITY;
     __m256 mv = _mm256_loadu_ps(tail);
-    for (int64_t i = 0; i < n8; i += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(x + i));
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (int64_t i = 0; i < n8; i += 8) {
+        const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i), sc);
+        _mm256_storeu_ps(x + i, y);
+        mv = _mm256_max_ps(mv, y);
+    }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));

@@ -456,7 +456,7 @@ void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni) {
     t->axpy_rows_f32 = axpy_rows_512;
     t->f16_to_f32_row = f16_to_f32_512;
     t->f32_to_f16_row = f32_to_f16_512;
-    tl_attn_fill_avx512(t);
+    tl_attn_fill_avx512(t, vnni);
     if (vnni) tl_gemm_fill_avx512(t); /* q8_0/q4_0/q5_0: gemm_avx512.c */
 }
 

@@ -162,7 +162,7 @@ typedef struct tl_kernel_table {
      * level's), and axpy_rows_f32 for several queries, bitwise one
      * axpy_rows_f32 call per query (attn_avx512.c; dispatch.c's generic
      * loop where a level replaced axpy_rows_f32 without it). */
-    void (*softmax_f32)(float *x, int64_t n);
+    void (*softmax_f32)(float *x, int64_t n, float scale);
     void (*axpy_rows_multi_f32)(int nq, float *const *y, const float *const *a, const float *x, size_t ldx, int rows,
                                 int64_t n);
     /* dot_rows_f32 / axpy_rows_multi_f32 over f16 rows, bitwise those on
@@ -177,6 +177,10 @@ typedef struct tl_kernel_table {
     void (*k_panels_f16)(const uint16_t *k, size_t ldk, int rows, int64_t n, float *kp);
     void (*scores_panels)(int nq, const float *const *q, const float *kp, int rows, int64_t n, float scale,
                           float *const *out);
+    /* tl_attn_v8_prep / tl_attn_v8_sum (quants.h): the scalar level's in
+     * dispatch.c, the VNNI level's in attn_avx512.c; bitwise the same. */
+    void (*attn_v8_prep)(const uint8_t *v, size_t row_bytes, int rows, int hd, void *vp);
+    void (*attn_v8_sum)(int nq, float *const *y, const float *const *a, const void *vp, int r0, int r1, int hd);
     void (*f16_to_f32_row)(const uint16_t *src, float *dst, int64_t n);
     void (*f32_to_f16_row)(const float *src, uint16_t *dst, int64_t n);
     /* nb q8_0 / q4_0 / q4_1 blocks to floats (tl_dequantize_row; attention
@@ -202,8 +206,11 @@ void tl_gemm_fill_avx2(tl_kernel_table *t);
  * floats and the nb int32 bias corrections -off * sum(y). */
 static inline size_t tl_gemm_dy_off(int64_t nb) { return ((size_t)nb * sizeof(block_q8_0) + 3) & ~(size_t)3; }
 static inline size_t tl_gemm_corr_off(int64_t nb) { return tl_gemm_dy_off(nb) + (size_t)nb * 4; }
-/* attn_avx512.c: softmax_f32 and axpy_rows_multi_f32 (called by tl_kernels_fill_avx512). */
-void tl_attn_fill_avx512(tl_kernel_table *t);
+/* attn_avx512.c: softmax_f32 and axpy_rows_multi_f32 (called by
+ * tl_kernels_fill_avx512), and with VNNI the int8 V sums. */
+void tl_attn_fill_avx512(tl_kernel_table *t, int vnni);
+/* One 32-value group of a tl_attn_v8_prep piece: 16 scales, 4 quads of rows. */
+enum { TL_V8_GROUP_BYTES = 16 * 4 + 4 * 128 };
 /* vnni: the CPU has AVX512-VNNI; quant kernels need it (else they keep AVX2). */
 void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni);
 /* gemm_avx512.c: the VNNI GEMM path and the vec_dots it is bitwise with. */

@@ -10,7 +10,13 @@
  *            f32 and f16 rows, 1..33 rows: whole and partial panels) and
  *            scored for 1..9 queries give bitwise tl_dot_rows_f32 of each
  *            pair, write nothing past the rows asked for, and fill exactly
- *            tl_attn_panels_floats floats. */
+ *            tl_attn_panels_floats floats.
+ *   v8       int8 V sums (q8 V rows, 1..16 of a piece, windows [r0, r1),
+ *            1..6 queries, head dims 32..256, weights from one-hot to
+ *            flat, a zero, a NaN and a negative row scale): every level
+ *            bitwise the scalar level, nothing written outside each
+ *            query's head, and within 1/255 of the weights' mass times the
+ *            largest |value| of the exact f32 sum (u8 weights per piece). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -126,11 +132,94 @@ static void test_panels(void) {
     tl_kernels_set_isa(isa_max);
 }
 
+/* A q8_0 row of n values (one f16 scale and 32 int8 per group). */
+static void q8_row(uint8_t *row, int n, float amp) {
+    for (int g = 0; g < n / 32; g++, row += 34) {
+        const uint16_t d = tl_f32_to_f16(amp * (0.5f + fabsf(gauss())) / 127.0f);
+        memcpy(row, &d, 2);
+        for (int e = 0; e < 32; e++) row[2 + e] = (uint8_t)(int8_t)((int)(gauss() * 50.0f) % 128);
+    }
+}
+
+static void test_v8(void) {
+    enum { HD = 256, RB = HD / 32 * 34, NQ = 6 };
+    static uint8_t v[16 * RB];
+    static float w[NQ][16], y[NQ][HD + 16], want[NQ][HD + 16];
+    static uint8_t piece[HD / 32 * 576], piece_ref[HD / 32 * 576];
+    const int isa_max = tl_kernels_isa();
+    static const int hds[] = {32, 64, 128, 256};
+    int bad = 0, prep_bad = 0, far = 0, past = 0, cases = 0;
+    for (int it = 0; it < 400; it++) {
+        const int hd = hds[it % 4], rows = 1 + it % 16, nq = 1 + it % NQ;
+        const int r0 = it % 3 == 0 ? 0 : (it / 3) % rows, r1 = r0 + 1 + (it / 7) % (rows - r0);
+        for (int r = 0; r < 16; r++) q8_row(v + (size_t)r * RB, hd, 1.0f + (float)(r % 5));
+        if (it % 17 == 5) { /* a row with a zero scale, one with NaN, one negative */
+            const uint16_t z = 0, nan = 0x7e00, neg = tl_f32_to_f16(-0.01f);
+            memcpy(v + (size_t)r0 * RB, &z, 2);
+            memcpy(v + (size_t)(r1 - 1) * RB + (hd > 32 ? 34 : 0), &nan, 2);
+            if (r1 - r0 > 2) memcpy(v + (size_t)(r0 + 1) * RB, &neg, 2);
+        }
+        for (int qi = 0; qi < nq; qi++)
+            for (int r = 0; r < 16; r++) { /* softmax-like: one-hot, peaked, flat */
+                const int shape = (it + qi) % 3;
+                w[qi][r] = shape == 0 ? (r == r0 ? 1.0f : 1e-7f) : shape == 1 ? expf(4.0f * gauss()) / 64.0f : 1.0f / 4096.0f;
+            }
+        float *ys[NQ];
+        const float *as[NQ];
+        for (int qi = 0; qi < nq; qi++) ys[qi] = y[qi], as[qi] = w[qi];
+        for (int lvl = 0; lvl <= isa_max; lvl++) {
+            tl_kernels_set_isa(lvl);
+            for (int qi = 0; qi < nq; qi++)
+                for (int d = 0; d < HD + 16; d++) y[qi][d] = d < hd ? 0.25f * (float)(d % 7) : -777.0f;
+            memset(piece, 0xAB, sizeof piece);
+            tl_attn_v8_prep(v, RB, rows, hd, piece);
+            tl_attn_v8_sum(nq, ys, as, piece, r0, r1, hd);
+            if (lvl == 0) {
+                memcpy(want, y, sizeof y);
+                memcpy(piece_ref, piece, tl_attn_v8_bytes(hd));
+            } else {
+                bad += memcmp(want, y, sizeof y) != 0;
+                prep_bad += memcmp(piece_ref, piece, tl_attn_v8_bytes(hd)) != 0;
+            }
+            for (int qi = 0; qi < nq; qi++)
+                for (int d = hd; d < HD + 16; d++) past += y[qi][d] != -777.0f;
+        }
+        if (it % 17 == 5) continue; /* (no exact sum to compare with) */
+        for (int qi = 0; qi < nq; qi++)
+            for (int g = 0; g < hd / 32; g++) {
+                double mass = 0, vmax = 0;
+                for (int r = r0; r < r1; r++) {
+                    const uint8_t *row = v + (size_t)r * RB + g * 34;
+                    uint16_t dh;
+                    memcpy(&dh, row, 2);
+                    mass += w[qi][r];
+                    for (int e = 0; e < 32; e++) vmax = fmax(vmax, fabs(tl_f16_to_f32(dh) * (int8_t)row[2 + e]));
+                }
+                for (int e = 0; e < 32; e++, cases++) {
+                    double exact = 0.25 * ((g * 32 + e) % 7);
+                    for (int r = r0; r < r1; r++) {
+                        const uint8_t *row = v + (size_t)r * RB + g * 34;
+                        uint16_t dh;
+                        memcpy(&dh, row, 2);
+                        exact += (double)w[qi][r] * tl_f16_to_f32(dh) * (int8_t)row[2 + e];
+                    }
+                    far += !(fabs(want[qi][g * 32 + e] - exact) <= mass * vmax / 255.0 + 1e-6);
+                }
+            }
+    }
+    tl_kernels_set_isa(isa_max);
+    CHECK(bad == 0 && prep_bad == 0, "int8 V sums are bitwise the scalar level's at every level (%d sums, %d pieces differ)",
+          bad, prep_bad);
+    CHECK(past == 0, "int8 V sums write nothing past the head (%d)", past);
+    CHECK(far == 0, "int8 V sums are within mass * max|v| / 255 of the exact sum (%d of %d far)", far, cases);
+}
+
 int main(void) {
     for (int i = 0; i < MAXQ; i++)
         for (int j = 0; j < MAXN; j++) q[i][j] = gauss();
     for (int i = 0; i < MAXROWS * (MAXN + 16); i++) k[i] = gauss();
     test_order();
     test_panels();
+    test_v8();
     return test_summary();
 }

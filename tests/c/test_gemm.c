@@ -524,28 +524,36 @@ static void test_rows(void) {
  * level's libm result, nothing written past n. */
 static void test_softmax(void) {
     enum { N = 2003 };
-    static float x[N + 1], ref[N + 1], got[N + 1];
+    static float x[N + 1], ref[N + 1], got[N + 1], pre[N + 1];
     const int isa_max = tl_kernels_isa();
     static const int ns[] = {1, 2, 15, 16, 17, 33, 100, 511, 2000};
+    int unscaled = 0;
     static const float spread[] = {0.5f, 4.0f, 20.0f};
     for (int lvl = 0; lvl <= isa_max; lvl++) {
         int far = 0, past = 0, cases = 0;
         double worst = 0;
         for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
             for (size_t si = 0; si < sizeof spread / sizeof spread[0]; si++)
-                for (int shape = 0; shape < 3; shape++) {
+                for (int shape = 0; shape < 6; shape++) {
+                    /* shapes 3..5: 0..2 as unscaled int8-tile scores, 1/sqrt(128) */
                     const int n = ns[ni];
-                    for (int i = 0; i < n; i++) x[i] = gauss() * spread[si];
-                    if (shape == 1) x[n / 2] = 50.0f;       /* one entry dominates: the rest underflow */
-                    if (shape == 2 && n > 1) x[0] = -INFINITY; /* exp(-inf) = 0 */
+                    const float scale = shape < 3 ? 1.0f : 0.0883883476f;
+                    for (int i = 0; i < n; i++) x[i] = gauss() * spread[si] / scale;
+                    if (shape % 3 == 1) x[n / 2] = 50.0f / scale;   /* one entry dominates: the rest underflow */
+                    if (shape % 3 == 2 && n > 1) x[0] = -INFINITY; /* exp(-inf) = 0 */
                     x[n] = 777.0f;
                     tl_kernels_set_isa(TL_ISA_SCALAR);
                     memcpy(ref, x, sizeof x);
-                    tl_softmax_f32(ref, n);
+                    tl_softmax_f32(ref, n, scale);
                     tl_kernels_set_isa(lvl);
                     memcpy(got, x, sizeof x);
-                    tl_softmax_f32(got, n);
+                    tl_softmax_f32(got, n, scale);
                     past += got[n] != 777.0f;
+                    if (lvl == 0 && scale != 1.0f) { /* the scale is one rounding before the softmax */
+                        for (int i = 0; i <= n; i++) pre[i] = x[i] * scale;
+                        tl_softmax_f32(pre, n, 1.0f);
+                        for (int i = 0; i < n; i++) unscaled += memcmp(&pre[i], &got[i], sizeof got[i]) != 0;
+                    }
                     cases++;
                     for (int i = 0; i < n; i++) {
                         double e = fabs((double)got[i] - ref[i]) / (fabs(ref[i]) + 1e-30);
@@ -557,6 +565,7 @@ static void test_softmax(void) {
               tl_isa_name(lvl), cases, far, worst);
         CHECK(past == 0, "%s softmax writes nothing past n", tl_isa_name(lvl));
     }
+    CHECK(unscaled == 0, "scalar softmax with a scale is bitwise the softmax of the scaled scores (%d differ)", unscaled);
     tl_kernels_set_isa(isa_max);
 }
 
