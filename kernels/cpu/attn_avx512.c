@@ -49,29 +49,23 @@ static inline AI T5 __m512 exp512(__m512 x) {
 static T5 void softmax_512(float *x, int64_t n, float scale) {
     __m512 mv = _mm512_set1_ps(-INFINITY);
     const __m512 sc = _mm512_set1_ps(scale);
+    /* x * scale is made in both passes (the same product each time) rather
+     * than stored by the first */
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 y = _mm512_mul_ps(_mm512_loadu_ps(x + i), sc);
-        _mm512_storeu_ps(x + i, y);
-        mv = _mm512_max_ps(mv, y);
-    }
-    if (i < n) {
-        const __mmask16 m = tail_mask(n - i);
-        const __m512 y = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), sc);
-        _mm512_mask_storeu_ps(x + i, m, y);
-        mv = _mm512_mask_max_ps(mv, m, mv, y);
-    }
+    for (; i + 16 <= n; i += 16) mv = _mm512_max_ps(mv, _mm512_mul_ps(_mm512_loadu_ps(x + i), sc));
+    if (i < n)
+        mv = _mm512_mask_max_ps(mv, tail_mask(n - i), mv, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail_mask(n - i), x + i), sc));
     const __m512 maxv = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
     __m512d s0 = _mm512_setzero_pd(), s1 = s0;
     for (i = 0; i + 16 <= n; i += 16) {
-        const __m512 e = exp512(_mm512_sub_ps(_mm512_loadu_ps(x + i), maxv));
+        const __m512 e = exp512(_mm512_sub_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), sc), maxv));
         _mm512_storeu_ps(x + i, e);
         s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
         s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
     }
     if (i < n) {
         const __mmask16 m = tail_mask(n - i);
-        const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), maxv)));
+        const __m512 e = _mm512_maskz_mov_ps(m, exp512(_mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), sc), maxv)));
         _mm512_mask_storeu_ps(x + i, m, e);
         s0 = _mm512_add_pd(s0, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
         s1 = _mm512_add_pd(s1, _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1)));
@@ -401,13 +395,17 @@ static TV void attn_v8_sum_vnni(int nq, float *const *y, const float *const *a, 
                 _mm512_storeu_ps(inv, _mm512_div_ps(top, mv));
                 _mm512_storeu_ps(ds, _mm512_div_ps(mv, top));
             }
+            /* the u8 weights, 4 rows to a dword, broadcast from memory
+             * below (load ports, not shuffles) */
+            int32_t u[16][4];
+            for (int i = 0; i < n; i++) {
+                const __m512 f = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(w[i], _mm512_set1_ps(inv[i])), zero), top);
+                _mm_storeu_si128((__m128i *)(void *)u[i], _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(f)));
+            }
             for (int i = 0; i < n; i++) {
                 if (!(m[i] > 0.0f)) continue;
-                const __m512 f = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(w[i], _mm512_set1_ps(inv[i])), zero), top);
-                const __m128i u = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(f));
-                const __m512i b0 = _mm512_broadcastd_epi32(u), b1 = _mm512_broadcastd_epi32(_mm_shuffle_epi32(u, 0x55));
-                const __m512i b2 = _mm512_broadcastd_epi32(_mm_shuffle_epi32(u, 0xAA));
-                const __m512i b3 = _mm512_broadcastd_epi32(_mm_shuffle_epi32(u, 0xFF));
+                const __m512i b0 = _mm512_set1_epi32(u[i][0]), b1 = _mm512_set1_epi32(u[i][1]);
+                const __m512i b2 = _mm512_set1_epi32(u[i][2]), b3 = _mm512_set1_epi32(u[i][3]);
                 const __m512i z = _mm512_setzero_si512();
                 /* two chains per half, added at the end (integers: exact) */
                 const __m512i acc0 = _mm512_add_epi32(_mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, b0, t[0]), b1, t[2]),

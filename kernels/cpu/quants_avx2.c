@@ -184,19 +184,17 @@ static T2 void softmax_avx2(float *x, int64_t n, float scale) {
     for (int i = 0; i < 8; i++) tail[i] = n8 + i < n ? x[n8 + i] * scale : -INFINITY;
     __m256 mv = _mm256_loadu_ps(tail);
     const __m256 sc = _mm256_set1_ps(scale);
-    for (int64_t i = 0; i < n8; i += 8) {
-        const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i), sc);
-        _mm256_storeu_ps(x + i, y);
-        mv = _mm256_max_ps(mv, y);
-    }
+    /* (x * scale made in both passes, the same product, not stored) */
+    for (int64_t i = 0; i < n8; i += 8) mv = _mm256_max_ps(mv, _mm256_mul_ps(_mm256_loadu_ps(x + i), sc));
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mv), _mm256_extractf128_ps(mv, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const __m256 maxv = _mm256_set1_ps(_mm_cvtss_f32(m4));
     __m256d s0 = _mm256_setzero_pd(), s1 = s0;
     for (int64_t i = 0; i <= n8; i += 8) {
-        float *p = i < n8 ? x + i : tail;
-        const __m256 e = exp256_or_0(_mm256_sub_ps(_mm256_loadu_ps(p), maxv));
+        float *p = i < n8 ? x + i : tail; /* (the tail is scaled already) */
+        const __m256 y = i < n8 ? _mm256_mul_ps(_mm256_loadu_ps(p), sc) : _mm256_loadu_ps(p);
+        const __m256 e = exp256_or_0(_mm256_sub_ps(y, maxv));
         _mm256_storeu_ps(p, e);
         s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
         s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
