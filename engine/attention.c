@@ -345,10 +345,11 @@ static void v8_block(const att_ctx *c, const tl_seq *seq, int b, int kh, const t
     int id = seq->bt.ids[b * seq->bt.depth + c->vl];
     const uint8_t *v = tl_kv_v(&m->kv, id) + tl_kv_row_off(l, kh, 0, l->row_bytes_v);
     enum { BATCH = 32 };
+    const int whole = cq->n && block_seen_whole(&sp[0], &sp[tb - 1 - ta], b, rows, bs);
     for (int p0 = 0; p0 < rows; p0 += 16) {
         int pr = rows - p0 < 16 ? rows - p0 : 16;
         tl_attn_v8_prep(v + (size_t)p0 * l->row_bytes_v, l->row_bytes_v, pr, hd, piece);
-        if (cq->n && block_seen_whole(&sp[0], &sp[tb - 1 - ta], b, rows, bs)) {
+        if (whole) {
             for (int i = 0; i < cq->n; i++) cq->a[i] = cq->sc[i] + (size_t)b * bs + p0;
             tl_attn_v8_sum(cq->n, cq->y, cq->a, piece, 0, pr, hd);
             continue;
