@@ -359,6 +359,33 @@ static double batch_vs_alone(tl_model *m, const int32_t *toks, int nv) {
     return worst;
 }
 
+/* Cached == uncached (a prefix hit, a prompt extending it, a cache window)
+ * and batch == alone for model m in one mode. */
+static void equivalences_in(tl_model *m, const char *name, const char *mode, int a) {
+    tl_model_info info;
+    tl_model_get_info(m, &info);
+    int32_t prompt[96], ext[112], u[24], c1[24], c2[24], e1[24], e2[24], w1[24], w2[24];
+    ref_fill_tokens(prompt, 96, info.n_vocab, 11 + (uint32_t)a);
+    int nu = gen(m, prompt, 37, 20, 1, 0, u);       /* uncached */
+    int na = gen(m, prompt, 37, 20, 0, 0, c1);      /* fills the cache */
+    int nb = gen(m, prompt, 37, 20, 0, 0, c2);      /* hits it */
+    CHECK(nu == 20 && ref_same_ids(u, nu, c1, na) && ref_same_ids(u, nu, c2, nb),
+          "%s / %s: cached == uncached (first diff %d, %d)", name, mode, ref_first_diff(u, nu, c1, na),
+          ref_first_diff(u, nu, c2, nb));
+    /* a longer prompt through the cached prefix: partial tail block copied on write */
+    memcpy(ext, prompt, sizeof prompt);
+    int ne1 = gen(m, prompt, 53, 16, 0, 0, e1), ne2 = gen(m, prompt, 53, 16, 1, 0, e2);
+    CHECK(ref_same_ids(e1, ne1, e2, ne2), "%s / %s: a prompt extending a cached one == uncached (diff at %d)", name,
+          mode, ref_first_diff(e1, ne1, e2, ne2));
+    int nw1 = gen(m, prompt, 60, 20, 1, 24, w1);
+    gen(m, prompt, 60, 20, 0, 24, w2);
+    int nw2 = gen(m, prompt, 60, 20, 0, 24, w2);
+    CHECK(ref_same_ids(w1, nw1, w2, nw2), "%s / %s: cache_window 24 cached == uncached (diff at %d)", name, mode,
+          ref_first_diff(w1, nw1, w2, nw2));
+    double d = batch_vs_alone(m, prompt, info.n_vocab);
+    CHECK(d == 0.0, "%s / %s: a batch of two gives each sequence's logits alone, exactly (max diff %g)", name, mode, d);
+}
+
 static void test_equivalences(void) {
     static const char *const modes[] = {"q8", "q4", "q8,f16", "f16,q4", "q4,q8", "f32,q8", "h:f16", "h:q8", "h:q4"};
     tm_spec specs[TM_ARCH_CASES + 1];
@@ -389,29 +416,22 @@ static void test_equivalences(void) {
                 CHECK(0, "%s opens in %s (%s)", names[a], modes[mi], tl_last_error());
                 continue;
             }
-            tl_model_info info;
-            tl_model_get_info(m, &info);
-            int32_t prompt[96], ext[112], u[24], c1[24], c2[24], e1[24], e2[24], w1[24], w2[24];
-            ref_fill_tokens(prompt, 96, info.n_vocab, 11 + (uint32_t)a);
-            int nu = gen(m, prompt, 37, 20, 1, 0, u);       /* uncached */
-            int na = gen(m, prompt, 37, 20, 0, 0, c1);      /* fills the cache */
-            int nb = gen(m, prompt, 37, 20, 0, 0, c2);      /* hits it */
-            CHECK(nu == 20 && ref_same_ids(u, nu, c1, na) && ref_same_ids(u, nu, c2, nb),
-                  "%s / %s: cached == uncached (first diff %d, %d)", names[a], modes[mi], ref_first_diff(u, nu, c1, na),
-                  ref_first_diff(u, nu, c2, nb));
-            /* a longer prompt through the cached prefix: partial tail block copied on write */
-            memcpy(ext, prompt, sizeof prompt);
-            int ne1 = gen(m, prompt, 53, 16, 0, 0, e1), ne2 = gen(m, prompt, 53, 16, 1, 0, e2);
-            CHECK(ref_same_ids(e1, ne1, e2, ne2), "%s / %s: a prompt extending a cached one == uncached (diff at %d)",
-                  names[a], modes[mi], ref_first_diff(e1, ne1, e2, ne2));
-            int nw1 = gen(m, prompt, 60, 20, 1, 24, w1);
-            gen(m, prompt, 60, 20, 0, 24, w2);
-            int nw2 = gen(m, prompt, 60, 20, 0, 24, w2);
-            CHECK(ref_same_ids(w1, nw1, w2, nw2), "%s / %s: cache_window 24 cached == uncached (diff at %d)", names[a],
-                  modes[mi], ref_first_diff(w1, nw1, w2, nw2));
-            double d = batch_vs_alone(m, prompt, info.n_vocab);
-            CHECK(d == 0.0, "%s / %s: a batch of two gives each sequence's logits alone, exactly (max diff %g)",
-                  names[a], modes[mi], d);
+            equivalences_in(m, names[a], modes[mi], a);
+            tl_model_close(m);
+        }
+        /* q8 V at head_dim 64 is summed in int8 over pieces of 16 rows of a
+         * block: blocks of 4 (a piece in part) and 24 (a piece and a half) */
+        for (int bi = 0; a == n_arch - 1 && bi < 2; bi++) {
+            tl_model_params mp = tl_model_default_params();
+            mp.kv_mode = "q8";
+            mp.max_seq_len = 256;
+            mp.kv_block_size = bi ? 24 : 4;
+            tl_model *m = NULL;
+            if (tl_model_open(path, mp, &m)) {
+                CHECK(0, "%s opens in q8 with blocks of %d (%s)", names[a], mp.kv_block_size, tl_last_error());
+                continue;
+            }
+            equivalences_in(m, bi ? "llama head_dim 64, blocks of 24" : "llama head_dim 64, blocks of 4", "q8", a);
             tl_model_close(m);
         }
         remove(path);
