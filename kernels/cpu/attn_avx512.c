@@ -161,25 +161,33 @@ static inline AI T5 __m512 score_vec(int f16, const float *a, const void *b, int
  * row r's sum. A full group of 64, 128 or 256 elements is compiled for its
  * width (the rows and their steps unrolled, the 16 lane sums kept in
  * registers). */
+/* The transposing tree: lane i of the result folds lanes 0-15 of v[i]
+ * (i < 16) with op (add, or max), in hsum512's pairing in every lane. */
+static inline AI T5 __m512 fold16(const __m512 v[16], int max) {
+#define OP(a, b) (max ? _mm512_max_ps(a, b) : _mm512_add_ps(a, b))
+    const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    __m512 c[8], d[4], e[2];
+    for (int p = 0; p < 8; p++) /* t3: lanes 0-7 row 2p, 8-15 row 2p+1 */
+        c[p] = OP(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                  _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int p = 0; p < 4; p++) /* t6: 128-bit lane L = row 4p + L */
+        d[p] = OP(_mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                  _mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int p = 0; p < 2; p++) /* t8: lane L = rows 8p + L (0, 1), 8p + 4 + L (2, 3) */
+        e[p] = OP(_mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                  _mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    /* element 4L + m holds row 4m + L */
+    const __m512 f = OP(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                        _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
+#undef OP
+    return _mm512_permutexvar_ps(perm, f);
+}
+
 static inline AI T5 void rows_group(int f16, const float *q, const uint8_t *k, size_t ldk_bytes, int nr, int64_t n,
                                     float scale, float *out) {
-    const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-    __m512 v[16], c[8], d[4], e[2];
+    __m512 v[16];
     UNROLL16 for (int i = 0; i < 16; i++) v[i] = i < nr ? score_vec(f16, q, k + (size_t)i * ldk_bytes, n) : _mm512_setzero_ps();
-    for (int p = 0; p < 8; p++) /* t3: lanes 0-7 row 2p, 8-15 row 2p+1 */
-        c[p] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int p = 0; p < 4; p++) /* t6: 128-bit lane L = row 4p + L */
-        d[p] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    for (int p = 0; p < 2; p++) /* t8: lane L = rows 8p + L (0, 1), 8p + 4 + L (2, 3) */
-        e[p] = _mm512_add_ps(_mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    /* element 4L + m holds row 4m + L */
-    const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    const __m512 o = _mm512_mul_ps(_mm512_permutexvar_ps(perm, f), _mm512_set1_ps(scale));
-    _mm512_mask_storeu_ps(out, tail_mask(nr), o);
+    _mm512_mask_storeu_ps(out, tail_mask(nr), _mm512_mul_ps(fold16(v, 0), _mm512_set1_ps(scale)));
 }
 
 static inline AI T5 void dot_rows(int f16, const float *q, const void *k, size_t ldk, int rows, int64_t n, float scale,
@@ -349,27 +357,6 @@ static TV void attn_v8_prep_vnni(const uint8_t *v, size_t rb, int rows, int hd, 
     }
 }
 
-/* Lane i of the result: the largest of lanes 0-15 of v[i] (i < 16), by
- * rows_group's transposing tree with max for add (max is exact in any
- * order: the per-query maxima of 16 queries in 15 steps instead of 16
- * horizontal reductions). */
-static inline AI TV __m512 hmax16(const __m512 v[16]) {
-    const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-    __m512 c[8], d[4], e[2];
-    for (int p = 0; p < 8; p++)
-        c[p] = _mm512_max_ps(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int p = 0; p < 4; p++)
-        d[p] = _mm512_max_ps(_mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                             _mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    for (int p = 0; p < 2; p++)
-        e[p] = _mm512_max_ps(_mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                             _mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    const __m512 f = _mm512_max_ps(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                   _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
-    return _mm512_permutexvar_ps(perm, f);
-}
-
 static TV void attn_v8_sum_vnni(int nq, float *const *y, const float *const *a, const void *vp, int r0, int r1, int hd) {
     const __mmask16 rm = (__mmask16)(((1u << r1) - 1) & ~((1u << r0) - 1));
     const __m512 zero = _mm512_setzero_ps(), top = _mm512_set1_ps(255.0f);
@@ -390,7 +377,7 @@ static TV void attn_v8_sum_vnni(int nq, float *const *y, const float *const *a, 
                     inv[i] = 255.0f / m[i], ds[i] = m[i] / 255.0f;
                 }
             } else {
-                const __m512 mv = hmax16(w);
+                const __m512 mv = fold16(w, 1); /* (max is exact in any order) */
                 _mm512_storeu_ps(m, mv);
                 _mm512_storeu_ps(inv, _mm512_div_ps(top, mv));
                 _mm512_storeu_ps(ds, _mm512_div_ps(mv, top));
