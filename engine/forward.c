@@ -335,7 +335,7 @@ static void tok_task(void *p, int ith, int nth) {
         }
         case TOK_ATTN_OUT:
             if (ly->post_attn_norm) tl_rmsnorm(o, o, ly->post_attn_norm, D, hp->norm_eps);
-            for (int i = 0; i < D; i++) x[i] += o[i];
+            tl_add_f32(x, o, D);
             tl_rmsnorm(xb, x, ly->ffn_norm, D, hp->norm_eps);
             break;
         case TOK_FFN_ACT: {
@@ -348,7 +348,7 @@ static void tok_task(void *p, int ith, int nth) {
         }
         case TOK_FFN_OUT:
             if (ly->post_ffn_norm) tl_rmsnorm(o, o, ly->post_ffn_norm, D, hp->norm_eps);
-            for (int i = 0; i < D; i++) x[i] += o[i];
+            tl_add_f32(x, o, D);
             break;
         }
     }

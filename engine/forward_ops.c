@@ -2,14 +2,36 @@
 #include "forward_ops.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "model.h"
 #include "quants.h"
 
+/* Four floats at a time (the GCC/Clang vector extension): each lane does
+ * exactly the scalar loop's operations, so the results are bitwise its.
+ * Written out because -O2 leaves loops of unknown length over possibly
+ * aliased rows scalar: RMSNorm, RoPE and the residual adds were 5% of a
+ * decode step of 16 sequences (110M, one thread), ~1 ns an element. */
+typedef float v4f __attribute__((vector_size(16)));
+static inline v4f ld4(const float *p) {
+    v4f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void st4(float *p, v4f v) { memcpy(p, &v, sizeof v); }
+
 void tl_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     double sum = tl_sum_sq(x, n);
     float scale = 1.0f / sqrtf((float)(sum / n) + eps);
-    for (int i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+    int i = 0;
+    for (; i + 4 <= n; i += 4) st4(out + i, ld4(x + i) * scale * ld4(w + i));
+    for (; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+void tl_add_f32(float *x, const float *o, int n) {
+    int i = 0;
+    for (; i + 4 <= n; i += 4) st4(x + i, ld4(x + i) + ld4(o + i));
+    for (; i < n; i++) x[i] += o[i];
 }
 
 void tl_rope_table(float *cs, int pos, int n_rot, float base, const float *freq_factors) {
@@ -23,8 +45,30 @@ void tl_rope_table(float *cs, int pos, int n_rot, float base, const float *freq_
     }
 }
 
+/* Vector lanes of a pair as the scalar loop computes them: x[a] = x0 c -
+ * x1 s, x[b] = x0 s + x1 c (the same products, the same sum or difference;
+ * adding the negated product is the subtraction, bit for bit). */
 void tl_rope_apply(float *x, const float *cs, int n_rot, int type) {
-    for (int i = 0; i < n_rot / 2; i++) {
+    int i = 0;
+    if (type == TL_ROPE_NEOX) { /* pairs (i, i + half): two runs of 4 */
+        const int half = n_rot / 2;
+        for (; i + 4 <= half; i += 4) {
+            const v4f cs0 = ld4(cs + 2 * i), cs1 = ld4(cs + 2 * i + 4);
+            const v4f c = __builtin_shufflevector(cs0, cs1, 0, 2, 4, 6), s = __builtin_shufflevector(cs0, cs1, 1, 3, 5, 7);
+            const v4f x0 = ld4(x + i), x1 = ld4(x + i + half);
+            st4(x + i, x0 * c - x1 * s);
+            st4(x + i + half, x0 * s + x1 * c);
+        }
+    } else { /* pairs (2i, 2i + 1): two pairs a vector */
+        const v4f sign = {-1.0f, 1.0f, -1.0f, 1.0f};
+        for (; i + 2 <= n_rot / 2; i += 2) {
+            const v4f xv = ld4(x + 2 * i), csv = ld4(cs + 2 * i);
+            const v4f c = __builtin_shufflevector(csv, csv, 0, 0, 2, 2), s = __builtin_shufflevector(csv, csv, 1, 1, 3, 3);
+            const v4f sw = __builtin_shufflevector(xv, xv, 1, 0, 3, 2);
+            st4(x + 2 * i, xv * c + sw * s * sign);
+        }
+    }
+    for (; i < n_rot / 2; i++) {
         float c = cs[2 * i], s = cs[2 * i + 1];
         int a = type == TL_ROPE_NEOX ? i : 2 * i, b = type == TL_ROPE_NEOX ? i + n_rot / 2 : 2 * i + 1;
         float x0 = x[a], x1 = x[b];

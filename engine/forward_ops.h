@@ -9,6 +9,9 @@
 /* out = x / rms(x) * w over n elements (out may be x). */
 void tl_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 
+/* x[i] += o[i] over n elements. */
+void tl_add_f32(float *x, const float *o, int n);
+
 /* Rotates one head in place. NORM pairs (2i, 2i+1); NEOX pairs (i, i + n_rot/2).
  * freq_factors (Llama 3.1's rope_freqs) divide each pair's angle. */
 void tl_rope(float *x, int pos, int n_rot, float base, int type, const float *freq_factors);

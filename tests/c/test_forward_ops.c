@@ -1,0 +1,83 @@
+/* test_forward_ops.c - the forward pass's element-wise ops against their
+ * scalar definitions, bit for bit (the vector loops must not change a
+ * token: greedy output is compared with llama.cpp's).
+ *
+ *   rope     tl_rope_apply with tl_rope_table's pairs is bitwise tl_rope
+ *            (one angle at a time, ggml's order) for NORM and NEOX pairs,
+ *            n_rot 2..130 (whole vectors and tails), positions 0..70000,
+ *            with and without frequency factors, rows with an inf and a
+ *            NaN; elements past n_rot untouched.
+ *   rmsnorm  tl_rmsnorm is (x * scale) * w per element with scale from the
+ *            double sum of squares, n 1..70, in place and not.
+ *   add      tl_add_f32 is x[i] += o[i], n 0..37. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "forward_ops.h"
+#include "model.h"
+#include "quants.h"
+#include "test.h"
+
+static uint64_t rng = 0x243F6A8885A308D3ull;
+
+static float gauss(void) { return test_gauss(&rng); }
+
+/* Bitwise equality, where NaN equals a NaN. */
+static int same(const float *a, const float *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof a[i]) && !(isnan(a[i]) && isnan(b[i]))) return 0;
+    return 1;
+}
+
+static void test_rope(void) {
+    float ff[65], cs[130], x[140], y[140];
+    for (int i = 0; i < 65; i++) ff[i] = 1.0f + (float)(i % 7) * 0.5f;
+    static const int pos[] = {0, 1, 17, 511, 4095, 70000};
+    for (int type = 0; type < 2; type++) {
+        const int rt = type ? TL_ROPE_NEOX : TL_ROPE_NORM;
+        for (int n_rot = 2; n_rot <= 130; n_rot += 2)
+            for (size_t p = 0; p < sizeof pos / sizeof pos[0]; p++)
+                for (int f = 0; f < 2; f++) {
+                    for (int i = 0; i < 140; i++) x[i] = 4.0f * gauss();
+                    if (p == 2) x[n_rot / 2] = INFINITY, x[0] = NAN;
+                    memcpy(y, x, sizeof x);
+                    tl_rope_table(cs, pos[p], n_rot, 10000.0f, f ? ff : NULL);
+                    tl_rope_apply(x, cs, n_rot, rt);
+                    tl_rope(y, pos[p], n_rot, 10000.0f, rt, f ? ff : NULL);
+                    CHECK(same(x, y, 140), "rope %s n_rot %d pos %d factors %d: the table's rotation is bitwise tl_rope's",
+                          type ? "neox" : "norm", n_rot, pos[p], f);
+                }
+    }
+}
+
+static void test_rmsnorm(void) {
+    float x[70], w[70], out[70], ref[70];
+    for (int n = 1; n <= 70; n++)
+        for (int inplace = 0; inplace < 2; inplace++) {
+            for (int i = 0; i < n; i++) x[i] = 3.0f * gauss(), w[i] = 1.0f + 0.2f * gauss();
+            const float scale = 1.0f / sqrtf((float)(tl_sum_sq(x, n) / n) + 1e-5f);
+            for (int i = 0; i < n; i++) ref[i] = (x[i] * scale) * w[i];
+            float *o = inplace ? x : out;
+            tl_rmsnorm(o, x, w, n, 1e-5f);
+            CHECK(same(o, ref, n), "rmsnorm n %d%s: (x * scale) * w per element, bitwise", n, inplace ? " in place" : "");
+        }
+}
+
+static void test_add(void) {
+    float x[40], o[40], ref[40];
+    for (int n = 0; n <= 37; n++) {
+        for (int i = 0; i < 40; i++) x[i] = gauss(), o[i] = gauss(), ref[i] = x[i];
+        for (int i = 0; i < n; i++) ref[i] += o[i];
+        tl_add_f32(x, o, n);
+        CHECK(same(x, ref, 40), "add n %d: x[i] += o[i] for i < n, nothing past", n);
+    }
+}
+
+int main(void) {
+    tl_kernels_init();
+    test_rope();
+    test_rmsnorm();
+    test_add();
+    return test_summary();
+}
