@@ -161,28 +161,6 @@ static inline AI T5 __m512 score_vec(int f16, const float *a, const void *b, int
  * row r's sum. A full group of 64, 128 or 256 elements is compiled for its
  * width (the rows and their steps unrolled, the 16 lane sums kept in
  * registers). */
-/* The transposing tree: lane i of the result folds lanes 0-15 of v[i]
- * (i < 16) with op (add, or max), in hsum512's pairing in every lane. */
-static inline AI T5 __m512 fold16(const __m512 v[16], int max) {
-#define OP(a, b) (max ? _mm512_max_ps(a, b) : _mm512_add_ps(a, b))
-    const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
-    __m512 c[8], d[4], e[2];
-    for (int p = 0; p < 8; p++) /* t3: lanes 0-7 row 2p, 8-15 row 2p+1 */
-        c[p] = OP(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                  _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int p = 0; p < 4; p++) /* t6: 128-bit lane L = row 4p + L */
-        d[p] = OP(_mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                  _mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    for (int p = 0; p < 2; p++) /* t8: lane L = rows 8p + L (0, 1), 8p + 4 + L (2, 3) */
-        e[p] = OP(_mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                  _mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    /* element 4L + m holds row 4m + L */
-    const __m512 f = OP(_mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                        _mm512_shuffle_ps(e[0], e[1], _MM_SHUFFLE(3, 1, 3, 1)));
-#undef OP
-    return _mm512_permutexvar_ps(perm, f);
-}
-
 static inline AI T5 void rows_group(int f16, const float *q, const uint8_t *k, size_t ldk_bytes, int nr, int64_t n,
                                     float scale, float *out) {
     __m512 v[16];

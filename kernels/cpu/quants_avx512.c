@@ -82,6 +82,7 @@ static T5 float dot_f16_f32_512(const uint16_t *a, const float *b, int64_t n) {
 #define PF_QUANT 8192
 #define UNROLL _Pragma("GCC unroll 4")
 #define UNROLL8 _Pragma("GCC unroll 8")
+#define UNROLL16 _Pragma("GCC unroll 16")
 #define UNUSED __attribute__((unused)) /* the 8x3 driver's 1x1 vec_dot (vdt_*_d_1 is the one used) */
 
 enum { W_F32, W_F16, W_BF16 };
@@ -384,16 +385,49 @@ static inline T5 __m512i round_away(__m512 v) {
     return _mm512_cvttps_epi32(_mm512_mask_add_ps(t, ge, t, step));
 }
 
+/* One block's quants with the inverse scale id (ggml's roundf: away from 0). */
+static inline AI T5 void q8_0_quants(const float *x, float id, int8_t *qs) {
+    const __m512 vid = _mm512_set1_ps(id);
+    _mm_storeu_si128((__m128i *)qs, _mm512_cvtsepi32_epi8(round_away(_mm512_mul_ps(_mm512_loadu_ps(x), vid))));
+    _mm_storeu_si128((__m128i *)(qs + 16), _mm512_cvtsepi32_epi8(round_away(_mm512_mul_ps(_mm512_loadu_ps(x + 16), vid))));
+}
+
+/* A block's |x| maxima by lane, NaN ignored as the reference's fmaxf does
+ * (max_ps returns its second operand when either is NaN). */
+static inline AI T5 __m512 q8_0_absmax(const float *x) {
+    const __m512 m = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + 16)), _mm512_setzero_ps());
+    return _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x)), m);
+}
+
+/* 16 blocks at a time: their maxima fold into one vector (fold16; a
+ * maximum is exact in any order), whose scales, inverses and f16 scales
+ * are a vector division and conversion each, instead of a reduction, two
+ * scalar divisions and a scalar f16 rounding per block. Bitwise the
+ * reference (the same IEEE operations; vcvtps2ph rounds to nearest even
+ * as tl_f32_to_f16 does). */
 static T5 void quantize_q8_0_512(const float *x, void *dst, int64_t n) {
     block_q8_0 *y = dst;
-    for (int64_t i = 0; i < n / 32; i++, x += 32) {
-        const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
-        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1)));
+    const int64_t nb = n / 32;
+    const __m512 zero = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= nb; i += 16) {
+        __m512 m[16];
+        UNROLL16 for (int b = 0; b < 16; b++) m[b] = q8_0_absmax(x + (i + b) * 32);
+        const __m512 d = _mm512_div_ps(fold16(m, 1), _mm512_set1_ps(127.0f));
+        float id[16];
+        uint16_t dh[16];
+        _mm512_storeu_ps(id, _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, zero, _CMP_NEQ_UQ), _mm512_set1_ps(1.0f), d));
+        _mm256_storeu_si256((__m256i *)dh, _mm512_cvtps_ph(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        for (int b = 0; b < 16; b++) {
+            y[i + b].d = dh[b];
+            q8_0_quants(x + (i + b) * 32, id[b], y[i + b].qs);
+        }
+    }
+    for (; i < nb; i++) {
+        const float amax = _mm512_reduce_max_ps(q8_0_absmax(x + i * 32));
         const float d = amax / 127, id = d ? 1.0f / d : 0.0f;
         y[i].d = tl_f32_to_f16_inl(d);
-        const __m512 vid = _mm512_set1_ps(id);
-        _mm_storeu_si128((__m128i *)y[i].qs, _mm512_cvtsepi32_epi8(round_away(_mm512_mul_ps(v0, vid))));
-        _mm_storeu_si128((__m128i *)(y[i].qs + 16), _mm512_cvtsepi32_epi8(round_away(_mm512_mul_ps(v1, vid))));
+        q8_0_quants(x + i * 32, id, y[i].qs);
     }
 }
 
