@@ -392,7 +392,7 @@ static void att_task(void *p, int ith, int nth) {
     float *scores = s->scores + (size_t)ith * s->scores_stride;
     float *kbuf = scores + (size_t)s->att_qc * tok_scores, *kp = kbuf + (size_t)bs * hd;
     uint8_t *qq = (uint8_t *)(kp + s->kp_floats);
-    void *piece = s->scores + (size_t)ith * s->scores_stride + s->v8_off;
+    void *piece = scores + s->v8_off;
     chunk_queries cq;
     int total = (c->c1 - c->c0) * hp->n_head_kv;
     const task_deal deal = deal_of(hp->n_head_kv, ith, nth);

@@ -127,8 +127,8 @@ static void attn_v8_prep_ref(const uint8_t *v, size_t rb, int rows, int hd, void
 static void attn_v8_sum_ref(int nq, float *const *y, const float *const *a, const void *vp, int r0, int r1, int hd) {
     for (int g = 0; g < hd / 32; g++) {
         const uint8_t *p = (const uint8_t *)vp + (size_t)g * TL_V8_GROUP_BYTES;
-        const int8_t *t = (const int8_t *)(p + 64);
         float sc[16];
+        const int8_t *t = (const int8_t *)(p + sizeof sc);
         memcpy(sc, p, sizeof sc);
         for (int q = 0; q < nq; q++) {
             float w[16], m = 0.0f;
