@@ -107,7 +107,7 @@ static inline AI T5 void mk_float(int kind, int R, int C, int pf, int64_t n, flo
     UNROLL8 for (int r = 0; r < R; r++) UNROLL8 for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        if (pf) UNROLL8 for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + (kind == W_F32 ? PF_FLOAT : PF_QUANT) + (R * i + 16 * r) * es), _MM_HINT_T0);
+        if (pf && R > 1) UNROLL8 for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + (kind == W_F32 ? PF_FLOAT : PF_QUANT) + (R * i + 16 * r) * es), _MM_HINT_T0);
         __m512 xv[4];
         UNROLL8 for (int c = 0; c < C; c++) xv[c] = _mm512_loadu_ps((const float *)(x + c * ldx) + i);
         UNROLL8 for (int r = 0; r < R; r++) {
@@ -129,23 +129,30 @@ static inline AI T5 void mk_float(int kind, int R, int C, int pf, int64_t n, flo
 
 /* TILE_DRIVER and the MK_* shorthands: quants_impl.h */
 
-TILE_DRIVER(vdt_f32, T5, MK_F32, 4)
-/* 16-bit float weights: prefill's token groups take 8 rows x 3 tokens (each
- * activation load feeds 8 rows: measured 1.15-1.25x the 4x4 tile at 64
- * tokens, as the activations stream from L2), decode 4 rows at a time (8
- * row streams measured 7% slower from DRAM). The same per-entry order in
- * both (mk_float's), so the choice changes no bit. */
-#define TILE_F16(NAME, MK)                                                                                       \
-    TILE_DRIVER(NAME##_d, T5, MK, 4)                                                                            \
-    TILE_DRIVER_RC(NAME##_p, T5 UNUSED, MK, 8, 3)                                                                     \
+/* Float weights: prefill's token groups take 4 rows x 4 tokens (f32) or 8
+ * rows x 3 tokens (16-bit: each activation load feeds 8 rows, measured
+ * 1.15-1.25x the 4x4 tile at 64 tokens, as the activations stream from
+ * L2); decode (1-2 tokens) one row at a time from start to end, both
+ * tokens in the one pass: one sequential stream, which the hardware
+ * prefetcher follows. Four rows in step (1.5-6 KiB apart) it did not
+ * follow (7-11 GB/s alone), and the kernel's own prefetches topped out at
+ * ~80% of the STREAM-like loop: 245 MB of f16 rows, one thread,
+ * interleaved, 15-26 -> 22-30 GB/s against the loop's 27-31, f32 19-26 ->
+ * 26-28; 110M decode, one thread, F16 92-103 -> 117-120 tok/s, F32 48-55
+ * -> 57-61. The same per-entry order in every shape (mk_float's), so the
+ * choice changes no bit. */
+#define TILE_FLOAT(NAME, MK, PR, PC)                                                                             \
+    TILE_DRIVER_RC(NAME##_d, T5, MK, 1, 2)                                                                      \
+    TILE_DRIVER_RC(NAME##_p, T5 UNUSED, MK, PR, PC)                                                             \
     static T5 void NAME(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x, \
                         size_t ldx) {                                                                           \
         if (nt >= 3) NAME##_p(n, nr, nt, out, ldo, w, ldw, x, ldx);                                             \
         else NAME##_d(n, nr, nt, out, ldo, w, ldw, x, ldx);                                                     \
     }
-TILE_F16(vdt_f16, MK_F16)
-TILE_F16(vdt_bf16, MK_BF16)
-#undef TILE_F16
+TILE_FLOAT(vdt_f32, MK_F32, 4, 4)
+TILE_FLOAT(vdt_f16, MK_F16, 8, 3)
+TILE_FLOAT(vdt_bf16, MK_BF16, 8, 3)
+#undef TILE_FLOAT
 
 static T5 void axpy_f32_512(float *y, float a, const float *x, int64_t n) {
     const __m512 va = _mm512_set1_ps(a);
@@ -469,7 +476,7 @@ static T5 void quantize_q8_K_512(const float *x, void *dst, int64_t n) {
 }
 
 void tl_kernels_fill_avx512(tl_kernel_table *t, int vnni) {
-    t->vec_dot[TL_TYPE_F32] = vdt_f32_1;
+    t->vec_dot[TL_TYPE_F32] = vdt_f32_d_1;
     t->vec_dot[TL_TYPE_F16] = vdt_f16_d_1;
     t->vec_dot[TL_TYPE_BF16] = vdt_bf16_d_1;
     t->vec_dot_tile[TL_TYPE_F32] = vdt_f32;
