@@ -83,7 +83,7 @@ static T5 float dot_f16_f32_512(const uint16_t *a, const float *b, int64_t n) {
 #define UNROLL _Pragma("GCC unroll 4")
 #define UNROLL8 _Pragma("GCC unroll 8")
 #define UNROLL16 _Pragma("GCC unroll 16")
-#define UNUSED __attribute__((unused)) /* the 8x3 driver's 1x1 vec_dot (vdt_*_d_1 is the one used) */
+#define UNUSED __attribute__((unused)) /* the prefill drivers' 1x1 vec_dot (vdt_*_d_1 is the one used) */
 
 enum { W_F32, W_F16, W_BF16 };
 
