@@ -45,6 +45,14 @@ PY
     err=$($BIN generate -m "$MODEL" -p "Once" -n 2 --repack fast 2>&1); r=$?
     [ $r != 0 ] && printf '%s' "$err" | grep -q 'repack: expected "on", "off" or "bf16", got "fast"'
     check "CLI --repack fast is refused, naming the value and the choices" $?
+    # the main line anchor-compare.sh reads (prefill, then the first
+    # "decode N tok/s": llama-bench's tg, from an empty context) and the
+    # phase lines of the prefill, the decode after it and the batch
+    out=$($BIN bench -m "$MODEL" -t 1 -n 8 --prompt-len 32 --batch 4 2>&1); r=$?
+    line=$(printf '%s\n' "$out" | tail -n 1)
+    [ $r = 0 ] && printf '%s' "$line" | grep -qE 'prefill\(32\) +[0-9.]+ tok/s .* decode +[0-9.]+ tok/s \([0-9.]+ GB/s of weights; after the prompt [0-9.]+ tok/s\) +batch4 decode' &&
+        [ "$(printf '%s\n' "$out" | grep -cE 'phases of (one prefill\(32\)|8 decode steps after it|decode steps of 4 sequences): +matmul')" = 3 ]
+    check "CLI bench prints prefill, decode from empty and after the prompt, batch, and three phase lines" $?
     out=$($BIN bench cache -m "$MODEL" -t 1 2>&1); r=$?
     [ $r = 0 ] && ! printf '%s' "$out" | grep -q "exceeds" && printf '%s' "$out" | grep -q "multi-turn chat, 8 conversations x 3 turns"
     check "CLI bench cache sizes its chat to a 128-token model (no errors, 3 turns)" $?
