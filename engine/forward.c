@@ -141,8 +141,7 @@ void tl_forward_free(tl_model *m) {
 /* ---- element-wise ops ------------------------------------------------------ */
 
 void tl_fwd_add_bias(float *x, const float *b, int T, int n) {
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < n; i++) x[(size_t)t * n + i] += b[i];
+    for (int t = 0; t < T; t++) tl_add_f32(x + (size_t)t * n, b, n);
 }
 
 /* ---- matmul: out (T, n_out) = x (T, n_in) . W^T ------------------------------ */
