@@ -6,6 +6,7 @@
 
 #include "quants.h"
 #include "ref_cases.h"
+#include "shape.h"
 #include "test.h"
 #include "testmodel.h"
 #include "tinyloop.h"
@@ -162,6 +163,68 @@ static void test_batch_equals_single(void) {
     free(batch);
     tl_model_close(m);
     remove(path);
+}
+
+/* A decoding token (a chunk of one: its KV heads read block by block,
+ * decode_heads) gives bitwise the logits of the same token at the end of
+ * a prefill chunk (one task per head), for head shapes that take each
+ * attention path (f16 rows in place, rows widened for a group of 4, heads
+ * under 32 lanes), one to three threads (a run of all heads, of half, one
+ * head a task) and f16 / f32 / h K/V, over many blocks and a window. */
+static void test_decode_equals_chunk(void) {
+    static const struct { int embd, head, head_kv; } shapes[] = {{128, 4, 4}, {128, 4, 2}, {256, 8, 2}, {64, 4, 2}};
+    static const char *modes[] = {"f16", "f32", "h:f16"};
+    enum { N = 45 };
+    int bad = 0, runs = 0;
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        tm_spec sp = tm_default_spec();
+        sp.n_embd = shapes[k].embd;
+        sp.n_head = shapes[k].head;
+        sp.n_head_kv = shapes[k].head_kv;
+        sp.n_ff = 2 * sp.n_embd;
+        const char *path = tmp_path("decode_chunk");
+        if (tm_write(&sp, path)) { CHECK(0, "the model of shape %zu is written", k); continue; }
+        for (int nth = 1; nth <= 3; nth++)
+            for (size_t md = 0; md < sizeof modes / sizeof modes[0]; md++)
+                for (int win = 0; win <= 24; win += 24) {
+                    tl_model_params mp = tl_model_default_params();
+                    mp.n_threads = nth;
+                    mp.kv_block_size = 8;
+                    mp.kv_mode = modes[md];
+                    tl_model *m;
+                    if (tl_model_open(path, mp, &m)) { CHECK(0, "open %s: %s", modes[md], tl_last_error()); continue; }
+                    int nv = tl_model_n_vocab(m);
+                    int32_t tok[N];
+                    for (int j = 0; j < N; j++) tok[j] = (int32_t)((j * 37 + 11) % nv);
+                    float *whole = malloc(sizeof(float) * (size_t)nv), *step = malloc(sizeof(float) * (size_t)nv);
+                    tl_seq *a, *b;
+                    tl_seq_new(m, 0, &a);
+                    tl_seq_new(m, 0, &b);
+                    a->window = b->window = win;
+                    const int32_t *p = tok;
+                    int n = N, rc = tl_batch_forward(m, &a, &p, &n, 1, whole);
+                    n = N - 3;
+                    rc |= tl_batch_forward(m, &b, &p, &n, 1, step);
+                    for (int j = N - 3; j < N && !rc; j++) {
+                        p = tok + j;
+                        n = 1;
+                        rc = tl_batch_forward(m, &b, &p, &n, 1, step);
+                    }
+                    if (rc || memcmp(whole, step, sizeof(float) * (size_t)nv)) {
+                        bad++;
+                        printf("  differs: %d/%d/%d heads, %d threads, kv %s, window %d (rc %d)\n", shapes[k].embd,
+                               shapes[k].head, shapes[k].head_kv, nth, modes[md], win, rc);
+                    }
+                    runs++;
+                    tl_seq_free(a);
+                    tl_seq_free(b);
+                    free(whole);
+                    free(step);
+                    tl_model_close(m);
+                }
+    }
+    CHECK(bad == 0 && runs == 72, "a decoding token's logits are bitwise those at the end of a prefill chunk (%d of %d differ)",
+          bad, runs);
 }
 
 static void test_quant_twins(void) {
@@ -427,6 +490,7 @@ int main(void) {
     if (shared) test_reference(shared);
     else printf("SKIP reference tests: ../shared/models/stories260K.gguf not found\n");
     test_batch_equals_single();
+    test_decode_equals_chunk();
     test_quant_twins();
     test_loops();
     test_qwen2();
