@@ -184,13 +184,13 @@ typedef struct {
 } pf_cursor;
 
 /* A run: the tasks a thread takes together. A decoding token's (a chunk
- * of one, with f16/f32 rows) are its run of KV heads (decode_heads), at
- * most att_qc (its score rows sit where att_task keeps a chunk's tokens'),
- * else one task. Returns the heads in the run from task i. */
+ * of one) are its run of KV heads (decode_heads), at most att_qc (its
+ * score rows and queries sit where att_task keeps a chunk's tokens'), else
+ * one task. Returns the heads in the run from task i. */
 static int run_heads(const att_ctx *c, const task_deal *d, int i) {
     const tl_scratch *s = c->m->scratch;
     const int n_kv = c->m->hp.n_head_kv, ci = c->c0 + i / n_kv, kh = i % n_kv;
-    if (d->h1 < 0 || s->k_direct || s->v_int8 || s->chunk_t0[ci + 1] - s->chunk_t0[ci] != 1) return 1;
+    if (d->h1 < 0 || s->chunk_t0[ci + 1] - s->chunk_t0[ci] != 1) return 1;
     return d->h1 - kh < s->att_qc ? d->h1 - kh : s->att_qc;
 }
 
@@ -399,6 +399,32 @@ static void v8_block(const att_ctx *c, const tl_seq *seq, int b, int kh, const t
     }
 }
 
+/* A thread's attention buffers (att_task carves them from its scratch). */
+typedef struct {
+    float *scores, *kbuf;
+    uint8_t *qq;  /* k_direct: the chunk's queries as q8_0 rows */
+    void *piece;  /* v_int8: a transposed piece of V rows */
+    void *work;   /* k_direct: the GEMM tile's work area */
+} att_bufs;
+
+/* k_direct: the queries of heads [kh, kh + nh) of tokens [ta, tb) as q8_0
+ * rows (tl_gemm_prepare rows where the GEMM tiles take q8 K), query i of
+ * the chunk (token, then head of the group) at qq + i * qq_bytes. */
+static int prepare_queries(const att_ctx *c, int ta, int tb, int kh, int nh, uint8_t *qq) {
+    const tl_scratch *s = c->m->scratch;
+    const tl_hparams *hp = &c->m->hp;
+    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, i = 0;
+    int prepared = c->m->kv.layout.type_k == TL_KVT_Q8 && tl_gemm_has(TL_TYPE_Q8_0);
+    for (int t = ta; t < tb; t++)
+        for (int j = 0; j < nh * group; j++, i++) {
+            const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)(kh * group + j) * hd;
+            uint8_t *dst = qq + (size_t)i * s->qq_bytes;
+            if (prepared) tl_gemm_prepare(TL_TYPE_Q8_0, q, dst, hd);
+            else tl_quantize_row(TL_TYPE_Q8_0, q, dst, hd);
+        }
+    return prepared;
+}
+
 /* A decoding token (a chunk of one) and its run of KV heads [a->kh, a->kh
  * + nh), block by block: a block's rows of those heads are one address
  * range (the layout is [head][position][row]), read in one pass for the
@@ -409,10 +435,11 @@ static void v8_block(const att_ctx *c, const tl_seq *seq, int b, int kh, const t
  * interleaved over 3 rounds, attention a decoded token after 2,048
  * positions: one thread 4.9-5.6 -> 3.7-4.0 ms (the step 8.8-10.0 ->
  * 7.7-8.2), two 2.7-3.6 -> 2.5-2.8; after 512: 1.4-1.6 -> 1.1-1.3 and
- * 0.82-0.96 -> 0.79-0.84. The same calls per head and
- * block as att_task's in-place path, so bitwise its results; head j's
- * score rows are where att_task keeps a chunk's token j's. */
-static void decode_heads(const att_ctx *c, const att_where *a, int nh, float *scores, float *kbuf, pf_cursor *pf) {
+ * 0.82-0.96 -> 0.79-0.84. The same calls per head and block as att_task's
+ * (f16 rows in place, widened rows, int8 scores, int8 sums), so bitwise
+ * its results; head j's score rows and queries are where att_task keeps
+ * a chunk's token j's. */
+static void decode_heads(const att_ctx *c, const att_where *a, int nh, const att_bufs *tb, pf_cursor *pf) {
     tl_model *m = c->m;
     const tl_hparams *hp = &m->hp;
     tl_scratch *s = m->scratch;
@@ -421,36 +448,50 @@ static void decode_heads(const att_ctx *c, const att_where *a, int nh, float *sc
     const int t = a->ta, pos = s->tok_pos[t], in_place = group <= 2, j0 = tl_window_first(pos, a->w);
     const tok_span sp = token_span(bs, pos, a->w);
     float *out = s->att + (size_t)t * q_dim + (size_t)a->kh * group * hd;
+    const int prepared = s->k_direct ? prepare_queries(c, t, t + 1, a->kh, nh, tb->qq) : 0;
     for (int b = sp.b0; b <= sp.b1; b++) {
         if (!span_rows(&sp, b, bs, &r0, &r1)) continue; /* (never: b is in the span) */
         for (int j = 0; j < nh; j++) {
-            size_t ld = (size_t)hd;
+            float *sc = tb->scores + (size_t)j * tok_scores;
             pf_step(c, pf);
+            if (s->k_direct) {
+                k_direct_scores(c, a->seq, b, a->kh + j, &sp, t, t + 1, tb->qq + (size_t)j * group * s->qq_bytes,
+                                prepared, tb->work, sc);
+                continue;
+            }
+            size_t ld = (size_t)hd;
             const uint16_t *k16 = in_place ? att_rows_f16(c, a->seq, b, a->kh + j, 0) : NULL;
-            const float *k = k16 ? NULL : att_rows(c, a->seq, b, a->kh + j, 0, r1, kbuf, &ld);
+            const float *k = k16 ? NULL : att_rows(c, a->seq, b, a->kh + j, 0, r1, tb->kbuf, &ld);
             const float *q = s->q + (size_t)t * q_dim + (size_t)(a->kh + j) * group * hd;
-            float *sc = scores + (size_t)j * tok_scores + (size_t)b * bs + r0;
-            for (int g = 0; g < group; g++) query_scores(c, q + g * hd, k16, k, ld, r0, r1, sc + (size_t)g * msl);
+            for (int g = 0; g < group; g++)
+                query_scores(c, q + g * hd, k16, k, ld, r0, r1, sc + (size_t)g * msl + (size_t)b * bs + r0);
         }
     }
     for (int i = 0; i < nh * group; i++) {
-        tl_softmax_f32(scores + (size_t)i * msl + j0, pos - j0 + 1, 1.0f);
+        tl_softmax_f32(tb->scores + (size_t)i * msl + j0, pos - j0 + 1, s->k_direct ? c->scale : 1.0f);
         memset(out + (size_t)i * hd, 0, (size_t)hd * sizeof(float));
     }
+    chunk_queries cq;
     for (int b = sp.b0; b <= sp.b1; b++) {
-        if (!span_rows(&sp, b, bs, &r0, &r1)) continue; /* (never: b is in the span) */
+        if (!span_rows(&sp, b, bs, &r0, &r1)) continue;
         for (int j = 0; j < nh; j++) {
-            size_t ld = (size_t)hd;
+            float *sc = tb->scores + (size_t)j * tok_scores;
             pf_step(c, pf);
+            if (s->v_int8) {
+                chunk_queries_init(&cq, c, a->kh + j, t, t + 1, sc);
+                v8_block(c, a->seq, b, a->kh + j, &sp, t, t + 1, r1, sc, tb->piece, &cq);
+                continue;
+            }
+            size_t ld = (size_t)hd;
             const uint16_t *v16 = in_place ? att_rows_f16(c, a->seq, b, a->kh + j, 1) : NULL;
-            const float *v = v16 ? NULL : att_rows(c, a->seq, b, a->kh + j, 1, r1, kbuf, &ld);
+            const float *v = v16 ? NULL : att_rows(c, a->seq, b, a->kh + j, 1, r1, tb->kbuf, &ld);
             for (int g0 = 0; g0 < group; g0 += 4) { /* up to 4 queries a call, bitwise one by one */
                 float *ys[4];
                 const float *as[4];
                 int nq = group - g0 < 4 ? group - g0 : 4;
                 for (int g = 0; g < nq; g++) {
                     ys[g] = out + ((size_t)j * group + g0 + g) * hd;
-                    as[g] = scores + (size_t)j * tok_scores + (size_t)(g0 + g) * msl + (size_t)b * bs + r0;
+                    as[g] = sc + (size_t)(g0 + g) * msl + (size_t)b * bs + r0;
                 }
                 if (hd < 32)
                     v_rows_scalar(nq, ys, as, v, ld, r0, r1, hd);
@@ -477,7 +518,8 @@ static void att_task(void *p, int ith, int nth) {
     float *scores = s->scores + (size_t)ith * s->scores_stride;
     float *kbuf = scores + (size_t)s->att_qc * tok_scores, *kp = kbuf + (size_t)bs * hd;
     uint8_t *qq = (uint8_t *)(kp + s->kp_floats);
-    void *piece = scores + s->v8_off;
+    void *piece = scores + s->v8_off, *work = s->gemm_work ? s->gemm_work + (size_t)ith * s->gemm_work_stride : NULL;
+    const att_bufs bufs = {scores, kbuf, qq, piece, work};
     chunk_queries cq;
     int total = (c->c1 - c->c0) * hp->n_head_kv;
     const task_deal deal = deal_of(hp->n_head_kv, ith, nth);
@@ -486,7 +528,7 @@ static void att_task(void *p, int ith, int nth) {
     for (int i = deal.h0, nh; i < total; i = run_next(&deal, i, nh)) {
         const att_where a = task_where(c, i);
         if ((nh = run_heads(c, &deal, i)) > 1) {
-            decode_heads(c, &a, nh, scores, kbuf, &pf);
+            decode_heads(c, &a, nh, &bufs, &pf);
             continue;
         }
         const int ta = a.ta, tb = a.tb, kh = a.kh, b_first = a.b_first, w = a.w;
@@ -499,15 +541,7 @@ static void att_task(void *p, int ith, int nth) {
          * same scores and sums either way. */
         int in_place = (tb - ta) * group <= 2, panels = !in_place && s->kp_floats && tl_attn_has_panels(hd);
         if (s->k_direct) {
-            int prepared = m->kv.layout.type_k == TL_KVT_Q8 && tl_gemm_has(TL_TYPE_Q8_0);
-            for (int t = ta; t < tb; t++)
-                for (int g = 0; g < group; g++) {
-                    const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)(kh * group + g) * hd;
-                    uint8_t *dst = qq + ((size_t)(t - ta) * group + g) * s->qq_bytes;
-                    if (prepared) tl_gemm_prepare(TL_TYPE_Q8_0, q, dst, hd);
-                    else tl_quantize_row(TL_TYPE_Q8_0, q, dst, hd);
-                }
-            void *work = s->gemm_work + (size_t)ith * s->gemm_work_stride;
+            int prepared = prepare_queries(c, ta, tb, kh, 1, qq);
             for (int b = b_first; b <= pos_last / bs; b++) {
                 pf_step(c, &pf);
                 k_direct_scores(c, seq, b, kh, sp, ta, tb, qq, prepared, work, scores);

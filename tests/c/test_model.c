@@ -170,10 +170,12 @@ static void test_batch_equals_single(void) {
  * a prefill chunk (one task per head), for head shapes that take each
  * attention path (f16 rows in place, rows widened for a group of 4, heads
  * under 32 lanes), one to three threads (a run of all heads, of half, one
- * head a task) and f16 / f32 / h K/V, over many blocks and a window. */
+ * head a task) and every K/V type (f16 / f32 / h, and q8 / q4, whose
+ * heads of 32 lanes or more take the int8 scores and sums), over many
+ * blocks and a window. */
 static void test_decode_equals_chunk(void) {
     static const struct { int embd, head, head_kv; } shapes[] = {{128, 4, 4}, {128, 4, 2}, {256, 8, 2}, {64, 4, 2}};
-    static const char *modes[] = {"f16", "f32", "h:f16"};
+    static const char *modes[] = {"f16", "f32", "h:f16", "q8", "q4", "q8,f16", "f16,q8"};
     enum { N = 45 };
     int bad = 0, runs = 0;
     for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
@@ -223,7 +225,7 @@ static void test_decode_equals_chunk(void) {
                     tl_model_close(m);
                 }
     }
-    CHECK(bad == 0 && runs == 72, "a decoding token's logits are bitwise those at the end of a prefill chunk (%d of %d differ)",
+    CHECK(bad == 0 && runs == 168, "a decoding token's logits are bitwise those at the end of a prefill chunk (%d of %d differ)",
           bad, runs);
 }
 
