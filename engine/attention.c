@@ -352,6 +352,32 @@ static int block_seen_whole(const tok_span *first, const tok_span *last, int b, 
     return span_rows(first, b, bs, &r0, &r1) && span_rows(last, b, bs, &s0, &s1) && r1 >= rows && s0 == 0;
 }
 
+/* Queries gathered for one multi-query V call: those that see the same
+ * rows [r0, r1) of a block (or piece), up to cap at a time. */
+typedef struct {
+    int n, cap, r0, r1;
+    float *y[32];
+    const float *a[32];
+} v_batch;
+
+static inline void vb_init(v_batch *vb, int cap) {
+    vb->n = 0;
+    vb->cap = cap;
+}
+
+/* 1 when the gathered queries must be summed before one that sees rows
+ * [r0, r1) joins them. */
+static inline int vb_must_run(const v_batch *vb, int r0, int r1) {
+    return vb->n && (vb->n == vb->cap || r0 != vb->r0 || r1 != vb->r1);
+}
+
+static inline void vb_add(v_batch *vb, int r0, int r1, float *y, const float *a) {
+    vb->r0 = r0;
+    vb->r1 = r1;
+    vb->y[vb->n] = y;
+    vb->a[vb->n++] = a;
+}
+
 /* The V sums of logical block b for tokens [ta, tb) in int8 (v_int8): the
  * block's rows go in pieces of 16, each transposed once for the chunk
  * (tl_attn_v8_prep), then the queries that see the same rows of a piece
@@ -367,7 +393,6 @@ static void v8_block(const att_ctx *c, const tl_seq *seq, int b, int kh, const t
     size_t msl = (size_t)m->max_seq_len, tok_scores = (size_t)group * msl;
     int id = seq->bt.ids[b * seq->bt.depth + c->vl];
     const uint8_t *v = tl_kv_v(&m->kv, id) + tl_kv_row_off(l, kh, 0, l->row_bytes_v);
-    enum { BATCH = 32 };
     const int whole = cq->n && block_seen_whole(&sp[0], &sp[tb - 1 - ta], b, rows, bs);
     for (int p0 = 0; p0 < rows; p0 += 16) {
         int pr = rows - p0 < 16 ? rows - p0 : 16;
@@ -377,25 +402,22 @@ static void v8_block(const att_ctx *c, const tl_seq *seq, int b, int kh, const t
             tl_attn_v8_sum(cq->n, cq->y, cq->a, piece, 0, pr, hd);
             continue;
         }
-        float *ys[BATCH];
-        const float *as[BATCH];
-        int nq = 0, q0 = 0, q1 = 0;
+        v_batch vb;
+        vb_init(&vb, (int)(sizeof vb.y / sizeof vb.y[0]));
         for (int t = ta; t < tb; t++) {
             if (!span_rows(&sp[t - ta], b, bs, &r0, &r1)) continue;
             int lo = (r0 > p0 ? r0 : p0) - p0, hi = (r1 < p0 + pr ? r1 : p0 + pr) - p0;
             if (lo >= hi) continue;
             float *out = m->scratch->att + (size_t)t * m->hp.n_head * hd + (size_t)kh * group * hd;
             for (int g = 0; g < group; g++) {
-                if (nq && (nq == BATCH || lo != q0 || hi != q1)) {
-                    tl_attn_v8_sum(nq, ys, as, piece, q0, q1, hd);
-                    nq = 0;
+                if (vb_must_run(&vb, lo, hi)) {
+                    tl_attn_v8_sum(vb.n, vb.y, vb.a, piece, vb.r0, vb.r1, hd);
+                    vb.n = 0;
                 }
-                q0 = lo, q1 = hi;
-                ys[nq] = out + g * hd;
-                as[nq++] = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl + (size_t)b * bs + p0;
+                vb_add(&vb, lo, hi, out + g * hd, scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl + (size_t)b * bs + p0);
             }
         }
-        if (nq) tl_attn_v8_sum(nq, ys, as, piece, q0, q1, hd);
+        if (vb.n) tl_attn_v8_sum(vb.n, vb.y, vb.a, piece, vb.r0, vb.r1, hd);
     }
 }
 
@@ -592,9 +614,8 @@ static void att_task(void *p, int ith, int nth) {
             }
             /* queries (token, head of the group) that see the same rows go
              * through one multi-query call, up to 4 at a time */
-            float *ys[4];
-            const float *as[4];
-            int nq = 0, q0 = 0, q1 = 0;
+            v_batch vb;
+            vb_init(&vb, 4);
             for (int t = ta; t < tb; t++) {
                 if (!span_rows(&sp[t - ta], b, bs, &r0, &r1)) continue;
                 float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
@@ -602,20 +623,18 @@ static void att_task(void *p, int ith, int nth) {
                     const float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl + b * bs;
                     float *o = out + g * hd;
                     if (hd >= 32) { /* bitwise one tl_axpy_f32 per row */
-                        if (nq && (nq == 4 || r0 != q0 || r1 != q1)) {
-                            v_rows(nq, ys, as, v, v16, ld, q0, q1, hd);
-                            nq = 0;
+                        if (vb_must_run(&vb, r0, r1)) {
+                            v_rows(vb.n, vb.y, vb.a, v, v16, ld, vb.r0, vb.r1, hd);
+                            vb.n = 0;
                         }
-                        q0 = r0, q1 = r1;
-                        ys[nq] = o;
-                        as[nq++] = sc + r0;
+                        vb_add(&vb, r0, r1, o, sc + r0);
                         continue;
                     }
                     const float *a = sc + r0;
                     v_rows_scalar(1, &o, &a, v, ld, r0, r1, hd);
                 }
             }
-            if (nq) v_rows(nq, ys, as, v, v16, ld, q0, q1, hd);
+            if (vb.n) v_rows(vb.n, vb.y, vb.a, v, v16, ld, vb.r0, vb.r1, hd);
         }
     }
 }
