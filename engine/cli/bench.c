@@ -100,6 +100,20 @@ out:
     return dt;
 }
 
+/* n_gen single-token steps of seq, tokens from first by a fixed rule;
+ * returns their seconds, or -1 on an error. */
+static double decode_one(tl_model *m, tl_seq *seq, int32_t first, int n_gen, int nv, float *logits) {
+    int32_t next = first;
+    const int32_t *tok = &next;
+    int one = 1;
+    double t0 = tl_now();
+    for (int i = 0; i < n_gen; i++) {
+        next = (int32_t)((next * 31 + 7) % nv);
+        if (tl_batch_forward(m, &seq, &tok, &one, 1, logits)) return -1;
+    }
+    return tl_now() - t0;
+}
+
 /* One "phases" line (tl_forward_profile's seconds), if any were timed. */
 static void print_phases(const char *name, const char *what, const double ph[3]) {
     if (ph[2] > 0)
@@ -169,20 +183,11 @@ static int bench_one(const char *path, tl_model_params mp, int n_gen, int prompt
         if (tl_batch_forward(m, seqs, &pp, &prompt_len, 1, logits)) goto fail;
         tl_forward_profile(m, 0, ph);
     }
-    next[0] = 0;
     double dph[3] = {0, 0, 0}; /* its phases: the clock reads are ~100 ns a layer */
     if (cpu) tl_forward_profile(m, 1, NULL);
-    t0 = tl_now();
-    for (int i = 0; i < n_gen; i++) {
-        next[0] = (int32_t)((next[0] * 31 + 7) % nv);
-        toks[0] = &next[0];
-        if (tl_batch_forward(m, seqs, toks, ones, 1, logits)) {
-            if (cpu) tl_forward_profile(m, 0, NULL);
-            goto fail;
-        }
-    }
-    double t_decode = tl_now() - t0;
-    if (cpu) tl_forward_profile(m, 0, dph);
+    double t_decode = decode_one(m, seqs[0], 0, n_gen, nv, logits);
+    if (cpu) tl_forward_profile(m, 0, t_decode < 0 ? NULL : dph);
+    if (t_decode < 0) goto fail;
     tl_seq_free(seqs[0]);
     seqs[0] = NULL;
 
@@ -194,14 +199,9 @@ static int bench_one(const char *path, tl_model_params mp, int n_gen, int prompt
     double t_tg = 0;
     for (int rep = 0; rep < 3; rep++) {
         if (tl_seq_new(m, 0, &seqs[0])) goto fail;
-        next[0] = 1;
-        t0 = tl_now();
-        for (int i = 0; i < n_gen; i++) {
-            next[0] = (int32_t)((next[0] * 31 + 7) % nv);
-            toks[0] = &next[0];
-            if (tl_batch_forward(m, seqs, toks, ones, 1, logits)) goto fail;
-        }
-        t_tg += tl_now() - t0;
+        double dt = decode_one(m, seqs[0], 1, n_gen, nv, logits);
+        if (dt < 0) goto fail;
+        t_tg += dt;
         tl_seq_free(seqs[0]);
         seqs[0] = NULL;
     }
