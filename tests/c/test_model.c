@@ -198,15 +198,17 @@ static void test_decode_equals_chunk(void) {
                     int nv = tl_model_n_vocab(m);
                     int32_t tok[N];
                     for (int j = 0; j < N; j++) tok[j] = (int32_t)((j * 37 + 11) % nv);
-                    float *whole = malloc(sizeof(float) * (size_t)nv), *step = malloc(sizeof(float) * (size_t)nv);
-                    tl_seq *a, *b;
-                    tl_seq_new(m, 0, &a);
-                    tl_seq_new(m, 0, &b);
-                    a->window = b->window = win;
+                    float *whole = calloc((size_t)nv, sizeof(float)), *step = calloc((size_t)nv, sizeof(float));
+                    if (!whole || !step) { CHECK(0, "logits buffers"); free(whole); free(step); tl_model_close(m); continue; }
+                    tl_seq *a = NULL, *b = NULL;
                     const int32_t *p = tok;
-                    int n = N, rc = tl_batch_forward(m, &a, &p, &n, 1, whole);
-                    n = N - 3;
-                    rc |= tl_batch_forward(m, &b, &p, &n, 1, step);
+                    int n = N, rc = tl_seq_new(m, 0, &a) | tl_seq_new(m, 0, &b);
+                    if (!rc) {
+                        a->window = b->window = win;
+                        rc = tl_batch_forward(m, &a, &p, &n, 1, whole);
+                        n = N - 3;
+                        rc |= tl_batch_forward(m, &b, &p, &n, 1, step);
+                    }
                     for (int j = N - 3; j < N && !rc; j++) {
                         p = tok + j;
                         n = 1;
