@@ -231,8 +231,9 @@ static inline int span_rows(const tok_span *sp, int b, int bs, int *r0, int *r1)
  * past its position are written but never read (its softmax runs over
  * [first, pos] only). Each cell is bitwise tl_vec_dot of its pair, so a
  * token's scores do not depend on the chunk it is in. With `prepared` the
- * queries are tl_gemm_prepare rows and q8 K goes through the GEMM tiles
- * (VNNI where present: 16 K rows per instruction), else tl_vec_dot_tile.
+ * queries are tl_gemm_prepare rows and q8 / q4 K goes through the GEMM
+ * tiles (VNNI where present: 16 K rows per instruction), else
+ * tl_vec_dot_tile.
  * The cells stay unscaled: the softmax multiplies by c->scale as it reads
  * them (a pass of its own over the cells, scalar, was as long as the int8
  * scores themselves in a 4,096-token q8 prefill). */
@@ -430,18 +431,18 @@ typedef struct {
 } att_bufs;
 
 /* k_direct: the queries of heads [kh, kh + nh) of tokens [ta, tb) as q8_0
- * rows (tl_gemm_prepare rows where the GEMM tiles take q8 K), query i of
+ * rows (tl_gemm_prepare rows where the GEMM tiles take the K type), query i of
  * the chunk (token, then head of the group) at qq + i * qq_bytes. */
 static int prepare_queries(const att_ctx *c, int ta, int tb, int kh, int nh, uint8_t *qq) {
     const tl_scratch *s = c->m->scratch;
     const tl_hparams *hp = &c->m->hp;
     int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, i = 0;
-    int prepared = c->m->kv.layout.type_k == TL_KVT_Q8 && tl_gemm_has(TL_TYPE_Q8_0);
+    const int type = c->m->kv.layout.type_k == TL_KVT_Q8 ? TL_TYPE_Q8_0 : TL_TYPE_Q4_1, prepared = tl_gemm_has(type);
     for (int t = ta; t < tb; t++)
         for (int j = 0; j < nh * group; j++, i++) {
             const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)(kh * group + j) * hd;
             uint8_t *dst = qq + (size_t)i * s->qq_bytes;
-            if (prepared) tl_gemm_prepare(TL_TYPE_Q8_0, q, dst, hd);
+            if (prepared) tl_gemm_prepare(type, q, dst, hd);
             else tl_quantize_row(TL_TYPE_Q8_0, q, dst, hd);
         }
     return prepared;

@@ -11,9 +11,10 @@
  * 62-71 tok/s). The cost: processes opening the same file no longer share
  * its page cache pages.
  *
- * On the way, q8_0 / q4_0 matrices with a multiple of G rows are repacked
- * into the row-interleaved order the active kernel level reads natively
- * (TL_PACK8 at AVX2, TL_PACK16 at AVX-512), so neither prefill nor decode
+ * On the way, q8_0 / q4_0 / q5_0 (and at AVX-512 q4_1) matrices with a
+ * multiple of G rows are repacked into the row-interleaved order the
+ * active kernel level reads natively (TL_PACK8 at AVX2, TL_PACK16 at
+ * AVX-512), so neither prefill nor decode
  * re-transposes rows; outputs are bitwise those on the file's layout.
  *
  * The repack mode (tl_model_params.repack, else $TINYLOOP_REPACK): "on"

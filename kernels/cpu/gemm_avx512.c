@@ -1,4 +1,4 @@
-/* gemm_avx512.c - q8_0/q4_0/q5_0 weights x q8_0 activations with
+/* gemm_avx512.c - q8_0/q4_0/q5_0/q4_1 weights x q8_0 activations with
  * AVX512-VNNI, 16 weight rows at a time, for the matmuls of the forward
  * pass (prefill and decode alike).
  *
@@ -12,6 +12,7 @@
  *                      as unsigned (q8_0: q ^ 0x80, q4_0: nibble, q5_0:
  *                      nibble | 5th bit << 4)
  *     dw:              16 floats, row r's block scale
+ *     dm (q4_1):       16 floats, row r's block min
  *
  * and one vpdpbusd of q[k] with 4 activation bytes broadcast ({1to16})
  * feeds 16 rows. After the 8 of a block each lane holds the exact integer
@@ -22,7 +23,14 @@
  *   s += (float)isum_b * (d_w,b * d_y,b)        (multiply, then add)
  *
  * so every tile entry is bitwise tl_vec_dot_ref's result, whatever the
- * tile shape, token count or thread split.
+ * tile shape, token count or thread split. q4_1 (nibbles q, scale d, min
+ * m) is summed as its reference sums it, with two FMAs a block:
+ *
+ *   s = fma((float)isum_b, d_w,b * d_y,b, s);  s = fma(m_b, sy_b, s)
+ *
+ * sy_b = (float)sum(y_b) * d_y,b coming prepared; multiply-then-add there
+ * would be 7 float ops a block beside the 8 vpdpbusd (ggml's q4_1 x q8_1
+ * reads a stored f16 d * sum(y) instead).
  *
  * The activation rows are prepared once per matmul (tl_gemm_prepare): the
  * q8_0 row (as tl_quantize_row makes it), then the block scales as floats
@@ -44,6 +52,8 @@
 #define UNROLL16 _Pragma("GCC unroll 16")
 
 enum { GROUP_BYTES = 8 * 64 + 64 };
+/* A block's bytes in the workspace: q[8], dw, and q4_1's dm. */
+static inline size_t group_bytes(int kind) { return kind == Q_4_1 ? GROUP_BYTES + 64 : GROUP_BYTES; }
 #define TL_FUSED_TOKENS 2
 #define TOK_BLOCK 8 /* tokens per micro-tile */
 /* prefetch start past a group's first row: 16 rows on (roffs[1] is the
@@ -60,25 +70,27 @@ enum { GROUP_BYTES = 8 * 64 + 64 };
 
 /* The prepared activation row's layout: tl_gemm_dy_off / tl_gemm_corr_off (quants_impl.h). */
 
-static inline int off_of(int kind) { return kind == Q_8_0 ? 128 : kind == Q_4_0 ? 8 : 16; }
+static inline int off_of(int kind) { return kind == Q_8_0 ? 128 : kind == Q_4_0 ? 8 : kind == Q_4_1 ? 0 : 16; }
+
+/* Where a 32-element block's quants start (after d, q4_1's m, q5_0's qh). */
+static inline size_t qoff_of(int kind) { return kind == Q_5_0 ? 6 : kind == Q_4_1 ? 4 : 2; }
 
 /* Row block b's 32 weights as unsigned bytes (element i in byte i). */
 static inline AI TN __m256i unpack_block(int kind, const uint8_t *wb) {
     if (kind == Q_8_0)
         return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 2)), _mm256_set1_epi8((char)0x80));
-    const size_t qo = kind == Q_5_0 ? 6 : 2;
-    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wb + qo)));
+    const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wb + qoff_of(kind))));
     __m256i q = _mm256_and_si256(_mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0xF));
     if (kind == Q_5_0) q = _mm256_mask_add_epi8(q, (__mmask32)ld32(wb + 2), q, _mm256_set1_epi8(0x10));
     return q;
 }
 
 /* Block b of 16 rows (row r at w + roffs[r]) transposed: q[k] lane r =
- * bytes 4k..4k+3 of row r; dw lane r = row r's scale. The scales go
+ * bytes 4k..4k+3 of row r; dw lane r = row r's scale, dm (q4_1) its min. The scales go
  * through a small stack array (integer loads and stores, ports the vector
  * work leaves idle): measured faster than vpgatherdd on Zen 4. */
 static inline AI TN void transpose_block(int kind, const uint8_t *w, const size_t *roffs, int64_t b, __m512i q[8],
-                                         __m512 *dw) {
+                                         __m512 *dw, __m512 *dm) {
     const size_t bw = bw_of(kind);
     const uint8_t *wb = w + (size_t)b * bw;
     /* 16 row streams are more than the hardware prefetcher follows: the
@@ -90,16 +102,22 @@ static inline AI TN void transpose_block(int kind, const uint8_t *w, const size_
     UNROLL16 for (size_t k = 0; k < 16 * bw; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
     uint16_t dh[16];
     UNROLL16 for (int r = 0; r < 16; r++) memcpy(&dh[r], wb + roffs[r], 2);
-    if (kind == Q_4_0) {
+    if (kind == Q_4_1) {
+        uint16_t mh[16];
+        UNROLL16 for (int r = 0; r < 16; r++) memcpy(&mh[r], wb + roffs[r] + 2, 2);
+        *dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh));
+    }
+    if (kind == Q_4_0 || kind == Q_4_1) {
+        const size_t qo = qoff_of(kind);
         /* transpose the 16 packed bytes (4 dwords) per row, then split the
          * nibbles: dword j holds elements 4j..4j+3 (low) and 16+4j.. (high) */
         __m512i z[4], t[4];
         UNROLL for (int i = 0; i < 4; i++) {
             /* lane L: row i + 4L */
-            __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(wb + roffs[i] + 2)));
-            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(wb + roffs[i + 4] + 2)), 1);
-            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(wb + roffs[i + 8] + 2)), 2);
-            z[i] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(wb + roffs[i + 12] + 2)), 3);
+            __m512i v = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)(wb + roffs[i] + qo)));
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(wb + roffs[i + 4] + qo)), 1);
+            v = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(wb + roffs[i + 8] + qo)), 2);
+            z[i] = _mm512_inserti32x4(v, _mm_loadu_si128((const __m128i *)(wb + roffs[i + 12] + qo)), 3);
         }
         t[0] = _mm512_unpacklo_epi32(z[0], z[1]);
         t[1] = _mm512_unpackhi_epi32(z[0], z[1]);
@@ -141,14 +159,16 @@ static inline AI TN void transpose_block(int kind, const uint8_t *w, const size_
     *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
 }
 
-/* Block b of a TL_PACK16 group g (pack.c): the 16 scales, then q[k] lane r
+/* Block b of a TL_PACK16 group g (pack.c): the 16 scales (q4_1: then the
+ * 16 mins), then q[k] lane r
  * = bytes 4k..4k+3 of row r (q8_0, made unsigned here), or for q4_0 the
  * packed bytes 4j..4j+3 split into low (q[j]) and high (q[j + 4]) nibbles,
  * q5_0 the same with each register's 5th bits added from its 64-bit mask:
  * the registers transpose_block builds, read with one load each. (Plain
  * q5_0 rows cost decode a bit gather per row and block: Gemma 3 270M's
  * 640-wide q5_0 matrices streamed at ~12 GB/s, packed q8_0 at ~20.) */
-static inline AI TN void load_packed(int kind, const uint8_t *g, int64_t b, __m512i q[8], __m512 *dw, int pf) {
+static inline AI TN void load_packed(int kind, const uint8_t *g, int64_t b, __m512i q[8], __m512 *dw, __m512 *dm,
+                                     int pf) {
     const uint8_t *gb = g + (size_t)b * 16 * bw_of(kind);
     /* pf (a full micro-tile of TOK_BLOCK tokens, each block's compute
      * long): the bytes PF_PACKED ahead go to L2 as this block is read, or
@@ -166,8 +186,9 @@ static inline AI TN void load_packed(int kind, const uint8_t *g, int64_t b, __m5
             q[k] = _mm512_xor_si512(_mm512_loadu_si512(gb + 32 + 64 * k), _mm512_set1_epi8((char)0x80));
         return;
     }
+    if (kind == Q_4_1) *dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(gb + 32)));
     const __m512i m4 = _mm512_set1_epi8(0xF);
-    const uint8_t *qs = gb + (kind == Q_5_0 ? 96 : 32);
+    const uint8_t *qs = gb + (kind == Q_5_0 ? 96 : kind == Q_4_1 ? 64 : 32);
     UNROLL for (int j = 0; j < 4; j++) {
         const __m512i p = _mm512_loadu_si512(qs + 64 * j);
         q[j] = _mm512_and_si512(p, m4);
@@ -194,20 +215,21 @@ static inline AI TN void mk(int kind, int src, int C, int64_t nb, const uint8_t 
     UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m512i q[8];
-        __m512 dw;
+        __m512 dw, dm = _mm512_setzero_ps();
         if (src == SRC_WORK) {
-            const __m512i *g = (const __m512i *)(wk + (size_t)b * GROUP_BYTES);
+            const __m512i *g = (const __m512i *)(wk + (size_t)b * group_bytes(kind));
             UNROLL for (int k = 0; k < 8; k++) q[k] = _mm512_load_si512(g + k);
             dw = _mm512_load_ps((const float *)(g + 8));
+            if (kind == Q_4_1) dm = _mm512_load_ps((const float *)(g + 9));
         } else if (src == SRC_PACKED) {
-            load_packed(kind, wk, b, q, &dw, C == TOK_BLOCK);
+            load_packed(kind, wk, b, q, &dw, &dm, C == TOK_BLOCK);
         } else {
-            transpose_block(kind, w, roffs, b, q, &dw);
+            transpose_block(kind, w, roffs, b, q, &dw, &dm);
         }
         __m512i s[TOK_BLOCK];
         UNROLL for (int c = 0; c < C; c++) {
             const int32_t *corr = (const int32_t *)(x + c * ldx + co);
-            s[c] = _mm512_set1_epi32(corr[b]);
+            s[c] = kind == Q_4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(corr[b]);
         }
         UNROLL for (int k = 0; k < 8; k++) UNROLL for (int c = 0; c < C; c++) {
             const uint8_t *yq = x + c * ldx + (size_t)b * sizeof(block_q8_0) + 2 + 4 * k;
@@ -216,7 +238,13 @@ static inline AI TN void mk(int kind, int src, int C, int64_t nb, const uint8_t 
         UNROLL for (int c = 0; c < C; c++) {
             const float *dy = (const float *)(x + c * ldx + dyo);
             const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(dy[b]));
-            acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(_mm512_cvtepi32_ps(s[c]), d));
+            if (kind == Q_4_1) { /* the corr slot holds sy_b (prepare) */
+                const float *sy = (const float *)(x + c * ldx + co);
+                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[c]), d, acc[c]);
+                acc[c] = _mm512_fmadd_ps(dm, _mm512_set1_ps(sy[b]), acc[c]);
+            } else {
+                acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(_mm512_cvtepi32_ps(s[c]), d));
+            }
         }
     }
     UNROLL for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(out + c * ldo, m, acc[c]);
@@ -247,11 +275,12 @@ static inline AI TN void gemm_q(int kind, int64_t n, int nr, int nt, float *out,
     uint8_t *wk = work;
     for (int64_t b = 0; b < nb; b++) {
         __m512i q[8];
-        __m512 dw;
-        transpose_block(kind, W, roffs, b, q, &dw);
-        __m512i *g = (__m512i *)(wk + (size_t)b * GROUP_BYTES);
+        __m512 dw, dm;
+        transpose_block(kind, W, roffs, b, q, &dw, &dm);
+        __m512i *g = (__m512i *)(wk + (size_t)b * group_bytes(kind));
         UNROLL for (int k = 0; k < 8; k++) _mm512_store_si512(g + k, q[k]);
         _mm512_store_ps((float *)(g + 8), dw);
+        if (kind == Q_4_1) _mm512_store_ps((float *)(g + 9), dm);
     }
     int t = 0;
     for (; t + TOK_BLOCK <= nt; t += TOK_BLOCK)
@@ -296,6 +325,11 @@ static TN void gemm_pk_q5_0(int64_t n, int nr, int nt, float *out, size_t ldo, c
     (void)work;
     gemm_pk(Q_5_0, n, nr, nt, out, ldo, w, ldw, x, ldx);
 }
+static TN void gemm_pk_q4_1(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
+                            size_t ldx, void *work) {
+    (void)work;
+    gemm_pk(Q_4_1, n, nr, nt, out, ldo, w, ldw, x, ldx);
+}
 
 static TN void gemm_q8_0(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
                          size_t ldx, void *work) {
@@ -309,9 +343,13 @@ static TN void gemm_q5_0(int64_t n, int nr, int nt, float *out, size_t ldo, cons
                          size_t ldx, void *work) {
     gemm_q(Q_5_0, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
 }
+static TN void gemm_q4_1(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
+                         size_t ldx, void *work) {
+    gemm_q(Q_4_1, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
+}
 
 /* The prepared row: the q8_0 row, then per block its scale as a float and
- * -off * sum(y). */
+ * -off * sum(y), or for q4_1 the float sy = (float)sum(y) * scale. */
 static inline AI TN void prepare(int kind, const float *src, void *dst, int64_t n, tl_quantize_fn quantize) {
     const int64_t nb = n / 32;
     uint8_t *p = dst;
@@ -323,7 +361,12 @@ static inline AI TN void prepare(int kind, const float *src, void *dst, int64_t 
         const block_q8_0 *yb = (const block_q8_0 *)p + b;
         dy[b] = _cvtsh_ss(yb->d);
         const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, _mm256_loadu_si256((const __m256i *)yb->qs));
-        corr[b] = -off_of(kind) * hsum_epi32(s);
+        if (kind == Q_4_1) {
+            const float sy = (float)hsum_epi32(s) * dy[b];
+            memcpy(&corr[b], &sy, 4);
+        } else {
+            corr[b] = -off_of(kind) * hsum_epi32(s);
+        }
     }
 }
 
@@ -331,6 +374,7 @@ static tl_quantize_fn quantize_q8_0_fn;
 static TN void prepare_q8_0(const float *src, void *dst, int64_t n) { prepare(Q_8_0, src, dst, n, quantize_q8_0_fn); }
 static TN void prepare_q4_0(const float *src, void *dst, int64_t n) { prepare(Q_4_0, src, dst, n, quantize_q8_0_fn); }
 static TN void prepare_q5_0(const float *src, void *dst, int64_t n) { prepare(Q_5_0, src, dst, n, quantize_q8_0_fn); }
+static TN void prepare_q4_1(const float *src, void *dst, int64_t n) { prepare(Q_4_1, src, dst, n, quantize_q8_0_fn); }
 
 /* vec_dot for one row, summed as the reference and the tiles sum (exact
  * integer block sums, then multiply and add in block order). */
@@ -354,21 +398,42 @@ static TN void dot1_q8_0(int64_t n, float *out, const void *w, const void *x) { 
 static TN void dot1_q4_0(int64_t n, float *out, const void *w, const void *x) { dot1(Q_4_0, n, out, w, x); }
 static TN void dot1_q5_0(int64_t n, float *out, const void *w, const void *x) { dot1(Q_5_0, n, out, w, x); }
 
+/* q4_1's one row, as its reference and the tiles sum it (two FMAs a block). */
+static TN void dot1_q4_1(int64_t n, float *out, const void *w, const void *x) {
+    const block_q4_1 *a = w;
+    const block_q8_0 *y = x;
+    const __m256i ones = _mm256_set1_epi8(1);
+    __m128 s = _mm_setzero_ps();
+    for (int64_t b = 0; b < n / 32; b++) {
+        const __m256i yv = _mm256_loadu_si256((const __m256i *)y[b].qs), z = _mm256_setzero_si256();
+        const int isum = hsum_epi32(_mm256_dpbusd_epi32(z, unpack_block(Q_4_1, (const uint8_t *)&a[b]), yv));
+        const int sumy = hsum_epi32(_mm256_dpbusd_epi32(z, ones, yv));
+        const float dy = _cvtsh_ss(y[b].d);
+        s = _mm_fmadd_ss(_mm_set_ss((float)isum), _mm_set_ss(_cvtsh_ss(a[b].d) * dy), s);
+        s = _mm_fmadd_ss(_mm_set_ss(_cvtsh_ss(a[b].m)), _mm_set_ss((float)sumy * dy), s);
+    }
+    *out = _mm_cvtss_f32(s);
+}
+
 void tl_gemm_fill_avx512(tl_kernel_table *t) {
     quantize_q8_0_fn = t->quantize_q8_0;
     t->vec_dot[TL_TYPE_Q8_0] = dot1_q8_0;
     t->vec_dot[TL_TYPE_Q4_0] = dot1_q4_0;
     t->vec_dot[TL_TYPE_Q5_0] = dot1_q5_0;
+    t->vec_dot[TL_TYPE_Q4_1] = dot1_q4_1;
     /* vec_dot_tile stays the loop over vec_dot; matmuls go through gemm */
     t->gemm_tile[TL_TYPE_Q8_0] = gemm_q8_0;
     t->gemm_tile[TL_TYPE_Q4_0] = gemm_q4_0;
     t->gemm_tile[TL_TYPE_Q5_0] = gemm_q5_0;
+    t->gemm_tile[TL_TYPE_Q4_1] = gemm_q4_1;
     t->gemm_prepare[TL_TYPE_Q8_0] = prepare_q8_0;
     t->gemm_prepare[TL_TYPE_Q4_0] = prepare_q4_0;
     t->gemm_prepare[TL_TYPE_Q5_0] = prepare_q5_0;
+    t->gemm_prepare[TL_TYPE_Q4_1] = prepare_q4_1;
     t->gemm_tile_pk[TL_TYPE_Q8_0] = gemm_pk_q8_0;
     t->gemm_tile_pk[TL_TYPE_Q4_0] = gemm_pk_q4_0;
     t->gemm_tile_pk[TL_TYPE_Q5_0] = gemm_pk_q5_0;
+    t->gemm_tile_pk[TL_TYPE_Q4_1] = gemm_pk_q4_1;
     t->pack_rows = 16;
     tl_gemm_k_fill_avx512(t); /* q4_K/q6_K: gemm_k_avx512.c */
 }
@@ -385,6 +450,7 @@ size_t tl_gemm_x_size(int64_t n) {
 }
 
 size_t tl_gemm_work_size(int64_t n) {
-    const size_t a = (size_t)(n / 32) * 576, k = tl_gemm_k_work_size(n);
+    /* a block's q[8] and dw, and q4_1's dm (group_bytes) */
+    const size_t a = (size_t)(n / 32) * (8 * 64 + 2 * 64), k = tl_gemm_k_work_size(n);
     return a > k ? a : k;
 }

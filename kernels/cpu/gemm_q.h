@@ -1,14 +1,17 @@
 /* gemm_q.h - shared by the GEMM files (gemm_avx2.c, gemm_avx512.c,
- * gemm_k_avx512.c): the 32-element weight kinds against q8_0 activations,
- * their block sizes, and small loads and sums. Include after
- * <immintrin.h>. */
+ * gemm_k_avx512.c): the 32-element weight kinds against q8_0 activations
+ * (q4_1 at AVX-512 only), their block sizes, and small loads and sums.
+ * Include after <immintrin.h>. */
 #ifndef TL_GEMM_Q_H
 #define TL_GEMM_Q_H
 
-enum { Q_8_0, Q_4_0, Q_5_0 };
+enum { Q_8_0, Q_4_0, Q_5_0, Q_4_1 };
 
 static inline size_t bw_of(int kind) {
-    return kind == Q_8_0 ? sizeof(block_q8_0) : kind == Q_4_0 ? sizeof(block_q4_0) : sizeof(block_q5_0);
+    return kind == Q_8_0   ? sizeof(block_q8_0)
+           : kind == Q_4_0 ? sizeof(block_q4_0)
+           : kind == Q_4_1 ? sizeof(block_q4_1)
+                           : sizeof(block_q5_0);
 }
 
 static inline uint32_t ld32(const void *p) {

@@ -2,7 +2,7 @@
  * place (TL_PACK8 for AVX2, TL_PACK16 for AVX-512), the conversion into
  * them at load and back.
  *
- * A packed q8_0 / q4_0 / q5_0 matrix keeps its size and its row groups
+ * A packed q8_0 / q4_0 / q5_0 / q4_1 matrix keeps its size and its row groups
  * where they were: rows Gg..Gg+G-1 (G = 8 or 16) still fill bytes [Gg,
  * Gg+G) * row_size, but block by block, G rows at a time:
  *
@@ -18,6 +18,8 @@
  *     4) + e of row r: the byte lanes of the register the kernel builds
  *     from the nibbles, so one masked add sets them; then the nibbles as
  *     q4_0's
+ *   q4_1, per block (G * 20 bytes):
+ *     the G scales, the G mins (f16), then the nibbles as q4_0's
  *
  * so a matmul's kernel loads what a lane needs with one vector load
  * instead of transposing G rows per block (prefill and decode). */
@@ -25,13 +27,16 @@
 
 #include <string.h>
 
-int tl_pack_supported(int type) { return type == TL_TYPE_Q8_0 || type == TL_TYPE_Q4_0 || type == TL_TYPE_Q5_0; }
+int tl_pack_supported(int type) {
+    return type == TL_TYPE_Q8_0 || type == TL_TYPE_Q4_0 || type == TL_TYPE_Q5_0 || type == TL_TYPE_Q4_1;
+}
 
 /* Bytes of one row's quants in a block, where they start, and the bytes of
- * a packed block before the quants (the scales, q5_0's bit masks). */
+ * a packed block before the quants (the scales, q4_1's mins, q5_0's bit
+ * masks): per row, what precedes the quants in its own block. */
 static size_t qbytes(int type) { return type == TL_TYPE_Q8_0 ? 32 : 16; }
-static size_t qoff(int type) { return type == TL_TYPE_Q5_0 ? 6 : 2; }
-static size_t head_bytes(int type, int G) { return (size_t)G * (type == TL_TYPE_Q5_0 ? 6 : 2); }
+static size_t qoff(int type) { return type == TL_TYPE_Q5_0 ? 6 : type == TL_TYPE_Q4_1 ? 4 : 2; }
+static size_t head_bytes(int type, int G) { return (size_t)G * qoff(type); }
 
 /* The element whose 5th bit lands in byte e of mask register k. */
 static int hbit_elem(int k, int e) { return k < 4 ? 4 * k + e : 16 + 4 * (k - 4) + e; }
@@ -40,6 +45,7 @@ static int hbit_elem(int k, int e) { return k < 4 ? 4 * k + e : 16 + 4 * (k - 4)
 static void unpack_block(int type, int G, const uint8_t *pb, int r, uint8_t *blk) {
     const size_t qb = qbytes(type), qo = qoff(type), hb = head_bytes(type, G);
     memcpy(blk, pb + 2 * r, 2);
+    if (type == TL_TYPE_Q4_1) memcpy(blk + 2, pb + 2 * G + 2 * r, 2);
     if (type == TL_TYPE_Q5_0) {
         uint32_t qh = 0;
         for (int k = 0; k < 8; k++)
@@ -58,6 +64,8 @@ void tl_pack_group(int type, int G, uint8_t *group, int64_t n, uint8_t *tmp) {
     uint8_t *o = group;
     for (int64_t b = 0; b < n / 32; b++) {
         for (int r = 0; r < G; r++, o += 2) memcpy(o, tmp + r * rs + b * bs, 2);
+        if (type == TL_TYPE_Q4_1)
+            for (int r = 0; r < G; r++, o += 2) memcpy(o, tmp + r * rs + b * bs + 2, 2);
         if (type == TL_TYPE_Q5_0) {
             memset(o, 0, (size_t)4 * G);
             for (int r = 0; r < G; r++) {

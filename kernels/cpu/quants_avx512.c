@@ -1,9 +1,9 @@
 /* quants_avx512.c - AVX-512 (F, BW, VL, DQ) kernels, 64 bytes per op.
  * Float rows use 16-wide FMA; K-quants handle two 32-element sub-blocks
  * per zmm with maddubs/madd (BW only: with AVX512-VNNI gemm_k_avx512.c
- * replaces these for q4_K/q5_K/q6_K); q8_0/q4_0/q5_0 are gemm_avx512.c's
- * (AVX512-VNNI), so without VNNI those keep the AVX2 kernels; q4_1 always
- * uses the AVX2 kernel. */
+ * replaces these for q4_K/q5_K/q6_K); q8_0/q4_0/q5_0/q4_1 are
+ * gemm_avx512.c's (AVX512-VNNI), so without VNNI those keep the AVX2
+ * kernels. */
 #include "quants_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)

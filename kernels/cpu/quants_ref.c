@@ -494,8 +494,11 @@ static void dot_q4_1(int64_t n, float *out, const void *w, const void *x) {
             sumi += (a[i].qs[j] & 0xF) * b[i].qs[j] + (a[i].qs[j] >> 4) * b[i].qs[j + 16];
             sumy += b[i].qs[j] + b[i].qs[j + 16];
         }
+        /* two FMAs a block, the form the AVX-512 GEMM tiles take at the
+         * cost of Q4_0's epilogue (gemm_avx512.c) */
         const float dy = TL_F16(b[i].d);
-        s += sumi * (TL_F16(a[i].d) * dy) + sumy * (TL_F16(a[i].m) * dy);
+        s = fmaf((float)sumi, TL_F16(a[i].d) * dy, s);
+        s = fmaf(TL_F16(a[i].m), (float)sumy * dy, s);
     }
     *out = s;
 }

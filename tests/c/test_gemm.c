@@ -147,7 +147,8 @@ static void score_tile(int type, int64_t n, int nr, int nt, const float *out, si
 }
 
 static void test_gemm_path(void) {
-    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_1,
+                                TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
     enum { MAXR = TL_GEMM_ROWS, MAXT = 19, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -210,7 +211,7 @@ static void test_gemm_path(void) {
  * native where the level reads that G, else unpacked) gives bitwise
  * tl_vec_dot of the plain rows, writing nothing outside the tile. */
 static void test_pack(void) {
-    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0};
+    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_1};
     enum { NTYPES = sizeof types / sizeof types[0] };
     enum { MAXR = 32, MAXT = 19, PAD = 3 };
     const int isa_max = tl_kernels_isa();
@@ -300,9 +301,14 @@ static int step_by_step(tl_model *m, const int32_t *prompt, int n, float *logits
 }
 
 static void test_forward(void) {
-    tm_spec specs[TM_ARCH_CASES];
-    const char *names[TM_ARCH_CASES];
+    tm_spec specs[TM_ARCH_CASES + 1];
+    const char *names[TM_ARCH_CASES + 1];
     int nc = tm_arch_cases(specs, names);
+    /* and q4_1 weights (packed at AVX-512, with their mins) */
+    specs[nc] = tm_default_spec();
+    specs[nc].type = TL_TYPE_Q4_1;
+    specs[nc].seed = 9;
+    names[nc++] = "llama q4_1";
     enum { N = 45, N2 = 21 };
     int32_t prompt[N], prompt2[N2];
     for (int i = 0; i < N; i++) prompt[i] = 3 + (i * 37 + 11) % 250;
