@@ -37,12 +37,11 @@
  * so every tile entry is bitwise tl_vec_dot_ref. The prepared activation
  * row is the q8_K row itself (its bsums serve both corrections). A group
  * with more tokens than TL_FUSED_TOKENS is transposed once for all its
- * tokens, 8-token micro-tiles reuse it; fewer tokens (decode) transpose one
- * super-block at a time into the workspace's first slot and use it at
- * once, while it is in L1 (q4_K/q5_K), or go row by row with
- * maddubs/madd (q6_K, whose transposition costs more than its bytes take
- * to arrive: 49152x2048 from DRAM, one token, 5.5 ms against 7.5-8.9
- * transposed and 6.5 for the old row-dot kernel). */
+ * tokens, 8-token micro-tiles reuse it; fewer tokens (decode) go row by
+ * row with maddubs/madd, the transposition costing more than the rows'
+ * bytes take to arrive (q6_K: 49152x2048 from DRAM, one token, 5.5 ms
+ * against 7.5-8.9 transposed and 6.5 for the old row-dot kernel; q4_K and
+ * q5_K four rows in step, rows_q45_K). */
 #include <stddef.h>
 
 #include "quants_impl.h"
@@ -292,29 +291,137 @@ static inline AI TN void rows_q6_K(int C, int nr, int64_t nb, const uint8_t *w, 
     }
 }
 
-/* C tokens against one 16-row group: from the transposed workspace
- * (fused == 0) or transposing each super-block into wk first. */
-static inline AI TN void mk(int kind, int C, int fused, int64_t nb, uint8_t *wk, const uint8_t *w, const size_t *roffs,
-                            const uint8_t *x, size_t ldx, float *out, size_t ldo, __mmask16 m) {
+/* q4_K / q5_K decode (nt <= TL_FUSED_TOKENS): row by row, four rows in
+ * step, where transposing 16 rows per super-block held decode to ~11 GB/s
+ * (110M-shaped Q4_K, one thread: 178 tok/s against ik_llama.cpp's 240). A
+ * zmm of nibbles holds sub-blocks (2c, 2c + 2) in its halves (lo) or
+ * (2c + 1, 2c + 3) (hi), met by the activation halves of those sub-blocks
+ * (one lane shuffle, shared by the four rows); maddubs pairs stay below
+ * 2^13 (q5_K: 2 * 31 * 127) and vpdpwssd weights them by the sub-block
+ * scales. The four rows' integer sums are reduced together (hadd trees)
+ * and their float ops run as lanes of one vector. The integers are the
+ * reference's exact sums, the float ops its order per lane, so it is
+ * bitwise the tiles. */
+
+/* Row a's super-block as the four nibble registers and their scale
+ * registers (the 8 scales as int16 in lanes of the sub-blocks they
+ * weight); mn: the (m_j, m_j) int16 pairs for the bsums. */
+static inline AI TN void row_sb(int kind, const uint8_t *a, __m512i q[4], __m512i scv[4], __m256i *mn) {
+    const __m512i m4 = _mm512_set1_epi8(0xF), m10 = _mm512_set1_epi8(0x10);
+    uint32_t u[3];
+    memcpy(u, a + 4, 12); /* the scales: after d and dmin in both types */
+    const uint32_t sc_lo = u[0] & 0x3f3f3f3f, mn_lo = u[1] & 0x3f3f3f3f;
+    const uint32_t sc_hi = (u[2] & 0x0f0f0f0f) | ((u[0] >> 6) & 0x03030303) << 4;
+    const uint32_t mn_hi = ((u[2] >> 4) & 0x0f0f0f0f) | ((u[1] >> 6) & 0x03030303) << 4;
+    /* the 8 int16 scales in every 128-bit lane, picked by vpshufb */
+    const __m512i sc =
+        _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)((uint64_t)sc_hi << 32 | sc_lo))));
+    const __m128i mn8 = _mm_cvtsi64_si128((long long)((uint64_t)mn_hi << 32 | mn_lo));
+    *mn = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8));
+    UNROLL for (int k = 0; k < 4; k++) {
+        const uint64_t ja = (uint64_t)(k / 2 * 4 + k % 2), jb = ja + 2; /* sub-blocks of the low, high half */
+        const uint64_t wa = ((2 * ja + 1) << 8 | 2 * ja) * 0x0001000100010001ull;
+        const uint64_t wb = ((2 * jb + 1) << 8 | 2 * jb) * 0x0001000100010001ull;
+        scv[k] = _mm512_shuffle_epi8(sc, _mm512_set_epi64((long long)wb, (long long)wb, (long long)wb, (long long)wb,
+                                                          (long long)wa, (long long)wa, (long long)wa, (long long)wa));
+    }
+    const size_t qo = kind == K_5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs);
+    const __m512i l0 = _mm512_loadu_si512(a + qo), l1 = _mm512_loadu_si512(a + qo + 64);
+    q[0] = _mm512_and_si512(l0, m4);
+    q[1] = _mm512_and_si512(_mm512_srli_epi16(l0, 4), m4);
+    q[2] = _mm512_and_si512(l1, m4);
+    q[3] = _mm512_and_si512(_mm512_srli_epi16(l1, 4), m4);
+    if (kind == K_5) { /* bit j of a qh byte to bit 4, j the sub-block of each half */
+        const __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(a + offsetof(block_q5_K, qh))));
+        q[0] = _mm512_or_si512(q[0], _mm512_and_si512(_mm512_sllv_epi64(h, _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4)), m10));
+        q[1] = _mm512_or_si512(q[1], _mm512_and_si512(_mm512_sllv_epi64(h, _mm512_set_epi64(1, 1, 1, 1, 3, 3, 3, 3)), m10));
+        q[2] = _mm512_or_si512(q[2], _mm512_and_si512(_mm512_srlv_epi64(h, _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0)), m10));
+        q[3] = _mm512_or_si512(q[3], _mm512_and_si512(_mm512_srlv_epi64(h, _mm512_set_epi64(3, 3, 3, 3, 1, 1, 1, 1)), m10));
+    }
+}
+
+#ifndef K_PF_AHEAD
+/* 110M-shaped q4_K/q5_K matrices from DRAM, one token, one thread: none
+ * 7.4-12 GB/s; the next group 17; + 2 KiB 17.5-19.7; + 8 KiB 18.5-20 */
+#define K_PF_AHEAD(ldw) (4 * (ldw) + 8192)
+#endif
+static inline AI TN void rows_q45_K(int kind, int C, int nr, int64_t nb, const uint8_t *w, size_t ldw,
+                                    const uint8_t *x, size_t ldx, float *out, size_t ldo) {
+    const size_t bw = kbw_of(kind);
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const uint8_t *row[4]; /* rows past nr repeat the last (valid memory); not stored */
+        UNROLL for (int k = 0; k < 4; k++) row[k] = w + (size_t)(r0 + k < nr ? r0 + k : nr - 1) * ldw;
+        for (int c = 0; c < C; c++) { /* the second token reads the four rows from L1 */
+            __m128 s = _mm_setzero_ps();
+            for (int64_t i = 0; i < nb; i++) {
+                /* four row streams interleaved lose the hardware prefetcher
+                 * (as gemm_avx512.c's 16): the bytes past this group go to
+                 * L2 linearly, a super-block's worth of four rows a step */
+                if (c == 0) {
+                    const uint8_t *pf = w + (size_t)r0 * ldw + K_PF_AHEAD(ldw) + (size_t)i * 4 * bw;
+                    for (size_t k = 0; k < 4 * bw; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
+                }
+                const block_q8_K *yb = (const block_q8_K *)(x + c * ldx) + i;
+                __m512i y[4]; /* sub-blocks (4h, 4h + 2), (4h + 1, 4h + 3) */
+                UNROLL for (int h = 0; h < 2; h++) {
+                    const __m512i y0 = _mm512_loadu_si512(yb->qs + 128 * h), y1 = _mm512_loadu_si512(yb->qs + 128 * h + 64);
+                    y[2 * h] = _mm512_shuffle_i64x2(y0, y1, _MM_SHUFFLE(1, 0, 1, 0));
+                    y[2 * h + 1] = _mm512_shuffle_i64x2(y0, y1, _MM_SHUFFLE(3, 2, 3, 2));
+                }
+                const __m256i bsums = _mm256_loadu_si256((const __m256i *)yb->bsums);
+                __m256i t[4], pm[4];
+                __m128i dd = _mm_setzero_si128(); /* lane k: row k's d | dmin << 16 (in registers:
+                                                   * four narrow stores then a wide load stall) */
+                UNROLL for (int k = 0; k < 4; k++) {
+                    const uint8_t *a = row[k] + (size_t)i * bw;
+                    __m512i q[4], scv[4];
+                    __m256i mn;
+                    row_sb(kind, a, q, scv, &mn);
+                    dd = _mm_insert_epi32(dd, (int)ld32(a), k);
+                    /* two chains, added at the end (integers: exact) */
+                    const __m512i a0 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(q[0], y[0]), scv[0]),
+                                                           _mm512_maddubs_epi16(q[1], y[1]), scv[1]);
+                    const __m512i a1 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(q[2], y[2]), scv[2]),
+                                                           _mm512_maddubs_epi16(q[3], y[3]), scv[3]);
+                    const __m512i acc = _mm512_add_epi32(a0, a1);
+                    t[k] = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+                    pm[k] = _mm256_madd_epi16(mn, bsums);
+                }
+                /* lanes k = row k's sums */
+                const __m256i wi = _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
+                const __m256i wm = _mm256_hadd_epi32(_mm256_hadd_epi32(pm[0], pm[1]), _mm256_hadd_epi32(pm[2], pm[3]));
+                const __m128i sumi = _mm_add_epi32(_mm256_castsi256_si128(wi), _mm256_extracti128_si256(wi, 1));
+                const __m128i summ = _mm_add_epi32(_mm256_castsi256_si128(wm), _mm256_extracti128_si256(wm, 1));
+                const __m256 f = _mm256_cvtph_ps(dd); /* d0 m0 d1 m1 | d2 m2 d3 m3 */
+                const __m128 flo = _mm256_castps256_ps128(f), fhi = _mm256_extractf128_ps(f, 1);
+                const __m128 dw = _mm_shuffle_ps(flo, fhi, _MM_SHUFFLE(2, 0, 2, 0));
+                const __m128 dm = _mm_shuffle_ps(flo, fhi, _MM_SHUFFLE(3, 1, 3, 1));
+                const __m128 dy = _mm_set1_ps(yb->d);
+                const __m128 t1 = _mm_mul_ps(_mm_mul_ps(dy, dw), _mm_cvtepi32_ps(sumi));
+                const __m128 t2 = _mm_mul_ps(_mm_mul_ps(dy, dm), _mm_cvtepi32_ps(summ));
+                s = _mm_add_ps(s, _mm_sub_ps(t1, t2));
+            }
+            float o[4];
+            _mm_storeu_ps(o, s);
+            for (int k = 0; k < 4 && r0 + k < nr; k++) out[c * ldo + r0 + k] = o[k];
+        }
+    }
+}
+
+/* C tokens against one 16-row group, transposed in the workspace wk. */
+static inline AI TN void mk(int kind, int C, int64_t nb, const uint8_t *wk, const uint8_t *x, size_t ldx, float *out,
+                            size_t ldo, __mmask16 m) {
     __m512 acc[TOK_BLOCK];
     UNROLL for (int c = 0; c < C; c++) acc[c] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < nb; i++) {
-        const uint8_t *g = wk + (size_t)i * gb_of(kind);
-        if (fused) {
-            fill_sb(kind, w, roffs, i, wk);
-            g = wk;
-        }
-        sb_dot(kind, C, g, x, ldx, i, acc);
-    }
+    for (int64_t i = 0; i < nb; i++) sb_dot(kind, C, wk + (size_t)i * gb_of(kind), x, ldx, i, acc);
     UNROLL for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(out + c * ldo, m, acc[c]);
 }
 
-static inline AI TN void mk_any(int kind, int C, int fused, int64_t nb, uint8_t *wk, const uint8_t *w,
-                                const size_t *roffs, const uint8_t *x, size_t ldx, float *out, size_t ldo,
-                                __mmask16 m) {
+static inline AI TN void mk_any(int kind, int C, int64_t nb, const uint8_t *wk, const uint8_t *x, size_t ldx,
+                                float *out, size_t ldo, __mmask16 m) {
     switch (C) {
 #define MK_CASE(N) \
-    case N: mk(kind, N, fused, nb, wk, w, roffs, x, ldx, out, ldo, m); break;
+    case N: mk(kind, N, nb, wk, x, ldx, out, ldo, m); break;
         MK_CASE(1) MK_CASE(2) MK_CASE(3) MK_CASE(4) MK_CASE(5) MK_CASE(6) MK_CASE(7) MK_CASE(8)
 #undef MK_CASE
     }
@@ -335,15 +442,15 @@ static inline AI TN void gemm_k(int kind, int64_t n, int nr, int nt, float *out,
         return;
     }
     if (nt <= TL_FUSED_TOKENS) {
-        if (nt == 1) mk(kind, 1, 1, nb, wk, W, roffs, X, ldx, out, ldo, m);
-        else mk(kind, 2, 1, nb, wk, W, roffs, X, ldx, out, ldo, m);
+        if (nt == 1) rows_q45_K(kind, 1, nr, nb, W, ldw, X, ldx, out, ldo);
+        else rows_q45_K(kind, 2, nr, nb, W, ldw, X, ldx, out, ldo);
         return;
     }
     for (int64_t i = 0; i < nb; i++) fill_sb(kind, W, roffs, i, wk + (size_t)i * gb_of(kind));
     int t = 0;
     for (; t + TOK_BLOCK <= nt; t += TOK_BLOCK)
-        mk(kind, TOK_BLOCK, 0, nb, wk, W, roffs, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo, ldo, m);
-    if (t < nt) mk_any(kind, nt - t, 0, nb, wk, W, roffs, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo, ldo, m);
+        mk(kind, TOK_BLOCK, nb, wk, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo, ldo, m);
+    if (t < nt) mk_any(kind, nt - t, nb, wk, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo, ldo, m);
 }
 
 static TN void gemm_q4_K(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
@@ -359,19 +466,17 @@ static TN void gemm_q6_K(int64_t n, int nr, int nt, float *out, size_t ldo, cons
     gemm_k(K_6, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
 }
 
-/* vec_dot for one row: the 1 x 1 tile, so both sum in the same order. Only
- * tests and the vec_dot_tile fallback call it; matmuls go through gemm. */
+/* vec_dot for one row: the 1 x 1 tile, so both sum in the same order (one
+ * token goes row by row: no workspace). Only tests and the vec_dot_tile
+ * fallback call it; matmuls go through gemm. */
 static TN void dot1_q4_K(int64_t n, float *out, const void *w, const void *x) {
-    _Alignas(64) uint8_t g[GB_K4];
-    gemm_k(K_4, n, 1, 1, out, 1, w, 0, x, 0, g);
+    gemm_k(K_4, n, 1, 1, out, 1, w, 0, x, 0, NULL);
 }
 static TN void dot1_q5_K(int64_t n, float *out, const void *w, const void *x) {
-    _Alignas(64) uint8_t g[GB_K4];
-    gemm_k(K_5, n, 1, 1, out, 1, w, 0, x, 0, g);
+    gemm_k(K_5, n, 1, 1, out, 1, w, 0, x, 0, NULL);
 }
 static TN void dot1_q6_K(int64_t n, float *out, const void *w, const void *x) {
-    _Alignas(64) uint8_t g[GB_K6];
-    gemm_k(K_6, n, 1, 1, out, 1, w, 0, x, 0, g);
+    gemm_k(K_6, n, 1, 1, out, 1, w, 0, x, 0, NULL);
 }
 
 /* The prepared row is the q8_K row as tl_quantize_row makes it. */
