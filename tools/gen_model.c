@@ -18,8 +18,11 @@ static int type_by_name(const char *name) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2) {
-        fprintf(stderr, "usage: tl-gen-model OUT.gguf [options]\n");
+    /* an option where OUT.gguf goes (--help) would be written as a file of that name */
+    if (argc < 2 || argv[1][0] == '-') {
+        fprintf(stderr, "usage: tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]\n"
+                        "                    [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]\n"
+                        "                    [--twin-f32] [--tied] [--seed N]\n");
         return 2;
     }
     tm_spec s = tm_default_spec();

@@ -86,9 +86,10 @@ static inline AI TN __m256i unpack_block(int kind, const uint8_t *wb) {
 }
 
 /* Block b of 16 rows (row r at w + roffs[r]) transposed: q[k] lane r =
- * bytes 4k..4k+3 of row r; dw lane r = row r's scale, dm (q4_1) its min. The scales go
- * through a small stack array (integer loads and stores, ports the vector
- * work leaves idle): measured faster than vpgatherdd on Zen 4. */
+ * bytes 4k..4k+3 of row r; dw lane r = row r's scale, dm (q4_1) its min.
+ * The scales go through a small stack array (integer loads and stores,
+ * ports the vector work leaves idle): measured faster than vpgatherdd on
+ * Zen 4. */
 static inline AI TN void transpose_block(int kind, const uint8_t *w, const size_t *roffs, int64_t b, __m512i q[8],
                                          __m512 *dw, __m512 *dm) {
     const size_t bw = bw_of(kind);
@@ -160,8 +161,8 @@ static inline AI TN void transpose_block(int kind, const uint8_t *w, const size_
 }
 
 /* Block b of a TL_PACK16 group g (pack.c): the 16 scales (q4_1: then the
- * 16 mins), then q[k] lane r
- * = bytes 4k..4k+3 of row r (q8_0, made unsigned here), or for q4_0 the
+ * 16 mins), then q[k] lane r = bytes 4k..4k+3 of row r (q8_0, made
+ * unsigned here), or for q4_0 (q4_1) the
  * packed bytes 4j..4j+3 split into low (q[j]) and high (q[j + 4]) nibbles,
  * q5_0 the same with each register's 5th bits added from its 64-bit mask:
  * the registers transpose_block builds, read with one load each. (Plain
