@@ -297,8 +297,8 @@ static inline AI TN void rows_q6_K(int C, int nr, int64_t nb, const uint8_t *w, 
  * zmm of nibbles holds sub-blocks (2c, 2c + 2) in its halves (lo) or
  * (2c + 1, 2c + 3) (hi), met by the activation halves of those sub-blocks
  * (one lane shuffle, shared by the four rows); maddubs pairs stay below
- * 2^13 (q5_K: 2 * 31 * 127) and vpdpwssd weights them by the sub-block
- * scales. The four rows' integer sums are reduced together (hadd trees)
+ * 2^13 (q5_K: 2 * 31 * 127) and vpmaddwd / vpdpwssd weight them by the
+ * sub-block scales (at most 63). The four rows' integer sums are reduced together (hadd trees)
  * and their float ops run as lanes of one vector. The integers are the
  * reference's exact sums, the float ops its order per lane, so it is
  * bitwise the tiles. */
