@@ -370,14 +370,15 @@ static inline AI TN void rows_q45_K(int kind, int C, int nr, int64_t nb, const u
                 }
                 const __m256i bsums = _mm256_loadu_si256((const __m256i *)yb->bsums);
                 __m256i t[4], pm[4];
-                __m128i dd = _mm_setzero_si128(); /* lane k: row k's d | dmin << 16 (in registers:
-                                                   * four narrow stores then a wide load stall) */
+                /* lane k: row k's d | dmin << 16, built in registers (four
+                 * narrow stores then a wide load stall store forwarding) */
+                const __m128i dd = _mm_set_epi32((int)ld32(row[3] + (size_t)i * bw), (int)ld32(row[2] + (size_t)i * bw),
+                                                 (int)ld32(row[1] + (size_t)i * bw), (int)ld32(row[0] + (size_t)i * bw));
                 UNROLL for (int k = 0; k < 4; k++) {
                     const uint8_t *a = row[k] + (size_t)i * bw;
                     __m512i q[4], scv[4];
                     __m256i mn;
                     row_sb(kind, a, q, scv, &mn);
-                    dd = _mm_insert_epi32(dd, (int)ld32(a), k);
                     /* two chains, added at the end (integers: exact) */
                     const __m512i a0 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(q[0], y[0]), scv[0]),
                                                            _mm512_maddubs_epi16(q[1], y[1]), scv[1]);
