@@ -304,9 +304,11 @@ static void test_forward(void) {
     tm_spec specs[TM_ARCH_CASES + 1];
     const char *names[TM_ARCH_CASES + 1];
     int nc = tm_arch_cases(specs, names);
-    /* and q4_1 weights (packed at AVX-512, with their mins) */
+    /* and q4_1 weights (packed at AVX-512, with their mins), the output
+     * tied to token_embd: lookups gather q4_1 rows from packed groups */
     specs[nc] = tm_default_spec();
     specs[nc].type = TL_TYPE_Q4_1;
+    specs[nc].tied = 1;
     specs[nc].seed = 9;
     names[nc++] = "llama q4_1";
     enum { N = 45, N2 = 21 };
