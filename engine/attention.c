@@ -253,7 +253,7 @@ static void k_direct_scores(const att_ctx *c, const tl_seq *seq, int b, int kh, 
     if (lo >= hi) return;
     int id = seq->bt.ids[b * seq->bt.depth + c->vl];
     const uint8_t *k = tl_kv_k(kv, id) + tl_kv_row_off(l, kh, lo, l->row_bytes_k);
-    int type = l->type_k == TL_KVT_Q8 ? TL_TYPE_Q8_0 : TL_TYPE_Q4_1;
+    int type = tl_kv_block_type(l->type_k);
     float *out = scores + (size_t)b * bs + lo;
     int nt = (tb - ta) * group;
     if (prepared) /* 16 rows per GEMM tile (bitwise tl_vec_dot as well) */
@@ -437,7 +437,7 @@ static int prepare_queries(const att_ctx *c, int ta, int tb, int kh, int nh, uin
     const tl_scratch *s = c->m->scratch;
     const tl_hparams *hp = &c->m->hp;
     int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, i = 0;
-    const int type = c->m->kv.layout.type_k == TL_KVT_Q8 ? TL_TYPE_Q8_0 : TL_TYPE_Q4_1, prepared = tl_gemm_has(type);
+    const int type = tl_kv_block_type(c->m->kv.layout.type_k), prepared = tl_gemm_has(type);
     for (int t = ta; t < tb; t++)
         for (int j = 0; j < nh * group; j++, i++) {
             const float *q = s->q + (size_t)t * hp->n_head * hd + (size_t)(kh * group + j) * hd;

@@ -141,6 +141,8 @@ void tl_kv_store_row(int type, int group, const float *src, uint8_t *dst, int n)
     }
 }
 
+int tl_kv_block_type(int type) { return type == TL_KVT_Q8 ? TL_TYPE_Q8_0 : TL_TYPE_Q4_1; }
+
 void tl_kv_load_row(int type, int group, const uint8_t *src, float *dst, int n) {
     if (type == TL_KVT_F32) {
         memcpy(dst, src, (size_t)n * sizeof(float));
@@ -151,7 +153,7 @@ void tl_kv_load_row(int type, int group, const uint8_t *src, float *dst, int n) 
         return;
     }
     if (group == 32) { /* exactly ggml's q8_0 / q4_1 blocks: the SIMD dequantizers */
-        tl_dequantize_row(type == TL_KVT_Q8 ? TL_TYPE_Q8_0 : TL_TYPE_Q4_1, src, dst, n);
+        tl_dequantize_row(tl_kv_block_type(type), src, dst, n);
         return;
     }
     for (int b = 0; b < n / group; b++, dst += group) {

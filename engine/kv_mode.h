@@ -29,5 +29,8 @@ const char *tl_kv_type_name(int type);
  * runs once per new token; loading is what attention reads. */
 void tl_kv_store_row(int type, int group, const float *src, uint8_t *dst, int n);
 void tl_kv_load_row(int type, int group, const uint8_t *src, float *dst, int n);
+/* The weight type (quants.h) a q8 / q4 row in groups of 32 is, block for
+ * block: ggml's q8_0 / q4_1. */
+int tl_kv_block_type(int type);
 
 #endif

@@ -433,10 +433,6 @@ static inline AI TN void gemm_k(int kind, int64_t n, int nr, int nt, float *out,
     const int64_t nb = n / QK_K;
     const uint8_t *W = w, *X = x;
     uint8_t *wk = work;
-    /* rows past nr repeat the last row (valid memory); their lanes are not stored */
-    size_t roffs[16];
-    for (int r = 0; r < 16; r++) roffs[r] = (size_t)(r < nr ? r : nr - 1) * ldw;
-    const __mmask16 m = (__mmask16)((1u << nr) - 1);
     if (nt <= TL_FUSED_TOKENS && kind == K_6) {
         if (nt == 1) rows_q6_K(1, nr, nb, W, ldw, X, ldx, out, ldo);
         else rows_q6_K(2, nr, nb, W, ldw, X, ldx, out, ldo);
@@ -447,6 +443,10 @@ static inline AI TN void gemm_k(int kind, int64_t n, int nr, int nt, float *out,
         else rows_q45_K(kind, 2, nr, nb, W, ldw, X, ldx, out, ldo);
         return;
     }
+    /* rows past nr repeat the last row (valid memory); their lanes are not stored */
+    size_t roffs[16];
+    for (int r = 0; r < 16; r++) roffs[r] = (size_t)(r < nr ? r : nr - 1) * ldw;
+    const __mmask16 m = (__mmask16)((1u << nr) - 1);
     for (int64_t i = 0; i < nb; i++) fill_sb(kind, W, roffs, i, wk + (size_t)i * gb_of(kind));
     int t = 0;
     for (; t + TOK_BLOCK <= nt; t += TOK_BLOCK)
