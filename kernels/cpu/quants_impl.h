@@ -9,6 +9,12 @@
  *   q4_1  | d:f16 | m:f16 | qs[16] as q4_0                                 |
  *   q5_0  | d:f16 | qh[4]: bit j = 5th bit of elem j | qs[16] as q4_0      |
  *   q8_0  | d:f16 | qs[32]: int8                                          |
+ *   q2_K  | scales[16]: scale (low nibble), min (high) per 16 elems |
+ *           qs[64] | d | dmin; element 128c + 32j + p (p < 32) is bits
+ *           2j..2j+1 of qs[32c + p]: value d*sc*q - dmin*m
+ *   q3_K  | hmask[32] | qs[64] | scales[12]: 16 x 6-bit, biased by 32 | d |
+ *           element 128c + 32j + p: bits 2j..2j+1 of qs[32c + p], less 4
+ *           unless bit 4c + j of hmask[p] is set: value d*(sc-32)*q
  *   q4_K  | d | dmin | scales[12]: 8 x (6-bit scale, 6-bit min) | qs[128] |
  *           qs chunk c (32 bytes) holds sub-block 2c (low) and 2c+1 (high)
  *   q5_K  | d | dmin | scales[12] | qh[32]: bit 2c/2c+1 of byte l = 5th bit
@@ -32,6 +38,8 @@ typedef struct { uint16_t d; uint8_t qs[16]; } block_q4_0;
 typedef struct { uint16_t d, m; uint8_t qs[16]; } block_q4_1;
 typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } block_q5_0;
 typedef struct { uint16_t d; int8_t qs[32]; } block_q8_0;
+typedef struct { uint8_t scales[16]; uint8_t qs[64]; uint16_t d, dmin; } block_q2_K;
+typedef struct { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; } block_q3_K;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } block_q4_K;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } block_q5_K;
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } block_q6_K;
@@ -41,6 +49,8 @@ _Static_assert(sizeof(block_q4_0) == 18, "q4_0 layout");
 _Static_assert(sizeof(block_q4_1) == 20, "q4_1 layout");
 _Static_assert(sizeof(block_q5_0) == 22, "q5_0 layout");
 _Static_assert(sizeof(block_q8_0) == 34, "q8_0 layout");
+_Static_assert(sizeof(block_q2_K) == 84, "q2_K layout");
+_Static_assert(sizeof(block_q3_K) == 110, "q3_K layout");
 _Static_assert(sizeof(block_q4_K) == 144, "q4_K layout");
 _Static_assert(sizeof(block_q5_K) == 176, "q5_K layout");
 _Static_assert(sizeof(block_q6_K) == 210, "q6_K layout");
@@ -113,6 +123,16 @@ static inline void tl_get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint
     } else {
         *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
         *m = (uint8_t)((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
+    }
+}
+
+/* The 16 signed scales (-32..31) of a q3_K block: the low 4 bits of scale
+ * j in byte j % 8 (low nibble for j < 8), its high 2 bits in byte 8 + j %
+ * 4 at bit 2 * (j / 4), as ggml packs them. */
+static inline void tl_q3_K_scales(const uint8_t *q, int sc[16]) {
+    for (int j = 0; j < 16; j++) {
+        const int lo = j < 8 ? q[j] & 0xF : q[j - 8] >> 4, hi = (q[8 + j % 4] >> (2 * (j / 4))) & 3;
+        sc[j] = (lo | hi << 4) - 32;
     }
 }
 
@@ -201,6 +221,8 @@ void tl_kernels_fill_avx2(tl_kernel_table *t);
 /* gemm_avx2.c: the AVX2 GEMM path for q8_0/q4_0/q5_0 and the vec_dots it
  * is bitwise with (called by tl_kernels_fill_avx2). */
 void tl_gemm_fill_avx2(tl_kernel_table *t);
+/* quants_k23_avx2.c: q2_K/q3_K one-row dots (called by tl_kernels_fill_avx2). */
+void tl_k23_fill_avx2(tl_kernel_table *t);
 /* A prepared activation row of nb blocks (tl_gemm_prepare, both GEMM
  * files): the q8_0 row, then at these offsets the nb block scales as
  * floats and the nb int32 bias corrections -off * sum(y). */

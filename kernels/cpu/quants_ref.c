@@ -72,6 +72,36 @@ static void dequant_q8_0(const void *src, float *y, int64_t nb) {
     }
 }
 
+/* Element e (0..255) of a q2_K block: the 2-bit value 0..3. */
+static inline int q2_K_get(const block_q2_K *b, int e) {
+    return (b->qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
+}
+
+/* Element e of a q3_K block: the signed 3-bit value -4..3. */
+static inline int q3_K_get(const block_q3_K *b, int e) {
+    const int c = e / 128, j = e % 128 / 32, p = e % 32;
+    return ((b->qs[32 * c + p] >> (2 * j)) & 3) - ((b->hmask[p] >> (4 * c + j)) & 1 ? 0 : 4);
+}
+
+static void dequant_q2_K(const block_q2_K *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK_K) {
+        const float d = TL_F16(x[i].d), dmin = TL_F16(x[i].dmin);
+        for (int e = 0; e < QK_K; e++) {
+            const int sc = x[i].scales[e / 16];
+            y[e] = d * (sc & 0xF) * q2_K_get(&x[i], e) - dmin * (sc >> 4);
+        }
+    }
+}
+
+static void dequant_q3_K(const block_q3_K *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK_K) {
+        const float d = TL_F16(x[i].d);
+        int sc[16];
+        tl_q3_K_scales(x[i].scales, sc);
+        for (int e = 0; e < QK_K; e++) y[e] = d * sc[e / 16] * q3_K_get(&x[i], e);
+    }
+}
+
 static void dequant_q4_K(const block_q4_K *x, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         const float d = TL_F16(x[i].d), dmin = TL_F16(x[i].dmin);
@@ -135,6 +165,8 @@ void tl_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     case TL_TYPE_Q4_1: tl_dequant_q4_1_blocks(src, dst, nb); break;
     case TL_TYPE_Q5_0: dequant_q5_0(src, dst, nb); break;
     case TL_TYPE_Q8_0: tl_dequant_q8_0_blocks(src, dst, nb); break;
+    case TL_TYPE_Q2_K: dequant_q2_K(src, dst, nb); break;
+    case TL_TYPE_Q3_K: dequant_q3_K(src, dst, nb); break;
     case TL_TYPE_Q4_K: dequant_q4_K(src, dst, nb); break;
     case TL_TYPE_Q5_K: dequant_q5_K(src, dst, nb); break;
     case TL_TYPE_Q6_K: dequant_q6_K(src, dst, nb); break;
@@ -356,9 +388,9 @@ static void quant_q5_K(const float *x, block_q5_K *y, int64_t nb) {
     }
 }
 
-/* Symmetric 6-bit fit of 16 values with L in [-32, 31]: grid of scales
- * around max/-32, each refined by least squares. */
-static float fit_scale_sym(const float *x, int8_t *L) {
+/* Symmetric fit of 16 values with L in [-nmax, nmax - 1] (q6_K: 32, q3_K:
+ * 4): grid of scales around max/-nmax, each refined by least squares. */
+static float fit_scale_sym(const float *x, int nmax, int8_t *L) {
     float amax = 0, max = 0;
     for (int i = 0; i < 16; i++)
         if (fabsf(x[i]) > amax) { amax = fabsf(x[i]); max = x[i]; }
@@ -368,12 +400,12 @@ static float fit_scale_sym(const float *x, int8_t *L) {
     }
     float best = 0, best_err = INFINITY;
     for (int step = -9; step <= 9; step++) {
-        const float iscale = -(32 + 0.1f * step) / max;
+        const float iscale = -(nmax + 0.1f * step) / max;
         float slx = 0, sl2 = 0;
         int8_t Lt[16];
         for (int i = 0; i < 16; i++) {
             int l = nearest_int(iscale * x[i]);
-            l = l < -32 ? -32 : l > 31 ? 31 : l;
+            l = l < -nmax ? -nmax : l > nmax - 1 ? nmax - 1 : l;
             Lt[i] = (int8_t)l;
             slx += l * x[i];
             sl2 += (float)l * l;
@@ -393,7 +425,7 @@ static void quant_q6_K(const float *x, block_q6_K *y, int64_t nb) {
         uint8_t L[QK_K];
         float sc[16], max_sc = 0, amax_sc = 0;
         for (int j = 0; j < 16; j++) {
-            sc[j] = fit_scale_sym(x + 16 * j, Ls + 16 * j);
+            sc[j] = fit_scale_sym(x + 16 * j, 32, Ls + 16 * j);
             if (fabsf(sc[j]) > amax_sc) { amax_sc = fabsf(sc[j]); max_sc = sc[j]; }
         }
         if (amax_sc == 0) {
@@ -424,6 +456,69 @@ static void quant_q6_K(const float *x, block_q6_K *y, int64_t nb) {
     }
 }
 
+/* q2_K: per 16 elements a (scale, min) fit with L in [0, 3], both
+ * quantized to 4 bits against fp16 super-scales, then the elements
+ * requantized against the scales the decoder will see. */
+static void quant_q2_K(const float *x, block_q2_K *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        uint8_t L[QK_K];
+        float sc[16], mn[16], max_sc = 0, max_mn = 0;
+        for (int j = 0; j < 16; j++) {
+            sc[j] = fit_scale_min(16, 3, x + 16 * j, L + 16 * j, &mn[j]);
+            if (sc[j] > max_sc) max_sc = sc[j];
+            if (mn[j] > max_mn) max_mn = mn[j];
+        }
+        y[i].d = tl_f32_to_f16_inl(max_sc / 15.f);
+        y[i].dmin = tl_f32_to_f16_inl(max_mn / 15.f);
+        const float d = TL_F16(y[i].d), dmin = TL_F16(y[i].dmin);
+        memset(y[i].qs, 0, sizeof y[i].qs);
+        for (int j = 0; j < 16; j++) {
+            int ls = d > 0 ? nearest_int(sc[j] / d) : 0, lm = dmin > 0 ? nearest_int(mn[j] / dmin) : 0;
+            ls = ls < 0 ? 0 : ls > 15 ? 15 : ls;
+            lm = lm < 0 ? 0 : lm > 15 ? 15 : lm;
+            y[i].scales[j] = (uint8_t)(ls | lm << 4);
+            const float ds = d * ls, dm = dmin * lm;
+            for (int l = 0; l < 16; l++) {
+                const int e = 16 * j + l, q = ds ? nearest_int((x[e] + dm) / ds) : 0;
+                y[i].qs[32 * (e / 128) + e % 32] |= (uint8_t)((q < 0 ? 0 : q > 3 ? 3 : q) << (2 * (e % 128 / 32)));
+            }
+        }
+    }
+}
+
+/* q3_K: per 16 elements a symmetric fit with L in [-4, 3], the scales
+ * quantized to 6 bits (biased by 32) against an fp16 super-scale. */
+static void quant_q3_K(const float *x, block_q3_K *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        int8_t Ls[QK_K];
+        float sc[16], max_sc = 0, amax_sc = 0;
+        for (int j = 0; j < 16; j++) {
+            sc[j] = fit_scale_sym(x + 16 * j, 4, Ls + 16 * j);
+            if (fabsf(sc[j]) > amax_sc) { amax_sc = fabsf(sc[j]); max_sc = sc[j]; }
+        }
+        memset(&y[i], 0, sizeof y[i]);
+        if (amax_sc == 0) continue;
+        const float iscale = -32.f / max_sc;
+        y[i].d = tl_f32_to_f16_inl(1 / iscale);
+        const float d = TL_F16(y[i].d);
+        for (int j = 0; j < 16; j++) {
+            int s = nearest_int(iscale * sc[j]);
+            s = s < -32 ? -32 : s > 31 ? 31 : s;
+            const int u = s + 32;
+            y[i].scales[j % 8] |= (uint8_t)((u & 0xF) << (j < 8 ? 0 : 4));
+            y[i].scales[8 + j % 4] |= (uint8_t)((u >> 4) << (2 * (j / 4)));
+            const float ds = d * s;
+            for (int l = 0; l < 16; l++) {
+                const int e = 16 * j + l, c = e / 128, jj = e % 128 / 32, p = e % 32;
+                int q = ds ? nearest_int(x[e] / ds) : 0;
+                q = (q < -4 ? -4 : q > 3 ? 3 : q) + 4;
+                y[i].qs[32 * c + p] |= (uint8_t)((q & 3) << (2 * jj));
+                if (q > 3) y[i].hmask[p] |= (uint8_t)(1 << (4 * c + jj));
+            }
+        }
+    }
+}
+
 void tl_quantize_row_ref(int type, const float *src, void *dst, int64_t n) {
     const tl_type_traits *t = tl_type_info(type);
     assert(t->name && n % t->block_size == 0);
@@ -438,6 +533,8 @@ void tl_quantize_row_ref(int type, const float *src, void *dst, int64_t n) {
     case TL_TYPE_Q4_1: quant_q4_1(src, dst, nb); break;
     case TL_TYPE_Q5_0: quant_q5_0(src, dst, nb); break;
     case TL_TYPE_Q8_0: quant_q8_0(src, dst, nb); break;
+    case TL_TYPE_Q2_K: quant_q2_K(src, dst, nb); break;
+    case TL_TYPE_Q3_K: quant_q3_K(src, dst, nb); break;
     case TL_TYPE_Q4_K: quant_q4_K(src, dst, nb); break;
     case TL_TYPE_Q5_K: quant_q5_K(src, dst, nb); break;
     case TL_TYPE_Q6_K: quant_q6_K(src, dst, nb); break;
@@ -570,6 +667,42 @@ static void dot_q45_K(int64_t n, float *out, const void *w, const void *x, int f
 static void dot_q4_K(int64_t n, float *out, const void *w, const void *x) { dot_q45_K(n, out, w, x, 0); }
 static void dot_q5_K(int64_t n, float *out, const void *w, const void *x) { dot_q45_K(n, out, w, x, 1); }
 
+/* q2_K: as q4_K with 16 sub-blocks of 16 (4-bit scales and mins). */
+static void dot_q2_K(int64_t n, float *out, const void *w, const void *x) {
+    const block_q2_K *a = w;
+    const block_q8_K *b = x;
+    float s = 0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int sumi = 0, summ = 0;
+        for (int j = 0; j < 16; j++) {
+            int d = 0;
+            for (int l = 16 * j; l < 16 * j + 16; l++) d += q2_K_get(&a[i], l) * b[i].qs[l];
+            sumi += (a[i].scales[j] & 0xF) * d;
+            summ += (a[i].scales[j] >> 4) * b[i].bsums[j];
+        }
+        s += b[i].d * TL_F16(a[i].d) * sumi - b[i].d * TL_F16(a[i].dmin) * summ;
+    }
+    *out = s;
+}
+
+/* q3_K: as q6_K (16 signed sub-block scales, one super-scale). */
+static void dot_q3_K(int64_t n, float *out, const void *w, const void *x) {
+    const block_q3_K *a = w;
+    const block_q8_K *b = x;
+    float s = 0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int sc[16], sumi = 0;
+        tl_q3_K_scales(a[i].scales, sc);
+        for (int j = 0; j < 16; j++) {
+            int d = 0;
+            for (int l = 16 * j; l < 16 * j + 16; l++) d += q3_K_get(&a[i], l) * b[i].qs[l];
+            sumi += sc[j] * d;
+        }
+        s += b[i].d * TL_F16(a[i].d) * sumi;
+    }
+    *out = s;
+}
+
 static void dot_q6_K(int64_t n, float *out, const void *w, const void *x) {
     const block_q6_K *a = w;
     const block_q8_K *b = x;
@@ -640,6 +773,8 @@ void tl_kernels_fill_ref(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_Q4_1] = dot_q4_1;
     t->vec_dot[TL_TYPE_Q5_0] = dot_q5_0;
     t->vec_dot[TL_TYPE_Q8_0] = dot_q8_0;
+    t->vec_dot[TL_TYPE_Q2_K] = dot_q2_K;
+    t->vec_dot[TL_TYPE_Q3_K] = dot_q3_K;
     t->vec_dot[TL_TYPE_Q4_K] = dot_q4_K;
     t->vec_dot[TL_TYPE_Q5_K] = dot_q5_K;
     t->vec_dot[TL_TYPE_Q6_K] = dot_q6_K;

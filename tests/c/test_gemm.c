@@ -8,7 +8,7 @@
  *            integer block sums are exact; only the float summation order
  *            differs), and no output outside the tile is written.
  *   gemm     the GEMM path (tl_gemm_tile over tl_gemm_prepare rows) for
- *            q8_0/q4_0/q5_0 (n = 32, 352, 2400) and q4_K/q5_K/q6_K (n = 256,
+ *            q8_0/q4_0/q5_0/q4_1 (n = 32, 352, 2400) and q2_K..q6_K (n = 256,
  *            768, 2048) at every level that has one: rows 1..16 x
  *            tokens 1..19 (the fused few-token path, whole 8-token
  *            micro-tiles and every leftover), each entry bitwise
@@ -17,7 +17,7 @@
  *   pack     TL_PACK8 / TL_PACK16 q8_0/q4_0 rows: pack/unpack round trip, and packed
  *            tiles at every level (prepared or plain activation rows)
  *            bitwise tl_vec_dot of the plain rows.
- *   extremes q4_K/q5_K/q6_K blocks of random bytes (every scale and min
+ *   extremes q2_K..q6_K blocks of random bytes (every scale and min
  *            at any value) x activations of +-1 (q8_K rows all +-127): the
  *            GEMM entries are still the scalar reference bitwise.
  *   forward  synthetic models of each architecture (f32, q4_0, q8_0,
@@ -50,8 +50,8 @@ static uint64_t rng = 0x243F6A8885A308D3ull;
 static float gauss(void) { return test_gauss(&rng); }
 
 static void test_tiles(void) {
-    static const int types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1,
-                                TL_TYPE_Q5_0, TL_TYPE_Q8_0, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+    static const int types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1, TL_TYPE_Q5_0,
+                                TL_TYPE_Q8_0, TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
     enum { MAXR = 17, MAXT = 17, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -147,8 +147,8 @@ static void score_tile(int type, int64_t n, int nr, int nt, const float *out, si
 }
 
 static void test_gemm_path(void) {
-    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_1,
-                                TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_1, TL_TYPE_Q2_K,
+                                TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
     enum { MAXR = TL_GEMM_ROWS, MAXT = 19, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -578,11 +578,11 @@ static void test_softmax(void) {
 }
 
 /* K-quant blocks of random bytes (every scale and min in its full range,
- * q6_K scales -128..127) against activations of +-1, whose q8_K rows are
+ * q6_K scales -128..127, q3_K's -32..31) against activations of +-1, whose q8_K rows are
  * all +-127 (bsums up to +-2032): the GEMM path's integer sums stay exact
  * at the extremes and every entry is still the scalar reference bitwise. */
 static void test_gemm_k_extremes(void) {
-    static const int types[] = {TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+    static const int types[] = {TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
     enum { NR = TL_GEMM_ROWS, NT = 11, N = 512 };
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const int type = types[ti];
@@ -602,8 +602,11 @@ static void test_gemm_k_extremes(void) {
         for (int b = 0; b < NR * N / 256; b++) { /* finite block scales */
             uint8_t *blk = w + (size_t)b * bsz;
             const uint16_t d = tl_f32_to_f16(gauss() * 0.01f), dm = tl_f32_to_f16(gauss() * 0.01f);
-            if (type == TL_TYPE_Q6_K) {
+            if (type == TL_TYPE_Q6_K || type == TL_TYPE_Q3_K) { /* d last */
                 memcpy(blk + bsz - 2, &d, 2);
+            } else if (type == TL_TYPE_Q2_K) { /* d, dmin last */
+                memcpy(blk + bsz - 4, &d, 2);
+                memcpy(blk + bsz - 2, &dm, 2);
             } else {
                 memcpy(blk, &d, 2);
                 memcpy(blk + 2, &dm, 2);
