@@ -1,4 +1,4 @@
-/* gemm_k_avx512.c - q4_K/q5_K/q6_K weights x q8_K activations with
+/* gemm_k_avx512.c - q2_K..q6_K weights x q8_K activations with
  * AVX512-VNNI, 16 weight rows at a time: gemm_avx512.c's scheme (read its
  * header first) for the 256-element K-quant super-blocks.
  *
@@ -12,6 +12,10 @@
  *                     (m_j, m_j) | d | dmin
  *   q6_K (89 zmm):    sc[16] int32 sub-block scales | cw[8] int16 pairs
  *                     (-32 sc_2k, -32 sc_2k+1) | d
+ *   q3_K (89):        q: the 3-bit value 0..7 (not yet less 4); sc[16]
+ *                     signed scales | cw pairs (-4 sc_2k, -4 sc_2k+1) | d
+ *   q2_K (90):        q: 0..3; sc[16] | mn[8] int16 pairs (m_2k, m_2k+1)
+ *                     | d | dmin
  *
  * vpdpbusd takes the weights as the unsigned operand and 4 activation
  * bytes broadcast ({1to16}) as the signed one, so q4_K and q5_K (its 5th
@@ -25,14 +29,17 @@
  *               (m_j, m_j) pairs with the q8_K row's own bsums)
  *   q6_K  sumi = sum_j sc_j * dot(q_j - 32, y_j)     (16 sub-blocks of 16:
  *               4 vpdpbusd and a vpmulld each; the -32 comes out as
- *               sum_k (-32 sc) . bsums pairs, 8 vpdpwssd)
+ *               sum_k (-32 sc) . bsums pairs, 8 vpdpwssd; q3_K the same
+ *               with -4)
+ *   q2_K  sumi as q3_K's without the offset, summ = sum_j m_j * bsums_j
+ *               (8 vpdpwssd of the (m_2k, m_2k+1) pairs)
  *
  * (integer sums: the grouping does not change them; every partial sum is
  * below 2^29 in magnitude) and then applies the float ops in the
  * reference's order, super-block by super-block:
  *
- *   q4/5  s += (d_y * d_w) * (float)sumi - (d_y * dmin_w) * (float)summ
- *   q6_K  s += (d_y * d_w) * (float)sumi
+ *   q2/4/5  s += (d_y * d_w) * (float)sumi - (d_y * dmin_w) * (float)summ
+ *   q3/6    s += (d_y * d_w) * (float)sumi
  *
  * so every tile entry is bitwise tl_vec_dot_ref. The prepared activation
  * row is the q8_K row itself (its bsums serve both corrections). A group
@@ -41,7 +48,7 @@
  * row with maddubs/madd, the transposition costing more than the rows'
  * bytes take to arrive (q6_K: 49152x2048 from DRAM, one token, 5.5 ms
  * against 7.5-8.9 transposed and 6.5 for the old row-dot kernel; q4_K and
- * q5_K four rows in step, rows_q45_K). */
+ * q5_K four rows in step, rows_q45_K; q2_K and q3_K the same, rows_q23_K). */
 #include <stddef.h>
 
 #include "quants_impl.h"
@@ -56,16 +63,19 @@
 #define UNROLL _Pragma("GCC unroll 8")
 #define UNROLL16 _Pragma("GCC unroll 16")
 
-enum { K_4, K_5, K_6 }; /* q4_K, q5_K (the q4_K layout in the workspace), q6_K */
-enum { GB_K4 = 82 * 64, GB_K6 = 89 * 64 }; /* workspace bytes per super-block of a group */
+enum { K_4, K_5, K_6, K_3, K_2 }; /* q4_K, q5_K (the q4_K layout in the workspace), q6_K, q3_K (q6_K's), q2_K */
+enum { GB_K4 = 82 * 64, GB_K6 = 89 * 64, GB_K2 = 90 * 64 }; /* workspace bytes per super-block of a group */
 #define TL_FUSED_TOKENS 2
 #define TOK_BLOCK 8
 #define PF_AHEAD(roffs) (16 * (roffs)[1] + 2048)
 
-static inline size_t gb_of(int kind) { return kind == K_6 ? GB_K6 : GB_K4; }
+static inline size_t gb_of(int kind) { return kind == K_2 ? GB_K2 : kind == K_6 || kind == K_3 ? GB_K6 : GB_K4; }
 static inline size_t kbw_of(int kind) {
-    return kind == K_4 ? sizeof(block_q4_K) : kind == K_5 ? sizeof(block_q5_K) : sizeof(block_q6_K);
+    return kind == K_4 ? sizeof(block_q4_K) : kind == K_5 ? sizeof(block_q5_K) : kind == K_6 ? sizeof(block_q6_K)
+         : kind == K_3 ? sizeof(block_q3_K) : sizeof(block_q2_K);
 }
+/* 16 sub-blocks of 16 (q2_K, q3_K, q6_K), or 8 of 32 (q4_K, q5_K) */
+static inline int nsub_of(int kind) { return kind == K_4 || kind == K_5 ? 8 : 16; }
 
 
 /* 16 rows of 8 dwords -> q[j] lane r = dword j of row r (gemm_avx512.c's
@@ -98,6 +108,76 @@ static inline AI TN void tr_bytes(const uint8_t *wb, const size_t *roffs, size_t
     tr16x8(v, q);
 }
 
+/* The 16 rows' fp16 words at offset off as floats. */
+static inline AI TN __m512 gather_f16(const uint8_t *wb, const size_t *roffs, size_t off) {
+    uint16_t h[16];
+    UNROLL16 for (int r = 0; r < 16; r++) memcpy(&h[r], wb + roffs[r] + off, 2);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h));
+}
+
+/* fill_sb for q2_K and q3_K: element 128c + 32j + p is bits 2j..2j+1 of
+ * qs byte 32c + p, so the transposed chunk c gives zmm 32c + 8j + k by one
+ * shift and mask (q3_K: bit 4c + j of hmask byte p moved to bit 2). */
+static inline AI TN void fill_sb_q23(int kind, const uint8_t *wb, const size_t *roffs, __m512i *G) {
+    const size_t qo = kind == K_2 ? offsetof(block_q2_K, qs) : offsetof(block_q3_K, qs);
+    const __m512i m3 = _mm512_set1_epi8(3), m04 = _mm512_set1_epi8(4);
+    __m512i hb[8];
+    if (kind == K_3) tr_bytes(wb, roffs, offsetof(block_q3_K, hmask), hb);
+    UNROLL for (int c = 0; c < 2; c++) {
+        __m512i p[8];
+        tr_bytes(wb, roffs, qo + 32 * c, p);
+        UNROLL for (int j = 0; j < 4; j++) UNROLL for (int k = 0; k < 8; k++) {
+            __m512i v = _mm512_and_si512(_mm512_srli_epi16(p[k], 2 * j), m3);
+            if (kind == K_3) {
+                const int b = 4 * c + j;
+                const __m512i h = b >= 2 ? _mm512_srli_epi16(hb[k], b - 2) : _mm512_slli_epi16(hb[k], 2 - b);
+                v = _mm512_or_si512(v, _mm512_and_si512(h, m04));
+            }
+            _mm512_store_si512(G + 32 * c + 8 * j + k, v);
+        }
+    }
+    const __m512i ff = _mm512_set1_epi32(0xFF), lo16 = _mm512_set1_epi32(0xFFFF);
+    __m512i h[8], sc[16];
+    if (kind == K_2) {
+        /* scales bytes 0..15: scale j = low nibble of byte j, min j the high */
+        tr_bytes(wb, roffs, offsetof(block_q2_K, scales), h);
+        const __m512i f = _mm512_set1_epi32(0xF);
+        __m512i mn[16];
+        UNROLL16 for (int j = 0; j < 16; j++) {
+            sc[j] = _mm512_and_si512(_mm512_srli_epi32(h[j / 4], 8 * (j % 4)), f);
+            mn[j] = _mm512_and_si512(_mm512_srli_epi32(h[j / 4], 8 * (j % 4) + 4), f);
+            _mm512_store_si512(G + 64 + j, sc[j]);
+        }
+        UNROLL for (int k = 0; k < 8; k++) _mm512_store_si512(G + 80 + k, _mm512_or_si512(mn[2 * k], _mm512_slli_epi32(mn[2 * k + 1], 16)));
+        _mm512_store_ps((float *)(G + 88), gather_f16(wb, roffs, offsetof(block_q2_K, d)));
+        _mm512_store_ps((float *)(G + 89), gather_f16(wb, roffs, offsetof(block_q2_K, dmin)));
+        return;
+    }
+    /* q3_K: bytes 76..107 transposed, h[5..7] = the 12 scale bytes as three
+     * words per row; tl_q3_K_scales on all 16 rows at once */
+    tr_bytes(wb, roffs, offsetof(block_q3_K, scales) - 20, h);
+    const __m512i k2 = _mm512_set1_epi32(0x0f0f0f0f), k1 = _mm512_set1_epi32(0x03030303);
+    const __m512i w0 = h[5], w1 = h[6], w2 = h[7];
+    const __m512i a[4] = {
+        _mm512_or_si512(_mm512_and_si512(w0, k2), _mm512_slli_epi32(_mm512_and_si512(w2, k1), 4)),
+        _mm512_or_si512(_mm512_and_si512(w1, k2), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w2, 2), k1), 4)),
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w0, 4), k2),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w2, 4), k1), 4)),
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w1, 4), k2),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w2, 6), k1), 4)),
+    };
+    UNROLL16 for (int j = 0; j < 16; j++) {
+        sc[j] = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(a[j / 4], 8 * (j % 4)), ff), _mm512_set1_epi32(32));
+        _mm512_store_si512(G + 64 + j, sc[j]);
+    }
+    UNROLL for (int k = 0; k < 8; k++) {
+        const __m512i x = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sc[2 * k], 2));
+        const __m512i y = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sc[2 * k + 1], 2));
+        _mm512_store_si512(G + 80 + k, _mm512_or_si512(_mm512_and_si512(x, lo16), _mm512_slli_epi32(y, 16)));
+    }
+    _mm512_store_ps((float *)(G + 88), gather_f16(wb, roffs, offsetof(block_q3_K, d)));
+}
+
 /* Super-block i of the group (row r at w + roffs[r]) into g (gb_of bytes). */
 static inline AI TN void fill_sb(int kind, const uint8_t *w, const size_t *roffs, int64_t i, uint8_t *g) {
     const size_t bw = kbw_of(kind);
@@ -107,6 +187,10 @@ static inline AI TN void fill_sb(int kind, const uint8_t *w, const size_t *roffs
     const uint8_t *pf = w + PF_AHEAD(roffs) + (size_t)i * 16 * bw;
     for (size_t k = 0; k < 16 * bw; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
     const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
+    if (kind == K_2 || kind == K_3) {
+        fill_sb_q23(kind, wb, roffs, G);
+        return;
+    }
     if (kind != K_6) {
         /* q5_K: qh byte l bit j = 5th bit of element l of sub-block j */
         __m512i qh[8];
@@ -198,7 +282,7 @@ static inline AI TN void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
     const __m512i *G = (const __m512i *)g;
     const block_q8_K *yb[TOK_BLOCK];
     UNROLL for (int c = 0; c < C; c++) yb[c] = (const block_q8_K *)(x + c * ldx) + i;
-    const int nsub = kind == K_6 ? 16 : 8, zps = 64 / nsub; /* sub-blocks, zmm per sub-block */
+    const int nsub = nsub_of(kind), zps = 64 / nsub; /* sub-blocks, zmm per sub-block */
     __m512i sumi[TOK_BLOCK];
     UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm512_setzero_si512();
     for (int j = 0; j < nsub; j++) {
@@ -212,15 +296,17 @@ static inline AI TN void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
         const __m512i sc = _mm512_load_si512(G + 64 + j);
         UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(s[c], sc));
     }
-    if (kind != K_6) {
+    if (kind != K_6 && kind != K_3) {
+        /* q4_K/q5_K: (m_j, m_j) pairs, q2_K (m_2j, m_2j+1), against bsums 2j, 2j+1 */
+        const int mo = kind == K_2 ? 80 : 72, dof = kind == K_2 ? 88 : 80;
         __m512i summ[TOK_BLOCK];
         UNROLL for (int c = 0; c < C; c++) summ[c] = _mm512_setzero_si512();
         UNROLL for (int j = 0; j < 8; j++) {
-            const __m512i mn = _mm512_load_si512(G + 72 + j);
+            const __m512i mn = _mm512_load_si512(G + mo + j);
             UNROLL for (int c = 0; c < C; c++)
                 summ[c] = _mm512_dpwssd_epi32(summ[c], mn, _mm512_set1_epi32((int)ld32(yb[c]->bsums + 2 * j)));
         }
-        const __m512 dw = _mm512_load_ps((const float *)(G + 80)), dm = _mm512_load_ps((const float *)(G + 81));
+        const __m512 dw = _mm512_load_ps((const float *)(G + dof)), dm = _mm512_load_ps((const float *)(G + dof + 1));
         UNROLL for (int c = 0; c < C; c++) {
             const __m512 dy = _mm512_set1_ps(yb[c]->d);
             const __m512 t1 = _mm512_mul_ps(_mm512_mul_ps(dy, dw), _mm512_cvtepi32_ps(sumi[c]));
@@ -409,6 +495,110 @@ static inline AI TN void rows_q45_K(int kind, int C, int nr, int64_t nb, const u
     }
 }
 
+/* q2_K / q3_K decode (nt <= TL_FUSED_TOKENS): rows_q45_K's scheme. zmm m
+ * of a row holds elements 64m..64m+63 in order (qs chunk m / 2 in both
+ * halves, shifted by 2j and 2j + 2), so the activation rows are read as
+ * they lie; lane L of zmm m is sub-block 4m + L, its int16 scale picked by
+ * vpshufb. maddubs pairs stay below 2^11 (7 * 127 * 2), scaled sums below
+ * 2^17. q3_K's -4 comes out as 4 * sum_j sc_j * bsums_j (vpmaddwd). */
+static inline AI TN void row_sb23(int kind, const uint8_t *a, __m512i q[4], __m512i scv[4], __m256i *mn) {
+    const __m512i m3 = _mm512_set1_epi8(3), m04 = _mm512_set1_epi8(4);
+    __m128i sc8, mn8 = _mm_setzero_si128();
+    if (kind == K_2) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)(a + offsetof(block_q2_K, scales)));
+        sc8 = _mm_and_si128(b, _mm_set1_epi8(0xF));
+        mn8 = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0xF));
+    } else { /* tl_q3_K_scales on 16 bytes from 94 (12 scale bytes at 2..13) */
+        const __m128i v = _mm_loadu_si128((const __m128i *)(a + offsetof(block_q3_K, scales) - 2));
+        const __m128i t = _mm_shuffle_epi8(v, _mm_set_epi8(9, 8, 7, 6, 5, 4, 3, 2, 9, 8, 7, 6, 5, 4, 3, 2));
+        const __m128i lo = _mm_and_si128(_mm_blend_epi16(t, _mm_srli_epi16(t, 4), 0xF0), _mm_set1_epi8(0xF));
+        const __m128i u = _mm_shuffle_epi8(v, _mm_set_epi8(13, 12, 11, 10, 13, 12, 11, 10, 13, 12, 11, 10, 13, 12, 11, 10));
+        const __m128i hi = _mm_and_si128(_mm_srlv_epi32(u, _mm_set_epi32(6, 4, 2, 0)), _mm_set1_epi8(3));
+        sc8 = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+    }
+    const __m256i sc16 = kind == K_2 ? _mm256_cvtepu8_epi16(sc8) : _mm256_cvtepi8_epi16(sc8);
+    *mn = kind == K_2 ? _mm256_cvtepu8_epi16(mn8) : sc16;
+    const __m512i slo = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16));
+    const __m512i shi = _mm512_broadcast_i32x4(_mm256_extracti128_si256(sc16, 1));
+    const size_t qo = kind == K_2 ? offsetof(block_q2_K, qs) : offsetof(block_q3_K, qs);
+    __m512i h = _mm512_setzero_si512();
+    if (kind == K_3) h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(a + offsetof(block_q3_K, hmask))));
+    UNROLL for (int m = 0; m < 4; m++) {
+        const int c = m / 2, j = 2 * (m % 2), b = 4 * c + j; /* low half: bits 2j, hmask bit b */
+        const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(a + qo + 32 * c)));
+        q[m] = _mm512_and_si512(_mm512_srlv_epi64(v, _mm512_set_epi64(2 * j + 2, 2 * j + 2, 2 * j + 2, 2 * j + 2, 2 * j, 2 * j, 2 * j, 2 * j)), m3);
+        if (kind == K_3) { /* hmask bit b (low half), b + 1 (high half) set: + 4 */
+            const long long lo = (long long)(0x0101010101010101ull << b), hi = (long long)(0x0101010101010101ull << (b + 1));
+            const __mmask64 hm = _mm512_test_epi8_mask(h, _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo));
+            q[m] = _mm512_mask_add_epi8(q[m], hm, q[m], m04);
+        }
+        /* lane L: int16 scale 4m + L (of the low or high eight) */
+        const long long w0 = (long long)(((uint64_t)(2 * (4 * (m % 2)) + 1) << 8 | 2 * (4 * (m % 2))) * 0x0001000100010001ull);
+        const long long w1 = w0 + 0x0202020202020202ll, w2 = w0 + 0x0404040404040404ll, w3 = w0 + 0x0606060606060606ll;
+        scv[m] = _mm512_shuffle_epi8(m < 2 ? slo : shi, _mm512_set_epi64(w3, w3, w2, w2, w1, w1, w0, w0));
+    }
+}
+
+static inline AI TN void rows_q23_K(int kind, int C, int nr, int64_t nb, const uint8_t *w, size_t ldw,
+                                    const uint8_t *x, size_t ldx, float *out, size_t ldo) {
+    const size_t bw = kbw_of(kind), dof = kind == K_2 ? offsetof(block_q2_K, d) : offsetof(block_q3_K, d);
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const uint8_t *row[4]; /* rows past nr repeat the last (valid memory); not stored */
+        UNROLL for (int k = 0; k < 4; k++) row[k] = w + (size_t)(r0 + k < nr ? r0 + k : nr - 1) * ldw;
+        for (int c = 0; c < C; c++) { /* the second token reads the four rows from L1 */
+            __m128 s = _mm_setzero_ps();
+            for (int64_t i = 0; i < nb; i++) {
+                if (c == 0) { /* as rows_q45_K */
+                    const uint8_t *pf = w + (size_t)r0 * ldw + K_PF_AHEAD(ldw) + (size_t)i * 4 * bw;
+                    for (size_t k = 0; k < 4 * bw; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
+                }
+                const block_q8_K *yb = (const block_q8_K *)(x + c * ldx) + i;
+                __m512i y[4];
+                UNROLL for (int m = 0; m < 4; m++) y[m] = _mm512_loadu_si512(yb->qs + 64 * m);
+                const __m256i bsums = _mm256_loadu_si256((const __m256i *)yb->bsums);
+                __m256i t[4], pm[4];
+                UNROLL for (int k = 0; k < 4; k++) {
+                    __m512i q[4], scv[4];
+                    __m256i mn;
+                    row_sb23(kind, row[k] + (size_t)i * bw, q, scv, &mn);
+                    const __m512i a0 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(q[0], y[0]), scv[0]),
+                                                           _mm512_maddubs_epi16(q[1], y[1]), scv[1]);
+                    const __m512i a1 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(q[2], y[2]), scv[2]),
+                                                           _mm512_maddubs_epi16(q[3], y[3]), scv[3]);
+                    const __m512i acc = _mm512_add_epi32(a0, a1);
+                    t[k] = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+                    pm[k] = _mm256_madd_epi16(mn, bsums);
+                    if (kind == K_3) t[k] = _mm256_sub_epi32(t[k], _mm256_slli_epi32(pm[k], 2));
+                }
+                const __m256i wi = _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
+                const __m128i sumi = _mm_add_epi32(_mm256_castsi256_si128(wi), _mm256_extracti128_si256(wi, 1));
+                const __m128 dy = _mm_set1_ps(yb->d);
+                if (kind == K_3) {
+                    uint64_t d4 = 0; /* the four rows' d words in one integer, then one move */
+                    UNROLL for (int k = 0; k < 4; k++) d4 |= (uint64_t)ld16(row[k] + (size_t)i * bw + dof) << (16 * k);
+                    const __m128i dh = _mm_cvtsi64_si128((long long)d4);
+                    s = _mm_add_ps(s, _mm_mul_ps(_mm_mul_ps(dy, _mm_cvtph_ps(dh)), _mm_cvtepi32_ps(sumi)));
+                    continue;
+                }
+                const __m256i wm = _mm256_hadd_epi32(_mm256_hadd_epi32(pm[0], pm[1]), _mm256_hadd_epi32(pm[2], pm[3]));
+                const __m128i summ = _mm_add_epi32(_mm256_castsi256_si128(wm), _mm256_extracti128_si256(wm, 1));
+                const uint64_t d01 = ld32(row[0] + (size_t)i * bw + dof) | (uint64_t)ld32(row[1] + (size_t)i * bw + dof) << 32;
+                const uint64_t d23 = ld32(row[2] + (size_t)i * bw + dof) | (uint64_t)ld32(row[3] + (size_t)i * bw + dof) << 32;
+                const __m256 f = _mm256_cvtph_ps(_mm_set_epi64x((long long)d23, (long long)d01)); /* d0 m0 d1 m1 | d2 m2 d3 m3 */
+                const __m128 flo = _mm256_castps256_ps128(f), fhi = _mm256_extractf128_ps(f, 1);
+                const __m128 dw = _mm_shuffle_ps(flo, fhi, _MM_SHUFFLE(2, 0, 2, 0));
+                const __m128 dm = _mm_shuffle_ps(flo, fhi, _MM_SHUFFLE(3, 1, 3, 1));
+                const __m128 t1 = _mm_mul_ps(_mm_mul_ps(dy, dw), _mm_cvtepi32_ps(sumi));
+                const __m128 t2 = _mm_mul_ps(_mm_mul_ps(dy, dm), _mm_cvtepi32_ps(summ));
+                s = _mm_add_ps(s, _mm_sub_ps(t1, t2));
+            }
+            float o[4];
+            _mm_storeu_ps(o, s);
+            for (int k = 0; k < 4 && r0 + k < nr; k++) out[c * ldo + r0 + k] = o[k];
+        }
+    }
+}
+
 /* C tokens against one 16-row group, transposed in the workspace wk. */
 static inline AI TN void mk(int kind, int C, int64_t nb, const uint8_t *wk, const uint8_t *x, size_t ldx, float *out,
                             size_t ldo, __mmask16 m) {
@@ -438,7 +628,12 @@ static inline AI TN void gemm_k(int kind, int64_t n, int nr, int nt, float *out,
         else rows_q6_K(2, nr, nb, W, ldw, X, ldx, out, ldo);
         return;
     }
-    if (nt <= TL_FUSED_TOKENS) {
+    if (nt <= TL_FUSED_TOKENS && (kind == K_2 || kind == K_3)) {
+        if (nt == 1) rows_q23_K(kind, 1, nr, nb, W, ldw, X, ldx, out, ldo);
+        else rows_q23_K(kind, 2, nr, nb, W, ldw, X, ldx, out, ldo);
+        return;
+    }
+    if (nt <= TL_FUSED_TOKENS && (kind == K_4 || kind == K_5)) {
         if (nt == 1) rows_q45_K(kind, 1, nr, nb, W, ldw, X, ldx, out, ldo);
         else rows_q45_K(kind, 2, nr, nb, W, ldw, X, ldx, out, ldo);
         return;
@@ -465,6 +660,14 @@ static TN void gemm_q5_K(int64_t n, int nr, int nt, float *out, size_t ldo, cons
 static TN void gemm_q6_K(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
                          size_t ldx, void *work) {
     gemm_k(K_6, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
+}
+static TN void gemm_q3_K(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
+                         size_t ldx, void *work) {
+    gemm_k(K_3, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
+}
+static TN void gemm_q2_K(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
+                         size_t ldx, void *work) {
+    gemm_k(K_2, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
 }
 
 /* vec_dot for one row: the 1 x 1 tile, so both sum in the same order (one
@@ -499,10 +702,16 @@ void tl_gemm_k_fill_avx512(tl_kernel_table *t) {
     t->gemm_prepare[TL_TYPE_Q4_K] = prepare_q8_K;
     t->gemm_prepare[TL_TYPE_Q5_K] = prepare_q8_K;
     t->gemm_prepare[TL_TYPE_Q6_K] = prepare_q8_K;
+    /* q2_K, q3_K: the GEMM sums as the reference vec_dot, which stays */
+    t->gemm_tile[TL_TYPE_Q2_K] = gemm_q2_K;
+    t->gemm_tile[TL_TYPE_Q3_K] = gemm_q3_K;
+    t->gemm_prepare[TL_TYPE_Q2_K] = prepare_q8_K;
+    t->gemm_prepare[TL_TYPE_Q3_K] = prepare_q8_K;
 }
 
 #else
 void tl_gemm_k_fill_avx512(tl_kernel_table *t) { (void)t; }
 #endif
 
-size_t tl_gemm_k_work_size(int64_t n) { return (size_t)(n / 256) * (89 * 64); }
+/* the largest workspace super-block, q2_K's (GB_K2) */
+size_t tl_gemm_k_work_size(int64_t n) { return (size_t)(n / 256) * (90 * 64); }

@@ -20,6 +20,12 @@ static inline uint32_t ld32(const void *p) {
     return v;
 }
 
+static inline uint16_t ld16(const void *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
 /* The sum of the 8 int32 lanes (exact). */
 static inline __attribute__((always_inline, target("avx2"))) int hsum_epi32(__m256i p) {
     const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
