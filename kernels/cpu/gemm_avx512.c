@@ -1,4 +1,4 @@
-/* gemm_avx512.c - q8_0/q4_0/q5_0/q4_1 weights x q8_0 activations with
+/* gemm_avx512.c - q8_0/q4_0/q5_0/q4_1/iq4_nl weights x q8_0 activations with
  * AVX512-VNNI, 16 weight rows at a time, for the matmuls of the forward
  * pass (prefill and decode alike).
  *
@@ -10,7 +10,8 @@
  *   work, one block b of a 16-row group (576 bytes):
  *     q[k], k = 0..7:  64 bytes, lane r = bytes 4k..4k+3 of row r's block,
  *                      as unsigned (q8_0: q ^ 0x80, q4_0: nibble, q5_0:
- *                      nibble | 5th bit << 4)
+ *                      nibble | 5th bit << 4, iq4_nl: its level + 128,
+ *                      one vpshufb of the nibble)
  *     dw:              16 floats, row r's block scale
  *     dm (q4_1):       16 floats, row r's block min
  *
@@ -70,7 +71,15 @@ static inline size_t group_bytes(int kind) { return kind == Q_4_1 ? GROUP_BYTES 
 
 /* The prepared activation row's layout: tl_gemm_dy_off / tl_gemm_corr_off (quants_impl.h). */
 
-static inline int off_of(int kind) { return kind == Q_8_0 ? 128 : kind == Q_4_0 ? 8 : kind == Q_4_1 ? 0 : 16; }
+static inline int off_of(int kind) {
+    return kind == Q_8_0 || kind == Q_IQ4NL ? 128 : kind == Q_4_0 ? 8 : kind == Q_4_1 ? 0 : 16;
+}
+
+/* iq4_nl's nibbles to its levels plus 128 (unsigned), in every 128-bit lane. */
+static inline AI TN __m512i iq4nl_lut(void) {
+    return _mm512_broadcast_i32x4(_mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153,
+                                                (char)166, (char)181, (char)197, (char)217, (char)241));
+}
 
 /* Where a 32-element block's quants start (after d, q4_1's m, q5_0's qh). */
 static inline size_t qoff_of(int kind) { return kind == Q_5_0 ? 6 : kind == Q_4_1 ? 4 : 2; }
@@ -82,6 +91,7 @@ static inline AI TN __m256i unpack_block(int kind, const uint8_t *wb) {
     const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wb + qoff_of(kind))));
     __m256i q = _mm256_and_si256(_mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0xF));
     if (kind == Q_5_0) q = _mm256_mask_add_epi8(q, (__mmask32)ld32(wb + 2), q, _mm256_set1_epi8(0x10));
+    if (kind == Q_IQ4NL) q = _mm256_shuffle_epi8(_mm512_castsi512_si256(iq4nl_lut()), q);
     return q;
 }
 
@@ -108,7 +118,7 @@ static inline AI TN void transpose_block(int kind, const uint8_t *w, const size_
         UNROLL16 for (int r = 0; r < 16; r++) memcpy(&mh[r], wb + roffs[r] + 2, 2);
         *dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh));
     }
-    if (kind == Q_4_0 || kind == Q_4_1) {
+    if (kind == Q_4_0 || kind == Q_4_1 || kind == Q_IQ4NL) {
         const size_t qo = qoff_of(kind);
         /* transpose the 16 packed bytes (4 dwords) per row, then split the
          * nibbles: dword j holds elements 4j..4j+3 (low) and 16+4j.. (high) */
@@ -132,6 +142,7 @@ static inline AI TN void transpose_block(int kind, const uint8_t *w, const size_
             q[j] = _mm512_and_si512(p[j], m4);
             q[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p[j], 4), m4);
         }
+        if (kind == Q_IQ4NL) UNROLL for (int k = 0; k < 8; k++) q[k] = _mm512_shuffle_epi8(iq4nl_lut(), q[k]);
         *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
         return;
     }
@@ -195,6 +206,7 @@ static inline AI TN void load_packed(int kind, const uint8_t *g, int64_t b, __m5
         q[j] = _mm512_and_si512(p, m4);
         q[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
     }
+    if (kind == Q_IQ4NL) UNROLL for (int k = 0; k < 8; k++) q[k] = _mm512_shuffle_epi8(iq4nl_lut(), q[k]);
     if (kind == Q_5_0)
         UNROLL for (int k = 0; k < 8; k++) {
             uint64_t h;
@@ -332,6 +344,16 @@ static TN void gemm_pk_q4_1(int64_t n, int nr, int nt, float *out, size_t ldo, c
     gemm_pk(Q_4_1, n, nr, nt, out, ldo, w, ldw, x, ldx);
 }
 
+static TN void gemm_pk_iq4_nl(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
+                              const void *x, size_t ldx, void *work) {
+    (void)work;
+    gemm_pk(Q_IQ4NL, n, nr, nt, out, ldo, w, ldw, x, ldx);
+}
+static TN void gemm_iq4_nl(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
+                           size_t ldx, void *work) {
+    gemm_q(Q_IQ4NL, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
+}
+
 static TN void gemm_q8_0(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
                          size_t ldx, void *work) {
     gemm_q(Q_8_0, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
@@ -376,6 +398,7 @@ static TN void prepare_q8_0(const float *src, void *dst, int64_t n) { prepare(Q_
 static TN void prepare_q4_0(const float *src, void *dst, int64_t n) { prepare(Q_4_0, src, dst, n, quantize_q8_0_fn); }
 static TN void prepare_q5_0(const float *src, void *dst, int64_t n) { prepare(Q_5_0, src, dst, n, quantize_q8_0_fn); }
 static TN void prepare_q4_1(const float *src, void *dst, int64_t n) { prepare(Q_4_1, src, dst, n, quantize_q8_0_fn); }
+static TN void prepare_iq4_nl(const float *src, void *dst, int64_t n) { prepare(Q_IQ4NL, src, dst, n, quantize_q8_0_fn); }
 
 /* vec_dot for one row, summed as the reference and the tiles sum (exact
  * integer block sums, then multiply and add in block order). */
@@ -398,6 +421,7 @@ static inline AI TN void dot1(int kind, int64_t n, float *out, const void *w, co
 static TN void dot1_q8_0(int64_t n, float *out, const void *w, const void *x) { dot1(Q_8_0, n, out, w, x); }
 static TN void dot1_q4_0(int64_t n, float *out, const void *w, const void *x) { dot1(Q_4_0, n, out, w, x); }
 static TN void dot1_q5_0(int64_t n, float *out, const void *w, const void *x) { dot1(Q_5_0, n, out, w, x); }
+static TN void dot1_iq4_nl(int64_t n, float *out, const void *w, const void *x) { dot1(Q_IQ4NL, n, out, w, x); }
 
 /* q4_1's one row, as its reference and the tiles sum it (two FMAs a block). */
 static TN void dot1_q4_1(int64_t n, float *out, const void *w, const void *x) {
@@ -435,6 +459,10 @@ void tl_gemm_fill_avx512(tl_kernel_table *t) {
     t->gemm_tile_pk[TL_TYPE_Q4_0] = gemm_pk_q4_0;
     t->gemm_tile_pk[TL_TYPE_Q5_0] = gemm_pk_q5_0;
     t->gemm_tile_pk[TL_TYPE_Q4_1] = gemm_pk_q4_1;
+    t->vec_dot[TL_TYPE_IQ4_NL] = dot1_iq4_nl;
+    t->gemm_tile[TL_TYPE_IQ4_NL] = gemm_iq4_nl;
+    t->gemm_prepare[TL_TYPE_IQ4_NL] = prepare_iq4_nl;
+    t->gemm_tile_pk[TL_TYPE_IQ4_NL] = gemm_pk_iq4_nl;
     t->pack_rows = 16;
     tl_gemm_k_fill_avx512(t); /* q4_K/q6_K: gemm_k_avx512.c */
 }

@@ -2,7 +2,7 @@
  * place (TL_PACK8 for AVX2, TL_PACK16 for AVX-512), the conversion into
  * them at load and back.
  *
- * A packed q8_0 / q4_0 / q5_0 / q4_1 matrix keeps its size and its row groups
+ * A packed q8_0 / q4_0 / q5_0 / q4_1 / iq4_nl matrix keeps its size and its row groups
  * where they were: rows Gg..Gg+G-1 (G = 8 or 16) still fill bytes [Gg,
  * Gg+G) * row_size, but block by block, G rows at a time:
  *
@@ -20,6 +20,7 @@
  *     q4_0's
  *   q4_1, per block (G * 20 bytes):
  *     the G scales, the G mins (f16), then the nibbles as q4_0's
+ *   iq4_nl: as q4_0 (the same bytes; the nibbles index its levels)
  *
  * so a matmul's kernel loads what a lane needs with one vector load
  * instead of transposing G rows per block (prefill and decode). */
@@ -28,7 +29,8 @@
 #include <string.h>
 
 int tl_pack_supported(int type) {
-    return type == TL_TYPE_Q8_0 || type == TL_TYPE_Q4_0 || type == TL_TYPE_Q5_0 || type == TL_TYPE_Q4_1;
+    return type == TL_TYPE_Q8_0 || type == TL_TYPE_Q4_0 || type == TL_TYPE_Q5_0 || type == TL_TYPE_Q4_1 ||
+           type == TL_TYPE_IQ4_NL;
 }
 
 /* Bytes of one row's quants in a block, where they start, and the bytes of

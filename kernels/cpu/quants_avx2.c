@@ -699,7 +699,7 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     t->dequant_q4_1 = dequant_q4_1_avx2;
     t->f32_to_f16_row = f32_to_f16_avx2;
     tl_gemm_fill_avx2(t); /* q8_0/q4_0/q5_0: gemm_avx2.c */
-    tl_k23_fill_avx2(t);  /* q2_K/q3_K: quants_k23_avx2.c */
+    tl_extra_fill_avx2(t); /* q2_K/q3_K/iq4_nl: quants_extra_avx2.c */
 }
 
 #else

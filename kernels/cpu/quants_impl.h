@@ -9,6 +9,7 @@
  *   q4_1  | d:f16 | m:f16 | qs[16] as q4_0                                 |
  *   q5_0  | d:f16 | qh[4]: bit j = 5th bit of elem j | qs[16] as q4_0      |
  *   q8_0  | d:f16 | qs[32]: int8                                          |
+ *   iq4_nl  as q4_0, each nibble an index into tl_iq4nl_values          |
  *   q2_K  | scales[16]: scale (low nibble), min (high) per 16 elems |
  *           qs[64] | d | dmin; element 128c + 32j + p (p < 32) is bits
  *           2j..2j+1 of qs[32c + p]: value d*sc*q - dmin*m
@@ -126,6 +127,9 @@ static inline void tl_get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint
     }
 }
 
+/* iq4_nl's 16 non-uniform levels (ggml's kvalues_iq4nl). */
+static const int8_t tl_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
 /* The 16 signed scales (-32..31) of a q3_K block: the low 4 bits of scale
  * j in byte j % 8 (low nibble for j < 8), its high 2 bits in byte 8 + j %
  * 4 at bit 2 * (j / 4), as ggml packs them. */
@@ -221,8 +225,8 @@ void tl_kernels_fill_avx2(tl_kernel_table *t);
 /* gemm_avx2.c: the AVX2 GEMM path for q8_0/q4_0/q5_0 and the vec_dots it
  * is bitwise with (called by tl_kernels_fill_avx2). */
 void tl_gemm_fill_avx2(tl_kernel_table *t);
-/* quants_k23_avx2.c: q2_K/q3_K one-row dots (called by tl_kernels_fill_avx2). */
-void tl_k23_fill_avx2(tl_kernel_table *t);
+/* quants_extra_avx2.c: q2_K/q3_K/iq4_nl one-row dots (called by tl_kernels_fill_avx2). */
+void tl_extra_fill_avx2(tl_kernel_table *t);
 /* A prepared activation row of nb blocks (tl_gemm_prepare, both GEMM
  * files): the q8_0 row, then at these offsets the nb block scales as
  * floats and the nb int32 bias corrections -off * sum(y). */

@@ -64,6 +64,16 @@ static void dequant_q5_0(const block_q5_0 *x, float *y, int64_t nb) {
     }
 }
 
+static void dequant_iq4_nl(const block_q4_0 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        const float d = TL_F16(x[i].d);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * tl_iq4nl_values[x[i].qs[j] & 0xF];
+            y[j + 16] = d * tl_iq4nl_values[x[i].qs[j] >> 4];
+        }
+    }
+}
+
 static void dequant_q8_0(const void *src, float *y, int64_t nb) {
     const block_q8_0 *x = src;
     for (int64_t i = 0; i < nb; i++, y += 32) {
@@ -165,6 +175,7 @@ void tl_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     case TL_TYPE_Q4_1: tl_dequant_q4_1_blocks(src, dst, nb); break;
     case TL_TYPE_Q5_0: dequant_q5_0(src, dst, nb); break;
     case TL_TYPE_Q8_0: tl_dequant_q8_0_blocks(src, dst, nb); break;
+    case TL_TYPE_IQ4_NL: dequant_iq4_nl(src, dst, nb); break;
     case TL_TYPE_Q2_K: dequant_q2_K(src, dst, nb); break;
     case TL_TYPE_Q3_K: dequant_q3_K(src, dst, nb); break;
     case TL_TYPE_Q4_K: dequant_q4_K(src, dst, nb); break;
@@ -231,6 +242,33 @@ static void quant_q4_0(const float *x, block_q4_0 *y, int64_t nb) {
             const int a = (int8_t)(x[j] * id + 8.5f), b = (int8_t)(x[j + 16] * id + 8.5f);
             y[i].qs[j] = (uint8_t)((a < 15 ? a : 15) | (b < 15 ? b : 15) << 4);
         }
+    }
+}
+
+/* iq4_nl: the level nearest x / d for d = max / -127 (the extreme on the
+ * outermost level), then d refit by least squares to the levels chosen. */
+static int iq4nl_nearest(float v) {
+    int best = 0;
+    for (int k = 1; k < 16; k++)
+        if (fabsf(v - tl_iq4nl_values[k]) < fabsf(v - tl_iq4nl_values[best])) best = k;
+    return best;
+}
+
+static void quant_iq4_nl(const float *x, block_q4_0 *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
+        const float d0 = max / -127, id = d0 ? 1.0f / d0 : 0.0f;
+        int L[32];
+        float sxl = 0, sll = 0;
+        for (int j = 0; j < 32; j++) {
+            L[j] = iq4nl_nearest(x[j] * id);
+            sxl += x[j] * tl_iq4nl_values[L[j]];
+            sll += (float)tl_iq4nl_values[L[j]] * tl_iq4nl_values[L[j]];
+        }
+        y[i].d = tl_f32_to_f16_inl(sll > 0 ? sxl / sll : 0.0f);
+        for (int j = 0; j < 16; j++) y[i].qs[j] = (uint8_t)(L[j] | L[j + 16] << 4);
     }
 }
 
@@ -533,6 +571,7 @@ void tl_quantize_row_ref(int type, const float *src, void *dst, int64_t n) {
     case TL_TYPE_Q4_1: quant_q4_1(src, dst, nb); break;
     case TL_TYPE_Q5_0: quant_q5_0(src, dst, nb); break;
     case TL_TYPE_Q8_0: quant_q8_0(src, dst, nb); break;
+    case TL_TYPE_IQ4_NL: quant_iq4_nl(src, dst, nb); break;
     case TL_TYPE_Q2_K: quant_q2_K(src, dst, nb); break;
     case TL_TYPE_Q3_K: quant_q3_K(src, dst, nb); break;
     case TL_TYPE_Q4_K: quant_q4_K(src, dst, nb); break;
@@ -576,6 +615,19 @@ static void dot_q4_0(int64_t n, float *out, const void *w, const void *x) {
         int sumi = 0;
         for (int j = 0; j < 16; j++)
             sumi += ((a[i].qs[j] & 0xF) - 8) * b[i].qs[j] + ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + 16];
+        s += sumi * (TL_F16(a[i].d) * TL_F16(b[i].d));
+    }
+    *out = s;
+}
+
+static void dot_iq4_nl(int64_t n, float *out, const void *w, const void *x) {
+    const block_q4_0 *a = w;
+    const block_q8_0 *b = x;
+    float s = 0;
+    for (int64_t i = 0; i < n / 32; i++) {
+        int sumi = 0;
+        for (int j = 0; j < 16; j++)
+            sumi += tl_iq4nl_values[a[i].qs[j] & 0xF] * b[i].qs[j] + tl_iq4nl_values[a[i].qs[j] >> 4] * b[i].qs[j + 16];
         s += sumi * (TL_F16(a[i].d) * TL_F16(b[i].d));
     }
     *out = s;
@@ -770,6 +822,7 @@ void tl_kernels_fill_ref(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_F16] = dot_f16_w;
     t->vec_dot[TL_TYPE_BF16] = dot_bf16_w;
     t->vec_dot[TL_TYPE_Q4_0] = dot_q4_0;
+    t->vec_dot[TL_TYPE_IQ4_NL] = dot_iq4_nl;
     t->vec_dot[TL_TYPE_Q4_1] = dot_q4_1;
     t->vec_dot[TL_TYPE_Q5_0] = dot_q5_0;
     t->vec_dot[TL_TYPE_Q8_0] = dot_q8_0;

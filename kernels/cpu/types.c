@@ -14,6 +14,8 @@ static const tl_type_traits traits[TL_TYPE_COUNT] = {
     [TL_TYPE_Q5_0] = {"q5_0", 32, 2 + 4 + 16, TL_TYPE_Q8_0, 1},
     [TL_TYPE_Q5_1] = {"q5_1", 32, 2 + 2 + 4 + 16, TL_TYPE_Q8_0, 0},
     [TL_TYPE_Q8_0] = {"q8_0", 32, 2 + 32, TL_TYPE_Q8_0, 1},
+    /* IQ4_NL: q4_0's bytes, the nibbles indexing tl_iq4nl_values */
+    [TL_TYPE_IQ4_NL] = {"iq4_nl", 32, 2 + 16, TL_TYPE_Q8_0, 1},
     [TL_TYPE_Q8_1] = {"q8_1", 32, 4 + 32, TL_TYPE_Q8_1, 0},
     [TL_TYPE_Q2_K] = {"q2_K", QK_K, QK_K / 16 + QK_K / 4 + 2 + 2, TL_TYPE_Q8_K, 1},
     [TL_TYPE_Q3_K] = {"q3_K", QK_K, QK_K / 8 + QK_K / 4 + 12 + 2, TL_TYPE_Q8_K, 1},

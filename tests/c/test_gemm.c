@@ -50,8 +50,9 @@ static uint64_t rng = 0x243F6A8885A308D3ull;
 static float gauss(void) { return test_gauss(&rng); }
 
 static void test_tiles(void) {
-    static const int types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1, TL_TYPE_Q5_0,
-                                TL_TYPE_Q8_0, TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+    static const int types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1,
+                                TL_TYPE_Q5_0, TL_TYPE_Q8_0, TL_TYPE_IQ4_NL, TL_TYPE_Q2_K, TL_TYPE_Q3_K,
+                                TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
     enum { MAXR = 17, MAXT = 17, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -147,8 +148,8 @@ static void score_tile(int type, int64_t n, int nr, int nt, const float *out, si
 }
 
 static void test_gemm_path(void) {
-    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_1, TL_TYPE_Q2_K,
-                                TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_1, TL_TYPE_IQ4_NL,
+                                TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
     enum { MAXR = TL_GEMM_ROWS, MAXT = 19, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -211,7 +212,7 @@ static void test_gemm_path(void) {
  * native where the level reads that G, else unpacked) gives bitwise
  * tl_vec_dot of the plain rows, writing nothing outside the tile. */
 static void test_pack(void) {
-    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_1};
+    static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_1, TL_TYPE_IQ4_NL};
     enum { NTYPES = sizeof types / sizeof types[0] };
     enum { MAXR = 32, MAXT = 19, PAD = 3 };
     const int isa_max = tl_kernels_isa();

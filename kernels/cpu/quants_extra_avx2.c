@@ -1,8 +1,8 @@
-/* quants_k23_avx2.c - q2_K and q3_K one-row dots for the AVX2 level
- * (the AVX-512 level adds their GEMM, gemm_k_avx512.c, which sums the
- * same way).
+/* quants_extra_avx2.c - q2_K, q3_K and iq4_nl one-row dots for the AVX2
+ * level (the AVX-512 level adds their GEMM, gemm_k_avx512.c and
+ * gemm_avx512.c, which sum the same way).
  *
- * Elements 128c + 32j + p (p < 32) are bits 2j..2j+1 of qs byte 32c + p
+ * q2_K / q3_K: elements 128c + 32j + p (p < 32) are bits 2j..2j+1 of qs byte 32c + p
  * (q3_K: plus bit 4c + j of hmask byte p), so one shift and mask of qs
  * chunk c makes the 32 values of (c, j) in element order, met by the
  * activation's bytes as they lie; the low and high 16 of them are
@@ -10,7 +10,11 @@
  * per 128-bit lane. The integer sums are the reference's (quants_ref.c)
  * exactly (maddubs pairs below 2^11, scaled sums below 2^17), and the
  * float ops its order per super-block, so each dot is bitwise
- * tl_vec_dot_ref's. */
+ * tl_vec_dot_ref's.
+ *
+ * iq4_nl: the nibbles through vpshufb to their signed levels, multiplied
+ * with the activation by vpsignb + maddubs (|pairs| <= 2 * 127 * 127),
+ * then the reference's float ops per block. */
 #include "quants_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -87,14 +91,33 @@ static inline AI T2 void dot_q23(int q3, int64_t n, float *out, const void *w, c
     *out = s;
 }
 
+static T2 void dot_iq4_nl_avx2(int64_t n, float *out, const void *w, const void *x) {
+    const block_q4_0 *a = w;
+    const block_q8_0 *y = x;
+    const __m128i lut = _mm_loadu_si128((const __m128i *)tl_iq4nl_values), m4 = _mm_set1_epi8(0xF);
+    const __m256i ones = _mm256_set1_epi16(1);
+    float s = 0;
+    for (int64_t i = 0; i < n / 32; i++) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)a[i].qs);
+        const __m256i q = _mm256_set_m128i(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m4)),
+                                           _mm_shuffle_epi8(lut, _mm_and_si128(b, m4)));
+        const __m256i yv = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
+        const int sumi = hsum_i32(_mm256_madd_epi16(p, ones));
+        s += sumi * (_cvtsh_ss(a[i].d) * _cvtsh_ss(y[i].d));
+    }
+    *out = s;
+}
+
 static T2 void dot_q2_K_avx2(int64_t n, float *out, const void *w, const void *x) { dot_q23(0, n, out, w, x); }
 static T2 void dot_q3_K_avx2(int64_t n, float *out, const void *w, const void *x) { dot_q23(1, n, out, w, x); }
 
-void tl_k23_fill_avx2(tl_kernel_table *t) {
+void tl_extra_fill_avx2(tl_kernel_table *t) {
+    t->vec_dot[TL_TYPE_IQ4_NL] = dot_iq4_nl_avx2;
     t->vec_dot[TL_TYPE_Q2_K] = dot_q2_K_avx2;
     t->vec_dot[TL_TYPE_Q3_K] = dot_q3_K_avx2;
 }
 
 #else
-void tl_k23_fill_avx2(tl_kernel_table *t) { (void)t; }
+void tl_extra_fill_avx2(tl_kernel_table *t) { (void)t; }
 #endif
