@@ -54,7 +54,9 @@
 
 enum { GROUP_BYTES = 8 * 64 + 64 };
 /* A block's bytes in the workspace: q[8], dw, and q4_1's dm. */
-static inline size_t group_bytes(int kind) { return kind == Q_4_1 ? GROUP_BYTES + 64 : GROUP_BYTES; }
+/* q4_1 and q5_1 carry a min per block (summed with two FMAs, below) */
+static inline int has_min(int kind) { return kind == Q_4_1 || kind == Q_5_1; }
+static inline size_t group_bytes(int kind) { return has_min(kind) ? GROUP_BYTES + 64 : GROUP_BYTES; }
 #define TL_FUSED_TOKENS 2
 #define TOK_BLOCK 8 /* tokens per micro-tile */
 /* prefetch start past a group's first row: 16 rows on (roffs[1] is the
@@ -72,7 +74,7 @@ static inline size_t group_bytes(int kind) { return kind == Q_4_1 ? GROUP_BYTES 
 /* The prepared activation row's layout: tl_gemm_dy_off / tl_gemm_corr_off (quants_impl.h). */
 
 static inline int off_of(int kind) {
-    return kind == Q_8_0 || kind == Q_IQ4NL ? 128 : kind == Q_4_0 ? 8 : kind == Q_4_1 ? 0 : 16;
+    return kind == Q_8_0 || kind == Q_IQ4NL ? 128 : kind == Q_4_0 ? 8 : has_min(kind) ? 0 : 16;
 }
 
 /* iq4_nl's nibbles to its levels plus 128 (unsigned), in every 128-bit lane. */
@@ -82,7 +84,7 @@ static inline AI TN __m512i iq4nl_lut(void) {
 }
 
 /* Where a 32-element block's quants start (after d, q4_1's m, q5_0's qh). */
-static inline size_t qoff_of(int kind) { return kind == Q_5_0 ? 6 : kind == Q_4_1 ? 4 : 2; }
+static inline size_t qoff_of(int kind) { return kind == Q_5_1 ? 8 : kind == Q_5_0 ? 6 : kind == Q_4_1 ? 4 : 2; }
 
 /* Row block b's 32 weights as unsigned bytes (element i in byte i). */
 static inline AI TN __m256i unpack_block(int kind, const uint8_t *wb) {
@@ -90,7 +92,8 @@ static inline AI TN __m256i unpack_block(int kind, const uint8_t *wb) {
         return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(wb + 2)), _mm256_set1_epi8((char)0x80));
     const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wb + qoff_of(kind))));
     __m256i q = _mm256_and_si256(_mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0xF));
-    if (kind == Q_5_0) q = _mm256_mask_add_epi8(q, (__mmask32)ld32(wb + 2), q, _mm256_set1_epi8(0x10));
+    if (kind == Q_5_0 || kind == Q_5_1) /* qh: the 4 bytes before the nibbles */
+        q = _mm256_mask_add_epi8(q, (__mmask32)ld32(wb + qoff_of(kind) - 4), q, _mm256_set1_epi8(0x10));
     if (kind == Q_IQ4NL) q = _mm256_shuffle_epi8(_mm512_castsi512_si256(iq4nl_lut()), q);
     return q;
 }
@@ -113,7 +116,7 @@ static inline AI TN void transpose_block(int kind, const uint8_t *w, const size_
     UNROLL16 for (size_t k = 0; k < 16 * bw; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
     uint16_t dh[16];
     UNROLL16 for (int r = 0; r < 16; r++) memcpy(&dh[r], wb + roffs[r], 2);
-    if (kind == Q_4_1) {
+    if (has_min(kind)) {
         uint16_t mh[16];
         UNROLL16 for (int r = 0; r < 16; r++) memcpy(&mh[r], wb + roffs[r] + 2, 2);
         *dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)mh));
@@ -233,7 +236,7 @@ static inline AI TN void mk(int kind, int src, int C, int64_t nb, const uint8_t 
             const __m512i *g = (const __m512i *)(wk + (size_t)b * group_bytes(kind));
             UNROLL for (int k = 0; k < 8; k++) q[k] = _mm512_load_si512(g + k);
             dw = _mm512_load_ps((const float *)(g + 8));
-            if (kind == Q_4_1) dm = _mm512_load_ps((const float *)(g + 9));
+            if (has_min(kind)) dm = _mm512_load_ps((const float *)(g + 9));
         } else if (src == SRC_PACKED) {
             load_packed(kind, wk, b, q, &dw, &dm, C == TOK_BLOCK);
         } else {
@@ -242,7 +245,7 @@ static inline AI TN void mk(int kind, int src, int C, int64_t nb, const uint8_t 
         __m512i s[TOK_BLOCK];
         UNROLL for (int c = 0; c < C; c++) {
             const int32_t *corr = (const int32_t *)(x + c * ldx + co);
-            s[c] = kind == Q_4_1 ? _mm512_setzero_si512() : _mm512_set1_epi32(corr[b]);
+            s[c] = has_min(kind) ? _mm512_setzero_si512() : _mm512_set1_epi32(corr[b]);
         }
         UNROLL for (int k = 0; k < 8; k++) UNROLL for (int c = 0; c < C; c++) {
             const uint8_t *yq = x + c * ldx + (size_t)b * sizeof(block_q8_0) + 2 + 4 * k;
@@ -251,7 +254,7 @@ static inline AI TN void mk(int kind, int src, int C, int64_t nb, const uint8_t 
         UNROLL for (int c = 0; c < C; c++) {
             const float *dy = (const float *)(x + c * ldx + dyo);
             const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(dy[b]));
-            if (kind == Q_4_1) { /* the corr slot holds sy_b (prepare) */
+            if (has_min(kind)) { /* the corr slot holds sy_b (prepare) */
                 const float *sy = (const float *)(x + c * ldx + co);
                 acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[c]), d, acc[c]);
                 acc[c] = _mm512_fmadd_ps(dm, _mm512_set1_ps(sy[b]), acc[c]);
@@ -293,7 +296,7 @@ static inline AI TN void gemm_q(int kind, int64_t n, int nr, int nt, float *out,
         __m512i *g = (__m512i *)(wk + (size_t)b * group_bytes(kind));
         UNROLL for (int k = 0; k < 8; k++) _mm512_store_si512(g + k, q[k]);
         _mm512_store_ps((float *)(g + 8), dw);
-        if (kind == Q_4_1) _mm512_store_ps((float *)(g + 9), dm);
+        if (has_min(kind)) _mm512_store_ps((float *)(g + 9), dm);
     }
     int t = 0;
     for (; t + TOK_BLOCK <= nt; t += TOK_BLOCK)
@@ -354,6 +357,11 @@ static TN void gemm_iq4_nl(int64_t n, int nr, int nt, float *out, size_t ldo, co
     gemm_q(Q_IQ4NL, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
 }
 
+static TN void gemm_q5_1(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
+                         size_t ldx, void *work) {
+    gemm_q(Q_5_1, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
+}
+
 static TN void gemm_q8_0(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
                          size_t ldx, void *work) {
     gemm_q(Q_8_0, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
@@ -384,7 +392,7 @@ static inline AI TN void prepare(int kind, const float *src, void *dst, int64_t 
         const block_q8_0 *yb = (const block_q8_0 *)p + b;
         dy[b] = _cvtsh_ss(yb->d);
         const __m256i s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), ones, _mm256_loadu_si256((const __m256i *)yb->qs));
-        if (kind == Q_4_1) {
+        if (has_min(kind)) {
             const float sy = (float)hsum_epi32(s) * dy[b];
             memcpy(&corr[b], &sy, 4);
         } else {
@@ -399,6 +407,7 @@ static TN void prepare_q4_0(const float *src, void *dst, int64_t n) { prepare(Q_
 static TN void prepare_q5_0(const float *src, void *dst, int64_t n) { prepare(Q_5_0, src, dst, n, quantize_q8_0_fn); }
 static TN void prepare_q4_1(const float *src, void *dst, int64_t n) { prepare(Q_4_1, src, dst, n, quantize_q8_0_fn); }
 static TN void prepare_iq4_nl(const float *src, void *dst, int64_t n) { prepare(Q_IQ4NL, src, dst, n, quantize_q8_0_fn); }
+static TN void prepare_q5_1(const float *src, void *dst, int64_t n) { prepare(Q_5_1, src, dst, n, quantize_q8_0_fn); }
 
 /* vec_dot for one row, summed as the reference and the tiles sum (exact
  * integer block sums, then multiply and add in block order). */
@@ -423,22 +432,26 @@ static TN void dot1_q4_0(int64_t n, float *out, const void *w, const void *x) { 
 static TN void dot1_q5_0(int64_t n, float *out, const void *w, const void *x) { dot1(Q_5_0, n, out, w, x); }
 static TN void dot1_iq4_nl(int64_t n, float *out, const void *w, const void *x) { dot1(Q_IQ4NL, n, out, w, x); }
 
-/* q4_1's one row, as its reference and the tiles sum it (two FMAs a block). */
-static TN void dot1_q4_1(int64_t n, float *out, const void *w, const void *x) {
-    const block_q4_1 *a = w;
+/* q4_1's / q5_1's one row, as the reference and the tiles sum it (two FMAs
+ * a block; d and m lead both blocks). */
+static inline AI TN void dot1_min(int kind, int64_t n, float *out, const void *w, const void *x) {
+    const uint8_t *wb = w;
     const block_q8_0 *y = x;
     const __m256i ones = _mm256_set1_epi8(1);
     __m128 s = _mm_setzero_ps();
-    for (int64_t b = 0; b < n / 32; b++) {
+    for (int64_t b = 0; b < n / 32; b++, wb += bw_of(kind)) {
         const __m256i yv = _mm256_loadu_si256((const __m256i *)y[b].qs), z = _mm256_setzero_si256();
-        const int isum = hsum_epi32(_mm256_dpbusd_epi32(z, unpack_block(Q_4_1, (const uint8_t *)&a[b]), yv));
+        const int isum = hsum_epi32(_mm256_dpbusd_epi32(z, unpack_block(kind, wb), yv));
         const int sumy = hsum_epi32(_mm256_dpbusd_epi32(z, ones, yv));
         const float dy = _cvtsh_ss(y[b].d);
-        s = _mm_fmadd_ss(_mm_set_ss((float)isum), _mm_set_ss(_cvtsh_ss(a[b].d) * dy), s);
-        s = _mm_fmadd_ss(_mm_set_ss(_cvtsh_ss(a[b].m)), _mm_set_ss((float)sumy * dy), s);
+        s = _mm_fmadd_ss(_mm_set_ss((float)isum), _mm_set_ss(_cvtsh_ss(ld16(wb)) * dy), s);
+        s = _mm_fmadd_ss(_mm_set_ss(_cvtsh_ss(ld16(wb + 2))), _mm_set_ss((float)sumy * dy), s);
     }
     *out = _mm_cvtss_f32(s);
 }
+
+static TN void dot1_q4_1(int64_t n, float *out, const void *w, const void *x) { dot1_min(Q_4_1, n, out, w, x); }
+static TN void dot1_q5_1(int64_t n, float *out, const void *w, const void *x) { dot1_min(Q_5_1, n, out, w, x); }
 
 void tl_gemm_fill_avx512(tl_kernel_table *t) {
     quantize_q8_0_fn = t->quantize_q8_0;
@@ -460,6 +473,10 @@ void tl_gemm_fill_avx512(tl_kernel_table *t) {
     t->gemm_tile_pk[TL_TYPE_Q5_0] = gemm_pk_q5_0;
     t->gemm_tile_pk[TL_TYPE_Q4_1] = gemm_pk_q4_1;
     t->vec_dot[TL_TYPE_IQ4_NL] = dot1_iq4_nl;
+    /* q5_1: transposed per call (not packed at load) */
+    t->vec_dot[TL_TYPE_Q5_1] = dot1_q5_1;
+    t->gemm_tile[TL_TYPE_Q5_1] = gemm_q5_1;
+    t->gemm_prepare[TL_TYPE_Q5_1] = prepare_q5_1;
     t->gemm_tile[TL_TYPE_IQ4_NL] = gemm_iq4_nl;
     t->gemm_prepare[TL_TYPE_IQ4_NL] = prepare_iq4_nl;
     t->gemm_tile_pk[TL_TYPE_IQ4_NL] = gemm_pk_iq4_nl;

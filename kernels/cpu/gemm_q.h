@@ -5,12 +5,13 @@
 #ifndef TL_GEMM_Q_H
 #define TL_GEMM_Q_H
 
-enum { Q_8_0, Q_4_0, Q_5_0, Q_4_1, Q_IQ4NL }; /* iq4_nl: q4_0's bytes (AVX-512 only) */
+enum { Q_8_0, Q_4_0, Q_5_0, Q_4_1, Q_IQ4NL, Q_5_1 }; /* iq4_nl (q4_0's bytes), q5_1: AVX-512 only */
 
 static inline size_t bw_of(int kind) {
     return kind == Q_8_0   ? sizeof(block_q8_0)
            : kind == Q_4_0 || kind == Q_IQ4NL ? sizeof(block_q4_0)
            : kind == Q_4_1 ? sizeof(block_q4_1)
+           : kind == Q_5_1 ? sizeof(block_q5_1)
                            : sizeof(block_q5_0);
 }
 

@@ -1,5 +1,5 @@
-/* quants_extra_avx2.c - q2_K, q3_K and iq4_nl one-row dots for the AVX2
- * level (the AVX-512 level adds their GEMM, gemm_k_avx512.c and
+/* quants_extra_avx2.c - q2_K, q3_K, iq4_nl and q5_1 one-row dots for the
+ * AVX2 level (the AVX-512 level adds their GEMM, gemm_k_avx512.c and
  * gemm_avx512.c, which sum the same way).
  *
  * q2_K / q3_K: elements 128c + 32j + p (p < 32) are bits 2j..2j+1 of qs byte 32c + p
@@ -14,7 +14,11 @@
  *
  * iq4_nl: the nibbles through vpshufb to their signed levels, multiplied
  * with the activation by vpsignb + maddubs (|pairs| <= 2 * 127 * 127),
- * then the reference's float ops per block. */
+ * then the reference's float ops per block.
+ *
+ * q5_1: the 5-bit values by maddubs against the activation (pairs <= 2 *
+ * 31 * 127), the activation's own sum beside, then the reference's two
+ * FMAs per block. */
 #include "quants_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -23,6 +27,7 @@
 #define T2 __attribute__((target("avx2,fma,f16c")))
 #define AI __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 4")
+#include "avx2_bytes.h"
 
 static inline AI T2 int hsum_i32(__m256i v) {
     const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -109,11 +114,29 @@ static T2 void dot_iq4_nl_avx2(int64_t n, float *out, const void *w, const void 
     *out = s;
 }
 
+static T2 void dot_q5_1_avx2(int64_t n, float *out, const void *w, const void *x) {
+    const block_q5_1 *a = w;
+    const block_q8_0 *y = x;
+    const __m256i ones16 = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1);
+    __m128 s = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / 32; i++) {
+        const __m256i q = _mm256_or_si256(nibbles32(a[i].qs), _mm256_and_si256(bits32(a[i].qh), _mm256_set1_epi8(0x10)));
+        const __m256i yv = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        const int sumi = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(q, yv), ones16));
+        const int sumy = hsum_i32(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, yv), ones16));
+        const float dy = f16(y[i].d);
+        s = _mm_fmadd_ss(_mm_set_ss((float)sumi), _mm_set_ss(f16(a[i].d) * dy), s);
+        s = _mm_fmadd_ss(_mm_set_ss(f16(a[i].m)), _mm_set_ss((float)sumy * dy), s);
+    }
+    *out = _mm_cvtss_f32(s);
+}
+
 static T2 void dot_q2_K_avx2(int64_t n, float *out, const void *w, const void *x) { dot_q23(0, n, out, w, x); }
 static T2 void dot_q3_K_avx2(int64_t n, float *out, const void *w, const void *x) { dot_q23(1, n, out, w, x); }
 
 void tl_extra_fill_avx2(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_IQ4_NL] = dot_iq4_nl_avx2;
+    t->vec_dot[TL_TYPE_Q5_1] = dot_q5_1_avx2;
     t->vec_dot[TL_TYPE_Q2_K] = dot_q2_K_avx2;
     t->vec_dot[TL_TYPE_Q3_K] = dot_q3_K_avx2;
 }

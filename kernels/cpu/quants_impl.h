@@ -8,6 +8,7 @@
  *   q4_0  | d:f16 | qs[16]: byte j = elem j (low nibble), elem j+16 (high) |
  *   q4_1  | d:f16 | m:f16 | qs[16] as q4_0                                 |
  *   q5_0  | d:f16 | qh[4]: bit j = 5th bit of elem j | qs[16] as q4_0      |
+ *   q5_1  | d:f16 | m:f16 | qh[4] as q5_0 | qs[16] as q4_0                 |
  *   q8_0  | d:f16 | qs[32]: int8                                          |
  *   iq4_nl  as q4_0, each nibble an index into tl_iq4nl_values          |
  *   q2_K  | scales[16]: scale (low nibble), min (high) per 16 elems |
@@ -38,6 +39,7 @@
 typedef struct { uint16_t d; uint8_t qs[16]; } block_q4_0;
 typedef struct { uint16_t d, m; uint8_t qs[16]; } block_q4_1;
 typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } block_q5_0;
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } block_q5_1;
 typedef struct { uint16_t d; int8_t qs[32]; } block_q8_0;
 typedef struct { uint8_t scales[16]; uint8_t qs[64]; uint16_t d, dmin; } block_q2_K;
 typedef struct { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; } block_q3_K;
@@ -49,6 +51,7 @@ typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } block_q8_K;
 _Static_assert(sizeof(block_q4_0) == 18, "q4_0 layout");
 _Static_assert(sizeof(block_q4_1) == 20, "q4_1 layout");
 _Static_assert(sizeof(block_q5_0) == 22, "q5_0 layout");
+_Static_assert(sizeof(block_q5_1) == 24, "q5_1 layout");
 _Static_assert(sizeof(block_q8_0) == 34, "q8_0 layout");
 _Static_assert(sizeof(block_q2_K) == 84, "q2_K layout");
 _Static_assert(sizeof(block_q3_K) == 110, "q3_K layout");

@@ -64,6 +64,19 @@ static void dequant_q5_0(const block_q5_0 *x, float *y, int64_t nb) {
     }
 }
 
+static void dequant_q5_1(const block_q5_1 *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += 32) {
+        const float d = TL_F16(x[i].d), m = TL_F16(x[i].m);
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, 4);
+        for (int j = 0; j < 16; j++) {
+            const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+            y[j] = ((x[i].qs[j] & 0xF) | h0) * d + m;
+            y[j + 16] = ((x[i].qs[j] >> 4) | h1) * d + m;
+        }
+    }
+}
+
 static void dequant_iq4_nl(const block_q4_0 *x, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, y += 32) {
         const float d = TL_F16(x[i].d);
@@ -176,6 +189,7 @@ void tl_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     case TL_TYPE_Q5_0: dequant_q5_0(src, dst, nb); break;
     case TL_TYPE_Q8_0: tl_dequant_q8_0_blocks(src, dst, nb); break;
     case TL_TYPE_IQ4_NL: dequant_iq4_nl(src, dst, nb); break;
+    case TL_TYPE_Q5_1: dequant_q5_1(src, dst, nb); break;
     case TL_TYPE_Q2_K: dequant_q2_K(src, dst, nb); break;
     case TL_TYPE_Q3_K: dequant_q3_K(src, dst, nb); break;
     case TL_TYPE_Q4_K: dequant_q4_K(src, dst, nb); break;
@@ -287,6 +301,27 @@ static void quant_q4_1(const float *x, block_q4_1 *y, int64_t nb) {
             const int b = (int8_t)((x[j + 16] - min) * id + 0.5f);
             y[i].qs[j] = (uint8_t)((a < 15 ? a : 15) | (b < 15 ? b : 15) << 4);
         }
+    }
+}
+
+static void quant_q5_1(const float *x, block_q5_1 *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += 32) {
+        float min = FLT_MAX, max = -FLT_MAX;
+        for (int j = 0; j < 32; j++) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        const float d = (max - min) / 31, id = d ? 1.0f / d : 0.0f;
+        y[i].d = tl_f32_to_f16_inl(d);
+        y[i].m = tl_f32_to_f16_inl(min);
+        uint32_t qh = 0;
+        for (int j = 0; j < 16; j++) {
+            const int a = (int)((x[j] - min) * id + 0.5f), b = (int)((x[j + 16] - min) * id + 0.5f);
+            y[i].qs[j] = (uint8_t)((a & 0xF) | ((b & 0xF) << 4));
+            qh |= (uint32_t)((a & 0x10) >> 4) << j;
+            qh |= (uint32_t)((b & 0x10) >> 4) << (j + 16);
+        }
+        memcpy(y[i].qh, &qh, 4);
     }
 }
 
@@ -572,6 +607,7 @@ void tl_quantize_row_ref(int type, const float *src, void *dst, int64_t n) {
     case TL_TYPE_Q5_0: quant_q5_0(src, dst, nb); break;
     case TL_TYPE_Q8_0: quant_q8_0(src, dst, nb); break;
     case TL_TYPE_IQ4_NL: quant_iq4_nl(src, dst, nb); break;
+    case TL_TYPE_Q5_1: quant_q5_1(src, dst, nb); break;
     case TL_TYPE_Q2_K: quant_q2_K(src, dst, nb); break;
     case TL_TYPE_Q3_K: quant_q3_K(src, dst, nb); break;
     case TL_TYPE_Q4_K: quant_q4_K(src, dst, nb); break;
@@ -616,6 +652,27 @@ static void dot_q4_0(int64_t n, float *out, const void *w, const void *x) {
         for (int j = 0; j < 16; j++)
             sumi += ((a[i].qs[j] & 0xF) - 8) * b[i].qs[j] + ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + 16];
         s += sumi * (TL_F16(a[i].d) * TL_F16(b[i].d));
+    }
+    *out = s;
+}
+
+/* q5_1: as q4_1 with the 5th bits. */
+static void dot_q5_1(int64_t n, float *out, const void *w, const void *x) {
+    const block_q5_1 *a = w;
+    const block_q8_0 *b = x;
+    float s = 0;
+    for (int64_t i = 0; i < n / 32; i++) {
+        uint32_t qh;
+        memcpy(&qh, a[i].qh, 4);
+        int sumi = 0, sumy = 0;
+        for (int j = 0; j < 16; j++) {
+            const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+            sumi += ((a[i].qs[j] & 0xF) | h0) * b[i].qs[j] + ((a[i].qs[j] >> 4) | h1) * b[i].qs[j + 16];
+            sumy += b[i].qs[j] + b[i].qs[j + 16];
+        }
+        const float dy = TL_F16(b[i].d);
+        s = fmaf((float)sumi, TL_F16(a[i].d) * dy, s);
+        s = fmaf(TL_F16(a[i].m), (float)sumy * dy, s);
     }
     *out = s;
 }
@@ -823,6 +880,7 @@ void tl_kernels_fill_ref(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_BF16] = dot_bf16_w;
     t->vec_dot[TL_TYPE_Q4_0] = dot_q4_0;
     t->vec_dot[TL_TYPE_IQ4_NL] = dot_iq4_nl;
+    t->vec_dot[TL_TYPE_Q5_1] = dot_q5_1;
     t->vec_dot[TL_TYPE_Q4_1] = dot_q4_1;
     t->vec_dot[TL_TYPE_Q5_0] = dot_q5_0;
     t->vec_dot[TL_TYPE_Q8_0] = dot_q8_0;

@@ -12,7 +12,7 @@ static const tl_type_traits traits[TL_TYPE_COUNT] = {
     [TL_TYPE_Q4_0] = {"q4_0", 32, 2 + 16, TL_TYPE_Q8_0, 1},
     [TL_TYPE_Q4_1] = {"q4_1", 32, 2 + 2 + 16, TL_TYPE_Q8_0, 1},
     [TL_TYPE_Q5_0] = {"q5_0", 32, 2 + 4 + 16, TL_TYPE_Q8_0, 1},
-    [TL_TYPE_Q5_1] = {"q5_1", 32, 2 + 2 + 4 + 16, TL_TYPE_Q8_0, 0},
+    [TL_TYPE_Q5_1] = {"q5_1", 32, 2 + 2 + 4 + 16, TL_TYPE_Q8_0, 1},
     [TL_TYPE_Q8_0] = {"q8_0", 32, 2 + 32, TL_TYPE_Q8_0, 1},
     /* IQ4_NL: q4_0's bytes, the nibbles indexing tl_iq4nl_values */
     [TL_TYPE_IQ4_NL] = {"iq4_nl", 32, 2 + 16, TL_TYPE_Q8_0, 1},
