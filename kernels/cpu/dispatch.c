@@ -41,7 +41,8 @@ static int detect_cpu(void) {
 
 static int has_vnni(void) {
 #if defined(__x86_64__) || defined(__i386__)
-    return __builtin_cpu_supports("avx512vnni");
+    /* the VNNI kernels also use BMI2 (every VNNI CPU has it) */
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("bmi2");
 #else
     return 0;
 #endif

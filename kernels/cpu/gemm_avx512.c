@@ -1,4 +1,4 @@
-/* gemm_avx512.c - q8_0/q4_0/q5_0/q4_1/iq4_nl weights x q8_0 activations with
+/* gemm_avx512.c - q8_0/q4_0/q5_0/q4_1/q5_1/iq4_nl weights x q8_0 activations with
  * AVX512-VNNI, 16 weight rows at a time, for the matmuls of the forward
  * pass (prefill and decode alike).
  *
@@ -13,7 +13,7 @@
  *                      nibble | 5th bit << 4, iq4_nl: its level + 128,
  *                      one vpshufb of the nibble)
  *     dw:              16 floats, row r's block scale
- *     dm (q4_1):       16 floats, row r's block min
+ *     dm (q4_1, q5_1): 16 floats, row r's block min
  *
  * and one vpdpbusd of q[k] with 4 activation bytes broadcast ({1to16})
  * feeds 16 rows. After the 8 of a block each lane holds the exact integer
@@ -25,7 +25,8 @@
  *
  * so every tile entry is bitwise tl_vec_dot_ref's result, whatever the
  * tile shape, token count or thread split. q4_1 (nibbles q, scale d, min
- * m) is summed as its reference sums it, with two FMAs a block:
+ * m; q5_1 the same with q5_0's 5th bits) is summed as its reference sums
+ * it, with two FMAs a block:
  *
  *   s = fma((float)isum_b, d_w,b * d_y,b, s);  s = fma(m_b, sy_b, s)
  *
@@ -53,7 +54,7 @@
 #define UNROLL16 _Pragma("GCC unroll 16")
 
 enum { GROUP_BYTES = 8 * 64 + 64 };
-/* A block's bytes in the workspace: q[8], dw, and q4_1's dm. */
+/* A block's bytes in the workspace: q[8], dw, and q4_1's / q5_1's dm. */
 /* q4_1 and q5_1 carry a min per block (summed with two FMAs, below) */
 static inline int has_min(int kind) { return kind == Q_4_1 || kind == Q_5_1; }
 static inline size_t group_bytes(int kind) { return has_min(kind) ? GROUP_BYTES + 64 : GROUP_BYTES; }
@@ -83,7 +84,7 @@ static inline AI TN __m512i iq4nl_lut(void) {
                                                 (char)166, (char)181, (char)197, (char)217, (char)241));
 }
 
-/* Where a 32-element block's quants start (after d, q4_1's m, q5_0's qh). */
+/* Where a 32-element block's quants start (after d, q4_1's m, q5_0's qh, q5_1's m and qh). */
 static inline size_t qoff_of(int kind) { return kind == Q_5_1 ? 8 : kind == Q_5_0 ? 6 : kind == Q_4_1 ? 4 : 2; }
 
 /* Row block b's 32 weights as unsigned bytes (element i in byte i). */

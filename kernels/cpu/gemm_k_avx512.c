@@ -16,6 +16,8 @@
  *                     signed scales | cw pairs (-4 sc_2k, -4 sc_2k+1) | d
  *   q2_K (90):        q: 0..3; sc[16] | mn[8] int16 pairs (m_2k, m_2k+1)
  *                     | d | dmin
+ *   iq4_xs (81):      q: the level + 128 (iq4_nl's, by vpshufb); sc[8]
+ *                     signed | cw[8] pairs (-128 sc_j, -128 sc_j) | d
  *
  * vpdpbusd takes the weights as the unsigned operand and 4 activation
  * bytes broadcast ({1to16}) as the signed one, so q4_K and q5_K (its 5th
@@ -33,13 +35,14 @@
  *               with -4)
  *   q2_K  sumi as q3_K's without the offset, summ = sum_j m_j * bsums_j
  *               (8 vpdpwssd of the (m_2k, m_2k+1) pairs)
+ *   iq4_xs sumi = sum_j sc_j * dot(level_j, y_j), the +128 out as q6_K's -32
  *
  * (integer sums: the grouping does not change them; every partial sum is
  * below 2^29 in magnitude) and then applies the float ops in the
  * reference's order, super-block by super-block:
  *
  *   q2/4/5  s += (d_y * d_w) * (float)sumi - (d_y * dmin_w) * (float)summ
- *   q3/6    s += (d_y * d_w) * (float)sumi
+ *   q3/6, iq4_xs  s += (d_y * d_w) * (float)sumi
  *
  * so every tile entry is bitwise tl_vec_dot_ref. The prepared activation
  * row is the q8_K row itself (its bsums serve both corrections). A group
@@ -48,7 +51,8 @@
  * row with maddubs/madd, the transposition costing more than the rows'
  * bytes take to arrive (q6_K: 49152x2048 from DRAM, one token, 5.5 ms
  * against 7.5-8.9 transposed and 6.5 for the old row-dot kernel; q4_K and
- * q5_K four rows in step, rows_q45_K; q2_K and q3_K the same, rows_q23_K). */
+ * q5_K four rows in step, rows_q45_K; q2_K and q3_K the same, rows_q23_K;
+ * iq4_xs rows_iq4xs). */
 #include <stddef.h>
 
 #include "quants_impl.h"
@@ -58,12 +62,13 @@
 
 #include "gemm_q.h"
 
-#define TN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c")))
+/* bmi2 (pdep, rows_iq4xs): every VNNI CPU has it; dispatch.c checks it beside VNNI */
+#define TN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c,bmi2")))
 #define AI __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
 #define UNROLL16 _Pragma("GCC unroll 16")
 
-enum { K_4, K_5, K_6, K_3, K_2 }; /* q4_K, q5_K (the q4_K layout in the workspace), q6_K, q3_K (q6_K's), q2_K */
+enum { K_4, K_5, K_6, K_3, K_2, K_X }; /* q4_K, q5_K (the q4_K layout in the workspace), q6_K, q3_K (q6_K's), q2_K, iq4_xs */
 enum { GB_K4 = 82 * 64, GB_K6 = 89 * 64, GB_K2 = 90 * 64 }; /* workspace bytes per super-block of a group */
 #define TL_FUSED_TOKENS 2
 #define TOK_BLOCK 8
@@ -72,10 +77,10 @@ enum { GB_K4 = 82 * 64, GB_K6 = 89 * 64, GB_K2 = 90 * 64 }; /* workspace bytes p
 static inline size_t gb_of(int kind) { return kind == K_2 ? GB_K2 : kind == K_6 || kind == K_3 ? GB_K6 : GB_K4; }
 static inline size_t kbw_of(int kind) {
     return kind == K_4 ? sizeof(block_q4_K) : kind == K_5 ? sizeof(block_q5_K) : kind == K_6 ? sizeof(block_q6_K)
-         : kind == K_3 ? sizeof(block_q3_K) : sizeof(block_q2_K);
+         : kind == K_3 ? sizeof(block_q3_K) : kind == K_2 ? sizeof(block_q2_K) : sizeof(block_iq4_xs);
 }
-/* 16 sub-blocks of 16 (q2_K, q3_K, q6_K), or 8 of 32 (q4_K, q5_K) */
-static inline int nsub_of(int kind) { return kind == K_4 || kind == K_5 ? 8 : 16; }
+/* 16 sub-blocks of 16 (q2_K, q3_K, q6_K), or 8 of 32 (q4_K, q5_K, iq4_xs) */
+static inline int nsub_of(int kind) { return kind == K_4 || kind == K_5 || kind == K_X ? 8 : 16; }
 
 
 /* 16 rows of 8 dwords -> q[j] lane r = dword j of row r (gemm_avx512.c's
@@ -178,6 +183,38 @@ static inline AI TN void fill_sb_q23(int kind, const uint8_t *wb, const size_t *
     _mm512_store_ps((float *)(G + 88), gather_f16(wb, roffs, offsetof(block_q3_K, d)));
 }
 
+/* fill_sb for iq4_xs: sub-block j is 16 bytes of qs (low nibbles elements
+ * 0..15, high 16..31, as iq4_nl's block), so chunk c of 32 bytes holds
+ * sub-blocks 2c and 2c + 1; each nibble becomes its level + 128. */
+static inline AI TN void fill_sb_iq4xs(const uint8_t *wb, const size_t *roffs, __m512i *G) {
+    const __m512i m4 = _mm512_set1_epi8(0xF);
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141,
+                                                             (char)153, (char)166, (char)181, (char)197, (char)217, (char)241));
+    UNROLL for (int c = 0; c < 4; c++) {
+        __m512i p[8];
+        tr_bytes(wb, roffs, offsetof(block_iq4_xs, qs) + 32 * c, p);
+        UNROLL for (int t = 0; t < 4; t++) {
+            _mm512_store_si512(G + 16 * c + t, _mm512_shuffle_epi8(lut, _mm512_and_si512(p[t], m4)));
+            _mm512_store_si512(G + 16 * c + 4 + t, _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(p[t], 4), m4)));
+            _mm512_store_si512(G + 16 * c + 8 + t, _mm512_shuffle_epi8(lut, _mm512_and_si512(p[4 + t], m4)));
+            _mm512_store_si512(G + 16 * c + 12 + t, _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(p[4 + t], 4), m4)));
+        }
+    }
+    /* h[0] lane r = d | scales_h << 16, h[1] = scales_l: tl_iq4xs_scale on all rows */
+    __m512i h[8];
+    tr_bytes(wb, roffs, 0, h);
+    const __m512i f = _mm512_set1_epi32(0xF), k3 = _mm512_set1_epi32(3), lo16 = _mm512_set1_epi32(0xFFFF);
+    UNROLL for (int j = 0; j < 8; j++) {
+        const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(h[1], 4 * j), f);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(h[0], 16 + 2 * j), k3);
+        const __m512i sc = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
+        const __m512i cw = _mm512_and_si512(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sc, 7)), lo16);
+        _mm512_store_si512(G + 64 + j, sc);
+        _mm512_store_si512(G + 72 + j, _mm512_or_si512(cw, _mm512_slli_epi32(cw, 16)));
+    }
+    _mm512_store_ps((float *)(G + 80), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(h[0])));
+}
+
 /* Super-block i of the group (row r at w + roffs[r]) into g (gb_of bytes). */
 static inline AI TN void fill_sb(int kind, const uint8_t *w, const size_t *roffs, int64_t i, uint8_t *g) {
     const size_t bw = kbw_of(kind);
@@ -189,6 +226,10 @@ static inline AI TN void fill_sb(int kind, const uint8_t *w, const size_t *roffs
     const __m512i m4 = _mm512_set1_epi8(0xF), m30 = _mm512_set1_epi8(0x30);
     if (kind == K_2 || kind == K_3) {
         fill_sb_q23(kind, wb, roffs, G);
+        return;
+    }
+    if (kind == K_X) {
+        fill_sb_iq4xs(wb, roffs, G);
         return;
     }
     if (kind != K_6) {
@@ -296,7 +337,7 @@ static inline AI TN void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
         const __m512i sc = _mm512_load_si512(G + 64 + j);
         UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm512_add_epi32(sumi[c], _mm512_mullo_epi32(s[c], sc));
     }
-    if (kind != K_6 && kind != K_3) {
+    if (kind != K_6 && kind != K_3 && kind != K_X) {
         /* q4_K/q5_K: (m_j, m_j) pairs, q2_K (m_2j, m_2j+1), against bsums 2j, 2j+1 */
         const int mo = kind == K_2 ? 80 : 72, dof = kind == K_2 ? 88 : 80;
         __m512i summ[TOK_BLOCK];
@@ -315,12 +356,14 @@ static inline AI TN void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
         }
         return;
     }
+    /* the offset out through the bsums pairs (q6_K, q3_K after 16 scales, iq4_xs after 8) */
+    const int co = kind == K_X ? 72 : 80;
     UNROLL for (int k = 0; k < 8; k++) {
-        const __m512i cw = _mm512_load_si512(G + 80 + k);
+        const __m512i cw = _mm512_load_si512(G + co + k);
         UNROLL for (int c = 0; c < C; c++)
             sumi[c] = _mm512_dpwssd_epi32(sumi[c], cw, _mm512_set1_epi32((int)ld32(yb[c]->bsums + 2 * k)));
     }
-    const __m512 dw = _mm512_load_ps((const float *)(G + 88));
+    const __m512 dw = _mm512_load_ps((const float *)(G + co + 8));
     UNROLL for (int c = 0; c < C; c++) {
         const __m512 dy = _mm512_set1_ps(yb[c]->d);
         acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(_mm512_mul_ps(dy, dw), _mm512_cvtepi32_ps(sumi[c])));
@@ -599,6 +642,78 @@ static inline AI TN void rows_q23_K(int kind, int C, int nr, int64_t nb, const u
     }
 }
 
+/* iq4_xs decode (nt <= TL_FUSED_TOKENS): rows_q45_K's scheme. Register
+ * (h, lo) of a row holds the low nibbles of qs bytes 64h..64h+63: lane L
+ * is elements 0..15 of sub-block 4h + L; (h, hi) the high nibbles, its
+ * elements 16..31. The activation is rearranged to match once per
+ * super-block (y[2h], y[2h + 1]), shared by the four rows. maddubs takes
+ * the levels' magnitudes (vpshufb of the nibble) against the activation
+ * negated where the level is negative (nibbles below 8), so pairs stay
+ * below 2^15 (2 * 127 * 127) and the sums need no offset; vpdpwssd weights
+ * each lane by its sub-block's int16 scale. */
+static inline AI TN __m512i row_iq4xs(const uint8_t *a, const __m512i y[4]) {
+    const __m512i m4 = _mm512_set1_epi8(0xF), b8 = _mm512_set1_epi8(8), zero = _mm512_setzero_si512();
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113));
+    /* byte j = the 6-bit scale j (4 low bits from scales_l, 2 from scales_h), by pdep */
+    const uint64_t ls = _pdep_u64(ld32(a + offsetof(block_iq4_xs, scales_l)), 0x0F0F0F0F0F0F0F0Full) |
+                        _pdep_u64(ld16(a + offsetof(block_iq4_xs, scales_h)), 0x3030303030303030ull);
+    const __m128i sc8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)ls), _mm_set1_epi8(32));
+    const __m512i sc16 = _mm512_broadcast_i32x4(_mm_cvtepi8_epi16(sc8)); /* 8 int16 scales per 128-bit lane */
+    __m512i acc = zero;
+    UNROLL for (int h = 0; h < 2; h++) {
+        const __m512i l = _mm512_loadu_si512(a + offsetof(block_iq4_xs, qs) + 64 * h);
+        /* lane L: int16 scale 4h + L */
+        const long long w0 = (long long)(((uint64_t)(8 * h + 1) << 8 | 8 * h) * 0x0001000100010001ull);
+        const long long w1 = w0 + 0x0202020202020202ll, w2 = w0 + 0x0404040404040404ll, w3 = w0 + 0x0606060606060606ll;
+        const __m512i scv = _mm512_shuffle_epi8(sc16, _mm512_set_epi64(w3, w3, w2, w2, w1, w1, w0, w0));
+        UNROLL for (int e = 0; e < 2; e++) {
+            const __m512i nib = _mm512_and_si512(e ? _mm512_srli_epi16(l, 4) : l, m4);
+            const __m512i ys = _mm512_mask_sub_epi8(y[2 * h + e], _mm512_testn_epi8_mask(nib, b8), zero, y[2 * h + e]);
+            acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(_mm512_shuffle_epi8(lut, nib), ys), scv);
+        }
+    }
+    return acc;
+}
+
+static inline AI TN void rows_iq4xs(int C, int nr, int64_t nb, const uint8_t *w, size_t ldw, const uint8_t *x, size_t ldx,
+                                    float *out, size_t ldo) {
+    const size_t bw = sizeof(block_iq4_xs);
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const uint8_t *row[4]; /* rows past nr repeat the last (valid memory); not stored */
+        UNROLL for (int k = 0; k < 4; k++) row[k] = w + (size_t)(r0 + k < nr ? r0 + k : nr - 1) * ldw;
+        for (int c = 0; c < C; c++) {
+            __m128 s = _mm_setzero_ps();
+            for (int64_t i = 0; i < nb; i++) {
+                if (c == 0) { /* as rows_q45_K */
+                    const uint8_t *pf = w + (size_t)r0 * ldw + K_PF_AHEAD(ldw) + (size_t)i * 4 * bw;
+                    for (size_t k = 0; k < 4 * bw; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
+                }
+                const block_q8_K *yb = (const block_q8_K *)(x + c * ldx) + i;
+                __m512i y[4]; /* (h, lo), (h, hi): lane L elements 0..15 / 16..31 of sub-block 4h + L */
+                UNROLL for (int h = 0; h < 2; h++) {
+                    const __m512i y0 = _mm512_loadu_si512(yb->qs + 128 * h), y1 = _mm512_loadu_si512(yb->qs + 128 * h + 64);
+                    y[2 * h] = _mm512_shuffle_i64x2(y0, y1, 0x88);
+                    y[2 * h + 1] = _mm512_shuffle_i64x2(y0, y1, 0xDD);
+                }
+                __m256i t[4];
+                UNROLL for (int k = 0; k < 4; k++) {
+                    const __m512i acc = row_iq4xs(row[k] + (size_t)i * bw, y);
+                    t[k] = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+                }
+                const __m256i wi = _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
+                const __m128i sumi = _mm_add_epi32(_mm256_castsi256_si128(wi), _mm256_extracti128_si256(wi, 1));
+                uint64_t d4 = 0; /* the four rows' d words in one integer */
+                UNROLL for (int k = 0; k < 4; k++) d4 |= (uint64_t)ld16(row[k] + (size_t)i * bw) << (16 * k);
+                const __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)d4));
+                s = _mm_add_ps(s, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(yb->d), dw), _mm_cvtepi32_ps(sumi)));
+            }
+            float o[4];
+            _mm_storeu_ps(o, s);
+            for (int k = 0; k < 4 && r0 + k < nr; k++) out[c * ldo + r0 + k] = o[k];
+        }
+    }
+}
+
 /* C tokens against one 16-row group, transposed in the workspace wk. */
 static inline AI TN void mk(int kind, int C, int64_t nb, const uint8_t *wk, const uint8_t *x, size_t ldx, float *out,
                             size_t ldo, __mmask16 m) {
@@ -626,6 +741,11 @@ static inline AI TN void gemm_k(int kind, int64_t n, int nr, int nt, float *out,
     if (nt <= TL_FUSED_TOKENS && kind == K_6) {
         if (nt == 1) rows_q6_K(1, nr, nb, W, ldw, X, ldx, out, ldo);
         else rows_q6_K(2, nr, nb, W, ldw, X, ldx, out, ldo);
+        return;
+    }
+    if (nt <= TL_FUSED_TOKENS && kind == K_X) {
+        if (nt == 1) rows_iq4xs(1, nr, nb, W, ldw, X, ldx, out, ldo);
+        else rows_iq4xs(2, nr, nb, W, ldw, X, ldx, out, ldo);
         return;
     }
     if (nt <= TL_FUSED_TOKENS && (kind == K_2 || kind == K_3)) {
@@ -669,6 +789,10 @@ static TN void gemm_q2_K(int64_t n, int nr, int nt, float *out, size_t ldo, cons
                          size_t ldx, void *work) {
     gemm_k(K_2, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
 }
+static TN void gemm_iq4_xs(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
+                           size_t ldx, void *work) {
+    gemm_k(K_X, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
+}
 
 /* vec_dot for one row: the 1 x 1 tile, so both sum in the same order (one
  * token goes row by row: no workspace). Only tests and the vec_dot_tile
@@ -707,6 +831,8 @@ void tl_gemm_k_fill_avx512(tl_kernel_table *t) {
     t->gemm_tile[TL_TYPE_Q3_K] = gemm_q3_K;
     t->gemm_prepare[TL_TYPE_Q2_K] = prepare_q8_K;
     t->gemm_prepare[TL_TYPE_Q3_K] = prepare_q8_K;
+    t->gemm_tile[TL_TYPE_IQ4_XS] = gemm_iq4_xs;
+    t->gemm_prepare[TL_TYPE_IQ4_XS] = prepare_q8_K;
 }
 
 #else

@@ -1,5 +1,5 @@
-/* quants_extra_avx2.c - q2_K, q3_K, iq4_nl and q5_1 one-row dots for the
- * AVX2 level (the AVX-512 level adds their GEMM, gemm_k_avx512.c and
+/* quants_extra_avx2.c - q2_K, q3_K, iq4_nl, iq4_xs and q5_1 one-row dots
+ * for the AVX2 level (the AVX-512 level adds their GEMM, gemm_k_avx512.c and
  * gemm_avx512.c, which sum the same way).
  *
  * q2_K / q3_K: elements 128c + 32j + p (p < 32) are bits 2j..2j+1 of qs byte 32c + p
@@ -14,7 +14,8 @@
  *
  * iq4_nl: the nibbles through vpshufb to their signed levels, multiplied
  * with the activation by vpsignb + maddubs (|pairs| <= 2 * 127 * 127),
- * then the reference's float ops per block.
+ * then the reference's float ops per block; iq4_xs the same per sub-block,
+ * weighted by its scale in vpmaddwd (|sums| < 2^22), float per super-block.
  *
  * q5_1: the 5-bit values by maddubs against the activation (pairs <= 2 *
  * 31 * 127), the activation's own sum beside, then the reference's two
@@ -96,19 +97,39 @@ static inline AI T2 void dot_q23(int q3, int64_t n, float *out, const void *w, c
     *out = s;
 }
 
+/* 32 iq4_nl nibbles (16 bytes) times 32 activation bytes: int16 pair sums. */
+static inline AI T2 __m256i iq4_pairs(__m128i lut, const uint8_t *qs, const int8_t *y) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0xF);
+    const __m256i q = _mm256_set_m128i(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m4)),
+                                       _mm_shuffle_epi8(lut, _mm_and_si128(b, m4)));
+    const __m256i yv = _mm256_loadu_si256((const __m256i *)y);
+    return _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
+}
+
+static T2 void dot_iq4_xs_avx2(int64_t n, float *out, const void *w, const void *x) {
+    const block_iq4_xs *a = w;
+    const block_q8_K *y = x;
+    const __m128i lut = _mm_loadu_si128((const __m128i *)tl_iq4nl_values);
+    float s = 0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        __m256i acc = _mm256_setzero_si256();
+        UNROLL for (int j = 0; j < 8; j++) {
+            const __m256i sc = _mm256_set1_epi16((short)tl_iq4xs_scale((const uint8_t *)&a[i], j));
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(iq4_pairs(lut, a[i].qs + 16 * j, y[i].qs + 32 * j), sc));
+        }
+        s += y[i].d * f16(a[i].d) * hsum_i32(acc);
+    }
+    *out = s;
+}
+
 static T2 void dot_iq4_nl_avx2(int64_t n, float *out, const void *w, const void *x) {
     const block_q4_0 *a = w;
     const block_q8_0 *y = x;
-    const __m128i lut = _mm_loadu_si128((const __m128i *)tl_iq4nl_values), m4 = _mm_set1_epi8(0xF);
+    const __m128i lut = _mm_loadu_si128((const __m128i *)tl_iq4nl_values);
     const __m256i ones = _mm256_set1_epi16(1);
     float s = 0;
     for (int64_t i = 0; i < n / 32; i++) {
-        const __m128i b = _mm_loadu_si128((const __m128i *)a[i].qs);
-        const __m256i q = _mm256_set_m128i(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m4)),
-                                           _mm_shuffle_epi8(lut, _mm_and_si128(b, m4)));
-        const __m256i yv = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
-        const int sumi = hsum_i32(_mm256_madd_epi16(p, ones));
+        const int sumi = hsum_i32(_mm256_madd_epi16(iq4_pairs(lut, a[i].qs, y[i].qs), ones));
         s += sumi * (_cvtsh_ss(a[i].d) * _cvtsh_ss(y[i].d));
     }
     *out = s;
@@ -136,6 +157,7 @@ static T2 void dot_q3_K_avx2(int64_t n, float *out, const void *w, const void *x
 
 void tl_extra_fill_avx2(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_IQ4_NL] = dot_iq4_nl_avx2;
+    t->vec_dot[TL_TYPE_IQ4_XS] = dot_iq4_xs_avx2;
     t->vec_dot[TL_TYPE_Q5_1] = dot_q5_1_avx2;
     t->vec_dot[TL_TYPE_Q2_K] = dot_q2_K_avx2;
     t->vec_dot[TL_TYPE_Q3_K] = dot_q3_K_avx2;

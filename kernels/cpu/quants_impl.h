@@ -11,6 +11,9 @@
  *   q5_1  | d:f16 | m:f16 | qh[4] as q5_0 | qs[16] as q4_0                 |
  *   q8_0  | d:f16 | qs[32]: int8                                          |
  *   iq4_nl  as q4_0, each nibble an index into tl_iq4nl_values          |
+ *   iq4_xs | d | scales_h: 2 high bits per sub-block | scales_l[4]: 4 low
+ *           bits per sub-block | qs[128]: 8 sub-blocks of 32 as iq4_nl's |
+ *           value d * (ls - 32) * level, ls the 6-bit scale
  *   q2_K  | scales[16]: scale (low nibble), min (high) per 16 elems |
  *           qs[64] | d | dmin; element 128c + 32j + p (p < 32) is bits
  *           2j..2j+1 of qs[32c + p]: value d*sc*q - dmin*m
@@ -42,6 +45,7 @@ typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } block_q5_0;
 typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } block_q5_1;
 typedef struct { uint16_t d; int8_t qs[32]; } block_q8_0;
 typedef struct { uint8_t scales[16]; uint8_t qs[64]; uint16_t d, dmin; } block_q2_K;
+typedef struct { uint16_t d, scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } block_iq4_xs;
 typedef struct { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; uint16_t d; } block_q3_K;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } block_q4_K;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } block_q5_K;
@@ -54,6 +58,7 @@ _Static_assert(sizeof(block_q5_0) == 22, "q5_0 layout");
 _Static_assert(sizeof(block_q5_1) == 24, "q5_1 layout");
 _Static_assert(sizeof(block_q8_0) == 34, "q8_0 layout");
 _Static_assert(sizeof(block_q2_K) == 84, "q2_K layout");
+_Static_assert(sizeof(block_iq4_xs) == 136, "iq4_xs layout");
 _Static_assert(sizeof(block_q3_K) == 110, "q3_K layout");
 _Static_assert(sizeof(block_q4_K) == 144, "q4_K layout");
 _Static_assert(sizeof(block_q5_K) == 176, "q5_K layout");
@@ -132,6 +137,12 @@ static inline void tl_get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint
 
 /* iq4_nl's 16 non-uniform levels (ggml's kvalues_iq4nl). */
 static const int8_t tl_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* Sub-block j's (0..7) signed scale (-32..31) of an iq4_xs block. */
+static inline int tl_iq4xs_scale(const uint8_t *blk, int j) {
+    const uint16_t h = (uint16_t)(blk[2] | blk[3] << 8);
+    return (((blk[4 + j / 2] >> (4 * (j % 2))) & 0xF) | ((h >> (2 * j)) & 3) << 4) - 32;
+}
 
 /* The 16 signed scales (-32..31) of a q3_K block: the low 4 bits of scale
  * j in byte j % 8 (low nibble for j < 8), its high 2 bits in byte 8 + j %

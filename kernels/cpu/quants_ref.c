@@ -87,6 +87,20 @@ static void dequant_iq4_nl(const block_q4_0 *x, float *y, int64_t nb) {
     }
 }
 
+static void dequant_iq4_xs(const block_iq4_xs *x, float *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++) {
+        const float d = TL_F16(x[i].d);
+        for (int j = 0; j < 8; j++, y += 32) {
+            const float dl = d * tl_iq4xs_scale((const uint8_t *)&x[i], j);
+            const uint8_t *qs = x[i].qs + 16 * j;
+            for (int l = 0; l < 16; l++) {
+                y[l] = dl * tl_iq4nl_values[qs[l] & 0xF];
+                y[l + 16] = dl * tl_iq4nl_values[qs[l] >> 4];
+            }
+        }
+    }
+}
+
 static void dequant_q8_0(const void *src, float *y, int64_t nb) {
     const block_q8_0 *x = src;
     for (int64_t i = 0; i < nb; i++, y += 32) {
@@ -189,6 +203,7 @@ void tl_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     case TL_TYPE_Q5_0: dequant_q5_0(src, dst, nb); break;
     case TL_TYPE_Q8_0: tl_dequant_q8_0_blocks(src, dst, nb); break;
     case TL_TYPE_IQ4_NL: dequant_iq4_nl(src, dst, nb); break;
+    case TL_TYPE_IQ4_XS: dequant_iq4_xs(src, dst, nb); break;
     case TL_TYPE_Q5_1: dequant_q5_1(src, dst, nb); break;
     case TL_TYPE_Q2_K: dequant_q2_K(src, dst, nb); break;
     case TL_TYPE_Q3_K: dequant_q3_K(src, dst, nb); break;
@@ -283,6 +298,34 @@ static void quant_iq4_nl(const float *x, block_q4_0 *y, int64_t nb) {
         }
         y[i].d = tl_f32_to_f16_inl(sll > 0 ? sxl / sll : 0.0f);
         for (int j = 0; j < 16; j++) y[i].qs[j] = (uint8_t)(L[j] | L[j + 16] << 4);
+    }
+}
+
+/* iq4_xs: per sub-block iq4_nl's fit (a float scale), the scales then
+ * quantized to 6 signed bits against d = max / -32, the elements
+ * requantized against the scales the decoder will see. */
+static void quant_iq4_xs(const float *x, block_iq4_xs *y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, x += QK_K) {
+        float sc[8], max_sc = 0, amax_sc = 0;
+        for (int j = 0; j < 8; j++) {
+            block_q4_0 t;
+            quant_iq4_nl(x + 32 * j, &t, 1);
+            sc[j] = TL_F16(t.d);
+            if (fabsf(sc[j]) > amax_sc) { amax_sc = fabsf(sc[j]); max_sc = sc[j]; }
+        }
+        memset(&y[i], 0, sizeof y[i]);
+        const float d = max_sc / -32;
+        y[i].d = tl_f32_to_f16_inl(d);
+        const float dh = TL_F16(y[i].d), id = dh ? 1.0f / dh : 0.0f;
+        for (int j = 0; j < 8; j++) {
+            int ls = nearest_int(sc[j] * id);
+            ls = (ls < -32 ? -32 : ls > 31 ? 31 : ls) + 32;
+            y[i].scales_l[j / 2] |= (uint8_t)((ls & 0xF) << (4 * (j % 2)));
+            y[i].scales_h |= (uint16_t)((ls >> 4) << (2 * j));
+            const float dl = dh * (ls - 32), il = dl ? 1.0f / dl : 0.0f;
+            for (int l = 0; l < 16; l++)
+                y[i].qs[16 * j + l] = (uint8_t)(iq4nl_nearest(x[32 * j + l] * il) | iq4nl_nearest(x[32 * j + l + 16] * il) << 4);
+        }
     }
 }
 
@@ -607,6 +650,7 @@ void tl_quantize_row_ref(int type, const float *src, void *dst, int64_t n) {
     case TL_TYPE_Q5_0: quant_q5_0(src, dst, nb); break;
     case TL_TYPE_Q8_0: quant_q8_0(src, dst, nb); break;
     case TL_TYPE_IQ4_NL: quant_iq4_nl(src, dst, nb); break;
+    case TL_TYPE_IQ4_XS: quant_iq4_xs(src, dst, nb); break;
     case TL_TYPE_Q5_1: quant_q5_1(src, dst, nb); break;
     case TL_TYPE_Q2_K: quant_q2_K(src, dst, nb); break;
     case TL_TYPE_Q3_K: quant_q3_K(src, dst, nb); break;
@@ -686,6 +730,25 @@ static void dot_iq4_nl(int64_t n, float *out, const void *w, const void *x) {
         for (int j = 0; j < 16; j++)
             sumi += tl_iq4nl_values[a[i].qs[j] & 0xF] * b[i].qs[j] + tl_iq4nl_values[a[i].qs[j] >> 4] * b[i].qs[j + 16];
         s += sumi * (TL_F16(a[i].d) * TL_F16(b[i].d));
+    }
+    *out = s;
+}
+
+/* iq4_xs: as q6_K (signed sub-block scales, one super-scale), 8 sub-blocks of 32. */
+static void dot_iq4_xs(int64_t n, float *out, const void *w, const void *x) {
+    const block_iq4_xs *a = w;
+    const block_q8_K *b = x;
+    float s = 0;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int sumi = 0;
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *qs = a[i].qs + 16 * j;
+            const int8_t *y = b[i].qs + 32 * j;
+            int d = 0;
+            for (int l = 0; l < 16; l++) d += tl_iq4nl_values[qs[l] & 0xF] * y[l] + tl_iq4nl_values[qs[l] >> 4] * y[l + 16];
+            sumi += tl_iq4xs_scale((const uint8_t *)&a[i], j) * d;
+        }
+        s += b[i].d * TL_F16(a[i].d) * sumi;
     }
     *out = s;
 }
@@ -880,6 +943,7 @@ void tl_kernels_fill_ref(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_BF16] = dot_bf16_w;
     t->vec_dot[TL_TYPE_Q4_0] = dot_q4_0;
     t->vec_dot[TL_TYPE_IQ4_NL] = dot_iq4_nl;
+    t->vec_dot[TL_TYPE_IQ4_XS] = dot_iq4_xs;
     t->vec_dot[TL_TYPE_Q5_1] = dot_q5_1;
     t->vec_dot[TL_TYPE_Q4_1] = dot_q4_1;
     t->vec_dot[TL_TYPE_Q5_0] = dot_q5_0;

@@ -21,6 +21,8 @@ static const tl_type_traits traits[TL_TYPE_COUNT] = {
     [TL_TYPE_Q3_K] = {"q3_K", QK_K, QK_K / 8 + QK_K / 4 + 12 + 2, TL_TYPE_Q8_K, 1},
     [TL_TYPE_Q4_K] = {"q4_K", QK_K, 2 + 2 + 12 + QK_K / 2, TL_TYPE_Q8_K, 1},
     [TL_TYPE_Q5_K] = {"q5_K", QK_K, 2 + 2 + 12 + QK_K / 8 + QK_K / 2, TL_TYPE_Q8_K, 1},
+    /* IQ4_XS: 8 sub-blocks of 32 with 6-bit scales, iq4_nl's levels */
+    [TL_TYPE_IQ4_XS] = {"iq4_xs", QK_K, 2 + 2 + QK_K / 64 + QK_K / 2, TL_TYPE_Q8_K, 1},
     [TL_TYPE_Q6_K] = {"q6_K", QK_K, QK_K / 2 + QK_K / 4 + QK_K / 16 + 2, TL_TYPE_Q8_K, 1},
     /* Q8_K: f32 d, int8 qs[256], int16 bsums[16]; activations only. */
     [TL_TYPE_Q8_K] = {"q8_K", QK_K, 4 + QK_K + 2 * (QK_K / 16), TL_TYPE_Q8_K, 0},

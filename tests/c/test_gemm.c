@@ -17,7 +17,7 @@
  *   pack     TL_PACK8 / TL_PACK16 q8_0/q4_0 rows: pack/unpack round trip, and packed
  *            tiles at every level (prepared or plain activation rows)
  *            bitwise tl_vec_dot of the plain rows.
- *   extremes q2_K..q6_K blocks of random bytes (every scale and min
+ *   extremes iq4_xs, q2_K..q6_K blocks of random bytes (every scale and min
  *            at any value) x activations of +-1 (q8_K rows all +-127): the
  *            GEMM entries are still the scalar reference bitwise.
  *   forward  synthetic models of each architecture (f32, q4_0, q8_0,
@@ -51,7 +51,7 @@ static float gauss(void) { return test_gauss(&rng); }
 
 static void test_tiles(void) {
     static const int types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1,
-                                TL_TYPE_Q5_0, TL_TYPE_Q5_1, TL_TYPE_Q8_0, TL_TYPE_IQ4_NL, TL_TYPE_Q2_K, TL_TYPE_Q3_K,
+                                TL_TYPE_Q5_0, TL_TYPE_Q5_1, TL_TYPE_Q8_0, TL_TYPE_IQ4_NL, TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K,
                                 TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
     enum { MAXR = 17, MAXT = 17, PAD = 3 };
     const int isa_max = tl_kernels_isa();
@@ -149,7 +149,7 @@ static void score_tile(int type, int64_t n, int nr, int nt, const float *out, si
 
 static void test_gemm_path(void) {
     static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_1, TL_TYPE_Q5_1, TL_TYPE_IQ4_NL,
-                                TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+                                TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
     enum { MAXR = TL_GEMM_ROWS, MAXT = 19, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -583,7 +583,7 @@ static void test_softmax(void) {
  * all +-127 (bsums up to +-2032): the GEMM path's integer sums stay exact
  * at the extremes and every entry is still the scalar reference bitwise. */
 static void test_gemm_k_extremes(void) {
-    static const int types[] = {TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+    static const int types[] = {TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
     enum { NR = TL_GEMM_ROWS, NT = 11, N = 512 };
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const int type = types[ti];
@@ -605,6 +605,8 @@ static void test_gemm_k_extremes(void) {
             const uint16_t d = tl_f32_to_f16(gauss() * 0.01f), dm = tl_f32_to_f16(gauss() * 0.01f);
             if (type == TL_TYPE_Q6_K || type == TL_TYPE_Q3_K) { /* d last */
                 memcpy(blk + bsz - 2, &d, 2);
+            } else if (type == TL_TYPE_IQ4_XS) { /* d first, then random scale bits */
+                memcpy(blk, &d, 2);
             } else if (type == TL_TYPE_Q2_K) { /* d, dmin last */
                 memcpy(blk + bsz - 4, &d, 2);
                 memcpy(blk + bsz - 2, &dm, 2);

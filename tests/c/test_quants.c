@@ -57,7 +57,7 @@ static void fill_data(float *x, int64_t n, int with_zero_block) {
 
 static int isa_max;
 static const int weight_types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1,
-                                   TL_TYPE_Q5_0, TL_TYPE_Q5_1, TL_TYPE_Q8_0, TL_TYPE_IQ4_NL, TL_TYPE_Q2_K, TL_TYPE_Q3_K,
+                                   TL_TYPE_Q5_0, TL_TYPE_Q5_1, TL_TYPE_Q8_0, TL_TYPE_IQ4_NL, TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K,
                                    TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
 #define N_WTYPES ((int)(sizeof weight_types / sizeof weight_types[0]))
 
@@ -74,6 +74,7 @@ static double rt_bound(int type) {
     case TL_TYPE_Q5_0: return 7e-3;
     case TL_TYPE_Q5_1: return 3e-3;
     case TL_TYPE_IQ4_NL: return 1.1e-2;
+    case TL_TYPE_IQ4_XS: return 1.5e-2;
     case TL_TYPE_Q2_K: return 1.1e-1;
     case TL_TYPE_Q3_K: return 5e-2;
     case TL_TYPE_Q4_K: return 8e-3;
