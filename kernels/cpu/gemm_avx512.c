@@ -326,59 +326,32 @@ static inline AI TN void gemm_pk(int kind, int64_t n, int nr, int nt, float *out
     }
 }
 
-static TN void gemm_pk_q8_0(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                            size_t ldx, void *work) {
-    (void)work;
-    gemm_pk(Q_8_0, n, nr, nt, out, ldo, w, ldw, x, ldx);
-}
-static TN void gemm_pk_q4_0(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                            size_t ldx, void *work) {
-    (void)work;
-    gemm_pk(Q_4_0, n, nr, nt, out, ldo, w, ldw, x, ldx);
-}
-
-static TN void gemm_pk_q5_0(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                            size_t ldx, void *work) {
-    (void)work;
-    gemm_pk(Q_5_0, n, nr, nt, out, ldo, w, ldw, x, ldx);
-}
-static TN void gemm_pk_q4_1(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                            size_t ldx, void *work) {
-    (void)work;
-    gemm_pk(Q_4_1, n, nr, nt, out, ldo, w, ldw, x, ldx);
-}
-
-static TN void gemm_pk_iq4_nl(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
-                              const void *x, size_t ldx, void *work) {
-    (void)work;
-    gemm_pk(Q_IQ4NL, n, nr, nt, out, ldo, w, ldw, x, ldx);
-}
-static TN void gemm_iq4_nl(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                           size_t ldx, void *work) {
-    gemm_q(Q_IQ4NL, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
-}
-
-static TN void gemm_q5_1(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                         size_t ldx, void *work) {
-    gemm_q(Q_5_1, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
-}
-
-static TN void gemm_q8_0(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                         size_t ldx, void *work) {
-    gemm_q(Q_8_0, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
-}
-static TN void gemm_q4_0(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                         size_t ldx, void *work) {
-    gemm_q(Q_4_0, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
-}
-static TN void gemm_q5_0(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                         size_t ldx, void *work) {
-    gemm_q(Q_5_0, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
-}
-static TN void gemm_q4_1(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                         size_t ldx, void *work) {
-    gemm_q(Q_4_1, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
-}
+/* The table's entry points, one per type: the GEMM on plain rows (gemm_q)
+ * and on TL_PACK16 rows (gemm_pk). */
+#define GEMM_Q(NAME, KIND)                                                                                       \
+    static TN void NAME(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x, \
+                        size_t ldx, void *work) {                                                                 \
+        gemm_q(KIND, n, nr, nt, out, ldo, w, ldw, x, ldx, work);                                                 \
+    }
+#define GEMM_PK(NAME, KIND)                                                                                      \
+    static TN void NAME(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x, \
+                        size_t ldx, void *work) {                                                                 \
+        (void)work;                                                                                              \
+        gemm_pk(KIND, n, nr, nt, out, ldo, w, ldw, x, ldx);                                                      \
+    }
+GEMM_Q(gemm_q8_0, Q_8_0)
+GEMM_Q(gemm_q4_0, Q_4_0)
+GEMM_Q(gemm_q5_0, Q_5_0)
+GEMM_Q(gemm_q4_1, Q_4_1)
+GEMM_Q(gemm_q5_1, Q_5_1)
+GEMM_Q(gemm_iq4_nl, Q_IQ4NL)
+GEMM_PK(gemm_pk_q8_0, Q_8_0)
+GEMM_PK(gemm_pk_q4_0, Q_4_0)
+GEMM_PK(gemm_pk_q5_0, Q_5_0)
+GEMM_PK(gemm_pk_q4_1, Q_4_1)
+GEMM_PK(gemm_pk_iq4_nl, Q_IQ4NL)
+#undef GEMM_Q
+#undef GEMM_PK
 
 /* The prepared row: the q8_0 row, then per block its scale as a float and
  * -off * sum(y), or for q4_1 the float sy = (float)sum(y) * scale. */

@@ -51,8 +51,7 @@
  * row with maddubs/madd, the transposition costing more than the rows'
  * bytes take to arrive (q6_K: 49152x2048 from DRAM, one token, 5.5 ms
  * against 7.5-8.9 transposed and 6.5 for the old row-dot kernel; q4_K and
- * q5_K four rows in step, rows_q45_K; q2_K and q3_K the same, rows_q23_K;
- * iq4_xs rows_iq4xs). */
+ * q5_K four rows in step, rows_K, as q2_K, q3_K and iq4_xs). */
 #include <stddef.h>
 
 #include "quants_impl.h"
@@ -62,7 +61,7 @@
 
 #include "gemm_q.h"
 
-/* bmi2 (pdep, rows_iq4xs): every VNNI CPU has it; dispatch.c checks it beside VNNI */
+/* bmi2 (pdep, row_iq4xs): every VNNI CPU has it; dispatch.c checks it beside VNNI */
 #define TN __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c,bmi2")))
 #define AI __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
@@ -474,71 +473,7 @@ static inline AI TN void row_sb(int kind, const uint8_t *a, __m512i q[4], __m512
  * 7.4-12 GB/s; the next group 17; + 2 KiB 17.5-19.7; + 8 KiB 18.5-20 */
 #define K_PF_AHEAD(ldw) (4 * (ldw) + 8192)
 #endif
-static inline AI TN void rows_q45_K(int kind, int C, int nr, int64_t nb, const uint8_t *w, size_t ldw,
-                                    const uint8_t *x, size_t ldx, float *out, size_t ldo) {
-    const size_t bw = kbw_of(kind);
-    for (int r0 = 0; r0 < nr; r0 += 4) {
-        const uint8_t *row[4]; /* rows past nr repeat the last (valid memory); not stored */
-        UNROLL for (int k = 0; k < 4; k++) row[k] = w + (size_t)(r0 + k < nr ? r0 + k : nr - 1) * ldw;
-        for (int c = 0; c < C; c++) { /* the second token reads the four rows from L1 */
-            __m128 s = _mm_setzero_ps();
-            for (int64_t i = 0; i < nb; i++) {
-                /* four row streams interleaved lose the hardware prefetcher
-                 * (as gemm_avx512.c's 16): the bytes past this group go to
-                 * L2 linearly, a super-block's worth of four rows a step */
-                if (c == 0) {
-                    const uint8_t *pf = w + (size_t)r0 * ldw + K_PF_AHEAD(ldw) + (size_t)i * 4 * bw;
-                    for (size_t k = 0; k < 4 * bw; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
-                }
-                const block_q8_K *yb = (const block_q8_K *)(x + c * ldx) + i;
-                __m512i y[4]; /* sub-blocks (4h, 4h + 2), (4h + 1, 4h + 3) */
-                UNROLL for (int h = 0; h < 2; h++) {
-                    const __m512i y0 = _mm512_loadu_si512(yb->qs + 128 * h), y1 = _mm512_loadu_si512(yb->qs + 128 * h + 64);
-                    y[2 * h] = _mm512_shuffle_i64x2(y0, y1, _MM_SHUFFLE(1, 0, 1, 0));
-                    y[2 * h + 1] = _mm512_shuffle_i64x2(y0, y1, _MM_SHUFFLE(3, 2, 3, 2));
-                }
-                const __m256i bsums = _mm256_loadu_si256((const __m256i *)yb->bsums);
-                __m256i t[4], pm[4];
-                /* lane k: row k's d | dmin << 16, built in registers (four
-                 * narrow stores then a wide load stall store forwarding) */
-                const __m128i dd = _mm_set_epi32((int)ld32(row[3] + (size_t)i * bw), (int)ld32(row[2] + (size_t)i * bw),
-                                                 (int)ld32(row[1] + (size_t)i * bw), (int)ld32(row[0] + (size_t)i * bw));
-                UNROLL for (int k = 0; k < 4; k++) {
-                    const uint8_t *a = row[k] + (size_t)i * bw;
-                    __m512i q[4], scv[4];
-                    __m256i mn;
-                    row_sb(kind, a, q, scv, &mn);
-                    /* two chains, added at the end (integers: exact) */
-                    const __m512i a0 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(q[0], y[0]), scv[0]),
-                                                           _mm512_maddubs_epi16(q[1], y[1]), scv[1]);
-                    const __m512i a1 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(q[2], y[2]), scv[2]),
-                                                           _mm512_maddubs_epi16(q[3], y[3]), scv[3]);
-                    const __m512i acc = _mm512_add_epi32(a0, a1);
-                    t[k] = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
-                    pm[k] = _mm256_madd_epi16(mn, bsums);
-                }
-                /* lanes k = row k's sums */
-                const __m256i wi = _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
-                const __m256i wm = _mm256_hadd_epi32(_mm256_hadd_epi32(pm[0], pm[1]), _mm256_hadd_epi32(pm[2], pm[3]));
-                const __m128i sumi = _mm_add_epi32(_mm256_castsi256_si128(wi), _mm256_extracti128_si256(wi, 1));
-                const __m128i summ = _mm_add_epi32(_mm256_castsi256_si128(wm), _mm256_extracti128_si256(wm, 1));
-                const __m256 f = _mm256_cvtph_ps(dd); /* d0 m0 d1 m1 | d2 m2 d3 m3 */
-                const __m128 flo = _mm256_castps256_ps128(f), fhi = _mm256_extractf128_ps(f, 1);
-                const __m128 dw = _mm_shuffle_ps(flo, fhi, _MM_SHUFFLE(2, 0, 2, 0));
-                const __m128 dm = _mm_shuffle_ps(flo, fhi, _MM_SHUFFLE(3, 1, 3, 1));
-                const __m128 dy = _mm_set1_ps(yb->d);
-                const __m128 t1 = _mm_mul_ps(_mm_mul_ps(dy, dw), _mm_cvtepi32_ps(sumi));
-                const __m128 t2 = _mm_mul_ps(_mm_mul_ps(dy, dm), _mm_cvtepi32_ps(summ));
-                s = _mm_add_ps(s, _mm_sub_ps(t1, t2));
-            }
-            float o[4];
-            _mm_storeu_ps(o, s);
-            for (int k = 0; k < 4 && r0 + k < nr; k++) out[c * ldo + r0 + k] = o[k];
-        }
-    }
-}
-
-/* q2_K / q3_K decode (nt <= TL_FUSED_TOKENS): rows_q45_K's scheme. zmm m
+/* q2_K / q3_K decode (nt <= TL_FUSED_TOKENS): q4_K's scheme (rows_K). zmm m
  * of a row holds elements 64m..64m+63 in order (qs chunk m / 2 in both
  * halves, shifted by 2j and 2j + 2), so the activation rows are read as
  * they lie; lane L of zmm m is sub-block 4m + L, its int16 scale picked by
@@ -582,67 +517,25 @@ static inline AI TN void row_sb23(int kind, const uint8_t *a, __m512i q[4], __m5
     }
 }
 
-static inline AI TN void rows_q23_K(int kind, int C, int nr, int64_t nb, const uint8_t *w, size_t ldw,
-                                    const uint8_t *x, size_t ldx, float *out, size_t ldo) {
-    const size_t bw = kbw_of(kind), dof = kind == K_2 ? offsetof(block_q2_K, d) : offsetof(block_q3_K, d);
-    for (int r0 = 0; r0 < nr; r0 += 4) {
-        const uint8_t *row[4]; /* rows past nr repeat the last (valid memory); not stored */
-        UNROLL for (int k = 0; k < 4; k++) row[k] = w + (size_t)(r0 + k < nr ? r0 + k : nr - 1) * ldw;
-        for (int c = 0; c < C; c++) { /* the second token reads the four rows from L1 */
-            __m128 s = _mm_setzero_ps();
-            for (int64_t i = 0; i < nb; i++) {
-                if (c == 0) { /* as rows_q45_K */
-                    const uint8_t *pf = w + (size_t)r0 * ldw + K_PF_AHEAD(ldw) + (size_t)i * 4 * bw;
-                    for (size_t k = 0; k < 4 * bw; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
-                }
-                const block_q8_K *yb = (const block_q8_K *)(x + c * ldx) + i;
-                __m512i y[4];
-                UNROLL for (int m = 0; m < 4; m++) y[m] = _mm512_loadu_si512(yb->qs + 64 * m);
-                const __m256i bsums = _mm256_loadu_si256((const __m256i *)yb->bsums);
-                __m256i t[4], pm[4];
-                UNROLL for (int k = 0; k < 4; k++) {
-                    __m512i q[4], scv[4];
-                    __m256i mn;
-                    row_sb23(kind, row[k] + (size_t)i * bw, q, scv, &mn);
-                    const __m512i a0 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(q[0], y[0]), scv[0]),
-                                                           _mm512_maddubs_epi16(q[1], y[1]), scv[1]);
-                    const __m512i a1 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(q[2], y[2]), scv[2]),
-                                                           _mm512_maddubs_epi16(q[3], y[3]), scv[3]);
-                    const __m512i acc = _mm512_add_epi32(a0, a1);
-                    t[k] = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
-                    pm[k] = _mm256_madd_epi16(mn, bsums);
-                    if (kind == K_3) t[k] = _mm256_sub_epi32(t[k], _mm256_slli_epi32(pm[k], 2));
-                }
-                const __m256i wi = _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
-                const __m128i sumi = _mm_add_epi32(_mm256_castsi256_si128(wi), _mm256_extracti128_si256(wi, 1));
-                const __m128 dy = _mm_set1_ps(yb->d);
-                if (kind == K_3) {
-                    uint64_t d4 = 0; /* the four rows' d words in one integer, then one move */
-                    UNROLL for (int k = 0; k < 4; k++) d4 |= (uint64_t)ld16(row[k] + (size_t)i * bw + dof) << (16 * k);
-                    const __m128i dh = _mm_cvtsi64_si128((long long)d4);
-                    s = _mm_add_ps(s, _mm_mul_ps(_mm_mul_ps(dy, _mm_cvtph_ps(dh)), _mm_cvtepi32_ps(sumi)));
-                    continue;
-                }
-                const __m256i wm = _mm256_hadd_epi32(_mm256_hadd_epi32(pm[0], pm[1]), _mm256_hadd_epi32(pm[2], pm[3]));
-                const __m128i summ = _mm_add_epi32(_mm256_castsi256_si128(wm), _mm256_extracti128_si256(wm, 1));
-                const uint64_t d01 = ld32(row[0] + (size_t)i * bw + dof) | (uint64_t)ld32(row[1] + (size_t)i * bw + dof) << 32;
-                const uint64_t d23 = ld32(row[2] + (size_t)i * bw + dof) | (uint64_t)ld32(row[3] + (size_t)i * bw + dof) << 32;
-                const __m256 f = _mm256_cvtph_ps(_mm_set_epi64x((long long)d23, (long long)d01)); /* d0 m0 d1 m1 | d2 m2 d3 m3 */
-                const __m128 flo = _mm256_castps256_ps128(f), fhi = _mm256_extractf128_ps(f, 1);
-                const __m128 dw = _mm_shuffle_ps(flo, fhi, _MM_SHUFFLE(2, 0, 2, 0));
-                const __m128 dm = _mm_shuffle_ps(flo, fhi, _MM_SHUFFLE(3, 1, 3, 1));
-                const __m128 t1 = _mm_mul_ps(_mm_mul_ps(dy, dw), _mm_cvtepi32_ps(sumi));
-                const __m128 t2 = _mm_mul_ps(_mm_mul_ps(dy, dm), _mm_cvtepi32_ps(summ));
-                s = _mm_add_ps(s, _mm_sub_ps(t1, t2));
-            }
-            float o[4];
-            _mm_storeu_ps(o, s);
-            for (int k = 0; k < 4 && r0 + k < nr; k++) out[c * ldo + r0 + k] = o[k];
-        }
-    }
+/* Row a's super-block sum for q2_K..q5_K as 8 int32 lanes (q3_K's -4
+ * taken out), and its min sums (q2_K, q4_K, q5_K) against the bsums in
+ * *pm: two chains, added at the end (integers: exact). */
+static inline AI TN __m256i row_t(int kind, const uint8_t *a, const __m512i y[4], __m256i bsums, __m256i *pm) {
+    __m512i q[4], scv[4];
+    __m256i mn;
+    if (kind == K_4 || kind == K_5) row_sb(kind, a, q, scv, &mn);
+    else row_sb23(kind, a, q, scv, &mn);
+    const __m512i a0 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(q[0], y[0]), scv[0]),
+                                           _mm512_maddubs_epi16(q[1], y[1]), scv[1]);
+    const __m512i a1 = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_maddubs_epi16(q[2], y[2]), scv[2]),
+                                           _mm512_maddubs_epi16(q[3], y[3]), scv[3]);
+    const __m512i acc = _mm512_add_epi32(a0, a1);
+    const __m256i t = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+    *pm = _mm256_madd_epi16(mn, bsums);
+    return kind == K_3 ? _mm256_sub_epi32(t, _mm256_slli_epi32(*pm, 2)) : t;
 }
 
-/* iq4_xs decode (nt <= TL_FUSED_TOKENS): rows_q45_K's scheme. Register
+/* iq4_xs decode (nt <= TL_FUSED_TOKENS): q4_K's scheme (rows_K). Register
  * (h, lo) of a row holds the low nibbles of qs bytes 64h..64h+63: lane L
  * is elements 0..15 of sub-block 4h + L; (h, hi) the high nibbles, its
  * elements 16..31. The activation is rearranged to match once per
@@ -675,37 +568,75 @@ static inline AI TN __m512i row_iq4xs(const uint8_t *a, const __m512i y[4]) {
     return acc;
 }
 
-static inline AI TN void rows_iq4xs(int C, int nr, int64_t nb, const uint8_t *w, size_t ldw, const uint8_t *x, size_t ldx,
-                                    float *out, size_t ldo) {
-    const size_t bw = sizeof(block_iq4_xs);
+/* Decode (nt <= TL_FUSED_TOKENS) of every kind but q6_K: four rows in
+ * step (row_t, row_iq4xs), their integer sums reduced together (hadd
+ * tree) and their float ops, the reference's, as the lanes of one vector.
+ * Four interleaved row streams lose the hardware prefetcher (as
+ * gemm_avx512.c's 16): the bytes past this group go to L2 linearly, a
+ * super-block's worth of four rows a step. */
+static inline AI TN void rows_K(int kind, int C, int nr, int64_t nb, const uint8_t *w, size_t ldw,
+                                const uint8_t *x, size_t ldx, float *out, size_t ldo) {
+    const size_t bw = kbw_of(kind);
+    /* d (then dmin: q2_K, q4_K, q5_K) */
+    const size_t dof = kind == K_2 ? offsetof(block_q2_K, d) : kind == K_3 ? offsetof(block_q3_K, d) : 0;
+    const int has_dmin = kind == K_2 || kind == K_4 || kind == K_5;
     for (int r0 = 0; r0 < nr; r0 += 4) {
         const uint8_t *row[4]; /* rows past nr repeat the last (valid memory); not stored */
         UNROLL for (int k = 0; k < 4; k++) row[k] = w + (size_t)(r0 + k < nr ? r0 + k : nr - 1) * ldw;
-        for (int c = 0; c < C; c++) {
+        for (int c = 0; c < C; c++) { /* the second token reads the four rows from L1 */
             __m128 s = _mm_setzero_ps();
             for (int64_t i = 0; i < nb; i++) {
-                if (c == 0) { /* as rows_q45_K */
+                if (c == 0) {
                     const uint8_t *pf = w + (size_t)r0 * ldw + K_PF_AHEAD(ldw) + (size_t)i * 4 * bw;
                     for (size_t k = 0; k < 4 * bw; k += 64) _mm_prefetch((const char *)(pf + k), _MM_HINT_T1);
                 }
                 const block_q8_K *yb = (const block_q8_K *)(x + c * ldx) + i;
-                __m512i y[4]; /* (h, lo), (h, hi): lane L elements 0..15 / 16..31 of sub-block 4h + L */
-                UNROLL for (int h = 0; h < 2; h++) {
-                    const __m512i y0 = _mm512_loadu_si512(yb->qs + 128 * h), y1 = _mm512_loadu_si512(yb->qs + 128 * h + 64);
-                    y[2 * h] = _mm512_shuffle_i64x2(y0, y1, 0x88);
-                    y[2 * h + 1] = _mm512_shuffle_i64x2(y0, y1, 0xDD);
-                }
-                __m256i t[4];
+                __m512i y[4];
+                if (kind == K_4 || kind == K_5) /* sub-blocks (4h, 4h + 2), (4h + 1, 4h + 3) */
+                    UNROLL for (int h = 0; h < 2; h++) {
+                        const __m512i y0 = _mm512_loadu_si512(yb->qs + 128 * h), y1 = _mm512_loadu_si512(yb->qs + 128 * h + 64);
+                        y[2 * h] = _mm512_shuffle_i64x2(y0, y1, _MM_SHUFFLE(1, 0, 1, 0));
+                        y[2 * h + 1] = _mm512_shuffle_i64x2(y0, y1, _MM_SHUFFLE(3, 2, 3, 2));
+                    }
+                else if (kind == K_X) /* (h, lo), (h, hi): lane L elements 0..15 / 16..31 of sub-block 4h + L */
+                    UNROLL for (int h = 0; h < 2; h++) {
+                        const __m512i y0 = _mm512_loadu_si512(yb->qs + 128 * h), y1 = _mm512_loadu_si512(yb->qs + 128 * h + 64);
+                        y[2 * h] = _mm512_shuffle_i64x2(y0, y1, 0x88);
+                        y[2 * h + 1] = _mm512_shuffle_i64x2(y0, y1, 0xDD);
+                    }
+                else /* elements in order */
+                    UNROLL for (int m = 0; m < 4; m++) y[m] = _mm512_loadu_si512(yb->qs + 64 * m);
+                const __m256i bsums = _mm256_loadu_si256((const __m256i *)yb->bsums);
+                __m256i t[4], pm[4];
                 UNROLL for (int k = 0; k < 4; k++) {
-                    const __m512i acc = row_iq4xs(row[k] + (size_t)i * bw, y);
-                    t[k] = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+                    const uint8_t *a = row[k] + (size_t)i * bw;
+                    if (kind == K_X) {
+                        const __m512i acc = row_iq4xs(a, y);
+                        t[k] = _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1));
+                    } else {
+                        t[k] = row_t(kind, a, y, bsums, &pm[k]);
+                    }
                 }
                 const __m256i wi = _mm256_hadd_epi32(_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
                 const __m128i sumi = _mm_add_epi32(_mm256_castsi256_si128(wi), _mm256_extracti128_si256(wi, 1));
-                uint64_t d4 = 0; /* the four rows' d words in one integer */
-                UNROLL for (int k = 0; k < 4; k++) d4 |= (uint64_t)ld16(row[k] + (size_t)i * bw) << (16 * k);
-                const __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)d4));
-                s = _mm_add_ps(s, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(yb->d), dw), _mm_cvtepi32_ps(sumi)));
+                const __m128 dy = _mm_set1_ps(yb->d);
+                if (!has_dmin) { /* s += (d_y * d_w) * sumi */
+                    uint64_t d4 = 0; /* the four rows' d words in one integer, then one move */
+                    UNROLL for (int k = 0; k < 4; k++) d4 |= (uint64_t)ld16(row[k] + (size_t)i * bw + dof) << (16 * k);
+                    s = _mm_add_ps(s, _mm_mul_ps(_mm_mul_ps(dy, _mm_cvtph_ps(_mm_cvtsi64_si128((long long)d4))), _mm_cvtepi32_ps(sumi)));
+                    continue;
+                }
+                const __m256i wm = _mm256_hadd_epi32(_mm256_hadd_epi32(pm[0], pm[1]), _mm256_hadd_epi32(pm[2], pm[3]));
+                const __m128i summ = _mm_add_epi32(_mm256_castsi256_si128(wm), _mm256_extracti128_si256(wm, 1));
+                const uint64_t d01 = ld32(row[0] + (size_t)i * bw + dof) | (uint64_t)ld32(row[1] + (size_t)i * bw + dof) << 32;
+                const uint64_t d23 = ld32(row[2] + (size_t)i * bw + dof) | (uint64_t)ld32(row[3] + (size_t)i * bw + dof) << 32;
+                const __m256 f = _mm256_cvtph_ps(_mm_set_epi64x((long long)d23, (long long)d01)); /* d0 m0 d1 m1 | d2 m2 d3 m3 */
+                const __m128 flo = _mm256_castps256_ps128(f), fhi = _mm256_extractf128_ps(f, 1);
+                const __m128 dw = _mm_shuffle_ps(flo, fhi, _MM_SHUFFLE(2, 0, 2, 0));
+                const __m128 dm = _mm_shuffle_ps(flo, fhi, _MM_SHUFFLE(3, 1, 3, 1));
+                const __m128 t1 = _mm_mul_ps(_mm_mul_ps(dy, dw), _mm_cvtepi32_ps(sumi));
+                const __m128 t2 = _mm_mul_ps(_mm_mul_ps(dy, dm), _mm_cvtepi32_ps(summ));
+                s = _mm_add_ps(s, _mm_sub_ps(t1, t2));
             }
             float o[4];
             _mm_storeu_ps(o, s);
@@ -743,19 +674,9 @@ static inline AI TN void gemm_k(int kind, int64_t n, int nr, int nt, float *out,
         else rows_q6_K(2, nr, nb, W, ldw, X, ldx, out, ldo);
         return;
     }
-    if (nt <= TL_FUSED_TOKENS && kind == K_X) {
-        if (nt == 1) rows_iq4xs(1, nr, nb, W, ldw, X, ldx, out, ldo);
-        else rows_iq4xs(2, nr, nb, W, ldw, X, ldx, out, ldo);
-        return;
-    }
-    if (nt <= TL_FUSED_TOKENS && (kind == K_2 || kind == K_3)) {
-        if (nt == 1) rows_q23_K(kind, 1, nr, nb, W, ldw, X, ldx, out, ldo);
-        else rows_q23_K(kind, 2, nr, nb, W, ldw, X, ldx, out, ldo);
-        return;
-    }
-    if (nt <= TL_FUSED_TOKENS && (kind == K_4 || kind == K_5)) {
-        if (nt == 1) rows_q45_K(kind, 1, nr, nb, W, ldw, X, ldx, out, ldo);
-        else rows_q45_K(kind, 2, nr, nb, W, ldw, X, ldx, out, ldo);
+    if (nt <= TL_FUSED_TOKENS) {
+        if (nt == 1) rows_K(kind, 1, nr, nb, W, ldw, X, ldx, out, ldo);
+        else rows_K(kind, 2, nr, nb, W, ldw, X, ldx, out, ldo);
         return;
     }
     /* rows past nr repeat the last row (valid memory); their lanes are not stored */
@@ -769,30 +690,19 @@ static inline AI TN void gemm_k(int kind, int64_t n, int nr, int nt, float *out,
     if (t < nt) mk_any(kind, nt - t, nb, wk, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo, ldo, m);
 }
 
-static TN void gemm_q4_K(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                         size_t ldx, void *work) {
-    gemm_k(K_4, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
-}
-static TN void gemm_q5_K(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                         size_t ldx, void *work) {
-    gemm_k(K_5, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
-}
-static TN void gemm_q6_K(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                         size_t ldx, void *work) {
-    gemm_k(K_6, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
-}
-static TN void gemm_q3_K(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                         size_t ldx, void *work) {
-    gemm_k(K_3, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
-}
-static TN void gemm_q2_K(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                         size_t ldx, void *work) {
-    gemm_k(K_2, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
-}
-static TN void gemm_iq4_xs(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                           size_t ldx, void *work) {
-    gemm_k(K_X, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
-}
+/* The table's entry points, one per type. */
+#define GEMM_K(NAME, KIND)                                                                                       \
+    static TN void NAME(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x, \
+                        size_t ldx, void *work) {                                                                 \
+        gemm_k(KIND, n, nr, nt, out, ldo, w, ldw, x, ldx, work);                                                 \
+    }
+GEMM_K(gemm_q4_K, K_4)
+GEMM_K(gemm_q5_K, K_5)
+GEMM_K(gemm_q6_K, K_6)
+GEMM_K(gemm_q3_K, K_3)
+GEMM_K(gemm_q2_K, K_2)
+GEMM_K(gemm_iq4_xs, K_X)
+#undef GEMM_K
 
 /* vec_dot for one row: the 1 x 1 tile, so both sum in the same order (one
  * token goes row by row: no workspace). Only tests and the vec_dot_tile

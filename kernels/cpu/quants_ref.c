@@ -700,27 +700,6 @@ static void dot_q4_0(int64_t n, float *out, const void *w, const void *x) {
     *out = s;
 }
 
-/* q5_1: as q4_1 with the 5th bits. */
-static void dot_q5_1(int64_t n, float *out, const void *w, const void *x) {
-    const block_q5_1 *a = w;
-    const block_q8_0 *b = x;
-    float s = 0;
-    for (int64_t i = 0; i < n / 32; i++) {
-        uint32_t qh;
-        memcpy(&qh, a[i].qh, 4);
-        int sumi = 0, sumy = 0;
-        for (int j = 0; j < 16; j++) {
-            const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
-            sumi += ((a[i].qs[j] & 0xF) | h0) * b[i].qs[j] + ((a[i].qs[j] >> 4) | h1) * b[i].qs[j + 16];
-            sumy += b[i].qs[j] + b[i].qs[j + 16];
-        }
-        const float dy = TL_F16(b[i].d);
-        s = fmaf((float)sumi, TL_F16(a[i].d) * dy, s);
-        s = fmaf(TL_F16(a[i].m), (float)sumy * dy, s);
-    }
-    *out = s;
-}
-
 static void dot_iq4_nl(int64_t n, float *out, const void *w, const void *x) {
     const block_q4_0 *a = w;
     const block_q8_0 *b = x;
@@ -753,24 +732,35 @@ static void dot_iq4_xs(int64_t n, float *out, const void *w, const void *x) {
     *out = s;
 }
 
-static void dot_q4_1(int64_t n, float *out, const void *w, const void *x) {
-    const block_q4_1 *a = w;
+/* q4_1, and q5_1 (five: its 5th bits added), two FMAs a block, the form
+ * the AVX-512 GEMM tiles take at the cost of Q4_0's epilogue
+ * (gemm_avx512.c). Both blocks start with d and m. */
+static void dot_q41_51(int64_t n, float *out, const void *w, const void *x, int five) {
     const block_q8_0 *b = x;
+    const size_t bw = five ? sizeof(block_q5_1) : sizeof(block_q4_1);
     float s = 0;
     for (int64_t i = 0; i < n / 32; i++) {
+        const uint8_t *blk = (const uint8_t *)w + (size_t)i * bw, *qs = blk + (five ? 8 : 4);
+        uint16_t dh, mh;
+        uint32_t qh = 0;
+        memcpy(&dh, blk, 2);
+        memcpy(&mh, blk + 2, 2);
+        if (five) memcpy(&qh, blk + 4, 4);
         int sumi = 0, sumy = 0;
         for (int j = 0; j < 16; j++) {
-            sumi += (a[i].qs[j] & 0xF) * b[i].qs[j] + (a[i].qs[j] >> 4) * b[i].qs[j + 16];
+            const int h0 = ((qh >> j) << 4) & 0x10, h1 = (qh >> (j + 12)) & 0x10;
+            sumi += ((qs[j] & 0xF) | h0) * b[i].qs[j] + ((qs[j] >> 4) | h1) * b[i].qs[j + 16];
             sumy += b[i].qs[j] + b[i].qs[j + 16];
         }
-        /* two FMAs a block, the form the AVX-512 GEMM tiles take at the
-         * cost of Q4_0's epilogue (gemm_avx512.c) */
         const float dy = TL_F16(b[i].d);
-        s = fmaf((float)sumi, TL_F16(a[i].d) * dy, s);
-        s = fmaf(TL_F16(a[i].m), (float)sumy * dy, s);
+        s = fmaf((float)sumi, TL_F16(dh) * dy, s);
+        s = fmaf(TL_F16(mh), (float)sumy * dy, s);
     }
     *out = s;
 }
+
+static void dot_q4_1(int64_t n, float *out, const void *w, const void *x) { dot_q41_51(n, out, w, x, 0); }
+static void dot_q5_1(int64_t n, float *out, const void *w, const void *x) { dot_q41_51(n, out, w, x, 1); }
 
 static void dot_q5_0(int64_t n, float *out, const void *w, const void *x) {
     const block_q5_0 *a = w;
