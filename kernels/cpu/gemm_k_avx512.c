@@ -496,24 +496,23 @@ static inline AI TN void row_sb23(int kind, const uint8_t *a, __m512i q[4], __m5
     }
     const __m256i sc16 = kind == K_2 ? _mm256_cvtepu8_epi16(sc8) : _mm256_cvtepi8_epi16(sc8);
     *mn = kind == K_2 ? _mm256_cvtepu8_epi16(mn8) : sc16;
-    const __m512i slo = _mm512_broadcast_i32x4(_mm256_castsi256_si128(sc16));
-    const __m512i shi = _mm512_broadcast_i32x4(_mm256_extracti128_si256(sc16, 1));
+    /* int16 scales 0-7 in lanes 0 and 1, 8-15 in lanes 2 and 3 */
+    const __m512i S = _mm512_shuffle_i64x2(_mm512_castsi256_si512(sc16), _mm512_castsi256_si512(sc16), 0x50);
     const size_t qo = kind == K_2 ? offsetof(block_q2_K, qs) : offsetof(block_q3_K, qs);
+    const __m512i v = _mm512_loadu_si512(a + qo); /* both chunks: c = 0 low half, c = 1 high */
     __m512i h = _mm512_setzero_si512();
     if (kind == K_3) h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(a + offsetof(block_q3_K, hmask))));
-    UNROLL for (int m = 0; m < 4; m++) {
-        const int c = m / 2, j = 2 * (m % 2), b = 4 * c + j; /* low half: bits 2j, hmask bit b */
-        const __m512i v = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(a + qo + 32 * c)));
-        q[m] = _mm512_and_si512(_mm512_srlv_epi64(v, _mm512_set_epi64(2 * j + 2, 2 * j + 2, 2 * j + 2, 2 * j + 2, 2 * j, 2 * j, 2 * j, 2 * j)), m3);
-        if (kind == K_3) { /* hmask bit b (low half), b + 1 (high half) set: + 4 */
-            const long long lo = (long long)(0x0101010101010101ull << b), hi = (long long)(0x0101010101010101ull << (b + 1));
+    UNROLL for (int j = 0; j < 4; j++) { /* register j: elements 32j + p (low half), 128 + 32j + p (high) */
+        q[j] = _mm512_and_si512(j ? _mm512_srli_epi16(v, 2 * j) : v, m3);
+        if (kind == K_3) { /* hmask bit j (low half), 4 + j (high half) set: + 4 */
+            const long long lo = (long long)(0x0101010101010101ull << j), hi = (long long)(0x0101010101010101ull << (4 + j));
             const __mmask64 hm = _mm512_test_epi8_mask(h, _mm512_set_epi64(hi, hi, hi, hi, lo, lo, lo, lo));
-            q[m] = _mm512_mask_add_epi8(q[m], hm, q[m], m04);
+            q[j] = _mm512_mask_add_epi8(q[j], hm, q[j], m04);
         }
-        /* lane L: int16 scale 4m + L (of the low or high eight) */
-        const long long w0 = (long long)(((uint64_t)(2 * (4 * (m % 2)) + 1) << 8 | 2 * (4 * (m % 2))) * 0x0001000100010001ull);
-        const long long w1 = w0 + 0x0202020202020202ll, w2 = w0 + 0x0404040404040404ll, w3 = w0 + 0x0606060606060606ll;
-        scv[m] = _mm512_shuffle_epi8(m < 2 ? slo : shi, _mm512_set_epi64(w3, w3, w2, w2, w1, w1, w0, w0));
+        /* lanes 0, 2: int16 scale 2j (of their eight), lanes 1, 3: 2j + 1 */
+        const long long w0 = (long long)(((uint64_t)(4 * j + 1) << 8 | 4 * j) * 0x0001000100010001ull);
+        const long long w1 = w0 + 0x0202020202020202ll;
+        scv[j] = _mm512_shuffle_epi8(S, _mm512_set_epi64(w1, w1, w0, w0, w1, w1, w0, w0));
     }
 }
 
@@ -604,8 +603,14 @@ static inline AI TN void rows_K(int kind, int C, int nr, int64_t nb, const uint8
                         y[2 * h] = _mm512_shuffle_i64x2(y0, y1, 0x88);
                         y[2 * h + 1] = _mm512_shuffle_i64x2(y0, y1, 0xDD);
                     }
-                else /* elements in order */
-                    UNROLL for (int m = 0; m < 4; m++) y[m] = _mm512_loadu_si512(yb->qs + 64 * m);
+                else { /* q2_K, q3_K: register j = elements 32j.. (low half), 128 + 32j.. (high) */
+                    const __m512i y0 = _mm512_loadu_si512(yb->qs), y1 = _mm512_loadu_si512(yb->qs + 64);
+                    const __m512i y2 = _mm512_loadu_si512(yb->qs + 128), y3 = _mm512_loadu_si512(yb->qs + 192);
+                    y[0] = _mm512_shuffle_i64x2(y0, y2, _MM_SHUFFLE(1, 0, 1, 0));
+                    y[1] = _mm512_shuffle_i64x2(y0, y2, _MM_SHUFFLE(3, 2, 3, 2));
+                    y[2] = _mm512_shuffle_i64x2(y1, y3, _MM_SHUFFLE(1, 0, 1, 0));
+                    y[3] = _mm512_shuffle_i64x2(y1, y3, _MM_SHUFFLE(3, 2, 3, 2));
+                }
                 const __m256i bsums = _mm256_loadu_si256((const __m256i *)yb->bsums);
                 __m256i t[4], pm[4];
                 UNROLL for (int k = 0; k < 4; k++) {
