@@ -473,12 +473,14 @@ static inline AI TN void row_sb(int kind, const uint8_t *a, __m512i q[4], __m512
  * 7.4-12 GB/s; the next group 17; + 2 KiB 17.5-19.7; + 8 KiB 18.5-20 */
 #define K_PF_AHEAD(ldw) (4 * (ldw) + 8192)
 #endif
-/* q2_K / q3_K decode (nt <= TL_FUSED_TOKENS): q4_K's scheme (rows_K). zmm m
- * of a row holds elements 64m..64m+63 in order (qs chunk m / 2 in both
- * halves, shifted by 2j and 2j + 2), so the activation rows are read as
- * they lie; lane L of zmm m is sub-block 4m + L, its int16 scale picked by
- * vpshufb. maddubs pairs stay below 2^11 (7 * 127 * 2), scaled sums below
- * 2^17. q3_K's -4 comes out as 4 * sum_j sc_j * bsums_j (vpmaddwd). */
+/* q2_K / q3_K decode (nt <= TL_FUSED_TOKENS): q4_K's scheme (rows_K). The
+ * 64 qs bytes are one load; register j is bits 2j..2j+1 of every byte:
+ * elements 32j..32j+31 in its low half (chunk 0), 128 + 32j.. in its high
+ * half (chunk 1), met by the activation rearranged so once per super-block
+ * (rows_K). Its lanes are sub-blocks 2j, 2j + 1, 8 + 2j, 9 + 2j, their
+ * int16 scales picked by vpshufb. maddubs pairs stay below 2^11 (7 * 127 *
+ * 2), scaled sums below 2^17. q3_K's -4 comes out as 4 * sum_j sc_j *
+ * bsums_j (vpmaddwd). */
 static inline AI TN void row_sb23(int kind, const uint8_t *a, __m512i q[4], __m512i scv[4], __m256i *mn) {
     const __m512i m3 = _mm512_set1_epi8(3), m04 = _mm512_set1_epi8(4);
     __m128i sc8, mn8 = _mm_setzero_si128();
