@@ -78,11 +78,6 @@ static inline int off_of(int kind) {
     return kind == Q_8_0 || kind == Q_IQ4NL ? 128 : kind == Q_4_0 ? 8 : has_min(kind) ? 0 : 16;
 }
 
-/* iq4_nl's nibbles to its levels plus 128 (unsigned), in every 128-bit lane. */
-static inline AI TN __m512i iq4nl_lut(void) {
-    return _mm512_broadcast_i32x4(_mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153,
-                                                (char)166, (char)181, (char)197, (char)217, (char)241));
-}
 
 /* Where a 32-element block's quants start (after d, q4_1's m, q5_0's qh, q5_1's m and qh). */
 static inline size_t qoff_of(int kind) { return kind == Q_5_1 ? 8 : kind == Q_5_0 ? 6 : kind == Q_4_1 ? 4 : 2; }
@@ -95,7 +90,7 @@ static inline AI TN __m256i unpack_block(int kind, const uint8_t *wb) {
     __m256i q = _mm256_and_si256(_mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0xF));
     if (kind == Q_5_0 || kind == Q_5_1) /* qh: the 4 bytes before the nibbles */
         q = _mm256_mask_add_epi8(q, (__mmask32)ld32(wb + qoff_of(kind) - 4), q, _mm256_set1_epi8(0x10));
-    if (kind == Q_IQ4NL) q = _mm256_shuffle_epi8(_mm512_castsi512_si256(iq4nl_lut()), q);
+    if (kind == Q_IQ4NL) q = _mm256_shuffle_epi8(_mm512_castsi512_si256(tl_iq4nl_lut128()), q);
     return q;
 }
 
@@ -146,7 +141,7 @@ static inline AI TN void transpose_block(int kind, const uint8_t *w, const size_
             q[j] = _mm512_and_si512(p[j], m4);
             q[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p[j], 4), m4);
         }
-        if (kind == Q_IQ4NL) UNROLL for (int k = 0; k < 8; k++) q[k] = _mm512_shuffle_epi8(iq4nl_lut(), q[k]);
+        if (kind == Q_IQ4NL) UNROLL for (int k = 0; k < 8; k++) q[k] = _mm512_shuffle_epi8(tl_iq4nl_lut128(), q[k]);
         *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
         return;
     }
@@ -210,7 +205,7 @@ static inline AI TN void load_packed(int kind, const uint8_t *g, int64_t b, __m5
         q[j] = _mm512_and_si512(p, m4);
         q[j + 4] = _mm512_and_si512(_mm512_srli_epi16(p, 4), m4);
     }
-    if (kind == Q_IQ4NL) UNROLL for (int k = 0; k < 8; k++) q[k] = _mm512_shuffle_epi8(iq4nl_lut(), q[k]);
+    if (kind == Q_IQ4NL) UNROLL for (int k = 0; k < 8; k++) q[k] = _mm512_shuffle_epi8(tl_iq4nl_lut128(), q[k]);
     if (kind == Q_5_0)
         UNROLL for (int k = 0; k < 8; k++) {
             uint64_t h;

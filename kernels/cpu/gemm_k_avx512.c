@@ -187,8 +187,7 @@ static inline AI TN void fill_sb_q23(int kind, const uint8_t *wb, const size_t *
  * sub-blocks 2c and 2c + 1; each nibble becomes its level + 128. */
 static inline AI TN void fill_sb_iq4xs(const uint8_t *wb, const size_t *roffs, __m512i *G) {
     const __m512i m4 = _mm512_set1_epi8(0xF);
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141,
-                                                             (char)153, (char)166, (char)181, (char)197, (char)217, (char)241));
+    const __m512i lut = tl_iq4nl_lut128();
     UNROLL for (int c = 0; c < 4; c++) {
         __m512i p[8];
         tr_bytes(wb, roffs, offsetof(block_iq4_xs, qs) + 32 * c, p);

@@ -27,6 +27,14 @@ static inline uint16_t ld16(const void *p) {
     return v;
 }
 
+/* iq4_nl's nibbles to its levels plus 128 (tl_iq4nl_values + 128, as
+ * unsigned bytes) in every 128-bit lane: the vpdpbusd operand of the iq4_nl
+ * and iq4_xs tiles (gemm_avx512.c, gemm_k_avx512.c). */
+static inline __attribute__((always_inline, target("avx512f"))) __m512i tl_iq4nl_lut128(void) {
+    return _mm512_broadcast_i32x4(_mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153,
+                                                (char)166, (char)181, (char)197, (char)217, (char)241));
+}
+
 /* The sum of the 8 int32 lanes (exact). */
 static inline __attribute__((always_inline, target("avx2"))) int hsum_epi32(__m256i p) {
     const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));

@@ -329,13 +329,19 @@ static void quant_iq4_xs(const float *x, block_iq4_xs *y, int64_t nb) {
     }
 }
 
+/* The least and greatest of a 32-element block (q4_1, q5_1). */
+static void min_max32(const float *x, float *min, float *max) {
+    *min = FLT_MAX, *max = -FLT_MAX;
+    for (int j = 0; j < 32; j++) {
+        if (x[j] < *min) *min = x[j];
+        if (x[j] > *max) *max = x[j];
+    }
+}
+
 static void quant_q4_1(const float *x, block_q4_1 *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += 32) {
-        float min = FLT_MAX, max = -FLT_MAX;
-        for (int j = 0; j < 32; j++) {
-            if (x[j] < min) min = x[j];
-            if (x[j] > max) max = x[j];
-        }
+        float min, max;
+        min_max32(x, &min, &max);
         const float d = (max - min) / 15, id = d ? 1.0f / d : 0.0f;
         y[i].d = tl_f32_to_f16_inl(d);
         y[i].m = tl_f32_to_f16_inl(min);
@@ -349,11 +355,8 @@ static void quant_q4_1(const float *x, block_q4_1 *y, int64_t nb) {
 
 static void quant_q5_1(const float *x, block_q5_1 *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, x += 32) {
-        float min = FLT_MAX, max = -FLT_MAX;
-        for (int j = 0; j < 32; j++) {
-            if (x[j] < min) min = x[j];
-            if (x[j] > max) max = x[j];
-        }
+        float min, max;
+        min_max32(x, &min, &max);
         const float d = (max - min) / 31, id = d ? 1.0f / d : 0.0f;
         y[i].d = tl_f32_to_f16_inl(d);
         y[i].m = tl_f32_to_f16_inl(min);
