@@ -2,9 +2,9 @@
  * place (TL_PACK8 for AVX2, TL_PACK16 for AVX-512), the conversion into
  * them at load and back.
  *
- * A packed q8_0 / q4_0 / q5_0 / q4_1 / iq4_nl matrix keeps its size and its row groups
- * where they were: rows Gg..Gg+G-1 (G = 8 or 16) still fill bytes [Gg,
- * Gg+G) * row_size, but block by block, G rows at a time:
+ * A packed q8_0 / q4_0 / q5_0 / q4_1 / iq4_nl matrix keeps its size and its
+ * row groups where they were: rows Gg..Gg+G-1 (G = 8 or 16) still fill
+ * bytes [Gg, Gg+G) * row_size, but block by block, G rows at a time:
  *
  *   q8_0, per block (G * 34 bytes):
  *     the G rows' scales (f16), then for k = 0..7 the bytes 4k..4k+3 of
