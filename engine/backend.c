@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "forward.h"
 #include "model.h"
@@ -42,6 +43,17 @@ static int io_hook(void *ud, int id, void *host, int to_device) {
     if (b->ops->kv_io(b->ctx, id, host, to_device, msg, sizeof msg) != 0)
         return tl_set_error(TL_ERR_STATE, "%s backend: KV block %d copy %s failed: %s", b->ops->name, id,
                             to_device ? "host -> device" : "device -> host", msg);
+    return 0;
+}
+
+/* The CUDA driver reaches a GPU only through these nodes (WSL: /dev/dxg).
+ * Without any, the plugin's init would fail after dlopen had mapped a
+ * ~600 MB library and its runtime: ~150 MiB of transient RSS and startup
+ * time on every GPU-less machine, so auto mode does not try. */
+static int gpu_device_node_exists(void) {
+    static const char *const nodes[] = {"/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg"};
+    for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++)
+        if (access(nodes[i], F_OK) == 0) return 1;
     return 0;
 }
 
@@ -122,6 +134,8 @@ int tl_backend_select(tl_model *m, int *n_blocks, const tl_kv_layout *kv, int kv
     int forced = want && !strcmp(want, "cuda");
     if (want && !forced && strcmp(want, "auto"))
         return tl_set_error(TL_ERR_INVALID_ARG, "TINYLOOP_BACKEND='%s' is not cpu, cuda or auto", want);
+    const char *lib = getenv("TINYLOOP_CUDA_LIB");
+    if (!forced && !(lib && *lib) && !gpu_device_node_exists()) return TL_OK; /* a plugin named by path is still tried */
     char tried[2048];
     void *dl = open_plugin("libtinyloop-cuda.so", tried, sizeof tried);
     if (!dl) {

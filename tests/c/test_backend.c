@@ -18,9 +18,13 @@
  *     kv_io leaves the prompt to be recomputed;
  *   - a failing forward fails its request with the plugin's message and
  *     the model keeps serving; a sampled id outside the vocab fails its
- *     request naming the id. */
+ *     request naming the id;
+ *   - auto mode (TINYLOOP_BACKEND unset) tries a plugin named by
+ *     TINYLOOP_CUDA_LIB even on a machine without an NVIDIA device node
+ *     (tests/cli/test_cli.sh checks that the default plugin is not). */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ref_cases.h"
 #include "test.h"
@@ -304,6 +308,21 @@ static void test_tiers(void) {
     tl_model_close(m);
 }
 
+static void test_auto_mode(void) {
+    tl_model_params mp = tl_model_default_params();
+    mp.max_seq_len = 512;
+    unsetenv("TINYLOOP_BACKEND");
+    setenv("TINYLOOP_CUDA_LIB", "build/tests/libtl-fake-backend.so", 1);
+    tl_model *m = NULL;
+    int rc = tl_model_open(model_path, mp, &m);
+    tl_model_info info = {0};
+    if (rc == TL_OK) tl_model_get_info(m, &info);
+    CHECK(rc == TL_OK && info.backend && strcmp(info.backend, "fake") == 0,
+          "auto mode tries the plugin TINYLOOP_CUDA_LIB names (%d, %s)", rc, info.backend ? info.backend : "?");
+    tl_model_close(m);
+    setenv("TINYLOOP_BACKEND", "cpu", 1);
+}
+
 int main(void) {
     const char *shared = test_shared_dir();
     if (!shared) {
@@ -317,5 +336,6 @@ int main(void) {
     test_window_and_failure();
     test_pool_full_match();
     test_tiers();
+    test_auto_mode();
     return test_summary();
 }

@@ -66,6 +66,13 @@ PY
     out=$($BIN bench kv -m "$MODEL" --only quality -n 4 --ppl-chunks 1 --ppl-score 16 2>&1); r=$?
     [ $r = 0 ] && printf '%s' "$out" | grep -qE '^  q8 +[0-9]+\.[0-9]{3} +[01]\.[0-9]{4} '
     check "CLI bench kv --only quality prints q8's perplexity and its ratio to f16" $?
+    # auto backend on a machine with no NVIDIA device node: the CUDA plugin
+    # (a ~600 MB library) is not even loaded; LD_DEBUG=files names each dlopen
+    if [ -f build/libtinyloop-cuda.so ] && ! ls /dev/nvidiactl /dev/nvidia0 /dev/dxg >/dev/null 2>&1; then
+        out=$(env -u TINYLOOP_BACKEND -u TINYLOOP_CUDA_LIB LD_DEBUG=files $BIN generate -m "$MODEL" -p "Once" -n 2 2>&1); r=$?
+        [ $r = 0 ] && ! printf '%s' "$out" | grep -q "libtinyloop-cuda"
+        check "CLI with no NVIDIA device node does not load the CUDA plugin" $?
+    fi
 fi
 err=$($BIN generate -m /nonexistent.gguf -p x 2>&1); r=$?
 [ $r != 0 ] && printf '%s' "$err" | grep -q "/nonexistent.gguf"
