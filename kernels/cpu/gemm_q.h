@@ -42,4 +42,16 @@ static inline __attribute__((always_inline, target("avx2"))) int hsum_epi32(__m2
     return _mm_cvtsi128_si32(_mm_add_epi32(h2, _mm_shuffle_epi32(h2, 0xB1)));
 }
 
+/* A q3_K super-block's 16 scales as signed bytes (tl_q3_K_scales): the 12
+ * scale bytes are read as 16 from 2 before them, d's bytes after them
+ * being the block's last. */
+static inline __attribute__((always_inline, target("avx2"))) __m128i tl_q3_K_scales8(const uint8_t *block) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)(block + offsetof(block_q3_K, scales) - 2));
+    const __m128i t = _mm_shuffle_epi8(v, _mm_set_epi8(9, 8, 7, 6, 5, 4, 3, 2, 9, 8, 7, 6, 5, 4, 3, 2));
+    const __m128i lo = _mm_and_si128(_mm_blend_epi16(t, _mm_srli_epi16(t, 4), 0xF0), _mm_set1_epi8(0xF));
+    const __m128i u = _mm_shuffle_epi8(v, _mm_set_epi8(13, 12, 11, 10, 13, 12, 11, 10, 13, 12, 11, 10, 13, 12, 11, 10));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(u, _mm_set_epi32(6, 4, 2, 0)), _mm_set1_epi8(3));
+    return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+}
+
 #endif

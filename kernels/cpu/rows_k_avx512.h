@@ -139,13 +139,8 @@ static inline AI TN void row_sb23(int kind, const uint8_t *a, __m512i q[4], __m5
         const __m128i b = _mm_loadu_si128((const __m128i *)(a + offsetof(block_q2_K, scales)));
         sc8 = _mm_and_si128(b, _mm_set1_epi8(0xF));
         mn8 = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0xF));
-    } else { /* tl_q3_K_scales on 16 bytes from 94 (12 scale bytes at 2..13) */
-        const __m128i v = _mm_loadu_si128((const __m128i *)(a + offsetof(block_q3_K, scales) - 2));
-        const __m128i t = _mm_shuffle_epi8(v, _mm_set_epi8(9, 8, 7, 6, 5, 4, 3, 2, 9, 8, 7, 6, 5, 4, 3, 2));
-        const __m128i lo = _mm_and_si128(_mm_blend_epi16(t, _mm_srli_epi16(t, 4), 0xF0), _mm_set1_epi8(0xF));
-        const __m128i u = _mm_shuffle_epi8(v, _mm_set_epi8(13, 12, 11, 10, 13, 12, 11, 10, 13, 12, 11, 10, 13, 12, 11, 10));
-        const __m128i hi = _mm_and_si128(_mm_srlv_epi32(u, _mm_set_epi32(6, 4, 2, 0)), _mm_set1_epi8(3));
-        sc8 = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+    } else {
+        sc8 = tl_q3_K_scales8(a);
     }
     const __m256i sc16 = kind == K_2 ? _mm256_cvtepu8_epi16(sc8) : _mm256_cvtepi8_epi16(sc8);
     *mn = kind == K_2 ? _mm256_cvtepu8_epi16(mn8) : sc16;

@@ -3,7 +3,8 @@
  * shapes and types, the vocab and the loop keys of hostile files meet the
  * binding code, not only the parser; a model that opens also generates two
  * tokens and is closed. Seeds (TL_FUZZ_WRITE_SEEDS=DIR): tiny synthetic
- * llama, looped, quantized, qwen2 and gemma3 models. */
+ * llama, looped, quantized, qwen2 and gemma3 models, and 256-wide K-quant
+ * (and iq4_xs) ones. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,8 +15,12 @@
 #include "testmodel.h"
 #include "tinyloop.h"
 
+/* k >= 5: 256-wide models of the 256-element super-block types, so the
+ * mutations reach their decoders (hostile scales, f16 d words, levels) */
+static const int k_types[] = {10, 11, 12, 14, 23}; /* q2_K, q3_K, q4_K, q6_K, iq4_xs */
+
 static void write_seeds(const char *dir) {
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < 5 + (int)(sizeof k_types / sizeof k_types[0]); k++) {
         tm_spec s = tm_default_spec();
         s.n_embd = 32;
         s.n_head = 2;
@@ -28,6 +33,7 @@ static void write_seeds(const char *dir) {
         if (k == 2) s.type = 8; /* q8_0 */
         if (k == 3) s.qwen2 = 1, s.bias = 1;
         if (k == 4) s.gemma3 = 1, s.sliding_window = 4;
+        if (k >= 5) s.n_embd = 256, s.n_ff = 256, s.n_head = 4, s.type = k_types[k - 5];
         char path[512];
         snprintf(path, sizeof path, "%s/model-%d.gguf", dir, k);
         tm_write(&s, path);
