@@ -1,4 +1,4 @@
-/* gemm_avx2.c - q8_0/q4_0/q5_0 weights x q8_0 activations with AVX2, 8
+/* gemm_avx2.c - q8_0/q4_0/q5_0/q4_1/q5_1/iq4_nl weights x q8_0 activations with AVX2, 8
  * weight rows at a time, for the matmuls of the forward pass (prefill and
  * decode alike). The AVX2 counterpart of gemm_avx512.c, without VNNI.
  *
@@ -9,18 +9,20 @@
  *
  *   work, one block b of an 8-row group (288 bytes):
  *     q[k], k = 0..7:  32 bytes, lane r = bytes 4k..4k+3 of row r's block
- *                      (q8_0: signed; q4_0: nibble; q5_0: nibble | 5th bit
- *                      << 4, both unsigned)
+ *                      (q8_0: signed; iq4_nl: its signed level, one
+ *                      vpshufb of the nibble; q4_0, q4_1: nibble; q5_0,
+ *                      q5_1: nibble | 5th bit << 4, unsigned)
  *     dw:              8 floats, row r's block scale
+ *     dm (q4_1, q5_1): 8 floats, row r's block min
  *
  * and vpmaddubsw of q[k] with 4 activation bytes broadcast feeds 8 rows.
  * vpmaddubsw multiplies unsigned by signed bytes into saturating int16
  * pairs, so the types differ in how they stay exact:
- *   q8_0: the sign trick, |w| x (y signed by w); a pair is at most
- *         2 * 128 * 127 < 32767, widened (vpmaddwd) per k;
- *   q4_0: nibbles x y; a pair is at most 2 * 15 * 127, so all 8 k of a
- *         block add up in int16 (30480) before one vpmaddwd;
- *   q5_0: values to 31; 4 k add up in int16 (31496), two vpmaddwd.
+ *   q8_0, iq4_nl: the sign trick, |w| x (y signed by w); a pair is at
+ *         most 2 * 128 * 127 < 32767, widened (vpmaddwd) per k;
+ *   q4_0, q4_1: nibbles x y; a pair is at most 2 * 15 * 127, so all 8 k
+ *         of a block add up in int16 (30480) before one vpmaddwd;
+ *   q5_0, q5_1: values to 31; 4 k add up in int16 (31496), two vpmaddwd.
  * The unsigned types' bias (8, 16) comes back as -off * sum(y) per block,
  * from the prepared activation row. After a block each lane holds the exact
  * integer block sum of its row, and each output is summed exactly as the
@@ -28,8 +30,10 @@
  *
  *   s += (float)isum_b * (d_w,b * d_y,b)        (multiply, then add)
  *
- * so every entry is bitwise tl_vec_dot_ref's result, whatever the tile
- * shape, token count or thread split.
+ * (q4_1, q5_1: s = fma((float)isum_b, d_w,b * d_y,b, s), then
+ * s = fma(m_b, sy_b, s) with sy_b = (float)sum(y_b) * d_y,b, prepared in
+ * the bias slot), so every entry is bitwise tl_vec_dot_ref's result,
+ * whatever the tile shape, token count or thread split.
  *
  * Few tokens (decode: nothing to share a transposition with) read the rows
  * in place: each row's block gives 8 int32 partial sums, and a vphaddd
@@ -40,6 +44,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include <math.h>
 
 #define T2 __attribute__((target("avx2,fma,f16c")))
 #define AI __attribute__((always_inline))
@@ -56,13 +61,23 @@ enum { GROUP_BYTES = 8 * 32 + 32 };
 /* prefetch distance past a group's first row: 8 rows on, plus 1 KiB */
 #define PF_AHEAD(roffs) (8 * (roffs)[1] + 1024)
 
-static inline int off_of(int kind) { return kind == Q_8_0 ? 0 : kind == Q_4_0 ? 8 : 16; }
+static inline int off_of(int kind) { return kind == Q_4_0 ? 8 : kind == Q_5_0 ? 16 : 0; }
+/* signed weight bytes: the sign trick */
+static inline int is_signed(int kind) { return kind == Q_8_0 || kind == Q_IQ4NL; }
+/* a min per block, summed by a second FMA */
+static inline int has_min(int kind) { return kind == Q_4_1 || kind == Q_5_1; }
+static inline size_t group_bytes(int kind) { return has_min(kind) ? GROUP_BYTES + 32 : GROUP_BYTES; }
 
 /* Row block wb's 32 weights as bytes (element i in byte i). */
 static inline AI T2 __m256i unpack_block(int kind, const uint8_t *wb) {
     if (kind == Q_8_0) return _mm256_loadu_si256((const __m256i *)(wb + 2));
     if (kind == Q_4_0) return nibbles32(wb + 2);
-    return _mm256_or_si256(nibbles32(wb + 6), _mm256_and_si256(bits32(wb + 2), _mm256_set1_epi8(0x10)));
+    if (kind == Q_4_1) return nibbles32(wb + 4);
+    if (kind == Q_IQ4NL)
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tl_iq4nl_values)),
+                                   nibbles32(wb + 2));
+    const size_t qh = kind == Q_5_1 ? 4 : 2; /* then the nibbles */
+    return _mm256_or_si256(nibbles32(wb + qh + 4), _mm256_and_si256(bits32(wb + qh), _mm256_set1_epi8(0x10)));
 }
 
 /* The exact int32 block sums of the products of 4-byte groups: lane i of
@@ -71,7 +86,8 @@ static inline AI T2 __m256i unpack_block(int kind, const uint8_t *wb) {
  * of the bias bytes, so the int16 difference cannot saturate). */
 static inline AI T2 __m256i block_partials(int kind, __m256i q, __m256i y, __m256i base) {
     const __m256i ones = _mm256_set1_epi16(1);
-    if (kind == Q_8_0) return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q)), ones);
+    if (is_signed(kind)) return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(y, q)), ones);
+    if (!off_of(kind)) return _mm256_madd_epi16(_mm256_maddubs_epi16(q, y), ones);
     return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q, y), base), ones);
 }
 
@@ -95,9 +111,18 @@ static inline AI T2 __m256 row_scales(const uint8_t *wb, const size_t *roffs) {
     return _mm256_cvtph_ps(d);
 }
 
-/* s + isum * (dw * dy), lane by lane: the reference's multiply, then add. */
-static inline AI T2 __m256 scale_add(__m256 s, __m256i isum, __m256 dw, float dy) {
+/* s + isum * (dw * dy), lane by lane: the reference's multiply, then add;
+ * with a min (q4_1, q5_1) its two FMAs, the second of dm and sy. */
+static inline AI T2 __m256 scale_add(int kind, __m256 s, __m256i isum, __m256 dw, float dy, __m256 dm, float sy) {
+    if (has_min(kind))
+        return _mm256_fmadd_ps(dm, _mm256_set1_ps(sy),
+                               _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(dy)), s));
     return _mm256_add_ps(s, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(dy))));
+}
+
+/* (float)sum(y) * d_y: the min's factor (q4_1, q5_1). */
+static inline AI T2 float sum_y(__m256i yv, float dy) {
+    return (float)hsum_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), yv), _mm256_set1_epi16(1))) * dy;
 }
 
 /* Stores the first nr lanes of v to out. */
@@ -123,10 +148,12 @@ static inline AI T2 void mk_direct(int kind, int64_t nb, const uint8_t *w, const
          * next group's rows (contiguous after these) go to L2 linearly */
         if (pf) UNROLL for (size_t k = 0; k < 8 * bw; k += 64) _mm_prefetch((const char *)(w + PF_AHEAD(roffs) + (size_t)b * 8 * bw + k), _MM_HINT_T1);
         const __m256i yv = _mm256_loadu_si256((const __m256i *)y[b].qs);
-        const __m256i base = kind == Q_8_0 ? _mm256_setzero_si256() : _mm256_maddubs_epi16(offv, yv);
+        const __m256i base = off_of(kind) ? _mm256_maddubs_epi16(offv, yv) : _mm256_setzero_si256();
         __m256i p[8];
         UNROLL for (int r = 0; r < 8; r++) p[r] = block_partials(kind, unpack_block(kind, wb + roffs[r]), yv, base);
-        acc = scale_add(acc, sum8(p), row_scales(wb, roffs), f16(y[b].d));
+        const float dy = f16(y[b].d);
+        const __m256 dm = has_min(kind) ? row_scales(wb + 2, roffs) : _mm256_setzero_ps();
+        acc = scale_add(kind, acc, sum8(p), row_scales(wb, roffs), dy, dm, has_min(kind) ? sum_y(yv, dy) : 0);
     }
     store_rows(out, acc, nr);
 }
@@ -153,6 +180,7 @@ static inline AI T2 void transpose_block(int kind, const uint8_t *w, const size_
         _mm256_store_si256(q + j + 4, _mm256_permute2x128_si256(u[j], u[j + 4], 0x31));
     }
     _mm256_store_ps((float *)(q + 8), row_scales(wb, roffs));
+    if (has_min(kind)) _mm256_store_ps((float *)(q + 9), row_scales(wb + 2, roffs));
 }
 
 /* q[k] of a packed block g (pack.c): q8_0 32 bytes per k; q4_0 the
@@ -174,34 +202,41 @@ static inline AI T2 void mk(int kind, int p8, int C, int64_t nb, const uint8_t *
     __m256 acc[TOK_BLOCK];
     UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *g = wk + (size_t)b * (p8 ? 8 * bw_of(kind) : GROUP_BYTES);
+        const uint8_t *g = wk + (size_t)b * (p8 ? 8 * bw_of(kind) : group_bytes(kind));
         __m256i s[TOK_BLOCK], h[TOK_BLOCK];
         UNROLL for (int c = 0; c < C; c++) s[c] = h[c] = _mm256_setzero_si256();
         K_UNROLL for (int k = 0; k < 8; k++) {
             const __m256i q = p8 ? load_p8(kind, g, k) : _mm256_load_si256((const __m256i *)g + k);
-            const __m256i aq = kind == Q_8_0 ? _mm256_abs_epi8(q) : q;
+            const __m256i aq = is_signed(kind) ? _mm256_abs_epi8(q) : q;
             UNROLL for (int c = 0; c < C; c++) {
                 const uint8_t *yq = x + c * ldx + (size_t)b * sizeof(block_q8_0) + 2 + 4 * k;
                 const __m256i y = _mm256_set1_epi32((int)ld32(yq));
-                if (kind == Q_8_0) {
+                if (is_signed(kind)) {
                     s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(y, q)), ones));
                     continue;
                 }
                 h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(q, y));
-                if (kind == Q_5_0 && k == 3) {
+                if ((kind == Q_5_0 || kind == Q_5_1) && k == 3) {
                     s[c] = _mm256_madd_epi16(h[c], ones);
                     h[c] = _mm256_setzero_si256();
                 }
             }
         }
         const __m256 dw = p8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g)) : _mm256_load_ps((const float *)(g + 256));
+        const __m256 dm = has_min(kind) ? _mm256_load_ps((const float *)(g + 288)) : _mm256_setzero_ps();
         UNROLL for (int c = 0; c < C; c++) {
-            const __m256i corr = _mm256_set1_epi32(((const int32_t *)(x + c * ldx + co))[b]);
+            /* the bias slot: -off * sum(y) (int32), or sy (q4_1, q5_1: a float) */
+            const uint8_t *slot = x + c * ldx + co + 4 * (size_t)b;
+            const __m256i corr = _mm256_set1_epi32((int)ld32(slot));
             __m256i isum;
-            if (kind == Q_8_0) isum = s[c];
+            if (is_signed(kind)) isum = s[c];
+            else if (kind == Q_4_1) isum = _mm256_madd_epi16(h[c], ones);
+            else if (kind == Q_5_1) isum = _mm256_add_epi32(s[c], _mm256_madd_epi16(h[c], ones));
             else if (kind == Q_4_0) isum = _mm256_add_epi32(_mm256_madd_epi16(h[c], ones), corr);
             else isum = _mm256_add_epi32(_mm256_add_epi32(s[c], _mm256_madd_epi16(h[c], ones)), corr);
-            acc[c] = scale_add(acc[c], isum, dw, ((const float *)(x + c * ldx + dyo))[b]);
+            float sy = 0;
+            if (has_min(kind)) memcpy(&sy, slot, 4);
+            acc[c] = scale_add(kind, acc[c], isum, dw, ((const float *)(x + c * ldx + dyo))[b], dm, sy);
         }
     }
     UNROLL for (int c = 0; c < C; c++) store_rows(out + c * ldo, acc[c], nr);
@@ -249,7 +284,7 @@ static inline AI T2 void gemm_q(int kind, int64_t n, int nr, int nt, float *out,
             continue;
         }
         uint8_t *wk = work;
-        for (int64_t b = 0; b < nb; b++) transpose_block(kind, W, roffs, b, wk + (size_t)b * GROUP_BYTES);
+        for (int64_t b = 0; b < nb; b++) transpose_block(kind, W, roffs, b, wk + (size_t)b * group_bytes(kind));
         mk_tokens(kind, 0, nt, nb, wk, X, ldx, out + r0, ldo, g);
     }
 }
@@ -299,11 +334,15 @@ static inline AI T2 void dot1(int kind, int64_t n, float *out, const void *w, co
     float s = 0;
     for (int64_t b = 0; b < n / 32; b++, wb += bw_of(kind)) {
         const __m256i yv = _mm256_loadu_si256((const __m256i *)y[b].qs);
-        const __m256i base = kind == Q_8_0 ? _mm256_setzero_si256() : _mm256_maddubs_epi16(offv, yv);
+        const __m256i base = off_of(kind) ? _mm256_maddubs_epi16(offv, yv) : _mm256_setzero_si256();
         const int isum = hsum_epi32(block_partials(kind, unpack_block(kind, wb), yv, base));
-        uint16_t dh;
-        memcpy(&dh, wb, 2);
-        s += (float)isum * (f16(dh) * f16(y[b].d));
+        const float dy = f16(y[b].d);
+        if (has_min(kind)) {
+            s = fmaf((float)isum, f16(ld16(wb)) * dy, s);
+            s = fmaf(f16(ld16(wb + 2)), sum_y(yv, dy), s);
+            continue;
+        }
+        s += (float)isum * (f16(ld16(wb)) * dy);
     }
     *out = s;
 }
@@ -322,7 +361,12 @@ static inline AI T2 void prepare(int kind, const float *src, void *dst, int64_t 
         const block_q8_0 *yb = (const block_q8_0 *)p + b;
         dy[b] = f16(yb->d);
         const __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_loadu_si256((const __m256i *)yb->qs)), ones16);
-        corr[b] = -off_of(kind) * hsum_epi32(s);
+        if (has_min(kind)) {
+            const float sy = (float)hsum_epi32(s) * dy[b];
+            memcpy(&corr[b], &sy, 4);
+        } else {
+            corr[b] = -off_of(kind) * hsum_epi32(s);
+        }
     }
 }
 
@@ -340,6 +384,9 @@ static inline AI T2 void prepare(int kind, const float *src, void *dst, int64_t 
 GEMM_KIND(q8_0, Q_8_0)
 GEMM_KIND(q4_0, Q_4_0)
 GEMM_KIND(q5_0, Q_5_0)
+GEMM_KIND(q4_1, Q_4_1)
+GEMM_KIND(q5_1, Q_5_1)
+GEMM_KIND(iq4_nl, Q_IQ4NL)
 static T2 void gemm_p8_q8_0(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
                             size_t ldx, void *work) {
     gemm_p8(Q_8_0, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
@@ -359,6 +406,9 @@ void tl_gemm_fill_avx2(tl_kernel_table *t) {
     FILL(TL_TYPE_Q8_0, q8_0)
     FILL(TL_TYPE_Q4_0, q4_0)
     FILL(TL_TYPE_Q5_0, q5_0)
+    FILL(TL_TYPE_Q4_1, q4_1)
+    FILL(TL_TYPE_Q5_1, q5_1)
+    FILL(TL_TYPE_IQ4_NL, iq4_nl)
 #undef FILL
     t->gemm_tile_pk[TL_TYPE_Q8_0] = gemm_p8_q8_0;
     t->gemm_tile_pk[TL_TYPE_Q4_0] = gemm_p8_q4_0;

@@ -1,11 +1,11 @@
 /* gemm_q.h - shared by the GEMM files (gemm_avx2.c, gemm_avx512.c,
- * gemm_k_avx512.c): the 32-element weight kinds against q8_0 activations
- * (q4_1 at AVX-512 only), their block sizes, and small loads and sums.
+ * gemm_k_avx512.c): the 32-element weight kinds against q8_0 activations,
+ * their block sizes, and small loads and sums.
  * Include after <immintrin.h>. */
 #ifndef TL_GEMM_Q_H
 #define TL_GEMM_Q_H
 
-enum { Q_8_0, Q_4_0, Q_5_0, Q_4_1, Q_IQ4NL, Q_5_1 }; /* iq4_nl (q4_0's bytes), q5_1: AVX-512 only */
+enum { Q_8_0, Q_4_0, Q_5_0, Q_4_1, Q_IQ4NL, Q_5_1 }; /* iq4_nl: q4_0's bytes */
 
 static inline size_t bw_of(int kind) {
     return kind == Q_8_0   ? sizeof(block_q8_0)

@@ -350,37 +350,6 @@ TILE_DRIVER(vdt_f32, T2, MK_F32, 3)
 TILE_DRIVER(vdt_f16, T2, MK_F16, 2)
 TILE_DRIVER(vdt_bf16, T2, MK_BF16, 2)
 
-/* q4_1: R rows x 1 token; per row two 8-lane chains (the block sums by d,
- * the activation sums by m), summed at the end; the rows share the
- * activation's load and its sums, and their chains interleave (one row at a
- * time waited on them: 110M-shaped Q4_1, one thread, prefill / decode
- * 191 / 145 tok/s before). */
-static inline AI T2 void mk_q4_1(int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
-                                 size_t ldw, const uint8_t *x, size_t ldx) {
-    const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-    UNROLL for (int c = 0; c < C; c++) {
-        const block_q8_0 *b = (const block_q8_0 *)(x + (size_t)c * ldx);
-        __m256 acc[4], accm[4];
-        UNROLL for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < n / 32; i++) {
-            if (pf && c == 0)
-                UNROLL for (int k = 0; k < R * (int)sizeof(block_q4_1); k += 64)
-                    _mm_prefetch((const char *)(w + PF_QUANT + R * i * sizeof(block_q4_1) + k), _MM_HINT_T0);
-            const float dy = f16(b[i].d);
-            const __m256i y = _mm256_loadu_si256((const __m256i *)b[i].qs);
-            const __m256 sy = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, y), ones16));
-            UNROLL for (int r = 0; r < R; r++) {
-                const block_q4_1 *a = (const block_q4_1 *)(w + (size_t)r * ldw) + i;
-                const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(nibbles32(a->qs), y), ones16));
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(f16(a->d) * dy), s, acc[r]);
-                accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(f16(a->m) * dy), sy, accm[r]);
-            }
-        }
-        UNROLL for (int r = 0; r < R; r++) out[(size_t)c * ldo + r] = hsum256(_mm256_add_ps(acc[r], accm[r]));
-    }
-}
-TILE_DRIVER_RC(vdt_q4_1, T2, mk_q4_1, 4, 1)
-
 /* ------------------------------------------------------------ K-quants */
 
 /* 12 packed bytes -> bytes 0..7 scales, 8..15 mins (ggml's utmp shuffle). */
@@ -684,8 +653,6 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_F32] = vdt_f32_1;
     t->vec_dot[TL_TYPE_F16] = vdt_f16_1;
     t->vec_dot[TL_TYPE_BF16] = vdt_bf16_1;
-    t->vec_dot[TL_TYPE_Q4_1] = vdt_q4_1_1;
-    t->vec_dot_tile[TL_TYPE_Q4_1] = vdt_q4_1;
     t->vec_dot_tile[TL_TYPE_F32] = vdt_f32;
     t->vec_dot_tile[TL_TYPE_F16] = vdt_f16;
     t->vec_dot_tile[TL_TYPE_BF16] = vdt_bf16;
@@ -714,8 +681,8 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     t->dequant_q4_0 = dequant_q4_0_avx2;
     t->dequant_q4_1 = dequant_q4_1_avx2;
     t->f32_to_f16_row = f32_to_f16_avx2;
-    tl_gemm_fill_avx2(t); /* q8_0/q4_0/q5_0: gemm_avx2.c */
-    tl_extra_fill_avx2(t); /* q2_K/q3_K/iq4_nl: quants_extra_avx2.c */
+    tl_gemm_fill_avx2(t); /* q8_0/q4_0/q5_0/q4_1/q5_1/iq4_nl: gemm_avx2.c */
+    tl_extra_fill_avx2(t); /* q2_K/q3_K/iq4_xs: quants_extra_avx2.c */
 }
 
 #else

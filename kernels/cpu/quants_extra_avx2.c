@@ -1,14 +1,13 @@
-/* quants_extra_avx2.c - q2_K, q3_K, iq4_nl, iq4_xs and q5_1 at the AVX2
- * level: 4 rows x 1 token micro-tiles (TILE_DRIVER_RC), the 1 x 1 tile
- * being vec_dot (the AVX-512 level adds their GEMM, gemm_k_avx512.c and
- * gemm_avx512.c, which sum the same way). The four rows share each
- * activation load, their integer sums are reduced together, and their
- * float ops, each row's in the reference's order, run as the lanes of one
- * vector, where one row at a time waited on a scalar chain per block
+/* quants_extra_avx2.c - q2_K, q3_K and iq4_xs at the AVX2 level (q4_1,
+ * q5_1 and iq4_nl have gemm_avx2.c's GEMM): 4 rows x 1 token micro-tiles
+ * (TILE_DRIVER_RC), the 1 x 1 tile being vec_dot (the AVX-512 level adds
+ * their GEMM, gemm_k_avx512.c, which sums the same way). The four rows
+ * share each activation load, their integer sums are reduced together,
+ * and their float ops, each row's in the reference's order, run as the
+ * lanes of one vector, where one row at a time waited on a scalar chain
  * (110M-shaped files, one thread, prefill / decode tok/s, before -> after:
- * q5_1 83 / 64 -> 186 / 138, iq4_nl 131 / 103 -> 252 / 178, q3_K 97 / 74
- * -> 357 / 247, q2_K 322 / 252 -> 490 / 351, iq4_xs 195 / 144 -> 244 /
- * 171).
+ * q3_K 97 / 74 -> 357 / 247, q2_K 322 / 252 -> 490 / 351, iq4_xs 195 /
+ * 144 -> 244 / 171).
  *
  * q2_K / q3_K: elements 128c + 32j + p (p < 32) are bits 2j..2j+1 of qs byte 32c + p
  * (q3_K: plus bit 4c + j of hmask byte p), so one shift and mask of qs
@@ -20,14 +19,10 @@
  * float ops its order per super-block, so each dot is bitwise
  * tl_vec_dot_ref's.
  *
- * iq4_nl: the nibbles through vpshufb to their signed levels, multiplied
+ * iq4_xs: the nibbles through vpshufb to their signed levels, multiplied
  * with the activation by vpsignb + maddubs (|pairs| <= 2 * 127 * 127),
- * then the reference's float ops per block; iq4_xs the same per sub-block,
- * weighted by its scale in vpmaddwd (|sums| < 2^22), float per super-block.
- *
- * q5_1: the 5-bit values by maddubs against the activation (pairs <= 2 *
- * 31 * 127), the activation's own sum beside, then the reference's two
- * FMAs per block. */
+ * weighted by the sub-block's scale in vpmaddwd (|sums| < 2^22), the
+ * float ops per super-block. */
 #include "quants_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -154,7 +149,7 @@ static inline AI T2 void mk_q23(int q3, int R, int C, int pf, int64_t n, float *
     }
 }
 
-/* 32 iq4_nl nibbles (16 bytes) times 32 activation bytes: int16 pair sums. */
+/* 32 iq4_nl-level nibbles (16 bytes) times 32 activation bytes: int16 pair sums. */
 static inline AI T2 __m256i iq4_pairs(__m128i lut, const uint8_t *qs, const int8_t *y) {
     const __m128i b = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0xF);
     const __m256i q = _mm256_set_m128i(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m4)),
@@ -207,74 +202,17 @@ static inline AI T2 void mk_iq4_xs(int R, int C, int pf, int64_t n, float *out, 
     }
 }
 
-static inline AI T2 void mk_iq4_nl(int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
-                                   size_t ldw, const uint8_t *x, size_t ldx) {
-    const __m128i lut = _mm_loadu_si128((const __m128i *)tl_iq4nl_values);
-    const __m256i ones = _mm256_set1_epi16(1);
-    const size_t bw = sizeof(block_q4_0);
-    ROWS4(R, w, ldw);
-    UNROLL for (int c = 0; c < C; c++) {
-        const block_q8_0 *y = (const block_q8_0 *)(x + (size_t)c * ldx);
-        __m128 s = _mm_setzero_ps();
-        for (int64_t i = 0; i < n / 32; i++) {
-            pf_next(pf && c == 0, w, ldw, i, bw);
-            __m256i p[4];
-            UNROLL for (int k = 0; k < 4; k++)
-                p[k] = k < R ? _mm256_madd_epi16(iq4_pairs(lut, row[k] + (size_t)i * bw + offsetof(block_q4_0, qs), y[i].qs), ones)
-                             : _mm256_setzero_si256();
-            /* s += sumi * (d * d_y) */
-            const __m128 dd = _mm_mul_ps(f16x4(row, (size_t)i * bw + offsetof(block_q4_0, d)), _mm_set1_ps(f16(y[i].d)));
-            s = _mm_add_ps(s, _mm_mul_ps(_mm_cvtepi32_ps(hsum4_i32(p)), dd));
-        }
-        STORE4(R, s, out + (size_t)c * ldo);
-    }
-}
-
-static inline AI T2 void mk_q5_1(int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
-                                 size_t ldw, const uint8_t *x, size_t ldx) {
-    const __m256i ones16 = _mm256_set1_epi16(1), ones8 = _mm256_set1_epi8(1);
-    const size_t bw = sizeof(block_q5_1);
-    ROWS4(R, w, ldw);
-    UNROLL for (int c = 0; c < C; c++) {
-        const block_q8_0 *y = (const block_q8_0 *)(x + (size_t)c * ldx);
-        __m128 s = _mm_setzero_ps();
-        for (int64_t i = 0; i < n / 32; i++) {
-            pf_next(pf && c == 0, w, ldw, i, bw);
-            const __m256i yv = _mm256_loadu_si256((const __m256i *)y[i].qs);
-            const int sumy = hsum_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(ones8, yv), ones16));
-            const float dy = f16(y[i].d);
-            __m256i p[4];
-            UNROLL for (int k = 0; k < 4; k++) {
-                p[k] = _mm256_setzero_si256();
-                if (k >= R) continue;
-                const block_q5_1 *a = (const block_q5_1 *)row[k] + i;
-                const __m256i q = _mm256_or_si256(nibbles32(a->qs), _mm256_and_si256(bits32(a->qh), _mm256_set1_epi8(0x10)));
-                p[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(q, yv), ones16);
-            }
-            /* s = fma(sumi, d * d_y, s), then fma(m, sumy * d_y, s) */
-            const __m128 dd = _mm_mul_ps(f16x4(row, (size_t)i * bw + offsetof(block_q5_1, d)), _mm_set1_ps(dy));
-            s = _mm_fmadd_ps(_mm_cvtepi32_ps(hsum4_i32(p)), dd, s);
-            s = _mm_fmadd_ps(f16x4(row, (size_t)i * bw + offsetof(block_q5_1, m)), _mm_set1_ps((float)sumy * dy), s);
-        }
-        STORE4(R, s, out + (size_t)c * ldo);
-    }
-}
-
 #define MK_Q2_K(R, C, ...) mk_q23(0, R, C, __VA_ARGS__)
 #define MK_Q3_K(R, C, ...) mk_q23(1, R, C, __VA_ARGS__)
 TILE_DRIVER_RC(tile_q2_K, T2, MK_Q2_K, 4, 1)
 TILE_DRIVER_RC(tile_q3_K, T2, MK_Q3_K, 4, 1)
 TILE_DRIVER_RC(tile_iq4_xs, T2, mk_iq4_xs, 4, 1)
-TILE_DRIVER_RC(tile_iq4_nl, T2, mk_iq4_nl, 4, 1)
-TILE_DRIVER_RC(tile_q5_1, T2, mk_q5_1, 4, 1)
 
 void tl_extra_fill_avx2(tl_kernel_table *t) {
 #define FILL(TYPE, SUF)                     \
     t->vec_dot[TYPE] = tile_##SUF##_1;      \
     t->vec_dot_tile[TYPE] = tile_##SUF;
-    FILL(TL_TYPE_IQ4_NL, iq4_nl)
     FILL(TL_TYPE_IQ4_XS, iq4_xs)
-    FILL(TL_TYPE_Q5_1, q5_1)
     FILL(TL_TYPE_Q2_K, q2_K)
     FILL(TL_TYPE_Q3_K, q3_K)
 #undef FILL
