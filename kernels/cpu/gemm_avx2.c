@@ -7,7 +7,7 @@
  * and an FMA per 32 products and output. Here the 8 rows of a group are
  * transposed per block so that lane r of a ymm belongs to row r:
  *
- *   work, one block b of an 8-row group (288 bytes):
+ *   work, one block b of an 8-row group (288 bytes; 320 with dm):
  *     q[k], k = 0..7:  32 bytes, lane r = bytes 4k..4k+3 of row r's block
  *                      (q8_0: signed; iq4_nl: its signed level, one
  *                      vpshufb of the nibble; q4_0, q4_1: nibble; q5_0,
