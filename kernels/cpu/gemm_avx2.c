@@ -183,12 +183,20 @@ static inline AI T2 void transpose_block(int kind, const uint8_t *w, const size_
     if (has_min(kind)) _mm256_store_ps((float *)(q + 9), row_scales(wb + 2, roffs));
 }
 
-/* q[k] of a packed block g (pack.c): q8_0 32 bytes per k; q4_0 the
- * nibbles of 32 bytes per k % 4 (low for k < 4, high after). */
+/* q[k] of a packed block g (pack.c): q8_0 32 bytes per k; the others
+ * the nibbles of 32 bytes per k % 4 (low for k < 4, high after), after the
+ * 8 scales (16 bytes), q4_1's 8 mins (16) or q5_0's 8 bit masks (32: mask
+ * k's bit 4r + e is byte e of lane r's 5th bit); iq4_nl's nibbles to its
+ * levels. */
 static inline AI T2 __m256i load_p8(int kind, const uint8_t *g, int k) {
     if (kind == Q_8_0) return _mm256_loadu_si256((const __m256i *)(g + 16 + 32 * k));
-    const __m256i v = _mm256_loadu_si256((const __m256i *)(g + 16 + 32 * (k & 3)));
-    return _mm256_and_si256(k < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0xF));
+    const size_t head = kind == Q_4_1 ? 32 : kind == Q_5_0 ? 48 : 16;
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(g + head + 32 * (k & 3)));
+    const __m256i q = _mm256_and_si256(k < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0xF));
+    if (kind == Q_IQ4NL)
+        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tl_iq4nl_values)), q);
+    if (kind == Q_5_0) return _mm256_or_si256(q, _mm256_and_si256(bits32(g + 16 + 4 * k), _mm256_set1_epi8(0x10)));
+    return q;
 }
 
 /* C tokens (C <= TOK_BLOCK, a constant after inlining) of prepared rows x
@@ -223,7 +231,9 @@ static inline AI T2 void mk(int kind, int p8, int C, int64_t nb, const uint8_t *
             }
         }
         const __m256 dw = p8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g)) : _mm256_load_ps((const float *)(g + 256));
-        const __m256 dm = has_min(kind) ? _mm256_load_ps((const float *)(g + 288)) : _mm256_setzero_ps();
+        const __m256 dm = !has_min(kind) ? _mm256_setzero_ps()
+                          : p8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16)))
+                               : _mm256_load_ps((const float *)(g + 288));
         UNROLL for (int c = 0; c < C; c++) {
             /* the bias slot: -off * sum(y) (int32), or sy (q4_1, q5_1: a float) */
             const uint8_t *slot = x + c * ldx + co + 4 * (size_t)b;
@@ -300,14 +310,16 @@ static inline AI T2 void gemm_p8(int kind, int64_t n, int nr, int nt, float *out
             mk_tokens(kind, 1, nt, nb, wg, x, ldx, out + r0, ldo, 8);
             continue;
         }
-        /* q4_0 prefill: the nibbles split once into the workspace layout
-         * rather than once per micro-tile (measured ~10% faster) */
+        /* q4_0 (and the other nibble kinds) prefill: the nibbles split
+         * once into the workspace layout rather than once per micro-tile
+         * (q4_0: measured ~10% faster) */
         uint8_t *wk = work;
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *g = wg + (size_t)b * 8 * bw_of(kind);
-            __m256i *q = (__m256i *)(wk + (size_t)b * GROUP_BYTES);
+            __m256i *q = (__m256i *)(wk + (size_t)b * group_bytes(kind));
             UNROLL for (int k = 0; k < 8; k++) _mm256_store_si256(q + k, load_p8(kind, g, k));
             _mm256_store_ps((float *)(q + 8), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g)));
+            if (has_min(kind)) _mm256_store_ps((float *)(q + 9), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(g + 16))));
         }
         mk_tokens(kind, 0, nt, nb, wk, x, ldx, out + r0, ldo, 8);
     }
@@ -391,10 +403,16 @@ static T2 void gemm_p8_q8_0(int64_t n, int nr, int nt, float *out, size_t ldo, c
                             size_t ldx, void *work) {
     gemm_p8(Q_8_0, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
 }
-static T2 void gemm_p8_q4_0(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                            size_t ldx, void *work) {
-    gemm_p8(Q_4_0, n, nr, nt, out, ldo, w, ldw, x, ldx, work);
-}
+#define GEMM_P8(SUF, KIND)                                                                                            \
+    static T2 void gemm_p8_##SUF(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,        \
+                                 const void *x, size_t ldx, void *work) {                                            \
+        gemm_p8(KIND, n, nr, nt, out, ldo, w, ldw, x, ldx, work);                                                     \
+    }
+GEMM_P8(q4_0, Q_4_0)
+GEMM_P8(q5_0, Q_5_0)
+GEMM_P8(q4_1, Q_4_1)
+GEMM_P8(iq4_nl, Q_IQ4NL)
+#undef GEMM_P8
 
 void tl_gemm_fill_avx2(tl_kernel_table *t) {
     quantize_q8_0_fn = t->quantize_q8_0;
@@ -412,6 +430,9 @@ void tl_gemm_fill_avx2(tl_kernel_table *t) {
 #undef FILL
     t->gemm_tile_pk[TL_TYPE_Q8_0] = gemm_p8_q8_0;
     t->gemm_tile_pk[TL_TYPE_Q4_0] = gemm_p8_q4_0;
+    t->gemm_tile_pk[TL_TYPE_Q5_0] = gemm_p8_q5_0;
+    t->gemm_tile_pk[TL_TYPE_Q4_1] = gemm_p8_q4_1;
+    t->gemm_tile_pk[TL_TYPE_IQ4_NL] = gemm_p8_iq4_nl;
     t->pack_rows = 8;
 }
 
