@@ -149,15 +149,6 @@ static inline AI T2 void mk_q23(int q3, int R, int C, int pf, int64_t n, float *
     }
 }
 
-/* 32 iq4_nl-level nibbles (16 bytes) times 32 activation bytes: int16 pair sums. */
-static inline AI T2 __m256i iq4_pairs(__m128i lut, const uint8_t *qs, const int8_t *y) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0xF);
-    const __m256i q = _mm256_set_m128i(_mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m4)),
-                                       _mm_shuffle_epi8(lut, _mm_and_si128(b, m4)));
-    const __m256i yv = _mm256_loadu_si256((const __m256i *)y);
-    return _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(yv, q));
-}
-
 /* An iq4_xs super-block's 8 scales (tl_iq4xs_scale) as int16 in both
  * lanes: the 4-bit low parts (nibble j of scales_l) and the 2-bit high
  * parts (bits 2j of scales_h) spread to byte j by shifts and masks. */
@@ -173,9 +164,15 @@ static inline AI T2 __m256i iq4xs_scales16(const block_iq4_xs *a) {
     return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(b));
 }
 
+/* Two sub-blocks a step: 32 qs bytes are sub-block 2h's (low lane) and
+ * 2h + 1's (high lane), their low nibbles elements 0..15 of each and their
+ * high nibbles 16..31, met by the activation halves rearranged so once per
+ * super-block (shared by the four rows); each lane weighted by its own
+ * sub-block's scale. */
 static inline AI T2 void mk_iq4_xs(int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
                                    size_t ldw, const uint8_t *x, size_t ldx) {
-    const __m128i lut = _mm_loadu_si128((const __m128i *)tl_iq4nl_values);
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tl_iq4nl_values));
+    const __m256i m4 = _mm256_set1_epi8(0xF);
     const size_t bw = sizeof(block_iq4_xs);
     ROWS4(R, w, ldw);
     UNROLL for (int c = 0; c < C; c++) {
@@ -183,15 +180,30 @@ static inline AI T2 void mk_iq4_xs(int R, int C, int pf, int64_t n, float *out, 
         __m128 s = _mm_setzero_ps();
         for (int64_t i = 0; i < n / QK_K; i++) {
             pf_next(pf && c == 0, w, ldw, i, bw);
+            __m256i ya[4], yb[4]; /* (2h: 0..15 | 2h+1: 0..15), (2h: 16..31 | 2h+1: 16..31) */
+            UNROLL for (int h = 0; h < 4; h++) {
+                const __m256i y0 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * h));
+                const __m256i y1 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * h + 32));
+                ya[h] = _mm256_permute2x128_si256(y0, y1, 0x20);
+                yb[h] = _mm256_permute2x128_si256(y0, y1, 0x31);
+            }
             __m256i acc[4];
             UNROLL for (int k = 0; k < 4; k++) {
                 acc[k] = _mm256_setzero_si256();
                 if (k >= R) continue;
                 const block_iq4_xs *a = (const block_iq4_xs *)row[k] + i;
                 const __m256i sc = iq4xs_scales16(a);
-                UNROLL for (int j = 0; j < 8; j++) {
-                    const __m256i scj = _mm256_shuffle_epi8(sc, _mm256_set1_epi16((short)((2 * j + 1) << 8 | 2 * j)));
-                    acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(iq4_pairs(lut, a->qs + 16 * j, y[i].qs + 32 * j), scj));
+                UNROLL for (int h = 0; h < 4; h++) {
+                    /* low lane: int16 scale 2h, high lane: 2h + 1 */
+                    const __m256i scv = _mm256_shuffle_epi8(
+                        sc, _mm256_set_m128i(_mm_set1_epi16((short)((4 * h + 3) << 8 | (4 * h + 2))),
+                                             _mm_set1_epi16((short)((4 * h + 1) << 8 | 4 * h))));
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(a->qs + 32 * h));
+                    const __m256i lo = _mm256_shuffle_epi8(lut, _mm256_and_si256(v, m4));
+                    const __m256i hi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                    const __m256i plo = _mm256_maddubs_epi16(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(ya[h], lo));
+                    const __m256i phi = _mm256_maddubs_epi16(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(yb[h], hi));
+                    acc[k] = _mm256_add_epi32(acc[k], _mm256_add_epi32(_mm256_madd_epi16(plo, scv), _mm256_madd_epi16(phi, scv)));
                 }
             }
             /* s += d_y * d * sumi */
