@@ -74,8 +74,7 @@ static inline AI T2 __m256i unpack_block(int kind, const uint8_t *wb) {
     if (kind == Q_4_0) return nibbles32(wb + 2);
     if (kind == Q_4_1) return nibbles32(wb + 4);
     if (kind == Q_IQ4NL)
-        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tl_iq4nl_values)),
-                                   nibbles32(wb + 2));
+        return _mm256_shuffle_epi8(tl_iq4nl_lut256(), nibbles32(wb + 2));
     const size_t qh = kind == Q_5_1 ? 4 : 2; /* then the nibbles */
     return _mm256_or_si256(nibbles32(wb + qh + 4), _mm256_and_si256(bits32(wb + qh), _mm256_set1_epi8(0x10)));
 }
@@ -194,7 +193,7 @@ static inline AI T2 __m256i load_p8(int kind, const uint8_t *g, int k) {
     const __m256i v = _mm256_loadu_si256((const __m256i *)(g + head + 32 * (k & 3)));
     const __m256i q = _mm256_and_si256(k < 4 ? v : _mm256_srli_epi16(v, 4), _mm256_set1_epi8(0xF));
     if (kind == Q_IQ4NL)
-        return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tl_iq4nl_values)), q);
+        return _mm256_shuffle_epi8(tl_iq4nl_lut256(), q);
     if (kind == Q_5_0) return _mm256_or_si256(q, _mm256_and_si256(bits32(g + 16 + 4 * k), _mm256_set1_epi8(0x10)));
     return q;
 }

@@ -35,6 +35,12 @@ static inline __attribute__((always_inline, target("avx512f"))) __m512i tl_iq4nl
                                                 (char)166, (char)181, (char)197, (char)217, (char)241));
 }
 
+/* iq4_nl's 16 signed levels (tl_iq4nl_values) in both 128-bit lanes: the
+ * vpshufb table of the AVX2 iq4_nl and iq4_xs kernels. */
+static inline __attribute__((always_inline, target("avx2"))) __m256i tl_iq4nl_lut256(void) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tl_iq4nl_values));
+}
+
 /* The sum of the 8 int32 lanes (exact). */
 static inline __attribute__((always_inline, target("avx2"))) int hsum_epi32(__m256i p) {
     const __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));

@@ -171,7 +171,7 @@ static inline AI T2 __m256i iq4xs_scales16(const block_iq4_xs *a) {
  * sub-block's scale. */
 static inline AI T2 void mk_iq4_xs(int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
                                    size_t ldw, const uint8_t *x, size_t ldx) {
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)tl_iq4nl_values));
+    const __m256i lut = tl_iq4nl_lut256();
     const __m256i m4 = _mm256_set1_epi8(0xF);
     const size_t bw = sizeof(block_iq4_xs);
     ROWS4(R, w, ldw);
