@@ -174,7 +174,7 @@ static void mm_task(void *p, int ith, int nth) {
      * Each tile kernel output equals the single (row, token) dot bitwise,
      * so neither the split, the chunks nor T changes any logit. */
     int chunk = (int)((192 * 1024) / c->xq_stride);
-    if (chunk < 16) chunk = 16;
+    chunk = chunk < 16 ? 16 : chunk / 16 * 16; /* whole 16-token AMX tiles */
     uint8_t *work = c->work + (size_t)ith * c->work_stride;
     /* packed rows (whole groups): the thread's rows in one call */
     int64_t step = w->packed && !c->bf16 ? r1 - r0 : 16;

@@ -16,10 +16,14 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
-static tl_kernel_table tables[3];
+static tl_kernel_table tables[4];
 static int cpu_level; /* best level the CPU (and OS) supports */
-static int env_cap = TL_ISA_AVX512;
+static int env_cap = TL_ISA_AMX;
 static _Atomic(const tl_kernel_table *) active;
 static atomic_int active_level;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -55,6 +59,21 @@ static int has_bf16(void) {
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return 0;
     return (a >> 5) & 1;
+#else
+    return 0;
+#endif
+}
+
+/* AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), and the OS's
+ * leave to use them: Linux hands a process the 8 KiB of tile state only on
+ * request (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, 5.16 on); a
+ * kernel without it, or a VM that hides the state, refuses. */
+static int has_amx(void) {
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__linux__) && defined(SYS_arch_prctl)
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 25) & 1)) return 0;
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 #else
     return 0;
 #endif
@@ -179,6 +198,7 @@ static void init_once(void) {
         if (!strcasecmp(env, "scalar")) env_cap = TL_ISA_SCALAR;
         else if (!strcasecmp(env, "avx2")) env_cap = TL_ISA_AVX2;
         else if (!strcasecmp(env, "avx512")) env_cap = TL_ISA_AVX512;
+        else if (!strcasecmp(env, "amx")) env_cap = TL_ISA_AMX;
     }
     tl_kernels_fill_ref(&tables[TL_ISA_SCALAR]);
     tables[TL_ISA_SCALAR].dot_rows_f32 = dot_rows_generic;
@@ -196,6 +216,12 @@ static void init_once(void) {
     if (cpu_level >= TL_ISA_AVX512 && has_bf16()) tl_bf16dot_fill_avx512(&tables[TL_ISA_AVX512]);
     drop_stale_tiles(&tables[TL_ISA_AVX512], &tables[TL_ISA_AVX2]);
     drop_stale_rows(&tables[TL_ISA_AVX512], &tables[TL_ISA_AVX2]);
+    /* amx: the AVX-512 table with the packed GEMM on tiles (the same sums) */
+    tables[TL_ISA_AMX] = tables[TL_ISA_AVX512];
+    if (cpu_level >= TL_ISA_AVX512 && has_vnni() && has_amx()) {
+        tl_gemm_fill_amx(&tables[TL_ISA_AMX]);
+        cpu_level = TL_ISA_AMX;
+    }
     const int level = cpu_level < env_cap ? cpu_level : env_cap;
     atomic_store(&active_level, level);
     atomic_store(&active, &tables[level]);
@@ -229,6 +255,7 @@ const char *tl_isa_name(int level) {
     case TL_ISA_SCALAR: return "scalar";
     case TL_ISA_AVX2: return "avx2";
     case TL_ISA_AVX512: return "avx512";
+    case TL_ISA_AMX: return "amx";
     default: return "unknown";
     }
 }

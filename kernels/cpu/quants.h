@@ -203,10 +203,11 @@ size_t tl_attn_v8_bytes(int hd);
 void tl_attn_v8_prep(const uint8_t *v, size_t row_bytes, int rows, int hd, void *vp);
 void tl_attn_v8_sum(int nq, float *const *y, const float *const *a, const void *vp, int r0, int r1, int hd);
 
-/* CPU feature level: 0 scalar, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW, VL). */
-enum { TL_ISA_SCALAR = 0, TL_ISA_AVX2 = 1, TL_ISA_AVX512 = 2 };
+/* CPU feature level: 0 scalar, 1 AVX2+FMA+F16C, 2 AVX-512 (F, BW, VL),
+ * 3 AVX-512 with AMX-INT8 tiles the OS grants (Sapphire Rapids on). */
+enum { TL_ISA_SCALAR = 0, TL_ISA_AVX2 = 1, TL_ISA_AVX512 = 2, TL_ISA_AMX = 3 };
 /* Detects the CPU and selects kernels; idempotent and thread-safe.
- * TINYLOOP_ISA=scalar|avx2|avx512 caps the level (for testing). */
+ * TINYLOOP_ISA=scalar|avx2|avx512|amx caps the level (for testing). */
 void tl_kernels_init(void);
 /* Forces a level (capped to what the CPU supports); returns the level in use. */
 int tl_kernels_set_isa(int level);

@@ -259,6 +259,11 @@ void tl_gemm_fill_avx512(tl_kernel_table *t);
  * and its workspace bytes for rows of n elements. */
 void tl_gemm_k_fill_avx512(tl_kernel_table *t);
 size_t tl_gemm_k_work_size(int64_t n);
+/* gemm_amx.c: the packed 32-element kinds' GEMM on AMX-INT8 tiles, over
+ * an AVX-512 table (its VNNI kernels stay for a few tokens), and its
+ * workspace bytes for rows of n elements. */
+void tl_gemm_fill_amx(tl_kernel_table *t);
+size_t tl_gemm_amx_work_size(int64_t n);
 /* bf16dot_avx512.c: the BF16 mode's tile (when the CPU has AVX512_BF16). */
 void tl_bf16dot_fill_avx512(tl_kernel_table *t);
 

@@ -214,7 +214,9 @@ static void test_gemm_path(void) {
 static void test_pack(void) {
     static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_1, TL_TYPE_IQ4_NL};
     enum { NTYPES = sizeof types / sizeof types[0] };
-    enum { MAXR = 32, MAXT = 19, PAD = 3 };
+    /* nt: VNNI micro-tiles and their tails; AMX's 16-token tiles, one of 13,
+     * 16 + 13, 16 + 3 (VNNI tail), 2 x 16 + 3 */
+    enum { MAXR = 32, MAXT = 35, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < 2 * NTYPES; ti++) {
         const int type = types[ti % NTYPES], G = ti < NTYPES ? 8 : 16;
@@ -256,7 +258,8 @@ static void test_pack(void) {
                         for (int t = 0; t < MAXT; t++) tl_gemm_prepare(type, src + (size_t)n * t, xp + xs * t, n);
                     for (int nr = G; nr <= (G == 8 ? 16 : MAXR); nr += G)
                         for (int nt = 1; nt <= MAXT; nt++) {
-                            if (nt > 5 && nt != 8 && nt != 13 && nt != MAXT) continue;
+                            if (nt > 5 && nt != 8 && nt != 13 && nt != 16 && nt != 19 && nt != 29 && nt != MAXT)
+                                continue;
                             arm_tile(out, ldo * MAXT, work + ws);
                             tl_packed_tile(type, G, prep, n, nr, nt, out, ldo, wp, rw, prep ? xp : x, prep ? xs : rx,
                                            work);

@@ -1,0 +1,229 @@
+/* gemm_amx.c - the packed q8_0 / q4_0 / q5_0 / q4_1 / iq4_nl GEMM on
+ * AMX-INT8 tiles (Sapphire Rapids and later: the amx level, dispatch.c).
+ *
+ * One tile multiply takes 16 tokens' 32-element block (tile A: token m's
+ * q8_0 quants, read in place from the prepared rows, row stride ldx) and
+ * the same block of a 16-row group (tile B: 8 rows of 64 bytes, row k =
+ * bytes 4k..4k+3 of weight rows 0..15 - the layout TL_PACK16 stores q8_0
+ * in, and the one gemm_avx512.c's workspace holds for the other kinds):
+ * 8192 multiply-adds, 128 vpdpbusd's worth, in one instruction. Tile C
+ * then holds, for token m and weight row r, the exact integer block sum
+ * the VNNI tiles build in lane r of their register for token m. It goes
+ * through memory into their epilogue, block by block:
+ *
+ *   s = C[m] + corr_m,b;  acc_m += (float)s * (d_w,b * d_y,m,b)
+ *
+ * (q4_1: the two FMAs), so every output is bitwise the VNNI tile's and
+ * tl_vec_dot_ref's. q8_0 is multiplied signed by signed (TDPBSSD) straight
+ * from the packed rows, with no bias to correct; the other kinds as the
+ * unsigned bytes the VNNI tiles read (TDPBSUD), with its correction.
+ *
+ * A tile multiply covers one 32-element block, not the 64 elements AMX
+ * can take, because every block has its own scales; the float epilogue (a
+ * convert, two multiplies and an add per token and block) is then the
+ * larger part of the work, and two blocks are in flight so that the tile
+ * unit works on one while the vector units sum the other.
+ *
+ * Whole 16-token tiles go first, then the rest as one tile of fewer rows
+ * (a tile's multiply, loads and store cost about its rows), or, fewer than
+ * TL_AMX_MIN_TOKENS, by the VNNI kernel (decode of a few sequences is
+ * bound by reading the weights either way). */
+#include "quants_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "gemm_q.h"
+#include "blocks_avx512.h"
+
+#define TA __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,f16c,amx-tile,amx-int8")))
+
+#ifndef TL_AMX_MIN_TOKENS
+#define TL_AMX_MIN_TOKENS 10
+#endif
+
+/* The palette-1 tile configuration (64 bytes, LDTILECFG's operand). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_cfg;
+
+/* Tiles 0, 1: C (M tokens x 16 int32); 2, 3: A (M tokens x 32 bytes);
+ * 4, 5: B (8 x 64 bytes). Two of each: two blocks in flight. */
+static inline AI TA void configure(int M) {
+    tile_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 6; t++) {
+        c.rows[t] = (uint8_t)(t >= 4 ? 8 : M);
+        c.colsb[t] = t == 2 || t == 3 ? 32 : 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* Block b's B tile and scales: in the packed group itself (q8_0) or in
+ * the workspace the group was unpacked into (group_bytes a block). */
+static inline AI TA const uint8_t *b_tile(int kind, const uint8_t *src, int64_t b) {
+    return kind == Q_8_0 ? src + (size_t)b * 16 * sizeof(block_q8_0) + 32 : src + (size_t)b * group_bytes(kind);
+}
+
+static inline AI TA __m512 b_scales(int kind, const uint8_t *src, int64_t b) {
+    if (kind == Q_8_0) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + (size_t)b * 16 * sizeof(block_q8_0))));
+    return _mm512_load_ps((const float *)(b_tile(kind, src, b) + 8 * 64));
+}
+
+/* Block b's C tile (cs, 16 x 16 int32) into the 16 tokens' accumulators,
+ * as mk (gemm_avx512.c) sums its registers. */
+static inline AI TA void epilogue(int kind, const uint8_t *src, int64_t b, const int32_t *cs, const uint8_t *x,
+                                  size_t ldx, size_t dyo, size_t co, int M, __m512 acc[16]) {
+    const __m512 dw = b_scales(kind, src, b);
+    const __m512 dm = has_min(kind) ? _mm512_load_ps((const float *)(b_tile(kind, src, b) + 9 * 64)) : dw;
+    UNROLL16 for (int m = 0; m < 16; m++) {
+        if (m >= M) break;
+        const uint8_t *xm = x + m * ldx;
+        __m512i s = _mm512_load_si512(cs + 16 * m);
+        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(((const float *)(xm + dyo))[b]));
+        if (has_min(kind)) { /* the corr slot holds sy_b (prepare) */
+            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc[m]);
+            acc[m] = _mm512_fmadd_ps(dm, _mm512_set1_ps(((const float *)(xm + co))[b]), acc[m]);
+        } else {
+            if (kind != Q_8_0) s = _mm512_add_epi32(s, _mm512_set1_epi32(((const int32_t *)(xm + co))[b]));
+            acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_cvtepi32_ps(s), d));
+        }
+    }
+}
+
+/* Blocks b and b + 1 (b + 1 < nb) multiplied into cs[0] and cs[1]. */
+static inline AI TA void tiles2(int kind, const uint8_t *src, int pf, const uint8_t *xq, size_t ldx, int64_t b,
+                                int32_t cs[2][256]) {
+    if (pf) /* the weight stream, as load_packed prefetches it */
+        for (size_t k = 0; k < 2 * 16 * sizeof(block_q8_0); k += 64)
+            _mm_prefetch((const char *)(src + (size_t)b * 16 * bw_of(kind) + PF_PACKED + k), _MM_HINT_T1);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_loadd(2, xq + (size_t)b * sizeof(block_q8_0), ldx);
+    _tile_loadd(3, xq + (size_t)(b + 1) * sizeof(block_q8_0), ldx);
+    _tile_loadd(4, b_tile(kind, src, b), 64);
+    _tile_loadd(5, b_tile(kind, src, b + 1), 64);
+    if (kind == Q_8_0) {
+        _tile_dpbssd(0, 2, 4);
+        _tile_dpbssd(1, 3, 5);
+    } else {
+        _tile_dpbsud(0, 2, 4);
+        _tile_dpbsud(1, 3, 5);
+    }
+    _tile_stored(0, cs[0], 64);
+    _tile_stored(1, cs[1], 64);
+}
+
+/* M tokens (rows of x, stride ldx; the tiles configured for M) against
+ * one 16-row group whose blocks are at src. The tiles of the next two blocks
+ * are issued before the sums of these two: a tile store takes long to
+ * reach the loads that read it. */
+static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf, const uint8_t *x, size_t ldx,
+                                float *out, size_t ldo, int M) {
+    const size_t dyo = tl_gemm_dy_off(nb), co = tl_gemm_corr_off(nb);
+    _Alignas(64) int32_t cs[2][2][256];
+    __m512 acc[16];
+    UNROLL16 for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
+    const uint8_t *xq = x + 2; /* block b's quants: xq + b * 34 */
+    const int64_t pairs = nb / 2;
+    if (pairs) tiles2(kind, src, pf, xq, ldx, 0, cs[0]);
+    for (int64_t p = 0; p < pairs; p++) {
+        if (p + 1 < pairs) tiles2(kind, src, pf, xq, ldx, 2 * (p + 1), cs[(p + 1) & 1]);
+        epilogue(kind, src, 2 * p, cs[p & 1][0], x, ldx, dyo, co, M, acc);
+        epilogue(kind, src, 2 * p + 1, cs[p & 1][1], x, ldx, dyo, co, M, acc);
+    }
+    if (nb & 1) {
+        const int64_t b = nb - 1;
+        _tile_zero(0);
+        _tile_loadd(2, xq + (size_t)b * sizeof(block_q8_0), ldx);
+        _tile_loadd(4, b_tile(kind, src, b), 64);
+        if (kind == Q_8_0) _tile_dpbssd(0, 2, 4);
+        else _tile_dpbsud(0, 2, 4);
+        _tile_stored(0, cs[0][0], 64);
+        epilogue(kind, src, b, cs[0][0], x, ldx, dyo, co, M, acc);
+    }
+    UNROLL16 for (int m = 0; m < 16; m++)
+        if (m < M) _mm512_storeu_ps(out + m * ldo, acc[m]);
+}
+
+static tl_gemm_tile_fn vnni_pk[TL_TYPE_COUNT];
+
+/* Tokens [t0, t0 + M * tiles) in tiles of M against every group of nr rows. */
+static inline AI TA void pass(int kind, int64_t nb, int nr, int M, int tiles, float *out, size_t ldo, const uint8_t *w,
+                              size_t ldw, const uint8_t *x, size_t ldx, uint8_t *wk) {
+    configure(M);
+    for (int r0 = 0; r0 < nr; r0 += 16) {
+        const uint8_t *g = w + (size_t)r0 * ldw, *src = g;
+        if (kind != Q_8_0) {
+            for (int64_t b = 0; b < nb; b++) {
+                __m512i q[8];
+                __m512 dw, dm = _mm512_setzero_ps();
+                load_packed(kind, g, b, q, &dw, &dm, 1);
+                __m512i *o = (__m512i *)(wk + (size_t)b * group_bytes(kind));
+                UNROLL for (int k = 0; k < 8; k++) _mm512_store_si512(o + k, q[k]);
+                _mm512_store_ps((float *)(o + 8), dw);
+                if (has_min(kind)) _mm512_store_ps((float *)(o + 9), dm);
+            }
+            src = wk;
+        }
+        for (int i = 0; i < tiles; i++)
+            tile16(kind, nb, src, kind == Q_8_0 && i == 0, x + (size_t)i * M * ldx, ldx,
+                   out + r0 + (size_t)i * M * ldo, ldo, M);
+    }
+}
+
+/* The GEMM on TL_PACK16 rows (nr a multiple of 16), as gemm_pk: whole
+ * 16-token tiles, then the rest as one tile of fewer rows (a tile
+ * multiply costs about its rows), or by the VNNI kernel when only a few. */
+static inline AI TA void gemm_amx(int type, int kind, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w,
+                                  size_t ldw, const void *x, size_t ldx, void *work) {
+    const int64_t nb = n / 32;
+    const uint8_t *W = w, *X = x;
+    const int full = nt / 16, rem = nt % 16;
+    if (full) pass(kind, nb, nr, 16, full, out, ldo, W, ldw, X, ldx, work);
+    if (rem >= TL_AMX_MIN_TOKENS)
+        pass(kind, nb, nr, rem, 1, out + (size_t)full * 16 * ldo, ldo, W, ldw, X + (size_t)full * 16 * ldx, ldx, work);
+    if (full || rem >= TL_AMX_MIN_TOKENS) _tile_release();
+    if (rem && rem < TL_AMX_MIN_TOKENS)
+        vnni_pk[type](n, nr, rem, out + (size_t)full * 16 * ldo, ldo, w, ldw, X + (size_t)full * 16 * ldx, ldx, work);
+}
+
+#define GEMM_AMX(NAME, TYPE, KIND)                                                                                 \
+    static TA void NAME(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x, \
+                        size_t ldx, void *work) {                                                                   \
+        gemm_amx(TYPE, KIND, n, nr, nt, out, ldo, w, ldw, x, ldx, work);                                           \
+    }
+GEMM_AMX(amx_q8_0, TL_TYPE_Q8_0, Q_8_0)
+GEMM_AMX(amx_q4_0, TL_TYPE_Q4_0, Q_4_0)
+GEMM_AMX(amx_q5_0, TL_TYPE_Q5_0, Q_5_0)
+GEMM_AMX(amx_q4_1, TL_TYPE_Q4_1, Q_4_1)
+GEMM_AMX(amx_iq4_nl, TL_TYPE_IQ4_NL, Q_IQ4NL)
+#undef GEMM_AMX
+
+void tl_gemm_fill_amx(tl_kernel_table *t) {
+    static const struct {
+        int type;
+        tl_gemm_tile_fn fn;
+    } kinds[] = {{TL_TYPE_Q8_0, amx_q8_0},
+                 {TL_TYPE_Q4_0, amx_q4_0},
+                 {TL_TYPE_Q5_0, amx_q5_0},
+                 {TL_TYPE_Q4_1, amx_q4_1},
+                 {TL_TYPE_IQ4_NL, amx_iq4_nl}};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        const int ty = kinds[i].type;
+        if (!t->gemm_tile_pk[ty] || t->pack_rows != 16) continue; /* the VNNI kernel it falls back to */
+        vnni_pk[ty] = t->gemm_tile_pk[ty];
+        t->gemm_tile_pk[ty] = kinds[i].fn;
+    }
+}
+
+#else
+void tl_gemm_fill_amx(tl_kernel_table *t) { (void)t; }
+#endif
+
+/* the unpacked group (q4_1's group_bytes: 640 a block) */
+size_t tl_gemm_amx_work_size(int64_t n) { return (size_t)(n / 32) * 640; }
