@@ -176,8 +176,9 @@ static void mm_task(void *p, int ith, int nth) {
     int chunk = (int)((192 * 1024) / c->xq_stride);
     chunk = chunk < 16 ? 16 : chunk / 16 * 16; /* whole 16-token AMX tiles */
     uint8_t *work = c->work + (size_t)ith * c->work_stride;
-    /* packed rows (whole groups): the thread's rows in one call */
-    int64_t step = w->packed && !c->bf16 ? r1 - r0 : 16;
+    /* packed rows (whole groups) and BF16 rows: the thread's rows in one
+     * call (the AMX BF16 tile rearranges the activations once a call) */
+    int64_t step = w->packed || c->bf16 ? r1 - r0 : 16;
     for (int t0 = 0; t0 < c->T; t0 += chunk) {
         int nt = c->T - t0 < chunk ? c->T - t0 : chunk;
         for (int64_t rt = r0; rt < r1; rt += step) {
@@ -185,7 +186,7 @@ static void mm_task(void *p, int ith, int nth) {
             float *out = c->out + (size_t)t0 * rows + rt;
             const uint8_t *wr = base + (size_t)rt * row_size, *xq = c->xq + (size_t)t0 * c->xq_stride;
             if (c->bf16)
-                tl_bf16dot_tile(w->n_in, nr, nt, out, (size_t)rows, wr, row_size, xq, c->xq_stride);
+                tl_bf16dot_tile(w->n_in, nr, nt, out, (size_t)rows, wr, row_size, xq, c->xq_stride, work);
             else if (w->packed)
                 tl_packed_tile(w->type, w->packed, c->gemm, w->n_in, nr, nt, out, (size_t)rows, wr, row_size, xq,
                                c->xq_stride, work);

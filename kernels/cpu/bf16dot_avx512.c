@@ -60,7 +60,8 @@ TILE_DRIVER(bf16dot_d, TB UNUSED, MK_BF16DOT, 2)
 #undef MK_BF16DOT
 
 static TB void bf16dot_tile(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
-                            const void *x, size_t ldx) {
+                            const void *x, size_t ldx, void *work) {
+    (void)work;
     if (nt >=  6) bf16dot_p(n, nr, nt, out, ldo, w, ldw, x, ldx);
     else bf16dot_d(n, nr, nt, out, ldo, w, ldw, x, ldx);
 }

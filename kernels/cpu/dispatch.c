@@ -64,14 +64,23 @@ static int has_bf16(void) {
 #endif
 }
 
-/* AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25), and the OS's
- * leave to use them: Linux hands a process the 8 KiB of tile state only on
- * request (arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, 5.16 on); a
- * kernel without it, or a VM that hides the state, refuses. */
+/* CPUID leaf 7's EDX: the AMX bits (22 AMX-BF16, 24 AMX-TILE, 25 AMX-INT8). */
+static unsigned amx_edx(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) ? d : 0;
+#else
+    return 0;
+#endif
+}
+
+/* AMX-TILE and AMX-INT8, and the OS's leave to use them: Linux hands a
+ * process the 8 KiB of tile state only on request (arch_prctl
+ * ARCH_REQ_XCOMP_PERM for XTILEDATA, 5.16 on); a kernel without it, or a
+ * VM that hides the state, refuses. */
 static int has_amx(void) {
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__linux__) && defined(SYS_arch_prctl)
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 25) & 1)) return 0;
+    if (!((amx_edx() >> 24) & 1) || !((amx_edx() >> 25) & 1)) return 0;
     enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 #else
@@ -220,6 +229,7 @@ static void init_once(void) {
     tables[TL_ISA_AMX] = tables[TL_ISA_AVX512];
     if (cpu_level >= TL_ISA_AVX512 && has_vnni() && has_amx()) {
         tl_gemm_fill_amx(&tables[TL_ISA_AMX]);
+        if ((amx_edx() >> 22) & 1) tl_bf16_fill_amx(&tables[TL_ISA_AMX]); /* AMX-BF16 */
         cpu_level = TL_ISA_AMX;
     }
     const int level = cpu_level < env_cap ? cpu_level : env_cap;
@@ -287,8 +297,8 @@ void tl_vec_dot_tile(int type, int64_t n, int nr, int nt, float *out, size_t ldo
 int tl_bf16dot_has(void) { return kt()->bf16dot_tile != NULL; }
 
 void tl_bf16dot_tile(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                     size_t ldx) {
-    kt()->bf16dot_tile(n, nr, nt, out, ldo, w, ldw, x, ldx);
+                     size_t ldx, void *work) {
+    kt()->bf16dot_tile(n, nr, nt, out, ldo, w, ldw, x, ldx, work);
 }
 
 int tl_gemm_has(int type) { return type >= 0 && type < TL_TYPE_COUNT && kt()->gemm_tile[type] != NULL; }

@@ -297,8 +297,9 @@ size_t tl_gemm_x_size(int64_t n) {
 
 size_t tl_gemm_work_size(int64_t n) {
     /* a block's q[8] and dw, and q4_1's dm (group_bytes); the K-quant
-     * tiles' and the AMX tiles' needs */
-    const size_t a = (size_t)(n / 32) * (8 * 64 + 2 * 64), k = tl_gemm_k_work_size(n), x = tl_gemm_amx_work_size(n);
-    const size_t ak = a > k ? a : k;
-    return ak > x ? ak : x;
+     * tiles' and the AMX tiles' (int8 and BF16) needs */
+    const size_t a = (size_t)(n / 32) * (8 * 64 + 2 * 64), k = tl_gemm_k_work_size(n), x = tl_gemm_amx_work_size(n),
+                 h = tl_bf16_amx_work_size(n);
+    const size_t ak = a > k ? a : k, xh = x > h ? x : h;
+    return ak > xh ? ak : xh;
 }

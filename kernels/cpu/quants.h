@@ -111,12 +111,13 @@ void tl_packed_tile(int type, int G, int prepared, int64_t n, int nr, int nt, fl
 /* The lossy BF16 mode's matmul (repack "bf16"): out[t*ldo + r] = the dot
  * of BF16 weight row r (w + r*ldw bytes) and BF16 activation row t (x +
  * t*ldx bytes), products exact, summed in f32 in one fixed order per entry
- * whatever nr and nt (bf16dot_avx512.c); within 1e-5 of sum |w x| of the
- * exact sum. Only where tl_bf16dot_has(): the active level is AVX-512 and
- * the CPU has AVX512_BF16. */
+ * whatever nr and nt (bf16dot_avx512.c; at the amx level bf16_amx.c, its
+ * own order); within 1e-5 of sum |w x| of the exact sum. Only where
+ * tl_bf16dot_has(): the active level is AVX-512 or amx and the CPU has
+ * AVX512_BF16. work: tl_gemm_work_size(n) bytes, 64-byte aligned. */
 int tl_bf16dot_has(void);
 void tl_bf16dot_tile(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                     size_t ldx);
+                     size_t ldx, void *work);
 
 /* Half/bfloat conversions. */
 float tl_f16_to_f32(uint16_t h);

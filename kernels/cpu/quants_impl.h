@@ -181,7 +181,7 @@ typedef struct tl_kernel_table {
     tl_gemm_tile_fn gemm_tile_pk[TL_TYPE_COUNT];
     int pack_rows;
     /* tl_bf16dot_tile (bf16dot_avx512.c); NULL where the CPU has no AVX512_BF16. */
-    tl_vec_dot_tile_fn bf16dot_tile;
+    tl_gemm_tile_fn bf16dot_tile;
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     float (*dot_f16_f32)(const uint16_t *a, const float *b, int64_t n);
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
@@ -264,6 +264,10 @@ size_t tl_gemm_k_work_size(int64_t n);
  * workspace bytes for rows of n elements. */
 void tl_gemm_fill_amx(tl_kernel_table *t);
 size_t tl_gemm_amx_work_size(int64_t n);
+/* bf16_amx.c: the BF16 mode's tile on AMX-BF16 tiles, over an AVX-512
+ * table's (kept for rows not a multiple of 32), and its workspace. */
+void tl_bf16_fill_amx(tl_kernel_table *t);
+size_t tl_bf16_amx_work_size(int64_t n);
 /* bf16dot_avx512.c: the BF16 mode's tile (when the CPU has AVX512_BF16). */
 void tl_bf16dot_fill_avx512(tl_kernel_table *t);
 

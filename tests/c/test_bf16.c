@@ -26,24 +26,32 @@ static void test_tile(void) {
         CHECK(1, "bf16dot tile: no AVX512_BF16 at this level (nothing to check)");
         return;
     }
-    enum { MAXR = 17, MAXT = 9, PAD = 3 };
+    /* token counts: the AVX-512 kernel's micro-tiles and tails; the AMX
+     * kernel's one tile, two, a narrower last one, parts of 64; rows up to
+     * 17, and 32 and 35 (AMX decode: 32 rows in two chains, then the rest) */
+    enum { MAXR = 35, MAXT = 70, PAD = 3 };
+    static const int nts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 16, 33, 70};
     static const int64_t ns[] = {1, 2, 31, 32, 33, 64, 100, 768};
     for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
         const int64_t n = ns[k];
         uint16_t *w = malloc(sizeof(uint16_t) * n * MAXR), *x = malloc(sizeof(uint16_t) * n * MAXT);
         float *out = malloc(sizeof(float) * (MAXR + PAD) * MAXT);
+        void *work = aligned_alloc(64, (tl_gemm_work_size(n) + 63) & ~(size_t)63);
         for (int64_t i = 0; i < n * MAXR; i++) w[i] = tl_f32_to_bf16(gauss() * (1 + i % 3));
         for (int64_t i = 0; i < n * MAXT; i++) x[i] = tl_f32_to_bf16(gauss() * (i / n == 2 ? 30.0f : 1.0f));
         int differ = 0, far = 0, spill = 0;
         for (int nr = 1; nr <= MAXR; nr++)
-            for (int nt = 1; nt <= MAXT; nt++) {
+            for (size_t ti = 0; ti < sizeof nts / sizeof nts[0]; ti++) {
+                if (nr > 17 && nr != 32 && nr != MAXR) continue;
+                const int nt = nts[ti];
                 for (int i = 0; i < (MAXR + PAD) * MAXT; i++) out[i] = -777.0f;
-                tl_bf16dot_tile(n, nr, nt, out, MAXR + PAD, w, 2 * (size_t)n, x, 2 * (size_t)n);
-                for (int t = 0; t < nt; t++) {
-                    for (int r = nr; r < MAXR + PAD; r++) spill += out[t * (MAXR + PAD) + r] != -777.0f;
+                tl_bf16dot_tile(n, nr, nt, out, MAXR + PAD, w, 2 * (size_t)n, x, 2 * (size_t)n, work);
+                for (int t = 0; t < MAXT; t++) {
+                    for (int r = t < nt ? nr : 0; r < MAXR + PAD; r++) spill += out[t * (MAXR + PAD) + r] != -777.0f;
+                    if (t >= nt) continue;
                     for (int r = 0; r < nr; r++) {
                         float one;
-                        tl_bf16dot_tile(n, 1, 1, &one, 1, w + n * r, 0, x + n * t, 0);
+                        tl_bf16dot_tile(n, 1, 1, &one, 1, w + n * r, 0, x + n * t, 0, work);
                         const float got = out[t * (MAXR + PAD) + r];
                         differ += memcmp(&one, &got, sizeof one) != 0;
                         double exact = 0, mag = 0;
@@ -64,6 +72,7 @@ static void test_tile(void) {
         free(w);
         free(x);
         free(out);
+        free(work);
     }
 }
 
