@@ -105,28 +105,9 @@ static inline AI TN void transpose_block(int kind, const uint8_t *w, const size_
         *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
         return;
     }
-    __m512i z[8], t[8], u[8];
-    UNROLL for (int r = 0; r < 8; r++)
-        z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(unpack_block(kind, wb + roffs[r])),
-                                  unpack_block(kind, wb + roffs[r + 8]), 1);
-    /* z[r]: 128-bit lanes = row r dwords 0-3, 4-7, row r+8 dwords 0-3, 4-7 */
-    UNROLL for (int r = 0; r < 8; r += 2) {
-        t[r] = _mm512_unpacklo_epi32(z[r], z[r + 1]);
-        t[r + 1] = _mm512_unpackhi_epi32(z[r], z[r + 1]);
-    }
-    UNROLL for (int h = 0; h < 8; h += 4) {
-        u[h + 0] = _mm512_unpacklo_epi64(t[h + 0], t[h + 2]);
-        u[h + 1] = _mm512_unpackhi_epi64(t[h + 0], t[h + 2]);
-        u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);
-        u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);
-    }
-    /* u[j] (j < 4), lane L: rows 0-3 (L0, L1) / 8-11 (L2, L3) of dword j
-     * (L0, L2) and j + 4 (L1, L3); u[j + 4] the same for rows 4-7 / 12-15 */
-    const __m512i lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
-    UNROLL for (int j = 0; j < 4; j++) {
-        q[j] = _mm512_permutex2var_epi64(u[j], lo, u[j + 4]);
-        q[j + 4] = _mm512_permutex2var_epi64(u[j], hi, u[j + 4]);
-    }
+    __m256i v[16];
+    UNROLL16 for (int r = 0; r < 16; r++) v[r] = unpack_block(kind, wb + roffs[r]);
+    tl_tr16x8(v, q);
     *dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)dh));
 }
 

@@ -71,34 +71,11 @@ static inline size_t gb_of(int kind) { return kind == K_2 ? GB_K2 : kind == K_6 
 static inline int nsub_of(int kind) { return kind == K_4 || kind == K_5 || kind == K_X ? 8 : 16; }
 
 
-/* 16 rows of 8 dwords -> q[j] lane r = dword j of row r (gemm_avx512.c's
- * transpose: rows r and r+8 share a zmm, then 32- and 64-bit unpacks and a
- * cross-lane permute). */
-static inline AI TN void tr16x8(const __m256i v[16], __m512i q[8]) {
-    __m512i z[8], t[8], u[8];
-    UNROLL for (int r = 0; r < 8; r++) z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(v[r]), v[r + 8], 1);
-    UNROLL for (int r = 0; r < 8; r += 2) {
-        t[r] = _mm512_unpacklo_epi32(z[r], z[r + 1]);
-        t[r + 1] = _mm512_unpackhi_epi32(z[r], z[r + 1]);
-    }
-    UNROLL for (int h = 0; h < 8; h += 4) {
-        u[h + 0] = _mm512_unpacklo_epi64(t[h + 0], t[h + 2]);
-        u[h + 1] = _mm512_unpackhi_epi64(t[h + 0], t[h + 2]);
-        u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);
-        u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);
-    }
-    const __m512i lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
-    UNROLL for (int j = 0; j < 4; j++) {
-        q[j] = _mm512_permutex2var_epi64(u[j], lo, u[j + 4]);
-        q[j + 4] = _mm512_permutex2var_epi64(u[j], hi, u[j + 4]);
-    }
-}
-
 /* 32 bytes at offset off of each of the 16 rows' super-block, transposed. */
 static inline AI TN void tr_bytes(const uint8_t *wb, const size_t *roffs, size_t off, __m512i q[8]) {
     __m256i v[16];
     UNROLL16 for (int r = 0; r < 16; r++) v[r] = _mm256_loadu_si256((const __m256i *)(wb + roffs[r] + off));
-    tr16x8(v, q);
+    tl_tr16x8(v, q);
 }
 
 /* The 16 rows' fp16 words at offset off as floats. */

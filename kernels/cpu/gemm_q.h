@@ -60,4 +60,27 @@ static inline __attribute__((always_inline, target("avx2"))) __m128i tl_q3_K_sca
     return _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
 }
 
+/* 16 rows of 8 dwords -> q[j] lane r = dword j of row r: rows r and r+8
+ * share a zmm, then 32- and 64-bit unpacks and a cross-lane permute (the
+ * VNNI tiles' block transpose, blocks_avx512.h and gemm_k_avx512.c). */
+static inline __attribute__((always_inline, target("avx512f"))) void tl_tr16x8(const __m256i v[16], __m512i q[8]) {
+    __m512i z[8], t[8], u[8];
+    _Pragma("GCC unroll 8") for (int r = 0; r < 8; r++) z[r] = _mm512_inserti64x4(_mm512_castsi256_si512(v[r]), v[r + 8], 1);
+    _Pragma("GCC unroll 8") for (int r = 0; r < 8; r += 2) {
+        t[r] = _mm512_unpacklo_epi32(z[r], z[r + 1]);
+        t[r + 1] = _mm512_unpackhi_epi32(z[r], z[r + 1]);
+    }
+    _Pragma("GCC unroll 8") for (int h = 0; h < 8; h += 4) {
+        u[h + 0] = _mm512_unpacklo_epi64(t[h + 0], t[h + 2]);
+        u[h + 1] = _mm512_unpackhi_epi64(t[h + 0], t[h + 2]);
+        u[h + 2] = _mm512_unpacklo_epi64(t[h + 1], t[h + 3]);
+        u[h + 3] = _mm512_unpackhi_epi64(t[h + 1], t[h + 3]);
+    }
+    const __m512i lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0), hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    _Pragma("GCC unroll 8") for (int j = 0; j < 4; j++) {
+        q[j] = _mm512_permutex2var_epi64(u[j], lo, u[j + 4]);
+        q[j + 4] = _mm512_permutex2var_epi64(u[j], hi, u[j + 4]);
+    }
+}
+
 #endif
