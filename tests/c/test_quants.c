@@ -376,7 +376,7 @@ static double sum_abs_prod(const float *a, const float *b, int64_t n) {
 static void test_type(int type, const int64_t *sizes, int nsizes) {
     const tl_type_traits *t = tl_type_info(type);
     const int vt = t->vec_dot_type;
-    double worst_rt = 0, worst_ref[3] = {0}, worst_simd[3] = {0};
+    double worst_rt = 0, worst_ref[TL_ISA_AMX + 1] = {0}, worst_simd[TL_ISA_AMX + 1] = {0};
     for (int si = 0; si < nsizes; si++) {
         const int64_t n = sizes[si];
         float *x = malloc((size_t)n * sizeof(float)), *xr = malloc((size_t)n * sizeof(float));
