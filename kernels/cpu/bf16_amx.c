@@ -27,6 +27,8 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "amx_cfg.h"
+
 #define TX __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
 #define AI __attribute__((always_inline))
 #define UNROLL16 _Pragma("GCC unroll 16")
@@ -35,16 +37,10 @@
  * of activations; larger calls go in parts of this many tokens). */
 enum { PART = 64 };
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_cfg;
-
 /* Tiles 0, 1: C (R rows x N tokens, f32); 2, 5: A (R rows x 32 BF16);
  * 3, 4: B (16 pairs x N tokens). */
 static inline AI TX void configure(int R, int N) {
-    tile_cfg c;
+    tl_tile_cfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     c.rows[0] = c.rows[1] = c.rows[2] = c.rows[5] = (uint8_t)R;

@@ -155,6 +155,29 @@ static inline AI TN void load_packed(int kind, const uint8_t *g, int64_t b, __m5
         }
 }
 
+/* Block b's registers into a group workspace (group_bytes a block), where
+ * the tiles read them for every token: gemm_avx512.c's transposed rows,
+ * gemm_amx.c's packed group. */
+static inline AI TN void store_block(int kind, uint8_t *wk, int64_t b, const __m512i q[8], __m512 dw, __m512 dm) {
+    __m512i *g = (__m512i *)(wk + (size_t)b * group_bytes(kind));
+    UNROLL for (int k = 0; k < 8; k++) _mm512_store_si512(g + k, q[k]);
+    _mm512_store_ps((float *)(g + 8), dw);
+    if (has_min(kind)) _mm512_store_ps((float *)(g + 9), dm);
+}
+
+/* One token's block term into its accumulator (lane r: row r), as the
+ * scalar reference sums it: s the exact integer block sum with the
+ * offset corrected, d = d_w * d_y; q4_1 / q5_1 add m_w * sy_b (the
+ * prepared row's corr slot) by a second FMA. The VNNI and AMX tiles both
+ * sum through this, so they agree bitwise. */
+static inline AI TN __m512 block_sum(int kind, __m512 acc, __m512i s, __m512 d, __m512 dm, float sy) {
+    if (has_min(kind)) {
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
+        return _mm512_fmadd_ps(dm, _mm512_set1_ps(sy), acc);
+    }
+    return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(s), d));
+}
+
 /* Where mk finds a block's registers: transposed on the fly from plain
  * rows, from the workspace, or from a packed group. */
 enum { SRC_ROWS, SRC_WORK, SRC_PACKED };

@@ -80,7 +80,8 @@ static unsigned amx_edx(void) {
  * VM that hides the state, refuses. */
 static int has_amx(void) {
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__linux__) && defined(SYS_arch_prctl)
-    if (!((amx_edx() >> 24) & 1) || !((amx_edx() >> 25) & 1)) return 0;
+    const unsigned d = amx_edx();
+    if (!((d >> 24) & 1) || !((d >> 25) & 1)) return 0;
     enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 #else

@@ -39,6 +39,7 @@
 #include <immintrin.h>
 #include <string.h>
 
+#include "amx_cfg.h"
 #include "gemm_q.h"
 #include "blocks_avx512.h"
 
@@ -48,17 +49,10 @@
 #define TL_AMX_MIN_TOKENS 10
 #endif
 
-/* The palette-1 tile configuration (64 bytes, LDTILECFG's operand). */
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_cfg;
-
 /* Tiles 0, 1: C (M tokens x 16 int32); 2, 3: A (M tokens x 32 bytes);
  * 4, 5: B (8 x 64 bytes). Two of each: two blocks in flight. */
 static inline AI TA void configure(int M) {
-    tile_cfg c;
+    tl_tile_cfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int t = 0; t < 6; t++) {
@@ -90,13 +84,9 @@ static inline AI TA void epilogue(int kind, const uint8_t *src, int64_t b, const
         const uint8_t *xm = x + m * ldx;
         __m512i s = _mm512_load_si512(cs + 16 * m);
         const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(((const float *)(xm + dyo))[b]));
-        if (has_min(kind)) { /* the corr slot holds sy_b (prepare) */
-            acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc[m]);
-            acc[m] = _mm512_fmadd_ps(dm, _mm512_set1_ps(((const float *)(xm + co))[b]), acc[m]);
-        } else {
-            if (kind != Q_8_0) s = _mm512_add_epi32(s, _mm512_set1_epi32(((const int32_t *)(xm + co))[b]));
-            acc[m] = _mm512_add_ps(acc[m], _mm512_mul_ps(_mm512_cvtepi32_ps(s), d));
-        }
+        /* the corr slot: q4_1 / q5_1's sy_b, else the unsigned bias's correction (q8_0 has none here) */
+        if (!has_min(kind) && kind != Q_8_0) s = _mm512_add_epi32(s, _mm512_set1_epi32(((const int32_t *)(xm + co))[b]));
+        acc[m] = block_sum(kind, acc[m], s, d, dm, has_min(kind) ? ((const float *)(xm + co))[b] : 0.0f);
     }
 }
 
@@ -166,10 +156,7 @@ static inline AI TA void pass(int kind, int64_t nb, int nr, int M, int tiles, fl
                 __m512i q[8];
                 __m512 dw, dm = _mm512_setzero_ps();
                 load_packed(kind, g, b, q, &dw, &dm, 1);
-                __m512i *o = (__m512i *)(wk + (size_t)b * group_bytes(kind));
-                UNROLL for (int k = 0; k < 8; k++) _mm512_store_si512(o + k, q[k]);
-                _mm512_store_ps((float *)(o + 8), dw);
-                if (has_min(kind)) _mm512_store_ps((float *)(o + 9), dm);
+                store_block(kind, wk, b, q, dw, dm);
             }
             src = wk;
         }

@@ -81,13 +81,9 @@ static inline AI TN void mk(int kind, int src, int C, int64_t nb, const uint8_t 
         UNROLL for (int c = 0; c < C; c++) {
             const float *dy = (const float *)(x + c * ldx + dyo);
             const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(dy[b]));
-            if (has_min(kind)) { /* the corr slot holds sy_b (prepare) */
-                const float *sy = (const float *)(x + c * ldx + co);
-                acc[c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[c]), d, acc[c]);
-                acc[c] = _mm512_fmadd_ps(dm, _mm512_set1_ps(sy[b]), acc[c]);
-            } else {
-                acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(_mm512_cvtepi32_ps(s[c]), d));
-            }
+            /* q4_1 / q5_1: the corr slot holds sy_b (prepare) */
+            const float sy = has_min(kind) ? ((const float *)(x + c * ldx + co))[b] : 0.0f;
+            acc[c] = block_sum(kind, acc[c], s[c], d, dm, sy);
         }
     }
     UNROLL for (int c = 0; c < C; c++) _mm512_mask_storeu_ps(out + c * ldo, m, acc[c]);
@@ -120,10 +116,7 @@ static inline AI TN void gemm_q(int kind, int64_t n, int nr, int nt, float *out,
         __m512i q[8];
         __m512 dw, dm;
         transpose_block(kind, W, roffs, b, q, &dw, &dm);
-        __m512i *g = (__m512i *)(wk + (size_t)b * group_bytes(kind));
-        UNROLL for (int k = 0; k < 8; k++) _mm512_store_si512(g + k, q[k]);
-        _mm512_store_ps((float *)(g + 8), dw);
-        if (has_min(kind)) _mm512_store_ps((float *)(g + 9), dm);
+        store_block(kind, wk, b, q, dw, dm);
     }
     int t = 0;
     for (; t + TOK_BLOCK <= nt; t += TOK_BLOCK)

@@ -180,7 +180,7 @@ typedef struct tl_kernel_table {
      * generic loop). */
     tl_gemm_tile_fn gemm_tile_pk[TL_TYPE_COUNT];
     int pack_rows;
-    /* tl_bf16dot_tile (bf16dot_avx512.c); NULL where the CPU has no AVX512_BF16. */
+    /* tl_bf16dot_tile (bf16dot_avx512.c, at amx bf16_amx.c); NULL where the CPU has no AVX512_BF16. */
     tl_gemm_tile_fn bf16dot_tile;
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     float (*dot_f16_f32)(const uint16_t *a, const float *b, int64_t n);
