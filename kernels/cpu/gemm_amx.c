@@ -35,6 +35,8 @@
  * bound by reading the weights either way). */
 #include "quants_impl.h"
 
+enum { XA_BYTES = 192 * 1024 }; /* q8_0's copies of a call's A tiles (copy_a), at most */
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #include <string.h>
@@ -90,16 +92,22 @@ static inline AI TA void epilogue(int kind, const uint8_t *src, int64_t b, const
     }
 }
 
-/* Blocks b and b + 1 (b + 1 < nb) multiplied into cs[0] and cs[1]. */
-static inline AI TA void tiles2(int kind, const uint8_t *src, int pf, const uint8_t *xq, size_t ldx, int64_t b,
-                                int32_t cs[2][256]) {
+/* Tile A of block b: 16 tokens' quants, lda bytes apart, blocks abs
+ * bytes apart (the prepared rows themselves, or their copy, copy_a). */
+typedef struct {
+    const uint8_t *p;
+    size_t lda, abs;
+} a_rows;
+
+/* Blocks b and b + 1 (b + 1 < nb) multiplied into tiles 0 and 1. */
+static inline AI TA void tiles2(int kind, const uint8_t *src, int pf, a_rows a, int64_t b) {
     if (pf) /* the weight stream, as load_packed prefetches it */
         for (size_t k = 0; k < 2 * 16 * sizeof(block_q8_0); k += 64)
             _mm_prefetch((const char *)(src + (size_t)b * 16 * bw_of(kind) + PF_PACKED + k), _MM_HINT_T1);
     _tile_zero(0);
     _tile_zero(1);
-    _tile_loadd(2, xq + (size_t)b * sizeof(block_q8_0), ldx);
-    _tile_loadd(3, xq + (size_t)(b + 1) * sizeof(block_q8_0), ldx);
+    _tile_loadd(2, a.p + (size_t)b * a.abs, a.lda);
+    _tile_loadd(3, a.p + (size_t)(b + 1) * a.abs, a.lda);
     _tile_loadd(4, b_tile(kind, src, b), 64);
     _tile_loadd(5, b_tile(kind, src, b + 1), 64);
     if (kind == Q_8_0) {
@@ -109,30 +117,45 @@ static inline AI TA void tiles2(int kind, const uint8_t *src, int pf, const uint
         _tile_dpbsud(0, 2, 4);
         _tile_dpbsud(1, 3, 5);
     }
+}
+
+static inline AI TA void stores2(int32_t cs[2][256]) {
     _tile_stored(0, cs[0], 64);
     _tile_stored(1, cs[1], 64);
 }
 
-/* M tokens (rows of x, stride ldx; the tiles configured for M) against
- * one 16-row group whose blocks are at src. */
-static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf, const uint8_t *x, size_t ldx,
-                                float *out, size_t ldo, int M) {
+/* Where the C tiles of the next two blocks are stored: before the sums of
+ * these two, or after them (late). Late, the sums' loads are not queued
+ * behind a tile store that waits for its multiply; but only q8_0 gains:
+ * 16 tokens x 2048 x 768 in L2, 213 -> 230-245 GMAC/s (and 128 tokens
+ * 200 -> 224), where the kinds unpacked into the workspace lost 5-10%. */
+#define LATE(kind) ((kind) == Q_8_0)
+
+/* M tokens (rows of x, stride ldx; their quants as a; the tiles configured
+ * for M) against one 16-row group whose blocks are at src. */
+static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf, a_rows a, const uint8_t *x,
+                                size_t ldx, float *out, size_t ldo, int M) {
     const size_t dyo = tl_gemm_dy_off(nb), co = tl_gemm_corr_off(nb);
     _Alignas(64) int32_t cs[2][2][256];
     __m512 acc[16];
     UNROLL16 for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
-    const uint8_t *xq = x + 2; /* block b's quants: xq + b * 34 */
     const int64_t pairs = nb / 2;
-    if (pairs) tiles2(kind, src, pf, xq, ldx, 0, cs[0]);
+    if (pairs) {
+        tiles2(kind, src, pf, a, 0);
+        stores2(cs[0]);
+    }
     for (int64_t p = 0; p < pairs; p++) {
-        if (p + 1 < pairs) tiles2(kind, src, pf, xq, ldx, 2 * (p + 1), cs[(p + 1) & 1]);
+        const int next = p + 1 < pairs;
+        if (next) tiles2(kind, src, pf, a, 2 * (p + 1));
+        if (next && !LATE(kind)) stores2(cs[(p + 1) & 1]);
         epilogue(kind, src, 2 * p, cs[p & 1][0], x, ldx, dyo, co, M, acc);
         epilogue(kind, src, 2 * p + 1, cs[p & 1][1], x, ldx, dyo, co, M, acc);
+        if (next && LATE(kind)) stores2(cs[(p + 1) & 1]);
     }
     if (nb & 1) {
         const int64_t b = nb - 1;
         _tile_zero(0);
-        _tile_loadd(2, xq + (size_t)b * sizeof(block_q8_0), ldx);
+        _tile_loadd(2, a.p + (size_t)b * a.abs, a.lda);
         _tile_loadd(4, b_tile(kind, src, b), 64);
         if (kind == Q_8_0) _tile_dpbssd(0, 2, 4);
         else _tile_dpbsud(0, 2, 4);
@@ -143,26 +166,54 @@ static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf
         if (m < M) _mm512_storeu_ps(out + m * ldo, acc[m]);
 }
 
+/* q8_0's tile A rows from a copy: the quants of M tokens block by block,
+ * 32 bytes a token, 512 a block. A tile load of rows 32 bytes apart costs
+ * about half one of rows a prepared row apart (~900 bytes at n = 768),
+ * and the copy is made once per call for every row group: 16 tokens x
+ * 2048 x 768 in L2, 230-245 -> 252-266 GMAC/s, 128 tokens 224 -> 272
+ * (with LATE). The unpacked kinds lost 10% with it (and without LATE),
+ * so they read the prepared rows. */
+static inline AI TA void copy_a(int64_t nb, const uint8_t *x, size_t ldx, int M, uint8_t *xa) {
+    for (int64_t b = 0; b < nb; b++)
+        for (int m = 0; m < M; m++)
+            _mm256_store_si256((__m256i *)(void *)(xa + (size_t)b * 512 + m * 32),
+                               _mm256_loadu_si256((const __m256i *)(const void *)(x + m * ldx + 2 + (size_t)b * sizeof(block_q8_0))));
+}
+
 static tl_gemm_tile_fn vnni_pk[TL_TYPE_COUNT];
 
-/* Tokens [t0, t0 + M * tiles) in tiles of M against every group of nr rows. */
+/* Tokens [t0, t0 + M * tiles) in tiles of M against every group of nr
+ * rows; q8_0 in runs of as many tiles as XA_BYTES holds copies of (the
+ * weights are read again per run). */
 static inline AI TA void pass(int kind, int64_t nb, int nr, int M, int tiles, float *out, size_t ldo, const uint8_t *w,
                               size_t ldw, const uint8_t *x, size_t ldx, uint8_t *wk) {
     configure(M);
-    for (int r0 = 0; r0 < nr; r0 += 16) {
-        const uint8_t *g = w + (size_t)r0 * ldw, *src = g;
-        if (kind != Q_8_0) {
-            for (int64_t b = 0; b < nb; b++) {
-                __m512i q[8];
-                __m512 dw, dm = _mm512_setzero_ps();
-                load_packed(kind, g, b, q, &dw, &dm, 1);
-                store_block(kind, wk, b, q, dw, dm);
+    const size_t tile_a = (size_t)nb * 512;
+    const int run = kind != Q_8_0 ? tiles : tile_a > XA_BYTES ? 1 : (int)(XA_BYTES / tile_a);
+    for (int i0 = 0; i0 < tiles; i0 += run) {
+        const int n_run = tiles - i0 < run ? tiles - i0 : run;
+        const uint8_t *xr = x + (size_t)i0 * M * ldx;
+        float *o = out + (size_t)i0 * M * ldo;
+        if (kind == Q_8_0)
+            for (int i = 0; i < n_run; i++) copy_a(nb, xr + (size_t)i * M * ldx, ldx, M, wk + (size_t)i * tile_a);
+        for (int r0 = 0; r0 < nr; r0 += 16) {
+            const uint8_t *g = w + (size_t)r0 * ldw, *src = g;
+            if (kind != Q_8_0) {
+                for (int64_t b = 0; b < nb; b++) {
+                    __m512i q[8];
+                    __m512 dw, dm = _mm512_setzero_ps();
+                    load_packed(kind, g, b, q, &dw, &dm, 1);
+                    store_block(kind, wk, b, q, dw, dm);
+                }
+                src = wk;
             }
-            src = wk;
+            for (int i = 0; i < n_run; i++) {
+                const uint8_t *xi = xr + (size_t)i * M * ldx;
+                const a_rows a = kind == Q_8_0 ? (a_rows){wk + (size_t)i * tile_a, 32, 512}
+                                               : (a_rows){xi + 2, ldx, sizeof(block_q8_0)};
+                tile16(kind, nb, src, kind == Q_8_0 && i == 0, a, xi, ldx, o + r0 + (size_t)i * M * ldo, ldo, M);
+            }
         }
-        for (int i = 0; i < tiles; i++)
-            tile16(kind, nb, src, kind == Q_8_0 && i == 0, x + (size_t)i * M * ldx, ldx,
-                   out + r0 + (size_t)i * M * ldo, ldo, M);
     }
 }
 
@@ -215,5 +266,9 @@ void tl_gemm_fill_amx(tl_kernel_table *t) {
 void tl_gemm_fill_amx(tl_kernel_table *t) { (void)t; }
 #endif
 
-/* the unpacked group (q4_1's group_bytes: 640 a block) */
-size_t tl_gemm_amx_work_size(int64_t n) { return (size_t)(n / 32) * 640; }
+/* the unpacked group (q4_1's group_bytes: 640 a block), or q8_0's copies
+ * of tile A: XA_BYTES, or one tile's (512 a block, under a group's) */
+size_t tl_gemm_amx_work_size(int64_t n) {
+    const size_t group = (size_t)(n / 32) * 640;
+    return group > XA_BYTES ? group : XA_BYTES;
+}
