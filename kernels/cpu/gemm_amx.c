@@ -2,7 +2,8 @@
  * AMX-INT8 tiles (Sapphire Rapids and later: the amx level, dispatch.c).
  *
  * One tile multiply takes 16 tokens' 32-element block (tile A: token m's
- * q8_0 quants, read in place from the prepared rows, row stride ldx) and
+ * q8_0 quants, read in place from the prepared rows, row stride ldx, or
+ * for q8_0 weights from a copy of them, copy_a) and
  * the same block of a 16-row group (tile B: 8 rows of 64 bytes, row k =
  * bytes 4k..4k+3 of weight rows 0..15 - the layout TL_PACK16 stores q8_0
  * in, and the one gemm_avx512.c's workspace holds for the other kinds):
@@ -22,12 +23,17 @@
  * can take, because every block has its own scales, so each 8192
  * multiply-adds cost a C store, two tile loads and the float epilogue (a
  * convert, two multiplies and an add per token and block, 64 vector ops).
- * Measured on one Sapphire-class core: the tile work alone ~47 cycles a
+ * Measured on one Emerald Rapids core: the tile work alone ~47 cycles a
  * block (store 17, activation load 17, weight load 9, multiply 13), and it
- * overlaps the epilogue little, so the gain over VNNI is modest: 16 tokens
- * x 65536 x 768 q8_0 rows from memory 190-202 GMAC/s against 167-172, 128
- * tokens x 1024 x 768 in L2 162 against 122. The tiles of the next two
- * blocks are issued before the sums of these two.
+ * does not overlap the epilogue: q8_0, 16 tokens x 2048 x 768 in L2, the
+ * tile work alone (epilogue dropped) runs at 460-536 GMAC/s, the epilogue
+ * alone (tile work dropped) at 605-668, both together at 275-292 - the
+ * sum of the two times - also when the epilogue reads a buffer no tile
+ * is stored to: they share the core's ports, not a dependency. So the
+ * gain over VNNI is modest: q8_0 16 tokens x 65536 x 768 from memory
+ * 234 GMAC/s against 167-180 (VNNI), 64 tokens x 768 x 3072 in L2 266.
+ * The tiles of the next two blocks are issued before the sums of these
+ * two.
  *
  * Whole 16-token tiles go first, then the rest as one tile of fewer rows
  * (a tile's multiply, loads and store cost about its rows), or, fewer than
@@ -175,9 +181,11 @@ static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf
  * so they read the prepared rows. */
 static inline AI TA void copy_a(int64_t nb, const uint8_t *x, size_t ldx, int M, uint8_t *xa) {
     for (int64_t b = 0; b < nb; b++)
-        for (int m = 0; m < M; m++)
+        for (int m = 0; m < M; m++) {
+            const uint8_t *q = x + m * ldx + 2 + (size_t)b * sizeof(block_q8_0); /* past the block's scale */
             _mm256_store_si256((__m256i *)(void *)(xa + (size_t)b * 512 + m * 32),
-                               _mm256_loadu_si256((const __m256i *)(const void *)(x + m * ldx + 2 + (size_t)b * sizeof(block_q8_0))));
+                               _mm256_loadu_si256((const __m256i *)(const void *)q));
+        }
 }
 
 static tl_gemm_tile_fn vnni_pk[TL_TYPE_COUNT];
