@@ -160,13 +160,14 @@ typedef struct {
     atomic_int next_piece; /* prefill: the next row piece to take (mm_task) */
 } mm_ctx;
 
-/* Rows [r0, r1) of c's matmul for every token, chunk tokens at a time, on
- * thread ith's workspace. Each tile kernel output equals the single (row,
- * token) dot bitwise, so neither the split, the chunks nor T changes any
- * logit. */
-static void mm_rows(const mm_ctx *c, int ith, int64_t r0, int64_t r1, int chunk) {
+/* Piece k of n (whole 16-row tiles) of c's rows for every token, chunk
+ * tokens at a time, on thread ith's workspace. Each tile kernel output
+ * equals the single (row, token) dot bitwise, so neither the split, the
+ * chunks nor T changes any logit. */
+static void mm_piece(const mm_ctx *c, int ith, int64_t k, int64_t n, int chunk) {
     const tl_weight *w = c->w;
-    int64_t rows = w->n_out;
+    int64_t rows = w->n_out, tiles = (rows + 15) / 16, t0 = tiles * k / n, t1 = tiles * (k + 1) / n;
+    int64_t r0 = t0 * 16, r1 = t1 * 16 < rows ? t1 * 16 : rows;
     size_t row_size = tl_row_size(w->type, w->n_in);
     const uint8_t *base = w->data;
     uint8_t *work = c->work + (size_t)ith * c->work_stride;
@@ -197,7 +198,7 @@ enum { MM_PIECES = 4 };
 
 static void mm_task(void *p, int ith, int nth) {
     mm_ctx *c = p;
-    const int64_t rows = c->w->n_out, tiles = (rows + 15) / 16, pieces = (int64_t)MM_PIECES * nth;
+    const int64_t tiles = (c->w->n_out + 15) / 16, pieces = (int64_t)MM_PIECES * nth;
     /* Tokens go in chunks whose activations stay in L2 while every row
      * tile passes over them (a whole long prompt would be re-read from L3
      * for each tile); weights are re-read per chunk. */
@@ -215,14 +216,11 @@ static void mm_task(void *p, int ith, int nth) {
      * stream a thread, which the hardware prefetcher follows, and pieces
      * showed no gain there. */
     if (nth == 1 || c->T <= chunk || tiles < pieces) {
-        int64_t t0 = tiles * ith / nth, t1 = tiles * (ith + 1) / nth;
-        mm_rows(c, ith, t0 * 16, t1 * 16 < rows ? t1 * 16 : rows, chunk);
+        mm_piece(c, ith, ith, nth, chunk);
         return;
     }
-    for (int64_t k; (k = atomic_fetch_add_explicit(&c->next_piece, 1, memory_order_relaxed)) < pieces;) {
-        int64_t t0 = tiles * k / pieces, t1 = tiles * (k + 1) / pieces;
-        mm_rows(c, ith, t0 * 16, t1 * 16 < rows ? t1 * 16 : rows, chunk);
-    }
+    for (int64_t k; (k = atomic_fetch_add_explicit(&c->next_piece, 1, memory_order_relaxed)) < pieces;)
+        mm_piece(c, ith, k, pieces, chunk);
 }
 
 typedef struct {
