@@ -399,18 +399,25 @@ static void test_forward(void) {
 
 /* Prefill past one activation chunk (192 KiB of prepared rows: 48 f32
  * tokens of 1024, ~140 q8_0 ones), where mm_task deals row pieces to
- * whichever thread is free: the logits do not depend on the threads. */
+ * whichever thread is free, and attention tasks (query chunk x KV head)
+ * go the same way: the logits do not depend on the threads. With 2 KV
+ * heads of 4 query heads each (the widened-rows path), and in store-h
+ * (a thread pool run per sequence, the task counter reset for each: two
+ * sequences are prefilled together). */
 static void test_pieces(void) {
     static const struct {
-        int type, n_tok;
-    } cases[] = {{TL_TYPE_F32, 64}, {TL_TYPE_Q8_0, 160}};
+        int type, n_tok, n_head_kv;
+        const char *kv_mode;
+    } cases[] = {{TL_TYPE_F32, 64, 8, NULL}, {TL_TYPE_Q8_0, 160, 8, NULL}, {TL_TYPE_Q8_0, 160, 2, NULL},
+                 {TL_TYPE_F32, 64, 2, "h:f16"}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         tm_spec sp = tm_default_spec();
         sp.type = cases[ci].type;
         sp.n_embd = 1024;
         sp.n_ff = 2048;
         sp.n_layer = 1;
-        sp.n_head = sp.n_head_kv = 8;
+        sp.n_head = 8;
+        sp.n_head_kv = cases[ci].n_head_kv;
         sp.n_ctx = 256;
         char path[128];
         snprintf(path, sizeof path, "/tmp/tl_pieces_%d_%zu.gguf", (int)getpid(), ci);
@@ -426,22 +433,27 @@ static void test_pieces(void) {
         for (int nth = 1; nth <= 3; nth++) {
             tl_model_params mp = tl_model_default_params();
             mp.n_threads = nth;
+            mp.kv_mode = cases[ci].kv_mode;
             tl_model *m = NULL;
-            tl_seq *s = NULL;
-            const int32_t *p = prompt;
-            int n = n_tok;
-            logits[nth - 1] = malloc(sizeof(float) * sp.n_vocab);
-            ok = ok && logits[nth - 1] && tl_model_open(path, mp, &m) == TL_OK && tl_seq_new(m, 0, &s) == TL_OK &&
-                 forward(m, &s, &p, &n, 1, logits[nth - 1]) == TL_OK;
-            tl_seq_free(s);
+            tl_seq *s[2] = {NULL, NULL};
+            const int32_t *p[2] = {prompt, prompt + 7};
+            int n[2] = {n_tok, n_tok / 2};
+            logits[nth - 1] = malloc(sizeof(float) * sp.n_vocab * 2);
+            ok = ok && logits[nth - 1] && tl_model_open(path, mp, &m) == TL_OK && tl_seq_new(m, 0, &s[0]) == TL_OK &&
+                 tl_seq_new(m, 0, &s[1]) == TL_OK && forward(m, s, p, n, 2, logits[nth - 1]) == TL_OK;
+            tl_seq_free(s[0]);
+            tl_seq_free(s[1]);
             tl_model_close(m);
         }
         unlink(path);
-        const char *name = tl_type_info(cases[ci].type)->name;
-        CHECK(ok, "pieces %s: the %d-token prefills run (%s)", name, n_tok, ok ? "" : tl_last_error());
+        const char *name = tl_type_info(cases[ci].type)->name, *kvm = cases[ci].kv_mode ? cases[ci].kv_mode : "default";
+        CHECK(ok, "pieces %s, %d KV heads, kv %s: the %d-token prefills run (%s)", name, sp.n_head_kv, kvm, n_tok,
+              ok ? "" : tl_last_error());
         for (int nth = 2; ok && nth <= 3; nth++)
-            CHECK(!memcmp(logits[0], logits[nth - 1], sizeof(float) * sp.n_vocab),
-                  "pieces %s: a %d-token prefill on %d threads gives bitwise the logits of one thread", name, n_tok, nth);
+            CHECK(!memcmp(logits[0], logits[nth - 1], sizeof(float) * sp.n_vocab * 2),
+                  "pieces %s, %d KV heads, kv %s: %d- and half as many token prefills together on %d threads give "
+                  "bitwise the logits of one thread",
+                  name, sp.n_head_kv, kvm, n_tok, nth);
         for (int i = 0; i < 3; i++) free(logits[i]);
     }
 }
