@@ -147,6 +147,8 @@ void tl_fwd_add_bias(float *x, const float *b, int T, int n) {
 
 /* ---- matmul: out (T, n_out) = x (T, n_in) . W^T ------------------------------ */
 
+enum { MM_MAX_THREADS = 64 }; /* mm_steal's shares; more threads keep fixed shares */
+
 typedef struct {
     const tl_weight *w;
     const uint8_t *xq;
@@ -158,16 +160,17 @@ typedef struct {
     uint8_t *work;     /* gemm: thread i's workspace at work + i * work_stride */
     size_t work_stride;
     atomic_int next_piece; /* prefill: the next row piece to take (mm_task) */
+    int steal;             /* one chunk of tokens: shares taken as in mm_steal */
+    _Atomic uint64_t span[MM_MAX_THREADS]; /* mm_steal: thread i's tiles left, front << 32 | end */
 } mm_ctx;
 
 /* Piece k of n (whole 16-row tiles) of c's rows for every token, chunk
  * tokens at a time, on thread ith's workspace. Each tile kernel output
  * equals the single (row, token) dot bitwise, so neither the split, the
  * chunks nor T changes any logit. */
-static void mm_piece(const mm_ctx *c, int ith, int64_t k, int64_t n, int chunk) {
+static void mm_tiles(const mm_ctx *c, int ith, int64_t t0, int64_t t1, int chunk) {
     const tl_weight *w = c->w;
-    int64_t rows = w->n_out, tiles = (rows + 15) / 16, t0 = tiles * k / n, t1 = tiles * (k + 1) / n;
-    int64_t r0 = t0 * 16, r1 = t1 * 16 < rows ? t1 * 16 : rows;
+    int64_t rows = w->n_out, r0 = t0 * 16, r1 = t1 * 16 < rows ? t1 * 16 : rows;
     size_t row_size = tl_row_size(w->type, w->n_in);
     const uint8_t *base = w->data;
     uint8_t *work = c->work + (size_t)ith * c->work_stride;
@@ -193,17 +196,64 @@ static void mm_piece(const mm_ctx *c, int ith, int64_t k, int64_t n, int chunk) 
     }
 }
 
+/* Piece k of n: whole 16-row tiles. */
+static void mm_piece(const mm_ctx *c, int ith, int64_t k, int64_t n, int chunk) {
+    const int64_t tiles = (c->w->n_out + 15) / 16;
+    mm_tiles(c, ith, tiles * k / n, tiles * (k + 1) / n, chunk);
+}
+
 /* Row pieces a thread, taken in turn by whichever thread is free. */
 enum { MM_PIECES = 4 };
+
+/* Tokens go in chunks whose activations stay in L2 while every row tile
+ * passes over them (a whole long prompt would be re-read from L3 for each
+ * tile); weights are re-read per chunk. */
+static int mm_chunk(const mm_ctx *c) {
+    int chunk = (int)((192 * 1024) / c->xq_stride);
+    return chunk < 16 ? 16 : chunk / 16 * 16; /* whole 16-token AMX tiles */
+}
+
+/* Takes tiles [*a, *b) from the front (back = 0: half of what is left,
+ * at least 2 tiles) or the back (half, at least 2) of span s; 0 when none
+ * is left. */
+static int mm_claim(_Atomic uint64_t *s, int back, int64_t *a, int64_t *b) {
+    uint64_t v = atomic_load_explicit(s, memory_order_relaxed);
+    for (;;) {
+        const uint32_t f = (uint32_t)(v >> 32), e = (uint32_t)v;
+        if (f >= e) return 0;
+        uint32_t run = (e - f) / 2 < 2 ? 2 : (e - f) / 2, nf = f, ne = e;
+        if (run > e - f) run = e - f;
+        if (back) ne = e - run;
+        else nf = f + run;
+        if (atomic_compare_exchange_weak_explicit(s, &v, (uint64_t)nf << 32 | ne, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *a = back ? ne : f;
+            *b = back ? e : nf;
+            return 1;
+        }
+    }
+}
+
+/* One chunk of tokens (decode, a batch of sequences): thread i owns the
+ * i-th contiguous share of the tiles and takes it front to back, half of
+ * what is left at a time - one weight stream a thread, which the hardware
+ * prefetcher follows - and a thread done with its own takes halves from
+ * the back of the others', so the step does not wait for a vCPU that runs
+ * slower (the thread pool's worker was 6-20% behind the caller in 110M
+ * Q8_0 batch-16 steps on two threads here). Dealt in small pieces
+ * instead, the streams broke up and nothing was gained. */
+enum { MM_STEAL_TOKENS = 8 };
+static void mm_steal(mm_ctx *c, int ith, int nth, int chunk) {
+    int64_t a, b;
+    while (mm_claim(&c->span[ith], 0, &a, &b)) mm_tiles(c, ith, a, b, chunk);
+    for (int k = 1; k < nth; k++)
+        while (mm_claim(&c->span[(ith + k) % nth], 1, &a, &b)) mm_tiles(c, ith, a, b, chunk);
+}
 
 static void mm_task(void *p, int ith, int nth) {
     mm_ctx *c = p;
     const int64_t tiles = (c->w->n_out + 15) / 16, pieces = (int64_t)MM_PIECES * nth;
-    /* Tokens go in chunks whose activations stay in L2 while every row
-     * tile passes over them (a whole long prompt would be re-read from L3
-     * for each tile); weights are re-read per chunk. */
-    int chunk = (int)((192 * 1024) / c->xq_stride);
-    chunk = chunk < 16 ? 16 : chunk / 16 * 16; /* whole 16-token AMX tiles */
+    const int chunk = mm_chunk(c);
     /* Several chunks of tokens (prefill): the rows go in pieces of whole
      * 16-row tiles that the threads take as they finish, not in one fixed
      * share each, since on a shared host one vCPU runs slower at times and
@@ -212,9 +262,11 @@ static void mm_task(void *p, int ith, int nth) {
      * the other's 0.39 in one run, 0.41 against 0.53 in the next; in
      * pieces the prefill took 1/1.12 the time (median of 10 interleaved
      * pairs), Q8_0 / Q4_0 / Gemma 3 the same within 2%. One chunk (decode,
-     * a batch of sequences) keeps a fixed contiguous share: one weight
-     * stream a thread, which the hardware prefetcher follows, and pieces
-     * showed no gain there. */
+     * a batch of sequences): mm_steal. */
+    if (c->steal) {
+        mm_steal(c, ith, nth, chunk);
+        return;
+    }
     if (nth == 1 || c->T <= chunk || tiles < pieces) {
         mm_piece(c, ith, ith, nth, chunk);
         return;
@@ -303,6 +355,12 @@ void tl_fwd_matmul_after(tl_model *m, float *out, const tl_weight *w, const floa
     /* Small matrices are not worth waking the workers. */
     int64_t work = w->n_out * w->n_in * (int64_t)T;
     int tasks = work < 64 * 1024 ? 1 : tl_threadpool_size(m->tp);
+    const int64_t tiles = (w->n_out + 15) / 16;
+    if (tasks > 1 && tasks <= MM_MAX_THREADS && T >= MM_STEAL_TOKENS && T <= mm_chunk(&c) && tiles >= 2 * tasks) {
+        c.steal = 1;
+        for (int i = 0; i < tasks; i++)
+            atomic_init(&c.span[i], (uint64_t)(tiles * i / tasks) << 32 | (uint64_t)(tiles * (i + 1) / tasks));
+    }
     tl_threadpool_run(m->tp, mm_task, &c, tasks);
     if (s->profile) s->prof[0] += tl_now() - t0;
 }

@@ -403,7 +403,9 @@ static void test_forward(void) {
  * go the same way: the logits do not depend on the threads. With 2 KV
  * heads of 4 query heads each (the widened-rows path), and in store-h
  * (a thread pool run per sequence, the task counter reset for each: two
- * sequences are prefilled together). */
+ * sequences are prefilled together). Then decode steps, where the threads
+ * take their shares of the rows and then the rest of each other's
+ * (mm_steal): bitwise the same logits too. */
 static void test_pieces(void) {
     static const struct {
         int type, n_tok, n_head_kv;
@@ -428,21 +430,40 @@ static void test_pieces(void) {
         const int n_tok = cases[ci].n_tok;
         int32_t prompt[160];
         for (int i = 0; i < n_tok; i++) prompt[i] = (int32_t)((i * 89 + 7) % sp.n_vocab);
-        float *logits[3] = {0};
+        float *logits[3] = {0}, *dec[3] = {0};
         int ok = 1;
         for (int nth = 1; nth <= 3; nth++) {
             tl_model_params mp = tl_model_default_params();
             mp.n_threads = nth;
             mp.kv_mode = cases[ci].kv_mode;
             tl_model *m = NULL;
-            tl_seq *s[2] = {NULL, NULL};
+            tl_seq *s[8] = {NULL};
             const int32_t *p[2] = {prompt, prompt + 7};
             int n[2] = {n_tok, n_tok / 2};
             logits[nth - 1] = malloc(sizeof(float) * sp.n_vocab * 2);
-            ok = ok && logits[nth - 1] && tl_model_open(path, mp, &m) == TL_OK && tl_seq_new(m, 0, &s[0]) == TL_OK &&
-                 tl_seq_new(m, 0, &s[1]) == TL_OK && forward(m, s, p, n, 2, logits[nth - 1]) == TL_OK;
-            tl_seq_free(s[0]);
-            tl_seq_free(s[1]);
+            dec[nth - 1] = malloc(sizeof(float) * sp.n_vocab * 9);
+            ok = ok && logits[nth - 1] && dec[nth - 1] && tl_model_open(path, mp, &m) == TL_OK;
+            for (int i = 0; ok && i < 8; i++) ok = tl_seq_new(m, 0, &s[i]) == TL_OK;
+            ok = ok && forward(m, s, p, n, 2, logits[nth - 1]) == TL_OK;
+            /* then six short prompts, and decode steps of the eight
+             * sequences together (a chunk of 8 tokens: mm_steal's shares),
+             * then of the first alone */
+            int32_t next[8];
+            const int32_t *pn[8];
+            int ones[8], fives[6] = {5, 5, 5, 5, 5, 5};
+            for (int i = 0; i < 8; i++) {
+                next[i] = (int32_t)(5 + 4 * i);
+                pn[i] = i < 6 ? prompt + 11 * i : NULL;
+                ones[i] = 1;
+            }
+            ok = ok && forward(m, s + 2, pn, fives, 6, dec[nth - 1]) == TL_OK;
+            for (int i = 0; i < 8; i++) pn[i] = &next[i];
+            for (int step = 0; ok && step < 5; step++) {
+                for (int i = 0; i < 8; i++) next[i] = (next[i] * 31 + 7 + i) % sp.n_vocab;
+                ok = step < 3 ? forward(m, s, pn, ones, 8, dec[nth - 1]) == TL_OK
+                              : forward(m, s, pn, ones, 1, dec[nth - 1] + (size_t)sp.n_vocab * 8) == TL_OK;
+            }
+            for (int i = 0; i < 8; i++) tl_seq_free(s[i]);
             tl_model_close(m);
         }
         unlink(path);
@@ -454,7 +475,15 @@ static void test_pieces(void) {
                   "pieces %s, %d KV heads, kv %s: %d- and half as many token prefills together on %d threads give "
                   "bitwise the logits of one thread",
                   name, sp.n_head_kv, kvm, n_tok, nth);
-        for (int i = 0; i < 3; i++) free(logits[i]);
+        for (int nth = 2; ok && nth <= 3; nth++)
+            CHECK(!memcmp(dec[0], dec[nth - 1], sizeof(float) * sp.n_vocab * 9),
+                  "pieces %s, %d KV heads, kv %s: decode steps of eight sequences, then one, on %d threads give "
+                  "bitwise the logits of one thread",
+                  name, sp.n_head_kv, kvm, nth);
+        for (int i = 0; i < 3; i++) {
+            free(logits[i]);
+            free(dec[i]);
+        }
     }
 }
 
