@@ -528,12 +528,6 @@ static void decode_heads(const att_ctx *c, const att_where *a, int nh, const att
     }
 }
 
-/* One task = one KV head and one chunk of consecutive tokens of a
- * sequence: each K/V block is converted once for the chunk, and the query
- * heads of the group share it. Every token still computes its scores, its
- * softmax and its weighted sum of V rows with the same operations in the
- * same order as it would alone, so chunking changes no result, nor which
- * thread runs the task. */
 /* Prefill (every chunk two tokens or more, two threads or more): each
  * thread takes the next task when it finishes one, largest first (later
  * chunks attend to more positions), rather than a fixed deal, since on a
@@ -548,6 +542,12 @@ static int take_task(att_ctx *c, int total) {
     return k < total ? total - 1 - k : total;
 }
 
+/* One task = one KV head and one chunk of consecutive tokens of a
+ * sequence: each K/V block is converted once for the chunk, and the query
+ * heads of the group share it. Every token still computes its scores, its
+ * softmax and its weighted sum of V rows with the same operations in the
+ * same order as it would alone, so chunking changes no result, nor which
+ * thread runs the task. */
 static void att_task(void *p, int ith, int nth) {
     att_ctx *c = p;
     tl_model *m = c->m;

@@ -234,14 +234,18 @@ static int mm_claim(_Atomic uint64_t *s, int back, int64_t *a, int64_t *b) {
     }
 }
 
-/* One chunk of tokens (decode, a batch of sequences): thread i owns the
- * i-th contiguous share of the tiles and takes it front to back, half of
- * what is left at a time - one weight stream a thread, which the hardware
- * prefetcher follows - and a thread done with its own takes halves from
- * the back of the others', so the step does not wait for a vCPU that runs
- * slower (the thread pool's worker was 6-20% behind the caller in 110M
- * Q8_0 batch-16 steps on two threads here). Dealt in small pieces
- * instead, the streams broke up and nothing was gained. */
+/* One chunk of MM_STEAL_TOKENS or more tokens (a batch of sequences, a
+ * short prompt): thread i owns the i-th contiguous share of the tiles and
+ * takes it front to back, half of what is left at a time - one weight
+ * stream a thread, which the hardware prefetcher follows - and a thread
+ * done with its own takes halves from the back of the others', so the
+ * step does not wait for a vCPU that runs slower. 110M Q8_0, 16
+ * sequences, two threads, 4 interleaved runs: the threads' matmul times
+ * 8.07 / 5.73 ... 9.50 / 7.41 ms a step in fixed halves, even with
+ * stealing, the matmuls' wall time 8.6 -> 8.1 ms (mean). Dealt in small
+ * pieces instead, the streams broke up and nothing was gained. One or a
+ * few tokens (decode: bound by reading the weights) keep fixed shares:
+ * stealing evened the threads there too but added thread time. */
 enum { MM_STEAL_TOKENS = 8 };
 static void mm_steal(mm_ctx *c, int ith, int nth, int chunk) {
     int64_t a, b;
@@ -261,8 +265,8 @@ static void mm_task(void *p, int ith, int nth) {
      * threads, Emerald Rapids VM: one thread's matmul time 0.49 s against
      * the other's 0.39 in one run, 0.41 against 0.53 in the next; in
      * pieces the prefill took 1/1.12 the time (median of 10 interleaved
-     * pairs), Q8_0 / Q4_0 / Gemma 3 the same within 2%. One chunk (decode,
-     * a batch of sequences): mm_steal. */
+     * pairs), Q8_0 / Q4_0 / Gemma 3 the same within 2%. One chunk of
+     * several tokens: mm_steal; of one or a few: a fixed share each. */
     if (c->steal) {
         mm_steal(c, ith, nth, chunk);
         return;
