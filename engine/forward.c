@@ -160,11 +160,11 @@ typedef struct {
     uint8_t *work;     /* gemm: thread i's workspace at work + i * work_stride */
     size_t work_stride;
     atomic_int next_piece; /* prefill: the next row piece to take (mm_task) */
-    int steal;             /* one chunk of tokens: shares taken as in mm_steal */
-    _Atomic uint64_t span[MM_MAX_THREADS]; /* mm_steal: thread i's tiles left, front << 32 | end */
+    int deal;              /* how the threads split the rows: MM_FIXED, MM_PIECES, MM_STEAL (mm_deal) */
+    _Atomic uint64_t span[MM_MAX_THREADS]; /* MM_STEAL: thread i's tiles left, front << 32 | end */
 } mm_ctx;
 
-/* Piece k of n (whole 16-row tiles) of c's rows for every token, chunk
+/* Tiles [t0, t1) (16 rows each) of c's rows for every token, chunk
  * tokens at a time, on thread ith's workspace. Each tile kernel output
  * equals the single (row, token) dot bitwise, so neither the split, the
  * chunks nor T changes any logit. */
@@ -196,14 +196,16 @@ static void mm_tiles(const mm_ctx *c, int ith, int64_t t0, int64_t t1, int chunk
     }
 }
 
+static int64_t mm_tile_count(const tl_weight *w) { return (w->n_out + 15) / 16; }
+
 /* Piece k of n: whole 16-row tiles. */
 static void mm_piece(const mm_ctx *c, int ith, int64_t k, int64_t n, int chunk) {
-    const int64_t tiles = (c->w->n_out + 15) / 16;
+    const int64_t tiles = mm_tile_count(c->w);
     mm_tiles(c, ith, tiles * k / n, tiles * (k + 1) / n, chunk);
 }
 
-/* Row pieces a thread, taken in turn by whichever thread is free. */
-enum { MM_PIECES = 4 };
+/* MM_PIECES: row pieces a thread, taken in turn by whichever thread is free. */
+enum { PIECES_A_THREAD = 4 };
 
 /* Tokens go in chunks whose activations stay in L2 while every row tile
  * passes over them (a whole long prompt would be re-read from L3 for each
@@ -254,29 +256,38 @@ static void mm_steal(mm_ctx *c, int ith, int nth, int chunk) {
         while (mm_claim(&c->span[(ith + k) % nth], 1, &a, &b)) mm_tiles(c, ith, a, b, chunk);
 }
 
+/* How nth threads split c's rows, chosen once per matmul (MM_STEAL's
+ * spans are set before the run).
+ * MM_PIECES: several chunks of tokens (prefill): the rows go in pieces of
+ *   whole 16-row tiles that the threads take as they finish, not in one
+ *   fixed share each, since on a shared host one vCPU runs slower at times
+ *   and a fixed half waits for it. 110M F32 prefill of 512 tokens, two
+ *   threads, Emerald Rapids VM: one thread's matmul time 0.49 s against
+ *   the other's 0.39 in one run, 0.41 against 0.53 in the next; in pieces
+ *   the prefill took 1/1.12 the time (median of 10 interleaved pairs),
+ *   Q8_0 / Q4_0 / Gemma 3 the same within 2%.
+ * MM_STEAL: one chunk of several tokens (mm_steal).
+ * MM_FIXED: one or a few tokens, or too few tiles: a fixed share each. */
+enum { MM_FIXED, MM_PIECES, MM_STEAL };
+static int mm_deal(const mm_ctx *c, int nth) {
+    const int64_t tiles = mm_tile_count(c->w);
+    const int chunk = mm_chunk(c);
+    if (nth == 1) return MM_FIXED;
+    if (c->T > chunk) return tiles < (int64_t)PIECES_A_THREAD * nth ? MM_FIXED : MM_PIECES;
+    return nth <= MM_MAX_THREADS && c->T >= MM_STEAL_TOKENS && tiles >= 2 * nth ? MM_STEAL : MM_FIXED;
+}
+
 static void mm_task(void *p, int ith, int nth) {
     mm_ctx *c = p;
-    const int64_t tiles = (c->w->n_out + 15) / 16, pieces = (int64_t)MM_PIECES * nth;
     const int chunk = mm_chunk(c);
-    /* Several chunks of tokens (prefill): the rows go in pieces of whole
-     * 16-row tiles that the threads take as they finish, not in one fixed
-     * share each, since on a shared host one vCPU runs slower at times and
-     * a fixed half waits for it. 110M F32 prefill of 512 tokens, two
-     * threads, Emerald Rapids VM: one thread's matmul time 0.49 s against
-     * the other's 0.39 in one run, 0.41 against 0.53 in the next; in
-     * pieces the prefill took 1/1.12 the time (median of 10 interleaved
-     * pairs), Q8_0 / Q4_0 / Gemma 3 the same within 2%. One chunk of
-     * several tokens: mm_steal; of one or a few: a fixed share each. */
-    if (c->steal) {
+    const int64_t pieces = (int64_t)PIECES_A_THREAD * nth;
+    if (c->deal == MM_STEAL)
         mm_steal(c, ith, nth, chunk);
-        return;
-    }
-    if (nth == 1 || c->T <= chunk || tiles < pieces) {
+    else if (c->deal == MM_FIXED)
         mm_piece(c, ith, ith, nth, chunk);
-        return;
-    }
-    for (int64_t k; (k = atomic_fetch_add_explicit(&c->next_piece, 1, memory_order_relaxed)) < pieces;)
-        mm_piece(c, ith, k, pieces, chunk);
+    else
+        for (int64_t k; (k = atomic_fetch_add_explicit(&c->next_piece, 1, memory_order_relaxed)) < pieces;)
+            mm_piece(c, ith, k, pieces, chunk);
 }
 
 typedef struct {
@@ -359,12 +370,11 @@ void tl_fwd_matmul_after(tl_model *m, float *out, const tl_weight *w, const floa
     /* Small matrices are not worth waking the workers. */
     int64_t work = w->n_out * w->n_in * (int64_t)T;
     int tasks = work < 64 * 1024 ? 1 : tl_threadpool_size(m->tp);
-    const int64_t tiles = (w->n_out + 15) / 16;
-    if (tasks > 1 && tasks <= MM_MAX_THREADS && T >= MM_STEAL_TOKENS && T <= mm_chunk(&c) && tiles >= 2 * tasks) {
-        c.steal = 1;
+    /* tasks is the pool's size or 1: the threads the run uses */
+    const int64_t tiles = mm_tile_count(w);
+    if ((c.deal = mm_deal(&c, tasks)) == MM_STEAL)
         for (int i = 0; i < tasks; i++)
             atomic_init(&c.span[i], (uint64_t)(tiles * i / tasks) << 32 | (uint64_t)(tiles * (i + 1) / tasks));
-    }
     tl_threadpool_run(m->tp, mm_task, &c, tasks);
     if (s->profile) s->prof[0] += tl_now() - t0;
 }
