@@ -658,29 +658,29 @@ static void att_task(void *p, int ith, int nth) {
     }
 }
 
-/* Writes the new tokens' rows into their blocks: K and V per head, or in
- * store-h the layer's normed input xb. */
-void tl_fwd_store_kv(tl_model *m, tl_seq **seqs, int vl, int T) {
+/* Writes token t's new rows into its block: K and V per head, or in
+ * store-h the layer's normed input xb. Called per token from the pool
+ * run that finishes the token's Q and K (forward.c), so the threads share
+ * the stores: each token's rows are its own bytes. */
+void tl_fwd_store_kv(tl_model *m, tl_seq **seqs, int vl, int t) {
     tl_scratch *s = m->scratch;
     tl_kv_pool *kv = &m->kv;
     const tl_kv_layout *l = &kv->layout;
     int hd = m->hp.head_dim, bs = kv->block_size, kv_dim = m->hp.n_head_kv * hd;
-    for (int t = 0; t < T; t++) {
-        const tl_seq *seq = seqs[s->tok_seq[t]];
-        int pos = s->tok_pos[t];
-        int id = seq->bt.ids[(pos / bs) * seq->bt.depth + vl];
-        if (l->store_h) {
-            tl_kv_store_row(l->type_k, l->group, s->xb + (size_t)t * m->hp.n_embd,
-                            tl_kv_k(kv, id) + tl_kv_row_off(l, 0, pos % bs, l->row_bytes_k), m->hp.n_embd);
-            continue;
-        }
-        const float *k = s->k + (size_t)t * kv_dim, *v = s->v + (size_t)t * kv_dim;
-        for (int h = 0; h < m->hp.n_head_kv; h++) {
-            tl_kv_store_row(l->type_k, l->group, k + (size_t)h * hd,
-                            tl_kv_k(kv, id) + tl_kv_row_off(l, h, pos % bs, l->row_bytes_k), hd);
-            tl_kv_store_row(l->type_v, l->group, v + (size_t)h * hd,
-                            tl_kv_v(kv, id) + tl_kv_row_off(l, h, pos % bs, l->row_bytes_v), hd);
-        }
+    const tl_seq *seq = seqs[s->tok_seq[t]];
+    int pos = s->tok_pos[t];
+    int id = seq->bt.ids[(pos / bs) * seq->bt.depth + vl];
+    if (l->store_h) {
+        tl_kv_store_row(l->type_k, l->group, s->xb + (size_t)t * m->hp.n_embd,
+                        tl_kv_k(kv, id) + tl_kv_row_off(l, 0, pos % bs, l->row_bytes_k), m->hp.n_embd);
+        return;
+    }
+    const float *k = s->k + (size_t)t * kv_dim, *v = s->v + (size_t)t * kv_dim;
+    for (int h = 0; h < m->hp.n_head_kv; h++) {
+        tl_kv_store_row(l->type_k, l->group, k + (size_t)h * hd,
+                        tl_kv_k(kv, id) + tl_kv_row_off(l, h, pos % bs, l->row_bytes_k), hd);
+        tl_kv_store_row(l->type_v, l->group, v + (size_t)h * hd,
+                        tl_kv_v(kv, id) + tl_kv_row_off(l, h, pos % bs, l->row_bytes_v), hd);
     }
 }
 

@@ -56,10 +56,10 @@ void tl_fwd_matmul(tl_model *m, float *out, const tl_weight *w, const float *x, 
 void tl_fwd_matmul_after(tl_model *m, float *out, const tl_weight *w, const float *x, int T, const tl_weight *prev);
 void tl_fwd_add_bias(float *x, const float *b, int T, int n);
 
-/* attention.c: the new tokens' K/V rows into their blocks; q/k norm and
+/* attention.c: token t's new K/V rows into its block; q/k norm and
  * RoPE of one token's heads in place (cs: its RoPE table, or NULL); the
  * attention of the batch at virtual layer vl into scratch->att. */
-void tl_fwd_store_kv(tl_model *m, tl_seq **seqs, int vl, int T);
+void tl_fwd_store_kv(tl_model *m, tl_seq **seqs, int vl, int t);
 void tl_fwd_k_finish(const tl_model *m, float *k, int n_heads, const float *norm, int pos, float rope_base,
                      const float *cs);
 int tl_fwd_attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T, int window, float rope_base);
