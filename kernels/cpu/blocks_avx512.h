@@ -171,11 +171,8 @@ static inline AI TN void store_block(int kind, uint8_t *wk, int64_t b, const __m
  * prepared row's corr slot) by a second FMA. The VNNI and AMX tiles both
  * sum through this, so they agree bitwise. */
 static inline AI TN __m512 block_sum(int kind, __m512 acc, __m512i s, __m512 d, __m512 dm, float sy) {
-    if (has_min(kind)) {
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
-        return _mm512_fmadd_ps(dm, _mm512_set1_ps(sy), acc);
-    }
-    return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_cvtepi32_ps(s), d));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), d, acc);
+    return has_min(kind) ? _mm512_fmadd_ps(dm, _mm512_set1_ps(sy), acc) : acc;
 }
 
 /* Where mk finds a block's registers: transposed on the fly from plain

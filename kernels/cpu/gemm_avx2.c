@@ -28,12 +28,12 @@
  * integer block sum of its row, and each output is summed exactly as the
  * scalar reference does it, block by block:
  *
- *   s += (float)isum_b * (d_w,b * d_y,b)        (multiply, then add)
+ *   s = fma((float)isum_b, d_w,b * d_y,b, s)
  *
- * (q4_1, q5_1: s = fma((float)isum_b, d_w,b * d_y,b, s), then
- * s = fma(m_b, sy_b, s) with sy_b = (float)sum(y_b) * d_y,b, prepared in
- * the bias slot), so every entry is bitwise tl_vec_dot_ref's result,
- * whatever the tile shape, token count or thread split.
+ * (q4_1, q5_1: then s = fma(m_b, sy_b, s) with sy_b = (float)sum(y_b) *
+ * d_y,b, prepared in the bias slot), so every entry is bitwise
+ * tl_vec_dot_ref's result, whatever the tile shape, token count or thread
+ * split.
  *
  * Few tokens (decode: nothing to share a transposition with) read the rows
  * in place: each row's block gives 8 int32 partial sums, and a vphaddd
@@ -110,13 +110,11 @@ static inline AI T2 __m256 row_scales(const uint8_t *wb, const size_t *roffs) {
     return _mm256_cvtph_ps(d);
 }
 
-/* s + isum * (dw * dy), lane by lane: the reference's multiply, then add;
- * with a min (q4_1, q5_1) its two FMAs, the second of dm and sy. */
+/* fma(isum, dw * dy, s), lane by lane, as the reference sums a block;
+ * with a min (q4_1, q5_1) a second FMA, of dm and sy. */
 static inline AI T2 __m256 scale_add(int kind, __m256 s, __m256i isum, __m256 dw, float dy, __m256 dm, float sy) {
-    if (has_min(kind))
-        return _mm256_fmadd_ps(dm, _mm256_set1_ps(sy),
-                               _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(dy)), s));
-    return _mm256_add_ps(s, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(dy))));
+    s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(dy)), s);
+    return has_min(kind) ? _mm256_fmadd_ps(dm, _mm256_set1_ps(sy), s) : s;
 }
 
 /* (float)sum(y) * d_y: the min's factor (q4_1, q5_1). */
@@ -348,12 +346,8 @@ static inline AI T2 void dot1(int kind, int64_t n, float *out, const void *w, co
         const __m256i base = off_of(kind) ? _mm256_maddubs_epi16(offv, yv) : _mm256_setzero_si256();
         const int isum = hsum_epi32(block_partials(kind, unpack_block(kind, wb), yv, base));
         const float dy = f16(y[b].d);
-        if (has_min(kind)) {
-            s = fmaf((float)isum, f16(ld16(wb)) * dy, s);
-            s = fmaf(f16(ld16(wb + 2)), sum_y(yv, dy), s);
-            continue;
-        }
-        s += (float)isum * (f16(ld16(wb)) * dy);
+        s = fmaf((float)isum, f16(ld16(wb)) * dy, s);
+        if (has_min(kind)) s = fmaf(f16(ld16(wb + 2)), sum_y(yv, dy), s);
     }
     *out = s;
 }

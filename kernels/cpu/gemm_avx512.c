@@ -17,22 +17,22 @@
  *
  * and one vpdpbusd of q[k] with 4 activation bytes broadcast ({1to16})
  * feeds 16 rows. After the 8 of a block each lane holds the exact integer
- * block sum of its row, so a token costs 8 vpdpbusd + 4 float ops per 16
+ * block sum of its row, so a token costs 8 vpdpbusd + 3 float ops per 16
  * rows x 32 elements. Each output is then summed exactly as the scalar
- * reference does it, block by block:
+ * reference does it, block by block, with one FMA:
  *
- *   s += (float)isum_b * (d_w,b * d_y,b)        (multiply, then add)
+ *   s = fma((float)isum_b, d_w,b * d_y,b, s)
  *
- * so every tile entry is bitwise tl_vec_dot_ref's result, whatever the
- * tile shape, token count or thread split. q4_1 (nibbles q, scale d, min
- * m; q5_1 the same with q5_0's 5th bits) is summed as its reference sums
- * it, with two FMAs a block:
+ * (the scale product of two f16 values is exact in f32; ggml's AVX2 q8_0
+ * dot also adds with an FMA, there per lane of the block), so every tile
+ * entry is bitwise tl_vec_dot_ref's result, whatever the tile shape, token
+ * count or thread split. q4_1 (nibbles q, scale d, min m; q5_1 the same
+ * with q5_0's 5th bits) takes a second FMA for its min:
  *
  *   s = fma((float)isum_b, d_w,b * d_y,b, s);  s = fma(m_b, sy_b, s)
  *
- * sy_b = (float)sum(y_b) * d_y,b coming prepared; multiply-then-add there
- * would be 7 float ops a block beside the 8 vpdpbusd (ggml's q4_1 x q8_1
- * reads a stored f16 d * sum(y) instead).
+ * sy_b = (float)sum(y_b) * d_y,b coming prepared (ggml's q4_1 x q8_1 reads
+ * a stored f16 d * sum(y) instead).
  *
  * The activation rows are prepared once per matmul (tl_gemm_prepare): the
  * q8_0 row (as tl_quantize_row makes it), then the block scales as floats
@@ -45,6 +45,7 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#include <math.h>
 
 #include "gemm_q.h"
 #include "blocks_avx512.h"
@@ -215,7 +216,7 @@ static inline AI TN void dot1(int kind, int64_t n, float *out, const void *w, co
         const int isum = hsum_epi32(_mm256_dpbusd_epi32(base, unpack_block(kind, wb), yv));
         uint16_t dh;
         memcpy(&dh, wb, 2);
-        s += (float)isum * (_cvtsh_ss(dh) * _cvtsh_ss(y[b].d));
+        s = fmaf((float)isum, _cvtsh_ss(dh) * _cvtsh_ss(y[b].d), s);
     }
     *out = s;
 }

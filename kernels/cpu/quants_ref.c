@@ -690,6 +690,11 @@ static void dot_bf16_w(int64_t n, float *out, const void *w, const void *x) {
     *out = s;
 }
 
+/* The 32-element block types against q8_0 activations: the exact integer
+ * block sum times the scale product (two f16 values: exact in f32), added
+ * with one FMA, block by block - the SIMD tiles' epilogue is then a
+ * convert, a multiply and an FMA (a multiply and an add here before: the
+ * AMX q8_0 GEMM ran 0.92 of the time with the FMA). */
 static void dot_q4_0(int64_t n, float *out, const void *w, const void *x) {
     const block_q4_0 *a = w;
     const block_q8_0 *b = x;
@@ -698,7 +703,7 @@ static void dot_q4_0(int64_t n, float *out, const void *w, const void *x) {
         int sumi = 0;
         for (int j = 0; j < 16; j++)
             sumi += ((a[i].qs[j] & 0xF) - 8) * b[i].qs[j] + ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + 16];
-        s += sumi * (TL_F16(a[i].d) * TL_F16(b[i].d));
+        s = fmaf((float)sumi, TL_F16(a[i].d) * TL_F16(b[i].d), s);
     }
     *out = s;
 }
@@ -711,7 +716,7 @@ static void dot_iq4_nl(int64_t n, float *out, const void *w, const void *x) {
         int sumi = 0;
         for (int j = 0; j < 16; j++)
             sumi += tl_iq4nl_values[a[i].qs[j] & 0xF] * b[i].qs[j] + tl_iq4nl_values[a[i].qs[j] >> 4] * b[i].qs[j + 16];
-        s += sumi * (TL_F16(a[i].d) * TL_F16(b[i].d));
+        s = fmaf((float)sumi, TL_F16(a[i].d) * TL_F16(b[i].d), s);
     }
     *out = s;
 }
@@ -778,7 +783,7 @@ static void dot_q5_0(int64_t n, float *out, const void *w, const void *x) {
             sumi += (((a[i].qs[j] & 0xF) | h0) - 16) * b[i].qs[j];
             sumi += (((a[i].qs[j] >> 4) | h1) - 16) * b[i].qs[j + 16];
         }
-        s += sumi * (TL_F16(a[i].d) * TL_F16(b[i].d));
+        s = fmaf((float)sumi, TL_F16(a[i].d) * TL_F16(b[i].d), s);
     }
     *out = s;
 }
@@ -789,7 +794,7 @@ static void dot_q8_0(int64_t n, float *out, const void *w, const void *x) {
     for (int64_t i = 0; i < n / 32; i++) {
         int sumi = 0;
         for (int j = 0; j < 32; j++) sumi += a[i].qs[j] * b[i].qs[j];
-        s += sumi * (TL_F16(a[i].d) * TL_F16(b[i].d));
+        s = fmaf((float)sumi, TL_F16(a[i].d) * TL_F16(b[i].d), s);
     }
     *out = s;
 }
