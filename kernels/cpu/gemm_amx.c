@@ -84,29 +84,33 @@ static inline AI TA __m512 b_scales(int kind, const uint8_t *src, int64_t b) {
     return _mm512_load_ps((const float *)(b_tile(kind, src, b) + 8 * 64));
 }
 
+/* Tile A of block b: 16 tokens' quants, lda bytes apart, blocks abs
+ * bytes apart; and token m's scale of block b at dy + m * dy_m + b * dy_b.
+ * Both are the prepared rows themselves, or their copy (copy_a). */
+typedef struct {
+    const uint8_t *p;
+    size_t lda, abs;
+    const uint8_t *dy;
+    size_t dy_m, dy_b;
+} a_rows;
+
 /* Block b's C tile (cs, 16 x 16 int32) into the 16 tokens' accumulators,
  * as mk (gemm_avx512.c) sums its registers. */
 static inline AI TA void epilogue(int kind, const uint8_t *src, int64_t b, const int32_t *cs, const uint8_t *x,
-                                  size_t ldx, size_t dyo, size_t co, int M, __m512 acc[16]) {
+                                  size_t ldx, a_rows a, size_t co, int M, __m512 acc[16]) {
     const __m512 dw = b_scales(kind, src, b);
     const __m512 dm = has_min(kind) ? _mm512_load_ps((const float *)(b_tile(kind, src, b) + 9 * 64)) : dw;
     UNROLL16 for (int m = 0; m < 16; m++) {
         if (m >= M) break;
         const uint8_t *xm = x + m * ldx;
         __m512i s = _mm512_load_si512(cs + 16 * m);
-        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(((const float *)(xm + dyo))[b]));
+        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(*(const float *)(a.dy + m * a.dy_m + (size_t)b * a.dy_b)));
         /* the corr slot: q4_1 / q5_1's sy_b, else the unsigned bias's correction (q8_0 has none here) */
         if (!has_min(kind) && kind != Q_8_0) s = _mm512_add_epi32(s, _mm512_set1_epi32(((const int32_t *)(xm + co))[b]));
         acc[m] = block_sum(kind, acc[m], s, d, dm, has_min(kind) ? ((const float *)(xm + co))[b] : 0.0f);
     }
 }
 
-/* Tile A of block b: 16 tokens' quants, lda bytes apart, blocks abs
- * bytes apart (the prepared rows themselves, or their copy, copy_a). */
-typedef struct {
-    const uint8_t *p;
-    size_t lda, abs;
-} a_rows;
 
 /* Blocks b and b + 1 (b + 1 < nb) multiplied into tiles 0 and 1. */
 static inline AI TA void tiles2(int kind, const uint8_t *src, int pf, a_rows a, int64_t b) {
@@ -144,7 +148,7 @@ static inline AI TA void stores2(int32_t cs[2][256]) {
  * for M) against one 16-row group whose blocks are at src. */
 static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf, a_rows a, const uint8_t *x,
                                 size_t ldx, float *out, size_t ldo, int M) {
-    const size_t dyo = tl_gemm_dy_off(nb), co = tl_gemm_corr_off(nb);
+    const size_t co = tl_gemm_corr_off(nb);
     _Alignas(64) int32_t cs[2][2][256];
     __m512 acc[16];
     UNROLL16 for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
@@ -157,8 +161,8 @@ static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf
         const int next = p + 1 < pairs;
         if (next) tiles2(kind, src, pf, a, 2 * (p + 1));
         if (next && !LATE(kind)) stores2(cs[(p + 1) & 1]);
-        epilogue(kind, src, 2 * p, cs[p & 1][0], x, ldx, dyo, co, M, acc);
-        epilogue(kind, src, 2 * p + 1, cs[p & 1][1], x, ldx, dyo, co, M, acc);
+        epilogue(kind, src, 2 * p, cs[p & 1][0], x, ldx, a, co, M, acc);
+        epilogue(kind, src, 2 * p + 1, cs[p & 1][1], x, ldx, a, co, M, acc);
         if (next && LATE(kind)) stores2(cs[(p + 1) & 1]);
     }
     if (nb & 1) {
@@ -169,7 +173,7 @@ static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf
         if (kind == Q_8_0) _tile_dpbssd(0, 2, 4);
         else _tile_dpbsud(0, 2, 4);
         _tile_stored(0, cs[0][0], 64);
-        epilogue(kind, src, b, cs[0][0], x, ldx, dyo, co, M, acc);
+        epilogue(kind, src, b, cs[0][0], x, ldx, a, co, M, acc);
     }
     UNROLL16 for (int m = 0; m < 16; m++)
         if (m < M) _mm512_storeu_ps(out + m * ldo, acc[m]);
@@ -181,13 +185,21 @@ static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf
  * and the copy is made once per call for every row group: 16 tokens x
  * 2048 x 768 in L2, 230-245 -> 252-266 GMAC/s, 128 tokens 224 -> 272
  * (with LATE). The unpacked kinds lost 10% with it (and without LATE),
- * so they read the prepared rows. */
+ * so they read the prepared rows. After the quants (nb * 512 bytes) the
+ * tokens' block scales, 16 floats a block: the epilogue then reads every
+ * token's from one pointer, where 16 row pointers did not fit the
+ * registers (reloaded from the stack each block). */
+enum { XA_BLOCK = 512 + 16 * 4 }; /* a block's copy: quants and scales */
+
 static inline AI TA void copy_a(int64_t nb, const uint8_t *x, size_t ldx, int M, uint8_t *xa) {
+    float *dy = (float *)(void *)(xa + (size_t)nb * 512);
+    const size_t dyo = tl_gemm_dy_off(nb);
     for (int64_t b = 0; b < nb; b++)
         for (int m = 0; m < M; m++) {
             const uint8_t *q = x + m * ldx + 2 + (size_t)b * sizeof(block_q8_0); /* past the block's scale */
             _mm256_store_si256((__m256i *)(void *)(xa + (size_t)b * 512 + m * 32),
                                _mm256_loadu_si256((const __m256i *)(const void *)q));
+            dy[b * 16 + m] = ((const float *)(const void *)(x + m * ldx + dyo))[b];
         }
 }
 
@@ -199,7 +211,7 @@ static tl_gemm_tile_fn vnni_pk[TL_TYPE_COUNT];
 static inline AI TA void pass(int kind, int64_t nb, int nr, int M, int tiles, float *out, size_t ldo, const uint8_t *w,
                               size_t ldw, const uint8_t *x, size_t ldx, uint8_t *wk) {
     configure(M);
-    const size_t tile_a = (size_t)nb * 512;
+    const size_t tile_a = (size_t)nb * XA_BLOCK;
     const int run = kind != Q_8_0 ? tiles : tile_a > XA_BYTES ? 1 : (int)(XA_BYTES / tile_a);
     for (int i0 = 0; i0 < tiles; i0 += run) {
         const int n_run = tiles - i0 < run ? tiles - i0 : run;
@@ -220,8 +232,9 @@ static inline AI TA void pass(int kind, int64_t nb, int nr, int M, int tiles, fl
             }
             for (int i = 0; i < n_run; i++) {
                 const uint8_t *xi = xr + (size_t)i * M * ldx;
-                const a_rows a = kind == Q_8_0 ? (a_rows){wk + (size_t)i * tile_a, 32, 512}
-                                               : (a_rows){xi + 2, ldx, sizeof(block_q8_0)};
+                const uint8_t *xa = wk + (size_t)i * tile_a;
+                const a_rows a = kind == Q_8_0 ? (a_rows){xa, 32, 512, xa + (size_t)nb * 512, 4, 64}
+                                               : (a_rows){xi + 2, ldx, sizeof(block_q8_0), xi + tl_gemm_dy_off(nb), ldx, 4};
                 tile16(kind, nb, src, kind == Q_8_0 && i == 0, a, xi, ldx, o + r0 + (size_t)i * M * ldo, ldo, M);
             }
         }
@@ -278,7 +291,7 @@ void tl_gemm_fill_amx(tl_kernel_table *t) { (void)t; }
 #endif
 
 /* the unpacked group (q4_1's group_bytes: 640 a block), or q8_0's copies
- * of tile A: XA_BYTES, or one tile's (512 a block, under a group's) */
+ * of tile A: XA_BYTES, or one tile's (576 bytes a block, under a group's) */
 size_t tl_gemm_amx_work_size(int64_t n) {
     const size_t group = (size_t)(n / 32) * 640;
     return group > XA_BYTES ? group : XA_BYTES;
