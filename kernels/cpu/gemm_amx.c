@@ -44,7 +44,7 @@
  * bound by reading the weights either way). */
 #include "quants_impl.h"
 
-enum { XA_BYTES = 192 * 1024 }; /* q8_0's copies of a call's A tiles (copy_a), at most */
+enum { XA_BYTES = 192 * 1024 }; /* the copies of a run of A tiles (copy_a, copy_scales), at most */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -85,32 +85,35 @@ static inline AI TA __m512 b_scales(int kind, const uint8_t *src, int64_t b) {
 }
 
 /* Tile A of block b: 16 tokens' quants, lda bytes apart, blocks abs
- * bytes apart; and token m's scale of block b at dy + m * dy_m + b * dy_b.
- * Both are the prepared rows themselves, or their copy (copy_a). */
+ * bytes apart (the prepared rows themselves, or q8_0's copy of them);
+ * token m's scale of block b at dy[16 * b + m] and its corr slot (the
+ * bias correction, or q4_1's sy) at cr[16 * b + m] (copy_scales). */
 typedef struct {
     const uint8_t *p;
     size_t lda, abs;
-    const uint8_t *dy;
-    size_t dy_m, dy_b;
+    const float *dy;
+    const int32_t *cr;
 } a_rows;
 
 /* Block b's C tile (cs, 16 x 16 int32) into the 16 tokens' accumulators,
  * as mk (gemm_avx512.c) sums its registers. */
-static inline AI TA void epilogue(int kind, const uint8_t *src, int64_t b, const int32_t *cs, const uint8_t *x,
-                                  size_t ldx, a_rows a, size_t co, int M, __m512 acc[16]) {
+static inline AI TA void epilogue(int kind, const uint8_t *src, int64_t b, const int32_t *cs, a_rows a, int M,
+                                  __m512 acc[16]) {
     const __m512 dw = b_scales(kind, src, b);
     const __m512 dm = has_min(kind) ? _mm512_load_ps((const float *)(b_tile(kind, src, b) + 9 * 64)) : dw;
+    const float *dy = a.dy + 16 * b;
+    const int32_t *cr = a.cr + 16 * b;
     UNROLL16 for (int m = 0; m < 16; m++) {
         if (m >= M) break;
-        const uint8_t *xm = x + m * ldx;
         __m512i s = _mm512_load_si512(cs + 16 * m);
-        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(*(const float *)(a.dy + m * a.dy_m + (size_t)b * a.dy_b)));
+        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(dy[m]));
         /* the corr slot: q4_1 / q5_1's sy_b, else the unsigned bias's correction (q8_0 has none here) */
-        if (!has_min(kind) && kind != Q_8_0) s = _mm512_add_epi32(s, _mm512_set1_epi32(((const int32_t *)(xm + co))[b]));
-        acc[m] = block_sum(kind, acc[m], s, d, dm, has_min(kind) ? ((const float *)(xm + co))[b] : 0.0f);
+        if (!has_min(kind) && kind != Q_8_0) s = _mm512_add_epi32(s, _mm512_set1_epi32(cr[m]));
+        float sy = 0.0f;
+        if (has_min(kind)) memcpy(&sy, &cr[m], 4);
+        acc[m] = block_sum(kind, acc[m], s, d, dm, sy);
     }
 }
-
 
 /* Blocks b and b + 1 (b + 1 < nb) multiplied into tiles 0 and 1. */
 static inline AI TA void tiles2(int kind, const uint8_t *src, int pf, a_rows a, int64_t b) {
@@ -144,11 +147,10 @@ static inline AI TA void stores2(int32_t cs[2][256]) {
  * 200 -> 224), where the kinds unpacked into the workspace lost 5-10%. */
 #define LATE(kind) ((kind) == Q_8_0)
 
-/* M tokens (rows of x, stride ldx; their quants as a; the tiles configured
- * for M) against one 16-row group whose blocks are at src. */
-static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf, a_rows a, const uint8_t *x,
-                                size_t ldx, float *out, size_t ldo, int M) {
-    const size_t co = tl_gemm_corr_off(nb);
+/* M tokens (their quants and scales as a; the tiles configured for M)
+ * against one 16-row group whose blocks are at src. */
+static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf, a_rows a, float *out, size_t ldo,
+                                int M) {
     _Alignas(64) int32_t cs[2][2][256];
     __m512 acc[16];
     UNROLL16 for (int m = 0; m < 16; m++) acc[m] = _mm512_setzero_ps();
@@ -161,8 +163,8 @@ static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf
         const int next = p + 1 < pairs;
         if (next) tiles2(kind, src, pf, a, 2 * (p + 1));
         if (next && !LATE(kind)) stores2(cs[(p + 1) & 1]);
-        epilogue(kind, src, 2 * p, cs[p & 1][0], x, ldx, a, co, M, acc);
-        epilogue(kind, src, 2 * p + 1, cs[p & 1][1], x, ldx, a, co, M, acc);
+        epilogue(kind, src, 2 * p, cs[p & 1][0], a, M, acc);
+        epilogue(kind, src, 2 * p + 1, cs[p & 1][1], a, M, acc);
         if (next && LATE(kind)) stores2(cs[(p + 1) & 1]);
     }
     if (nb & 1) {
@@ -173,7 +175,7 @@ static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf
         if (kind == Q_8_0) _tile_dpbssd(0, 2, 4);
         else _tile_dpbsud(0, 2, 4);
         _tile_stored(0, cs[0][0], 64);
-        epilogue(kind, src, b, cs[0][0], x, ldx, a, co, M, acc);
+        epilogue(kind, src, b, cs[0][0], a, M, acc);
     }
     UNROLL16 for (int m = 0; m < 16; m++)
         if (m < M) _mm512_storeu_ps(out + m * ldo, acc[m]);
@@ -185,40 +187,60 @@ static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf
  * and the copy is made once per call for every row group: 16 tokens x
  * 2048 x 768 in L2, 230-245 -> 252-266 GMAC/s, 128 tokens 224 -> 272
  * (with LATE). The unpacked kinds lost 10% with it (and without LATE),
- * so they read the prepared rows. After the quants (nb * 512 bytes) the
- * tokens' block scales, 16 floats a block: the epilogue then reads every
- * token's from one pointer, where 16 row pointers did not fit the
- * registers (reloaded from the stack each block). */
-enum { XA_BLOCK = 512 + 16 * 4 }; /* a block's copy: quants and scales */
-
+ * so they read the prepared rows. */
 static inline AI TA void copy_a(int64_t nb, const uint8_t *x, size_t ldx, int M, uint8_t *xa) {
-    float *dy = (float *)(void *)(xa + (size_t)nb * 512);
-    const size_t dyo = tl_gemm_dy_off(nb);
     for (int64_t b = 0; b < nb; b++)
         for (int m = 0; m < M; m++) {
             const uint8_t *q = x + m * ldx + 2 + (size_t)b * sizeof(block_q8_0); /* past the block's scale */
             _mm256_store_si256((__m256i *)(void *)(xa + (size_t)b * 512 + m * 32),
                                _mm256_loadu_si256((const __m256i *)(const void *)q));
+        }
+}
+
+/* Every kind's copy of the M tokens' block scales and corr slots, 16 of
+ * each a block (a_rows' dy and cr; q8_0 has no corr): the epilogue reads
+ * a block's from one pointer each, where 16 row pointers did not fit the
+ * registers and were reloaded from the stack every block (stack operands
+ * in amx_q8_0: 558 -> 314). q8_0, 16 tokens x 2048 x 256 in L2, one
+ * thread, 30 interleaved pairs: median 0.84 of the time. */
+enum { SC_BLOCK = 2 * 16 * 4 }; /* a block's scales and corr slots */
+
+static inline AI TA void copy_scales(int kind, int64_t nb, const uint8_t *x, size_t ldx, int M, uint8_t *sc) {
+    float *dy = (float *)(void *)sc;
+    int32_t *cr = (int32_t *)(void *)(sc + (size_t)nb * 64);
+    const size_t dyo = tl_gemm_dy_off(nb), co = tl_gemm_corr_off(nb);
+    for (int64_t b = 0; b < nb; b++)
+        for (int m = 0; m < M; m++) {
             dy[b * 16 + m] = ((const float *)(const void *)(x + m * ldx + dyo))[b];
+            if (kind != Q_8_0) cr[b * 16 + m] = ((const int32_t *)(const void *)(x + m * ldx + co))[b];
         }
 }
 
 static tl_gemm_tile_fn vnni_pk[TL_TYPE_COUNT];
 
+/* The workspace: the group unpacked for the tiles (not q8_0, group_bytes a
+ * block: 640 at most), then per 16-token tile of the run q8_0's quants
+ * (512 a block) and every kind's scales (SC_BLOCK). */
+static size_t group_room(int64_t nb) { return (size_t)nb * 640; }
+
 /* Tokens [t0, t0 + M * tiles) in tiles of M against every group of nr
- * rows; q8_0 in runs of as many tiles as XA_BYTES holds copies of (the
+ * rows, in runs of as many tiles as XA_BYTES holds the copies of (the
  * weights are read again per run). */
 static inline AI TA void pass(int kind, int64_t nb, int nr, int M, int tiles, float *out, size_t ldo, const uint8_t *w,
                               size_t ldw, const uint8_t *x, size_t ldx, uint8_t *wk) {
     configure(M);
-    const size_t tile_a = (size_t)nb * XA_BLOCK;
-    const int run = kind != Q_8_0 ? tiles : tile_a > XA_BYTES ? 1 : (int)(XA_BYTES / tile_a);
+    const size_t tile_a = (size_t)nb * (kind == Q_8_0 ? 512 + SC_BLOCK : SC_BLOCK);
+    const int run = tile_a > XA_BYTES ? 1 : (int)(XA_BYTES / tile_a);
+    uint8_t *xa0 = wk + (kind == Q_8_0 ? 0 : group_room(nb));
     for (int i0 = 0; i0 < tiles; i0 += run) {
         const int n_run = tiles - i0 < run ? tiles - i0 : run;
         const uint8_t *xr = x + (size_t)i0 * M * ldx;
         float *o = out + (size_t)i0 * M * ldo;
-        if (kind == Q_8_0)
-            for (int i = 0; i < n_run; i++) copy_a(nb, xr + (size_t)i * M * ldx, ldx, M, wk + (size_t)i * tile_a);
+        for (int i = 0; i < n_run; i++) {
+            uint8_t *xa = xa0 + (size_t)i * tile_a;
+            if (kind == Q_8_0) copy_a(nb, xr + (size_t)i * M * ldx, ldx, M, xa);
+            copy_scales(kind, nb, xr + (size_t)i * M * ldx, ldx, M, xa + (kind == Q_8_0 ? (size_t)nb * 512 : 0));
+        }
         for (int r0 = 0; r0 < nr; r0 += 16) {
             const uint8_t *g = w + (size_t)r0 * ldw, *src = g;
             if (kind != Q_8_0) {
@@ -231,11 +253,11 @@ static inline AI TA void pass(int kind, int64_t nb, int nr, int M, int tiles, fl
                 src = wk;
             }
             for (int i = 0; i < n_run; i++) {
-                const uint8_t *xi = xr + (size_t)i * M * ldx;
-                const uint8_t *xa = wk + (size_t)i * tile_a;
-                const a_rows a = kind == Q_8_0 ? (a_rows){xa, 32, 512, xa + (size_t)nb * 512, 4, 64}
-                                               : (a_rows){xi + 2, ldx, sizeof(block_q8_0), xi + tl_gemm_dy_off(nb), ldx, 4};
-                tile16(kind, nb, src, kind == Q_8_0 && i == 0, a, xi, ldx, o + r0 + (size_t)i * M * ldo, ldo, M);
+                const uint8_t *xa = xa0 + (size_t)i * tile_a, *sc = xa + (kind == Q_8_0 ? (size_t)nb * 512 : 0);
+                const a_rows a = {kind == Q_8_0 ? xa : xr + (size_t)i * M * ldx + 2, kind == Q_8_0 ? 32 : ldx,
+                                  kind == Q_8_0 ? 512 : sizeof(block_q8_0), (const float *)(const void *)sc,
+                                  (const int32_t *)(const void *)(sc + (size_t)nb * 64)};
+                tile16(kind, nb, src, kind == Q_8_0 && i == 0, a, o + r0 + (size_t)i * M * ldo, ldo, M);
             }
         }
     }
@@ -290,9 +312,9 @@ void tl_gemm_fill_amx(tl_kernel_table *t) {
 void tl_gemm_fill_amx(tl_kernel_table *t) { (void)t; }
 #endif
 
-/* the unpacked group (q4_1's group_bytes: 640 a block), or q8_0's copies
- * of tile A: XA_BYTES, or one tile's (576 bytes a block, under a group's) */
+/* the unpacked group (q4_1's group_bytes: 640 a block) and the copies of
+ * a run of tiles: XA_BYTES, or one tile's (q8_0: 640 a block) */
 size_t tl_gemm_amx_work_size(int64_t n) {
-    const size_t group = (size_t)(n / 32) * 640;
-    return group > XA_BYTES ? group : XA_BYTES;
+    const size_t nb = (size_t)(n / 32), one = nb * (512 + 2 * 16 * 4);
+    return nb * 640 + (one > XA_BYTES ? one : XA_BYTES);
 }
