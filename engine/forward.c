@@ -281,6 +281,9 @@ static void mm_task(void *p, int ith, int nth) {
     mm_ctx *c = p;
     const int chunk = mm_chunk(c);
     const int64_t pieces = (int64_t)PIECES_A_THREAD * nth;
+    /* the thread's calls all read c->xq, unchanged until the run ends */
+    const int keep = c->gemm && c->w->packed;
+    if (keep) tl_gemm_work_keep(c->work + (size_t)ith * c->work_stride, 1);
     if (c->deal == MM_STEAL)
         mm_steal(c, ith, nth, chunk);
     else if (c->deal == MM_FIXED)
@@ -288,6 +291,7 @@ static void mm_task(void *p, int ith, int nth) {
     else
         for (int64_t k; (k = atomic_fetch_add_explicit(&c->next_piece, 1, memory_order_relaxed)) < pieces;)
             mm_piece(c, ith, k, pieces, chunk);
+    if (keep) tl_gemm_work_keep(c->work + (size_t)ith * c->work_stride, 0);
 }
 
 typedef struct {

@@ -218,25 +218,50 @@ static inline AI TA void copy_scales(int kind, int64_t nb, const uint8_t *x, siz
 
 static tl_gemm_tile_fn vnni_pk[TL_TYPE_COUNT];
 
-/* The workspace: the group unpacked for the tiles (not q8_0, group_bytes a
- * block: 640 at most), then per 16-token tile of the run q8_0's quants
- * (512 a block) and every kind's scales (SC_BLOCK). */
-static size_t group_room(int64_t nb) { return (size_t)nb * 640; }
+/* The workspace: a keep_hdr (KEEP_ROOM bytes), the group unpacked for the
+ * tiles (not q8_0, group_bytes a block: 640 at most), then per 16-token
+ * tile of the run q8_0's quants (512 a block) and every kind's scales
+ * (SC_BLOCK). The VNNI kernel's work starts past the header. */
+enum { KEEP_ROOM = 64 };
+#define KEEP_MAGIC 0x6b656570616d7831ull
+
+/* Which call's copies the workspace holds, where the caller lets them be
+ * reused (tl_gemm_work_keep): a decode step's matmul reaches the kernel
+ * once per run of row tiles a thread claims (forward.c's mm_steal, ~5 a
+ * thread), each with the same activations, and the copies were ~1.5 us
+ * of each call at n = 2048 (3 us fixed of 30 for 256 rows). */
+typedef struct {
+    uint64_t magic; /* KEEP_MAGIC while reuse is allowed */
+    const void *x;  /* the copies' source, NULL when none is held */
+    size_t ldx;
+    int64_t nb;
+    int kind, M, tiles;
+} keep_hdr;
+
+static inline AI TA int copies_held(const keep_hdr *h, int kind, int64_t nb, int M, int tiles, const void *x,
+                                    size_t ldx) {
+    return h->magic == KEEP_MAGIC && h->x == x && h->ldx == ldx && h->nb == nb && h->kind == kind && h->M == M &&
+           h->tiles == tiles;
+}
 
 /* Tokens [t0, t0 + M * tiles) in tiles of M against every group of nr
  * rows, in runs of as many tiles as XA_BYTES holds the copies of (the
  * weights are read again per run). */
 static inline AI TA void pass(int kind, int64_t nb, int nr, int M, int tiles, float *out, size_t ldo, const uint8_t *w,
-                              size_t ldw, const uint8_t *x, size_t ldx, uint8_t *wk) {
+                              size_t ldw, const uint8_t *x, size_t ldx, uint8_t *work) {
     configure(M);
+    keep_hdr *h = (keep_hdr *)(void *)work;
+    uint8_t *wk = work + KEEP_ROOM, *xa0 = wk + (size_t)nb * 640;
     const size_t tile_a = (size_t)nb * (kind == Q_8_0 ? 512 + SC_BLOCK : SC_BLOCK);
     const int run = tile_a > XA_BYTES ? 1 : (int)(XA_BYTES / tile_a);
-    uint8_t *xa0 = wk + (kind == Q_8_0 ? 0 : group_room(nb));
+    /* one run holds every tile's copies: they can outlive the call */
+    const int held = run >= tiles && copies_held(h, kind, nb, M, tiles, x, ldx);
+    if (h->magic == KEEP_MAGIC && !held) *h = (keep_hdr){KEEP_MAGIC, run >= tiles ? x : NULL, ldx, nb, kind, M, tiles};
     for (int i0 = 0; i0 < tiles; i0 += run) {
         const int n_run = tiles - i0 < run ? tiles - i0 : run;
         const uint8_t *xr = x + (size_t)i0 * M * ldx;
         float *o = out + (size_t)i0 * M * ldo;
-        for (int i = 0; i < n_run; i++) {
+        for (int i = 0; i < n_run && !held; i++) {
             uint8_t *xa = xa0 + (size_t)i * tile_a;
             if (kind == Q_8_0) copy_a(nb, xr + (size_t)i * M * ldx, ldx, M, xa);
             copy_scales(kind, nb, xr + (size_t)i * M * ldx, ldx, M, xa + (kind == Q_8_0 ? (size_t)nb * 512 : 0));
@@ -276,7 +301,8 @@ static inline AI TA void gemm_amx(int type, int kind, int64_t n, int nr, int nt,
         pass(kind, nb, nr, rem, 1, out + (size_t)full * 16 * ldo, ldo, W, ldw, X + (size_t)full * 16 * ldx, ldx, work);
     if (full || rem >= TL_AMX_MIN_TOKENS) _tile_release();
     if (rem && rem < TL_AMX_MIN_TOKENS)
-        vnni_pk[type](n, nr, rem, out + (size_t)full * 16 * ldo, ldo, w, ldw, X + (size_t)full * 16 * ldx, ldx, work);
+        vnni_pk[type](n, nr, rem, out + (size_t)full * 16 * ldo, ldo, w, ldw, X + (size_t)full * 16 * ldx, ldx,
+                      (uint8_t *)work + KEEP_ROOM);
 }
 
 #define GEMM_AMX(NAME, TYPE, KIND)                                                                                 \
@@ -312,9 +338,20 @@ void tl_gemm_fill_amx(tl_kernel_table *t) {
 void tl_gemm_fill_amx(tl_kernel_table *t) { (void)t; }
 #endif
 
-/* the unpacked group (q4_1's group_bytes: 640 a block) and the copies of
- * a run of tiles: XA_BYTES, or one tile's (q8_0: 640 a block) */
+void tl_gemm_work_keep(void *work, int on) {
+#if defined(__x86_64__) || defined(__i386__)
+    keep_hdr *h = work;
+    *h = (keep_hdr){on ? KEEP_MAGIC : 0, NULL, 0, 0, 0, 0, 0};
+#else
+    (void)work;
+    (void)on;
+#endif
+}
+
+/* the header, the unpacked group (q4_1's group_bytes: 640 a block) and the
+ * copies of a run of tiles: XA_BYTES, or one tile's (q8_0: 640 a block);
+ * the VNNI kernel's work (640 a block) fits past the header */
 size_t tl_gemm_amx_work_size(int64_t n) {
     const size_t nb = (size_t)(n / 32), one = nb * (512 + 2 * 16 * 4);
-    return nb * 640 + (one > XA_BYTES ? one : XA_BYTES);
+    return 64 + nb * 640 + (one > XA_BYTES ? one : XA_BYTES);
 }

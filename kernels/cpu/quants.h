@@ -107,6 +107,12 @@ void tl_packed_row_dequantize(int type, int G, const uint8_t *w, int64_t row, in
  * least 16 rows' worth (G * tl_row_size). */
 void tl_packed_tile(int type, int G, int prepared, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w,
                     size_t ldw, const void *x, size_t ldx, void *work);
+/* on = 1: until the next call with on = 0, tl_packed_tile calls on this
+ * work area may reuse what an earlier one copied from the same x (same
+ * pointer, stride and token count), the caller promising that the bytes at
+ * x do not change meanwhile: one matmul's row ranges taken one by one.
+ * Without it every call copies what it needs. */
+void tl_gemm_work_keep(void *work, int on);
 
 /* The lossy BF16 mode's matmul (repack "bf16"): out[t*ldo + r] = the dot
  * of BF16 weight row r (w + r*ldw bytes) and BF16 activation row t (x +
