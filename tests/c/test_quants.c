@@ -453,6 +453,21 @@ static void test_act_quant(void) {
                   tl_isa_name(lvl), tl_type_info(types[k])->name);
         }
     }
+    /* q8_0 rows whose blocks end in a partial group of 16 (the SIMD
+     * quantizers take 16 blocks at a time) */
+    static const int64_t widths[] = {32, 32 * 5, 32 * 17, 32 * 24, 32 * 31};
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++) {
+        const int64_t n = widths[wi];
+        const size_t sz = tl_row_size(TL_TYPE_Q8_0, n);
+        tl_quantize_row_ref(TL_TYPE_Q8_0, x + 32, ref, n);
+        for (int lvl = 0; lvl <= isa_max; lvl++) {
+            tl_kernels_set_isa(lvl);
+            memset(got, 0xAB, sz);
+            tl_quantize_row(TL_TYPE_Q8_0, x + 32, got, n);
+            CHECK(memcmp(ref, got, sz) == 0, "%s q8_0 activation quantization of %lld elements is byte-identical to "
+                  "scalar", tl_isa_name(lvl), (long long)n);
+        }
+    }
     /* Spot checks of the ggml rules themselves. */
     tl_quantize_row_ref(TL_TYPE_Q8_0, x, ref, N);
     const block_q8_0 *b0 = (const block_q8_0 *)ref + 1;
