@@ -28,6 +28,7 @@ typedef struct {
     int c0, c1;        /* the query chunks to run */
     int h_p0;          /* store-h: position of the first row of scratch hk / hv */
     int dynamic;       /* prefill: tasks taken from next_task (see take_task) */
+    int parts;         /* decode: > 0 when runs are claimed from next_task (see claim_next) */
     atomic_int next_task;
 } att_ctx;
 
@@ -180,10 +181,13 @@ static int deal_next(const task_deal *d, int i) {
  * up to 9 each, at its start: bursts the core waited behind; 110M Q8_0, 16
  * sequences at positions to 144, one thread: attention read ~10 GB/s of
  * K/V, 4.1-5.2 ms a step, then 3.7-4.0 with the cursor at 8.) */
+enum { PF_QUEUE = 64 }; /* runs claimed ahead of the reads: PF_ITEMS / 2 + 2 at most */
 typedef struct {
     int task, item, total, nh;
     const task_deal *d;
     att_where a;
+    att_ctx *claim;             /* claim_next's runs, or NULL: the deal's */
+    int qt[PF_QUEUE], qn[PF_QUEUE], q0, q1; /* the runs claimed and not yet read: task, heads */
 } pf_cursor;
 
 /* A run: the tasks a thread takes together. A decoding token's (a chunk
@@ -202,6 +206,30 @@ static int run_next(const task_deal *d, int i, int nh) {
     return i;
 }
 
+/* A decode step (every chunk one token) with two threads or more: the
+ * runs a deal would give the threads (a token's KV heads in c->parts
+ * parts, each in runs of att_qc at most) are taken from a shared counter
+ * instead, since on a shared host one vCPU runs slower at times and the
+ * step waits for the thread with the larger share. 110M Q8_0, 16
+ * sequences, two threads: one thread's attention 1.45 ms a step against
+ * the other's 1.89 in a fixed deal. The prefetch cursor claims them, so
+ * that it can run on into the next run's blocks, and queues them for the
+ * thread to read in that order. */
+static void claim_next(pf_cursor *p) {
+    const att_ctx *c = p->claim;
+    const int n_kv = c->m->hp.n_head_kv, qc = c->m->scratch->att_qc, hpp = n_kv / c->parts;
+    const int rpp = (hpp + qc - 1) / qc, r = atomic_fetch_add_explicit(&p->claim->next_task, 1, memory_order_relaxed);
+    if (r >= (c->c1 - c->c0) * c->parts * rpp) {
+        p->task = p->total;
+        return;
+    }
+    const int sub = r % rpp, kh = r / rpp % c->parts * hpp + sub * qc;
+    p->task = r / (c->parts * rpp) * n_kv + kh;
+    p->nh = hpp - sub * qc < qc ? hpp - sub * qc : qc;
+    p->qt[p->q1 % PF_QUEUE] = p->task;
+    p->qn[p->q1++ % PF_QUEUE] = p->nh;
+}
+
 /* Item k of a run of nh heads over nb blocks, in the order it is read:
  * the K rows then the V rows, each block by block and, in a block, head by
  * head (one task: block by block). */
@@ -209,14 +237,29 @@ static void pf_step(const att_ctx *c, pf_cursor *p) {
     if (p->task >= p->total) return;
     if (p->item == 0) {
         p->a = task_where(c, p->task);
-        p->nh = run_heads(c, p->d, p->task);
+        if (!p->claim) p->nh = run_heads(c, p->d, p->task);
     }
     const int per = p->a.nb * p->nh, k = p->item % per;
     prefetch_block(c, p->a.seq, p->a.b_first + k / p->nh, p->a.kh + k % p->nh, p->item >= per);
     if (++p->item == 2 * per) {
+        if (p->claim && p->q1 - p->q0 == PF_QUEUE) { /* (never: the queue has room) wait on the last item */
+            p->item--;
+            return;
+        }
         p->item = 0;
-        p->task = run_next(p->d, p->task, p->nh);
+        if (p->claim) claim_next(p);
+        else p->task = run_next(p->d, p->task, p->nh);
     }
+}
+
+/* The next run a thread reads in claim mode: the cursor's oldest queued
+ * one, the cursor stepped on until it claims one if none is queued;
+ * total when the step has none left. */
+static int claimed_run(const att_ctx *c, pf_cursor *p, int total, int *nh) {
+    while (p->q0 == p->q1 && p->task < p->total) pf_step(c, p);
+    if (p->q0 == p->q1) return total;
+    *nh = p->qn[p->q0 % PF_QUEUE];
+    return p->qt[p->q0++ % PF_QUEUE];
 }
 
 /* The rows [*r0, *r1) of logical block b a token sees; 0 when none. */
@@ -542,6 +585,14 @@ static int take_task(att_ctx *c, int total) {
     return k < total ? total - 1 - k : total;
 }
 
+/* A thread's next task: the prefill counter's, a claimed run, or the
+ * deal's (dealt). */
+static int next_task(att_ctx *c, pf_cursor *pf, int total, int dealt, int *nh) {
+    if (c->dynamic) return take_task(c, total);
+    if (pf->claim) return claimed_run(c, pf, total, nh);
+    return dealt;
+}
+
 /* One task = one KV head and one chunk of consecutive tokens of a
  * sequence: each K/V block is converted once for the chunk, and the query
  * heads of the group share it. Every token still computes its scores, its
@@ -561,14 +612,16 @@ static void att_task(void *p, int ith, int nth) {
     void *piece = scores + s->v8_off, *work = s->gemm_work ? s->gemm_work + (size_t)ith * s->gemm_work_stride : NULL;
     const att_bufs bufs = {scores, kbuf, qq, piece, work};
     chunk_queries cq;
-    int total = (c->c1 - c->c0) * hp->n_head_kv;
+    int total = (c->c1 - c->c0) * hp->n_head_kv, nh = 0;
     const task_deal deal = deal_of(hp->n_head_kv, ith, nth);
-    pf_cursor pf = {.task = deal.h0, .total = c->dynamic ? 0 : total, .d = &deal};
+    pf_cursor pf = {.task = deal.h0, .total = c->dynamic ? 0 : total, .d = &deal, .claim = c->parts ? c : NULL};
+    if (pf.claim) claim_next(&pf);
     for (int k = 0; k < PF_ITEMS; k++) pf_step(c, &pf);
-    for (int i = c->dynamic ? take_task(c, total) : deal.h0, nh; i < total;
-         i = c->dynamic ? take_task(c, total) : run_next(&deal, i, nh)) {
+    for (int i = next_task(c, &pf, total, deal.h0, &nh); i < total;
+         i = next_task(c, &pf, total, run_next(&deal, i, nh), &nh)) {
         const att_where a = task_where(c, i);
-        if ((nh = run_heads(c, &deal, i)) > 1) {
+        if (!pf.claim) nh = run_heads(c, &deal, i);
+        if (nh > 1) {
             decode_heads(c, &a, nh, &bufs, &pf);
             continue;
         }
@@ -885,8 +938,15 @@ int tl_fwd_attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T,
         }
         return TL_OK;
     }
-    ac.dynamic = tl_threadpool_size(m->tp) > 1;
-    for (int i = 0; i < s->n_chunks; i++) ac.dynamic &= s->chunk_t0[i + 1] - s->chunk_t0[i] > 1;
+    const int nth = tl_threadpool_size(m->tp);
+    int decode = nth > 1;
+    ac.dynamic = nth > 1;
+    for (int i = 0; i < s->n_chunks; i++) {
+        ac.dynamic &= s->chunk_t0[i + 1] - s->chunk_t0[i] > 1;
+        decode &= s->chunk_t0[i + 1] - s->chunk_t0[i] == 1;
+    }
+    /* claim mode's parts: as deal_of shares a token's heads */
+    if (decode) ac.parts = hp->n_head_kv % nth ? hp->n_head_kv : nth;
     if (!m->kv.layout.store_h) {
         tl_threadpool_run(m->tp, att_task, &ac, s->n_chunks * hp->n_head_kv);
         return TL_OK;
