@@ -585,12 +585,12 @@ static int take_task(att_ctx *c, int total) {
     return k < total ? total - 1 - k : total;
 }
 
-/* A thread's next task: the prefill counter's, a claimed run, or the
- * deal's (dealt). */
-static int next_task(att_ctx *c, pf_cursor *pf, int total, int dealt, int *nh) {
+/* A thread's task after task i (i < 0: its first): the prefill counter's,
+ * a claimed run, or the deal's after the run of *nh heads from i. */
+static int next_task(att_ctx *c, pf_cursor *pf, int total, int i, int *nh) {
     if (c->dynamic) return take_task(c, total);
     if (pf->claim) return claimed_run(c, pf, total, nh);
-    return dealt;
+    return i < 0 ? pf->d->h0 : run_next(pf->d, i, *nh);
 }
 
 /* One task = one KV head and one chunk of consecutive tokens of a
@@ -617,8 +617,7 @@ static void att_task(void *p, int ith, int nth) {
     pf_cursor pf = {.task = deal.h0, .total = c->dynamic ? 0 : total, .d = &deal, .claim = c->parts ? c : NULL};
     if (pf.claim) claim_next(&pf);
     for (int k = 0; k < PF_ITEMS; k++) pf_step(c, &pf);
-    for (int i = next_task(c, &pf, total, deal.h0, &nh); i < total;
-         i = next_task(c, &pf, total, run_next(&deal, i, nh), &nh)) {
+    for (int i = next_task(c, &pf, total, -1, &nh); i < total; i = next_task(c, &pf, total, i, &nh)) {
         const att_where a = task_where(c, i);
         if (!pf.claim) nh = run_heads(c, &deal, i);
         if (nh > 1) {
