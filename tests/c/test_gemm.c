@@ -757,7 +757,8 @@ static void test_keep(void) {
         const size_t ws = tl_gemm_work_size(n), ldo = NR;
         uint8_t *w = malloc(rw * NR), *wp = malloc(rw * NR), *tmp = malloc(rw * G);
         uint8_t *x[2], *xp[2], *work = aligned_alloc(64, ws + 64);
-        float *src = malloc(sizeof(float) * n * NT * 2), *out = malloc(sizeof(float) * ldo * NT);
+        /* (+ NR: score_tile reads a whole ldo-wide row from out + r0) */
+        float *src = malloc(sizeof(float) * n * NT * 2), *out = malloc(sizeof(float) * (ldo * NT + NR));
         for (int r = 0; r < NR; r++) {
             for (int64_t i = 0; i < n; i++) src[i] = gauss();
             tl_quantize_row(type, src, w + rw * r, n);
@@ -781,7 +782,7 @@ static void test_keep(void) {
         tl_gemm_work_keep(work, 1);
         for (size_t c = 0; c < sizeof calls / sizeof calls[0]; c++) {
             const int k = calls[c][0], nt = calls[c][1], r0 = calls[c][2];
-            arm_tile(out, ldo * NT, work + ws);
+            arm_tile(out, ldo * NT + NR, work + ws);
             tl_packed_tile(type, G, 1, n, G, nt, out + r0, ldo, wp + rw * r0, rw, xp[k], xs, work);
             /* score_tile reads rows [0, G) of w from w + rw * r0 into columns r0.. */
             int b = 0, sp = 0;
