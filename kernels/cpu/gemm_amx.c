@@ -115,7 +115,6 @@ static inline AI TA void epilogue(int kind, const uint8_t *src, int64_t b, const
     }
 }
 
-/* Blocks b and b + 1 (b + 1 < nb) multiplied into tiles 0 and 1. */
 /* The weight stream's lines go to L2 PF_PACKED ahead, as load_packed asks
  * for them, and to L1 PF_L1 ahead: the B tile loads had waited on L2
  * (110M Q8_0, every matmul of a decode step at 16 tokens, interleaved
@@ -124,6 +123,7 @@ static inline AI TA void epilogue(int kind, const uint8_t *src, int64_t b, const
  * prefetch alone 1.09, no prefetch at all 1.44). */
 enum { PF_L1 = 4096 };
 
+/* Blocks b and b + 1 (b + 1 < nb) multiplied into tiles 0 and 1. */
 static inline AI TA void tiles2(int kind, const uint8_t *src, int pf, a_rows a, int64_t b) {
     if (pf)
         for (size_t k = 0; k < 2 * 16 * sizeof(block_q8_0); k += 64) {
@@ -227,6 +227,11 @@ static inline AI TA void copy_scales(int kind, int64_t nb, const uint8_t *x, siz
         }
 }
 
+/* Where a tile's scales copy starts in its copies at xa: after q8_0's quants. */
+static inline AI TA uint8_t *scales_at(int kind, int64_t nb, uint8_t *xa) {
+    return xa + (kind == Q_8_0 ? (size_t)nb * 512 : 0);
+}
+
 static tl_gemm_tile_fn vnni_pk[TL_TYPE_COUNT];
 
 /* The workspace: a keep_hdr (KEEP_ROOM bytes), the group unpacked for the
@@ -275,7 +280,7 @@ static inline AI TA void pass(int kind, int64_t nb, int nr, int M, int tiles, fl
         for (int i = 0; i < n_run && !held; i++) {
             uint8_t *xa = xa0 + (size_t)i * tile_a;
             if (kind == Q_8_0) copy_a(nb, xr + (size_t)i * M * ldx, ldx, M, xa);
-            copy_scales(kind, nb, xr + (size_t)i * M * ldx, ldx, M, xa + (kind == Q_8_0 ? (size_t)nb * 512 : 0));
+            copy_scales(kind, nb, xr + (size_t)i * M * ldx, ldx, M, scales_at(kind, nb, xa));
         }
         for (int r0 = 0; r0 < nr; r0 += 16) {
             const uint8_t *g = w + (size_t)r0 * ldw, *src = g;
@@ -289,7 +294,8 @@ static inline AI TA void pass(int kind, int64_t nb, int nr, int M, int tiles, fl
                 src = wk;
             }
             for (int i = 0; i < n_run; i++) {
-                const uint8_t *xa = xa0 + (size_t)i * tile_a, *sc = xa + (kind == Q_8_0 ? (size_t)nb * 512 : 0);
+                uint8_t *xa = xa0 + (size_t)i * tile_a;
+                const uint8_t *sc = scales_at(kind, nb, xa);
                 const a_rows a = {kind == Q_8_0 ? xa : xr + (size_t)i * M * ldx + 2, kind == Q_8_0 ? 32 : ldx,
                                   kind == Q_8_0 ? 512 : sizeof(block_q8_0), (const float *)(const void *)sc,
                                   (const int32_t *)(const void *)(sc + (size_t)nb * 64)};
