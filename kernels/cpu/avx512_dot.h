@@ -31,13 +31,13 @@ static inline AI T5 __m512 fold16(const __m512 v[16], int max) {
 #define OP(a, b) (max ? _mm512_max_ps(a, b) : _mm512_add_ps(a, b))
     const __m512i perm = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     __m512 c[8], d[4], e[2];
-    for (int p = 0; p < 8; p++) /* t3: lanes 0-7 row 2p, 8-15 row 2p+1 */
+    _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) /* t3: lanes 0-7 row 2p, 8-15 row 2p+1 */
         c[p] = OP(_mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                   _mm512_shuffle_f32x4(v[2 * p], v[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-    for (int p = 0; p < 4; p++) /* t6: 128-bit lane L = row 4p + L */
+    _Pragma("GCC unroll 4") for (int p = 0; p < 4; p++) /* t6: 128-bit lane L = row 4p + L */
         d[p] = OP(_mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(2, 0, 2, 0)),
                   _mm512_shuffle_f32x4(c[2 * p], c[2 * p + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-    for (int p = 0; p < 2; p++) /* t8: lane L = rows 8p + L (0, 1), 8p + 4 + L (2, 3) */
+    _Pragma("GCC unroll 2") for (int p = 0; p < 2; p++) /* t8: lane L = rows 8p + L (0, 1), 8p + 4 + L (2, 3) */
         e[p] = OP(_mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                   _mm512_shuffle_ps(d[2 * p], d[2 * p + 1], _MM_SHUFFLE(3, 2, 3, 2)));
     /* element 4L + m holds row 4m + L */

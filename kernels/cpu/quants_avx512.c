@@ -104,27 +104,45 @@ static inline AI T5 __m512 ld_row16_tail(int kind, __mmask16 m, const uint8_t *p
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* One 16-element step of mk_float's R x C accumulators. */
+static inline AI T5 void float_step(int kind, int R, int C, int64_t i, __m512 acc[8][4], const uint8_t *w, size_t ldw,
+                                    const uint8_t *x, size_t ldx) {
+    __m512 xv[4];
+    UNROLL8 for (int c = 0; c < C; c++) xv[c] = _mm512_loadu_ps((const float *)(x + c * ldx) + i);
+    UNROLL8 for (int r = 0; r < R; r++) {
+        const __m512 wv = ld_row16(kind, w + r * ldw, i);
+        UNROLL8 for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(wv, xv[c], acc[r][c]);
+    }
+}
+
 static inline AI T5 void mk_float(int kind, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
                                   size_t ldw, const uint8_t *x, size_t ldx) {
     const int64_t es = kind == W_F32 ? 4 : 2;
     __m512 acc[8][4];
     UNROLL8 for (int r = 0; r < R; r++) UNROLL8 for (int c = 0; c < C; c++) acc[r][c] = _mm512_setzero_ps();
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        if (pf && R > 1) UNROLL8 for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + (kind == W_F32 ? PF_FLOAT : PF_QUANT) + (R * i + 16 * r) * es), _MM_HINT_T0);
-        /* a decoding f32 row (a line a step) also asks 4 KiB ahead into L2:
-         * 110M F32, one thread, interleaved, 54-57 -> 61-70 tok/s; the
-         * same for f16 rows (half a line a step) was 122-130 -> 92-100 on
-         * Zen 4, but on Intel (row16_prefetch) it is what keeps the stream
-         * going: 65536 x 768 f16 rows, one thread, 6.0-7.4 -> 11.4-14.3
-         * GB/s on an Emerald Rapids VM (STREAM-like loop 10.6-13.2) */
-        if (R == 1 && (kind == W_F32 || row16_prefetch)) _mm_prefetch((const char *)(w + 4096 + i * es), _MM_HINT_T1);
-        __m512 xv[4];
-        UNROLL8 for (int c = 0; c < C; c++) xv[c] = _mm512_loadu_ps((const float *)(x + c * ldx) + i);
-        UNROLL8 for (int r = 0; r < R; r++) {
-            const __m512 wv = ld_row16(kind, w + r * ldw, i);
-            UNROLL8 for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(wv, xv[c], acc[r][c]);
+    /* a decoding f32 row (a line a step) also asks 4 KiB ahead into L2:
+     * 110M F32, one thread, interleaved, 54-57 -> 61-70 tok/s; the
+     * same for f16 rows (half a line a step) was 122-130 -> 92-100 on
+     * Zen 4, but on Intel (row16_prefetch) it is what keeps the stream
+     * going: 65536 x 768 f16 rows, one thread, 6.0-7.4 -> 11.4-14.3
+     * GB/s on an Emerald Rapids VM (STREAM-like loop 10.6-13.2) */
+    const int pf_rows = pf && R > 1, pf_row = R == 1 && (kind == W_F32 || row16_prefetch);
+    if (pf_rows || pf_row) {
+        for (; i + 16 <= n; i += 16) {
+            if (pf_rows) UNROLL8 for (int r = 0; r < R; r++) _mm_prefetch((const char *)(w + (kind == W_F32 ? PF_FLOAT : PF_QUANT) + (R * i + 16 * r) * es), _MM_HINT_T0);
+            if (pf_row) _mm_prefetch((const char *)(w + 4096 + i * es), _MM_HINT_T1);
+            float_step(kind, R, C, i, acc, w, ldw, x, ldx);
         }
+    } else {
+        /* the token groups after a row group's first (no prefetches) two
+         * steps a loop turn: the loop's own branches and adds had shared the
+         * FMA ports at one turn per 16 FMAs */
+        for (; i + 32 <= n; i += 32) {
+            float_step(kind, R, C, i, acc, w, ldw, x, ldx);
+            float_step(kind, R, C, i + 16, acc, w, ldw, x, ldx);
+        }
+        for (; i + 16 <= n; i += 16) float_step(kind, R, C, i, acc, w, ldw, x, ldx);
     }
     if (i < n) {
         const __mmask16 m = tail_mask(n - i);
