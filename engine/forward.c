@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "forward_impl.h"
 #include "forward_ops.h"
@@ -157,6 +158,7 @@ typedef struct {
     int T;
     int gemm;          /* xq holds tl_gemm_prepare rows; tiles go through tl_gemm_tile */
     int bf16;          /* xq holds BF16 rows; tiles go through tl_bf16dot_tile (repack "bf16") */
+    int chunk;         /* tokens a pass over the rows (mm_chunk) */
     uint8_t *work;     /* gemm: thread i's workspace at work + i * work_stride */
     size_t work_stride;
     atomic_int next_piece; /* prefill: the next row piece to take (mm_task) */
@@ -207,11 +209,36 @@ static void mm_piece(const mm_ctx *c, int ith, int64_t k, int64_t n, int chunk) 
 /* MM_PIECES: row pieces a thread, taken in turn by whichever thread is free. */
 enum { PIECES_A_THREAD = 4 };
 
+/* The activations a chunk may hold when they are the f32 rows themselves
+ * (float weights): half the core's L2 (sysconf; 192 KiB where it is not
+ * known), at most 2 MiB. The float weights are the largest (110M F32: 340
+ * MB, beyond the L3 here) and are re-read per chunk: 2 MiB L2 (Emerald
+ * Rapids VM), 110M F32 prefill(512) one thread, interleaved pairs, 1 MiB
+ * chunks against 192 KiB 1.078 of the tokens/s (8 pairs) and 1.105 (6),
+ * two threads 1.05, F16 1.02; Q8_0 with it (its prepared rows) 0.99, so
+ * the quantized kinds keep 192 KiB. */
+static size_t float_chunk_bytes(void) {
+    static _Atomic long bytes; /* every thread computes the same value */
+    long b = atomic_load_explicit(&bytes, memory_order_relaxed);
+    if (!b) {
+#ifdef _SC_LEVEL2_CACHE_SIZE
+        long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+#else
+        long l2 = 0;
+#endif
+        b = l2 > 0 ? l2 / 2 : 0;
+        b = b < 192 * 1024 ? 192 * 1024 : b > 2048 * 1024 ? 2048 * 1024 : b;
+        atomic_store_explicit(&bytes, b, memory_order_relaxed);
+    }
+    return (size_t)b;
+}
+
 /* Tokens go in chunks whose activations stay in L2 while every row tile
  * passes over them (a whole long prompt would be re-read from L3 for each
  * tile); weights are re-read per chunk. */
 static int mm_chunk(const mm_ctx *c) {
-    int chunk = (int)((192 * 1024) / c->xq_stride);
+    const int float_x = !c->gemm && !c->bf16 && tl_type_info(c->w->type)->vec_dot_type == TL_TYPE_F32;
+    int chunk = (int)((float_x ? float_chunk_bytes() : 192 * 1024) / c->xq_stride);
     return chunk < 16 ? 16 : chunk / 16 * 16; /* whole 16-token AMX tiles */
 }
 
@@ -271,7 +298,7 @@ static void mm_steal(mm_ctx *c, int ith, int nth, int chunk) {
 enum { MM_FIXED, MM_PIECES, MM_STEAL };
 static int mm_deal(const mm_ctx *c, int nth) {
     const int64_t tiles = mm_tile_count(c->w);
-    const int chunk = mm_chunk(c);
+    const int chunk = c->chunk;
     if (nth == 1) return MM_FIXED;
     if (c->T > chunk) return tiles < (int64_t)PIECES_A_THREAD * nth ? MM_FIXED : MM_PIECES;
     return nth <= MM_MAX_THREADS && c->T >= MM_STEAL_TOKENS && tiles >= 2 * nth ? MM_STEAL : MM_FIXED;
@@ -279,7 +306,7 @@ static int mm_deal(const mm_ctx *c, int nth) {
 
 static void mm_task(void *p, int ith, int nth) {
     mm_ctx *c = p;
-    const int chunk = mm_chunk(c);
+    const int chunk = c->chunk;
     const int64_t pieces = (int64_t)PIECES_A_THREAD * nth;
     /* the thread's calls all read c->xq, unchanged until the run ends */
     const int keep = c->gemm && c->w->packed;
@@ -376,6 +403,7 @@ void tl_fwd_matmul_after(tl_model *m, float *out, const tl_weight *w, const floa
     int tasks = work < 64 * 1024 ? 1 : tl_threadpool_size(m->tp);
     /* tasks is the pool's size or 1: the threads the run uses */
     const int64_t tiles = mm_tile_count(w);
+    c.chunk = mm_chunk(&c);
     if ((c.deal = mm_deal(&c, tasks)) == MM_STEAL)
         for (int i = 0; i < tasks; i++)
             atomic_init(&c.span[i], (uint64_t)(tiles * i / tasks) << 32 | (uint64_t)(tiles * (i + 1) / tasks));

@@ -397,8 +397,9 @@ static void test_forward(void) {
     }
 }
 
-/* Prefill past one activation chunk (192 KiB of prepared rows: 48 f32
- * tokens of 1024, ~140 q8_0 ones), where mm_task deals row pieces to
+/* Prefill past one activation chunk (q8_0: 192 KiB of prepared rows,
+ * ~140 tokens of 1024; f32 rows: half the L2, at most 2 MiB, 512 tokens of
+ * 1024, so the f32 case prefills 600 on any machine), where mm_task deals row pieces to
  * whichever thread is free, and attention tasks (query chunk x KV head)
  * go the same way: the logits do not depend on the threads. With 2 KV
  * heads of 4 query heads each (the widened-rows path), and in store-h
@@ -410,7 +411,7 @@ static void test_pieces(void) {
     static const struct {
         int type, n_tok, n_head_kv;
         const char *kv_mode;
-    } cases[] = {{TL_TYPE_F32, 64, 8, NULL}, {TL_TYPE_Q8_0, 160, 8, NULL}, {TL_TYPE_Q8_0, 160, 2, NULL},
+    } cases[] = {{TL_TYPE_F32, 600, 8, NULL}, {TL_TYPE_Q8_0, 160, 8, NULL}, {TL_TYPE_Q8_0, 160, 2, NULL},
                  {TL_TYPE_F32, 64, 2, "h:f16"}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         tm_spec sp = tm_default_spec();
@@ -420,7 +421,7 @@ static void test_pieces(void) {
         sp.n_layer = 1;
         sp.n_head = 8;
         sp.n_head_kv = cases[ci].n_head_kv;
-        sp.n_ctx = 256;
+        sp.n_ctx = 1024;
         char path[128];
         snprintf(path, sizeof path, "/tmp/tl_pieces_%d_%zu.gguf", (int)getpid(), ci);
         if (tm_write(&sp, path)) {
@@ -428,7 +429,7 @@ static void test_pieces(void) {
             continue;
         }
         const int n_tok = cases[ci].n_tok;
-        int32_t prompt[160];
+        int32_t prompt[600];
         for (int i = 0; i < n_tok; i++) prompt[i] = (int32_t)((i * 89 + 7) % sp.n_vocab);
         float *logits[3] = {0}, *dec[3] = {0};
         int ok = 1;
@@ -445,6 +446,14 @@ static void test_pieces(void) {
             ok = ok && logits[nth - 1] && dec[nth - 1] && tl_model_open(path, mp, &m) == TL_OK;
             for (int i = 0; ok && i < 8; i++) ok = tl_seq_new(m, 0, &s[i]) == TL_OK;
             ok = ok && forward(m, s, p, n, 2, logits[nth - 1]) == TL_OK;
+            if (ok && nth == 1) { /* and the chunks' sums are the single token's */
+                float *one = malloc(sizeof(float) * sp.n_vocab);
+                const int same = one && step_by_step(m, prompt, n_tok, one) &&
+                                 !memcmp(one, logits[0], sizeof(float) * sp.n_vocab);
+                CHECK(same, "pieces %s, %d KV heads: the %d-token prefill gives bitwise the logits of one token at a time",
+                      tl_type_info(cases[ci].type)->name, sp.n_head_kv, n_tok);
+                free(one);
+            }
             /* then six short prompts, and decode steps of the eight
              * sequences together (a chunk of 8 tokens: mm_steal's shares),
              * then of the first alone */
