@@ -235,9 +235,9 @@ static size_t float_chunk_bytes(void) {
 
 /* Tokens go in chunks whose activations stay in L2 while every row tile
  * passes over them (a whole long prompt would be re-read from L3 for each
- * tile); weights are re-read per chunk. */
-static int mm_chunk(const mm_ctx *c) {
-    const int float_x = !c->gemm && !c->bf16 && tl_type_info(c->w->type)->vec_dot_type == TL_TYPE_F32;
+ * tile); weights are re-read per chunk. float_x: the activations are the
+ * f32 rows themselves (PREP_NONE). */
+static int mm_chunk(const mm_ctx *c, int float_x) {
     int chunk = (int)((float_x ? float_chunk_bytes() : 192 * 1024) / c->xq_stride);
     return chunk < 16 ? 16 : chunk / 16 * 16; /* whole 16-token AMX tiles */
 }
@@ -403,7 +403,7 @@ void tl_fwd_matmul_after(tl_model *m, float *out, const tl_weight *w, const floa
     int tasks = work < 64 * 1024 ? 1 : tl_threadpool_size(m->tp);
     /* tasks is the pool's size or 1: the threads the run uses */
     const int64_t tiles = mm_tile_count(w);
-    c.chunk = mm_chunk(&c);
+    c.chunk = mm_chunk(&c, kind == PREP_NONE);
     if ((c.deal = mm_deal(&c, tasks)) == MM_STEAL)
         for (int i = 0; i < tasks; i++)
             atomic_init(&c.span[i], (uint64_t)(tiles * i / tasks) << 32 | (uint64_t)(tiles * (i + 1) / tasks));

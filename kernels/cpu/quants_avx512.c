@@ -153,28 +153,17 @@ static inline AI T5 void mk_float(int kind, int R, int C, int pf, int64_t n, flo
             UNROLL8 for (int c = 0; c < C; c++) acc[r][c] = _mm512_fmadd_ps(wv, xv[c], acc[r][c]);
         }
     }
-    if (R == 4 && C == 4) {
-        /* the 16 sums as one transposing tree (fold16: reduce_add_ps's
-         * pairing in every lane, so bitwise the same), lane 4c + r */
-        __m512 v[16];
-        UNROLL16 for (int k = 0; k < 16; k++) v[k] = acc[k % 4][k / 4];
-        const __m512 f = fold16(v, 0);
-        _mm_storeu_ps(out, _mm512_extractf32x4_ps(f, 0));
-        _mm_storeu_ps(out + ldo, _mm512_extractf32x4_ps(f, 1));
-        _mm_storeu_ps(out + 2 * ldo, _mm512_extractf32x4_ps(f, 2));
-        _mm_storeu_ps(out + 3 * ldo, _mm512_extractf32x4_ps(f, 3));
-        return;
-    }
-    if (R == 8 && C == 3) {
-        __m512 v[16], u[16];
-        UNROLL16 for (int k = 0; k < 16; k++) {
-            v[k] = acc[k % 8][k / 8];
-            u[k] = k < 8 ? acc[k][2] : _mm512_setzero_ps(); /* pad rows: each lane sums its own vector */
-        }
-        const __m512 f = fold16(v, 0), g = fold16(u, 0);
-        _mm256_storeu_ps(out, _mm512_castps512_ps256(f));
-        _mm256_storeu_ps(out + ldo, _mm512_extractf32x8_ps(f, 1));
-        _mm256_storeu_ps(out + 2 * ldo, _mm512_castps512_ps256(g));
+    if (R * C == 16 || R * C == 24) {
+        /* the prefill shapes' sums as one or two transposing trees (fold16:
+         * reduce_add_ps's pairing in every lane, so bitwise the same), entry
+         * (r, c) in lane R * c + r; rows past R * C pad the second tree
+         * (each lane sums its own vector) */
+        __m512 v[32];
+        _Alignas(64) float sums[32];
+        _Pragma("GCC unroll 32") for (int k = 0; k < 32; k++) v[k] = k < R * C ? acc[k % R][k / R] : _mm512_setzero_ps();
+        _mm512_store_ps(sums, fold16(v, 0));
+        if (R * C > 16) _mm512_store_ps(sums + 16, fold16(v + 16, 0));
+        UNROLL8 for (int c = 0; c < C; c++) memcpy(out + c * ldo, sums + R * c, (size_t)R * sizeof(float));
         return;
     }
     UNROLL8 for (int r = 0; r < R; r++) UNROLL8 for (int c = 0; c < C; c++) out[c * ldo + r] = _mm512_reduce_add_ps(acc[r][c]);
