@@ -47,7 +47,7 @@ static inline AI TX void configure(int R, int N) {
     c.colsb[0] = c.colsb[1] = c.colsb[3] = c.colsb[4] = (uint16_t)(4 * N);
     c.colsb[2] = c.colsb[5] = 64;
     c.rows[3] = c.rows[4] = 16;
-    _tile_loadconfig(&c);
+    tl_tile_loadconfig(&c);
 }
 
 /* 16 x 16 dwords: row i of v to column i (v[i] lane j -> v[j] lane i). */
@@ -120,9 +120,11 @@ static inline AI TX void rows_tiles(int64_t n, int R, int pf, const uint8_t *w, 
         }
     }
     _tile_stored(0, cs[0], 64);
+    TL_TILE_FENCE();
     put(cs[0], R, N0, out, ldo);
     if (N1) {
         _tile_stored(1, cs[1], 64);
+        TL_TILE_FENCE();
         put(cs[1], R, N1, out + (size_t)N0 * ldo, ldo);
     }
 }
@@ -147,6 +149,7 @@ static inline AI TX void rows32_tok1(int64_t n, const uint8_t *w, size_t ldw, co
     }
     _tile_stored(0, cs[0], 64);
     _tile_stored(1, cs[1], 64);
+    TL_TILE_FENCE();
     put(cs[0], 16, 1, out, 0);
     put(cs[1], 16, 1, out + 16, 0);
 }
@@ -181,6 +184,7 @@ static TX void bf16_amx(int64_t n, int nr, int nt, float *out, size_t ldo, const
             const int N = np - 16 * j < 16 ? np - 16 * j : 16;
             arrange(n, N, X + (size_t)(p0 + 16 * j) * ldx, ldx, b + (size_t)j * tile_bytes);
         }
+        TL_TILE_FENCE(); /* the arranged tokens before the tile loads that read them */
         for (int r0 = 0; r0 < nr; r0 += 16) {
             const int R = nr - r0 < 16 ? nr - r0 : 16;
             for (int j = 0; j < ntiles;) {

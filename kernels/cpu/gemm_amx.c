@@ -70,7 +70,7 @@ static inline AI TA void configure(int M) {
         c.rows[t] = (uint8_t)(t >= 4 ? 8 : M);
         c.colsb[t] = t == 2 || t == 3 ? 32 : 64;
     }
-    _tile_loadconfig(&c);
+    tl_tile_loadconfig(&c);
 }
 
 /* Block b's B tile and scales: in the packed group itself (q8_0) or in
@@ -149,6 +149,7 @@ static inline AI TA void tiles2(int kind, const uint8_t *src, int pf, a_rows a, 
 static inline AI TA void stores2(int32_t cs[2][256]) {
     _tile_stored(0, cs[0], 64);
     _tile_stored(1, cs[1], 64);
+    TL_TILE_FENCE();
 }
 
 /* Where the C tiles of the next two blocks are stored: before the sums of
@@ -186,6 +187,7 @@ static inline AI TA void tile16(int kind, int64_t nb, const uint8_t *src, int pf
         if (kind == Q_8_0) _tile_dpbssd(0, 2, 4);
         else _tile_dpbsud(0, 2, 4);
         _tile_stored(0, cs[0][0], 64);
+        TL_TILE_FENCE();
         epilogue(kind, src, b, cs[0][0], a, M, acc);
     }
     UNROLL16 for (int m = 0; m < 16; m++)
@@ -282,6 +284,7 @@ static inline AI TA void pass(int kind, int64_t nb, int nr, int M, int tiles, fl
             if (kind == Q_8_0) copy_a(nb, xr + (size_t)i * M * ldx, ldx, M, xa);
             copy_scales(kind, nb, xr + (size_t)i * M * ldx, ldx, M, scales_at(kind, nb, xa));
         }
+        TL_TILE_FENCE(); /* the copies before the tile loads that read them */
         for (int r0 = 0; r0 < nr; r0 += 16) {
             const uint8_t *g = w + (size_t)r0 * ldw, *src = g;
             if (kind != Q_8_0) {
@@ -291,6 +294,7 @@ static inline AI TA void pass(int kind, int64_t nb, int nr, int M, int tiles, fl
                     load_packed(kind, g, b, q, &dw, &dm, 1);
                     store_block(kind, wk, b, q, dw, dm);
                 }
+                TL_TILE_FENCE();
                 src = wk;
             }
             for (int i = 0; i < n_run; i++) {
