@@ -54,6 +54,10 @@ void tl_fwd_matmul(tl_model *m, float *out, const tl_weight *w, const float *x, 
 /* The same, right after the matmul of prev on the same, unchanged x: its
  * prepared activations are reused where w's would be the same bytes. */
 void tl_fwd_matmul_after(tl_model *m, float *out, const tl_weight *w, const float *x, int T, const tl_weight *prev);
+/* outs[i] (T, ws[i]->n_out) = x . ws[i]^T, i < n, for weights of one
+ * input width: those that read the same prepared activations as one run
+ * (the threads share out all their rows at once), the rest in turn. */
+void tl_fwd_matmul_multi(tl_model *m, int n, float *const *outs, const tl_weight *const *ws, const float *x, int T);
 void tl_fwd_add_bias(float *x, const float *b, int T, int n);
 
 /* attention.c: token t's new K/V rows into its block; q/k norm and

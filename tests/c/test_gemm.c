@@ -25,6 +25,11 @@
  *            the logits of feeding it one token at a time (attention
  *            query chunks, token chunks of the matmuls, tile shapes), and
  *            two sequences prefilled together give what each gives alone.
+ *   multi    tl_fwd_matmul_multi (a layer's Q, K, V in one run of the
+ *            threads) gives bitwise what one matmul per weight gives, for
+ *            1..37 tokens on 1 and 2 threads, also when the weights cannot
+ *            share a run (another type, packed or not): those run in
+ *            turn, each with its own prepared activations.
  *   pieces   a prefill of more tokens than one activation chunk (f32, q8_0
  *            models of width 1024), where the threads take the matmuls'
  *            rows in pieces as they finish: the logits are bitwise the
@@ -44,6 +49,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "forward_impl.h"
 #include "quants.h"
 #include "test.h"
 #include "testmodel.h"
@@ -395,6 +401,70 @@ static void test_forward(void) {
         free(all); free(step); free(alone);
         tl_model_close(m);
     }
+}
+
+/* One run for several weights against one matmul each (see the header). */
+static void test_multi(void) {
+    /* q8_0; its f32 twin; the same shapes in q4_0, whose prepared
+     * activations differ from q8_0's (the offset correction) */
+    tm_spec sp[3] = {tm_default_spec(), tm_default_spec(), tm_default_spec()};
+    sp[0].type = sp[1].type = TL_TYPE_Q8_0;
+    sp[1].twin_f32 = 1;
+    sp[2].type = TL_TYPE_Q4_0;
+    char path[3][128];
+    int written = 1;
+    for (int i = 0; i < 3; i++) {
+        sp[i].seed = 21;
+        snprintf(path[i], sizeof path[i], "/tmp/tl_multi_%d_%d.gguf", (int)getpid(), i);
+        written = written && !tm_write(&sp[i], path[i]);
+    }
+    CHECK(written, "multi: the synthetic models are written");
+    for (int nth = 1; written && nth <= 2; nth++) {
+        tl_model_params mp = tl_model_default_params();
+        mp.n_threads = nth;
+        tl_model *m[3] = {0};
+        int open = 1;
+        for (int i = 0; i < 3; i++) open = open && tl_model_open(path[i], mp, &m[i]) == TL_OK;
+        CHECK(open, "multi: the q8_0, f32 and q4_0 models open (%s)", open ? "" : tl_last_error());
+        if (!open) {
+            for (int i = 0; i < 3; i++) tl_model_close(m[i]);
+            continue;
+        }
+        enum { TMAX = 37 };
+        const int n = m[0]->hp.n_embd;
+        float *x = malloc(sizeof(float) * TMAX * n), *one[3], *run[3];
+        for (int i = 0; i < TMAX * n; i++) x[i] = gauss();
+        for (int k = 0; k < 3; k++) {
+            one[k] = malloc(sizeof(float) * TMAX * n);
+            run[k] = malloc(sizeof(float) * TMAX * n);
+        }
+        const tl_layer *q8 = &m[0]->layers[1], *f32 = &m[1]->layers[1], *q4 = &m[2]->layers[1];
+        /* one run; then weights that cannot share one (f32 rows; q4_0's
+         * own prepared activations), each after the other */
+        const tl_weight *sets[3][3] = {{&q8->wq, &q8->wk, &q8->wv}, {&q8->wq, &f32->wk, &q8->wv}, {&q8->wq, &q4->wk, &q8->wv}};
+        static const int toks[] = {1, 2, 3, 9, 16, 17, 37};
+        int ok = 1;
+        for (int set = 0; set < 3; set++)
+            for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
+                const int T = toks[ti];
+                for (int k = 0; k < 3; k++) {
+                    tl_fwd_matmul(m[0], one[k], sets[set][k], x, T);
+                    memset(run[k], 0xff, sizeof(float) * TMAX * n);
+                }
+                tl_fwd_matmul_multi(m[0], 3, run, sets[set], x, T);
+                for (int k = 0; k < 3; k++)
+                    ok = ok && !memcmp(one[k], run[k], sizeof(float) * (size_t)T * (size_t)sets[set][k]->n_out);
+            }
+        CHECK(ok, "multi: Q, K, V in one run (and weights that cannot share one) give bitwise one matmul each, "
+                  "1..37 tokens, %d thread(s)", nth);
+        for (int k = 0; k < 3; k++) {
+            free(one[k]);
+            free(run[k]);
+        }
+        free(x);
+        for (int i = 0; i < 3; i++) tl_model_close(m[i]);
+    }
+    for (int i = 0; i < 3; i++) unlink(path[i]);
 }
 
 /* Prefill past one activation chunk (q8_0: 192 KiB of prepared rows,
@@ -847,6 +917,7 @@ int main(void) {
     test_keep();
     test_gemm_k_extremes();
     test_forward();
+    test_multi();
     test_pieces();
     test_glu("gelu", tl_gelu_tanh_mul);
     test_glu("silu", tl_silu_mul);
