@@ -359,9 +359,15 @@ typedef struct {
     int T;
 } quant_ctx;
 
+/* Thread ith takes the same contiguous share of the tokens as tok_task,
+ * which wrote the rows it reads (the normed inputs) on that core; dealt
+ * every nth token, half the rows came from the other core's cache. 110M
+ * Q8_0, two threads, in one process alternating step by step: a
+ * 16-sequence decode step 0.975-0.98 of the time, prefill(512) 0.96. */
 static void quant_task(void *p, int ith, int nth) {
     const quant_ctx *c = p;
-    for (int t = ith; t < c->T; t += nth) {
+    const int t0 = (int)((int64_t)c->T * ith / nth), t1 = (int)((int64_t)c->T * (ith + 1) / nth);
+    for (int t = t0; t < t1; t++) {
         const float *x = c->x + (size_t)t * c->n;
         if (c->gemm)
             tl_gemm_prepare(c->type, x, c->xq + (size_t)t * c->stride, c->n);
