@@ -236,6 +236,7 @@ static void mm_piece(const mm_ctx *c, int ith, int64_t k, int64_t n, int chunk) 
  * parts' rows did not: 110M F32 prefill(512), two threads, 1.02-1.05x the
  * time of one matmul per part.) */
 enum { PIECES_A_THREAD = 4 };
+static int64_t mm_pieces(const mm_ctx *c, int nth) { return (int64_t)PIECES_A_THREAD * nth * c->n_parts; }
 
 /* The activations a chunk may hold when they are the f32 rows themselves
  * (float weights): half the core's L2 (sysconf; 192 KiB where it is not
@@ -328,14 +329,14 @@ static int mm_deal(const mm_ctx *c, int nth) {
     const int64_t tiles = c->tiles;
     const int chunk = c->chunk;
     if (nth == 1) return MM_FIXED;
-    if (c->T > chunk) return tiles < (int64_t)PIECES_A_THREAD * nth * c->n_parts ? MM_FIXED : MM_PIECES;
+    if (c->T > chunk) return tiles < mm_pieces(c, nth) ? MM_FIXED : MM_PIECES;
     return nth <= MM_MAX_THREADS && c->T >= MM_STEAL_TOKENS && tiles >= 2 * nth ? MM_STEAL : MM_FIXED;
 }
 
 static void mm_task(void *p, int ith, int nth) {
     mm_ctx *c = p;
     const int chunk = c->chunk;
-    const int64_t pieces = (int64_t)PIECES_A_THREAD * nth * c->n_parts;
+    const int64_t pieces = mm_pieces(c, nth);
     /* the thread's calls all read c->xq, unchanged until the run ends */
     const int keep = c->gemm && c->part[0].w->packed;
     if (keep) tl_gemm_work_keep(c->work + (size_t)ith * c->work_stride, 1);
@@ -359,14 +360,21 @@ typedef struct {
     int T;
 } quant_ctx;
 
-/* Thread ith takes the same contiguous share of the tokens as tok_task,
- * which wrote the rows it reads (the normed inputs) on that core; dealt
- * every nth token, half the rows came from the other core's cache. 110M
- * Q8_0, two threads, in one process alternating step by step: a
- * 16-sequence decode step 0.975-0.98 of the time, prefill(512) 0.96. */
+/* Thread ith's contiguous share [*t0, *t1) of T tokens: tok_task's and
+ * quant_task's, the same so that the rows quant_task reads (the normed
+ * inputs tok_task wrote) are on its own core; dealt every nth token, half
+ * came from the other core's cache. 110M Q8_0, two threads, in one process
+ * alternating step by step: a 16-sequence decode step 0.975-0.98 of the
+ * time, prefill(512) 0.96. */
+static void token_share(int T, int ith, int nth, int *t0, int *t1) {
+    *t0 = (int)((int64_t)T * ith / nth);
+    *t1 = (int)((int64_t)T * (ith + 1) / nth);
+}
+
 static void quant_task(void *p, int ith, int nth) {
     const quant_ctx *c = p;
-    const int t0 = (int)((int64_t)c->T * ith / nth), t1 = (int)((int64_t)c->T * (ith + 1) / nth);
+    int t0, t1;
+    token_share(c->T, ith, nth, &t0, &t1);
     for (int t = t0; t < t1; t++) {
         const float *x = c->x + (size_t)t * c->n;
         if (c->gemm)
@@ -513,7 +521,8 @@ static void tok_task(void *p, int ith, int nth) {
     const tl_layer *ly = c->ly;
     tl_scratch *s = m->scratch;
     int D = hp->n_embd, q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
-    int t0 = (int)((int64_t)c->T * ith / nth), t1 = (int)((int64_t)c->T * (ith + 1) / nth);
+    int t0, t1;
+    token_share(c->T, ith, nth, &t0, &t1);
     for (int t = t0; t < t1; t++) {
         float *x = s->x + (size_t)t * D, *xb = s->xb + (size_t)t * D, *o = s->o + (size_t)t * D;
         switch (c->step) {
