@@ -90,26 +90,6 @@ static inline AI T2 __m256i block_partials(int kind, __m256i q, __m256i y, __m25
     return _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q, y), base), ones);
 }
 
-/* 8 vectors of partials -> lane r = the sum of p[r]'s lanes. */
-static inline AI T2 __m256i sum8(const __m256i p[8]) {
-    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
-}
-
-/* The 8 rows' block scales (the first 2 bytes of each block) as floats,
- * inserted one by one: 8 2-byte stores read back as one 16-byte load would
- * miss store forwarding, once per block in the decode path. */
-static inline AI T2 __m256 row_scales(const uint8_t *wb, const size_t *roffs) {
-    uint16_t dh;
-    memcpy(&dh, wb + roffs[0], 2);
-    __m128i d = _mm_cvtsi32_si128(dh);
-#define INS(R) memcpy(&dh, wb + roffs[R], 2); d = _mm_insert_epi16(d, dh, R);
-    INS(1) INS(2) INS(3) INS(4) INS(5) INS(6) INS(7)
-#undef INS
-    return _mm256_cvtph_ps(d);
-}
-
 /* fma(isum, dw * dy, s), lane by lane, as the reference sums a block;
  * with a min (q4_1, q5_1) a second FMA, of dm and sy. */
 static inline AI T2 __m256 scale_add(int kind, __m256 s, __m256i isum, __m256 dw, float dy, __m256 dm, float sy) {
@@ -120,16 +100,6 @@ static inline AI T2 __m256 scale_add(int kind, __m256 s, __m256i isum, __m256 dw
 /* (float)sum(y) * d_y: the min's factor (q4_1, q5_1). */
 static inline AI T2 float sum_y(__m256i yv, float dy) {
     return (float)hsum_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), yv), _mm256_set1_epi16(1))) * dy;
-}
-
-/* Stores the first nr lanes of v to out. */
-static inline AI T2 void store_rows(float *out, __m256 v, int nr) {
-    if (nr == 8) {
-        _mm256_storeu_ps(out, v);
-        return;
-    }
-    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    _mm256_maskstore_ps(out, _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), idx), v);
 }
 
 /* One token (a q8_0 row y, raw or the prefix of a prepared row) against 8
@@ -149,35 +119,22 @@ static inline AI T2 void mk_direct(int kind, int64_t nb, const uint8_t *w, const
         __m256i p[8];
         UNROLL for (int r = 0; r < 8; r++) p[r] = block_partials(kind, unpack_block(kind, wb + roffs[r]), yv, base);
         const float dy = f16(y[b].d);
-        const __m256 dm = has_min(kind) ? row_scales(wb + 2, roffs) : _mm256_setzero_ps();
-        acc = scale_add(kind, acc, sum8(p), row_scales(wb, roffs), dy, dm, has_min(kind) ? sum_y(yv, dy) : 0);
+        const __m256 dm = has_min(kind) ? tl_row_f16x8(wb + 2, roffs) : _mm256_setzero_ps();
+        acc = scale_add(kind, acc, tl_sum8_epi32(p), tl_row_f16x8(wb, roffs), dy, dm, has_min(kind) ? sum_y(yv, dy) : 0);
     }
-    store_rows(out, acc, nr);
+    tl_store_rows8(out, acc, nr);
 }
 
 /* Block b of 8 rows transposed into g (GROUP_BYTES): q[k] lane r = bytes
  * 4k..4k+3 of row r, then the 8 scales as floats. */
 static inline AI T2 void transpose_block(int kind, const uint8_t *w, const size_t *roffs, int64_t b, uint8_t *g) {
     const uint8_t *wb = w + (size_t)b * bw_of(kind);
-    __m256i z[8], t[8], u[8];
+    __m256i z[8];
     UNROLL for (int r = 0; r < 8; r++) z[r] = unpack_block(kind, wb + roffs[r]);
-    UNROLL for (int r = 0; r < 8; r += 2) {
-        t[r] = _mm256_unpacklo_epi32(z[r], z[r + 1]);     /* r.0 r+1.0 r.1 r+1.1 | .4 .5 */
-        t[r + 1] = _mm256_unpackhi_epi32(z[r], z[r + 1]); /* .2 .3 | .6 .7 */
-    }
-    UNROLL for (int h = 0; h < 8; h += 4) {
-        u[h + 0] = _mm256_unpacklo_epi64(t[h + 0], t[h + 2]); /* rows h..h+3 of dword 0 | 4 */
-        u[h + 1] = _mm256_unpackhi_epi64(t[h + 0], t[h + 2]); /* 1 | 5 */
-        u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]); /* 2 | 6 */
-        u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]); /* 3 | 7 */
-    }
+    tl_tr8x8(z, (__m256i *)g);
     __m256i *q = (__m256i *)g;
-    UNROLL for (int j = 0; j < 4; j++) {
-        _mm256_store_si256(q + j, _mm256_permute2x128_si256(u[j], u[j + 4], 0x20));
-        _mm256_store_si256(q + j + 4, _mm256_permute2x128_si256(u[j], u[j + 4], 0x31));
-    }
-    _mm256_store_ps((float *)(q + 8), row_scales(wb, roffs));
-    if (has_min(kind)) _mm256_store_ps((float *)(q + 9), row_scales(wb + 2, roffs));
+    _mm256_store_ps((float *)(q + 8), tl_row_f16x8(wb, roffs));
+    if (has_min(kind)) _mm256_store_ps((float *)(q + 9), tl_row_f16x8(wb + 2, roffs));
 }
 
 /* q[k] of a packed block g (pack.c): q8_0 32 bytes per k; the others
@@ -246,7 +203,7 @@ static inline AI T2 void mk(int kind, int p8, int C, int64_t nb, const uint8_t *
             acc[c] = scale_add(kind, acc[c], isum, dw, ((const float *)(x + c * ldx + dyo))[b], dm, sy);
         }
     }
-    UNROLL for (int c = 0; c < C; c++) store_rows(out + c * ldo, acc[c], nr);
+    UNROLL for (int c = 0; c < C; c++) tl_store_rows8(out + c * ldo, acc[c], nr);
 }
 
 static inline AI T2 void mk_any(int kind, int p8, int C, int64_t nb, const uint8_t *wk, const uint8_t *x, size_t ldx,
@@ -268,14 +225,6 @@ static inline AI T2 void mk_tokens(int kind, int p8, int nt, int64_t nb, const u
     if (t < nt) mk_any(kind, p8, nt - t, nb, wk, x + (size_t)t * ldx, ldx, out + (size_t)t * ldo, ldo, nr);
 }
 
-/* roffs for the 8 rows from r0: rows past nr repeat the last row (valid
- * memory); their lanes are not stored. Returns the rows stored. */
-static inline int group_rows(int r0, int nr, size_t ldw, size_t roffs[8]) {
-    const int g = nr - r0 < 8 ? nr - r0 : 8;
-    for (int r = 0; r < 8; r++) roffs[r] = (size_t)(r < g ? r : g - 1) * ldw;
-    return g;
-}
-
 static inline AI T2 void gemm_q(int kind, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w,
                                 size_t ldw, const void *x, size_t ldx, void *work) {
     const int64_t nb = n / 32;
@@ -283,7 +232,7 @@ static inline AI T2 void gemm_q(int kind, int64_t n, int nr, int nt, float *out,
     size_t roffs[8];
     for (int r0 = 0; r0 < nr; r0 += 8) {
         const uint8_t *W = (const uint8_t *)w + (size_t)r0 * ldw;
-        const int g = group_rows(r0, nr, ldw, roffs);
+        const int g = tl_group_rows8(r0, nr, ldw, roffs);
         if (nt <= FUSED_TOKENS) {
             for (int t = 0; t < nt; t++)
                 mk_direct(kind, nb, W, roffs, (const block_q8_0 *)(X + (size_t)t * ldx), out + (size_t)t * ldo + r0, g,
@@ -327,7 +276,7 @@ static inline AI T2 void tile_direct(int kind, int64_t n, int nr, int nt, float 
                                      size_t ldw, const void *x, size_t ldx) {
     size_t roffs[8];
     for (int r0 = 0; r0 < nr; r0 += 8) {
-        const int g = group_rows(r0, nr, ldw, roffs);
+        const int g = tl_group_rows8(r0, nr, ldw, roffs);
         for (int t = 0; t < nt; t++)
             mk_direct(kind, n / 32, (const uint8_t *)w + (size_t)r0 * ldw, roffs,
                       (const block_q8_0 *)((const uint8_t *)x + (size_t)t * ldx), out + (size_t)t * ldo + r0, g, 0);

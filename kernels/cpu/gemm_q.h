@@ -1,5 +1,5 @@
 /* gemm_q.h - shared by the GEMM files (gemm_avx2.c, gemm_avx512.c,
- * gemm_k_avx512.c): the 32-element weight kinds against q8_0 activations,
+ * gemm_k_avx512.c, gemm_k_avx2.c): the 32-element weight kinds against q8_0 activations,
  * their block sizes, and small loads and sums.
  * Include after <immintrin.h>. */
 #ifndef TL_GEMM_Q_H
@@ -81,6 +81,68 @@ static inline __attribute__((always_inline, target("avx512f"))) void tl_tr16x8(c
         q[j] = _mm512_permutex2var_epi64(u[j], lo, u[j + 4]);
         q[j + 4] = _mm512_permutex2var_epi64(u[j], hi, u[j + 4]);
     }
+}
+
+/* The AVX2 GEMM files' 8-row groups (gemm_avx2.c, gemm_k_avx2.c): lane r
+ * of a ymm belongs to row r of the group. */
+#define TL_AVX2_AI __attribute__((always_inline, target("avx2,fma,f16c")))
+
+/* 8 rows of 8 dwords -> q[j] lane r = dword j of row r: 32- and 64-bit
+ * unpacks, then a cross-lane permute. */
+static inline TL_AVX2_AI void tl_tr8x8(const __m256i z[8], __m256i q[8]) {
+    __m256i t[8], u[8];
+    _Pragma("GCC unroll 8") for (int r = 0; r < 8; r += 2) {
+        t[r] = _mm256_unpacklo_epi32(z[r], z[r + 1]);     /* r.0 r+1.0 r.1 r+1.1 | .4 .5 */
+        t[r + 1] = _mm256_unpackhi_epi32(z[r], z[r + 1]); /* .2 .3 | .6 .7 */
+    }
+    _Pragma("GCC unroll 8") for (int h = 0; h < 8; h += 4) {
+        u[h + 0] = _mm256_unpacklo_epi64(t[h + 0], t[h + 2]); /* rows h..h+3 of dword 0 | 4 */
+        u[h + 1] = _mm256_unpackhi_epi64(t[h + 0], t[h + 2]); /* 1 | 5 */
+        u[h + 2] = _mm256_unpacklo_epi64(t[h + 1], t[h + 3]); /* 2 | 6 */
+        u[h + 3] = _mm256_unpackhi_epi64(t[h + 1], t[h + 3]); /* 3 | 7 */
+    }
+    _Pragma("GCC unroll 8") for (int j = 0; j < 4; j++) {
+        q[j] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x20);
+        q[j + 4] = _mm256_permute2x128_si256(u[j], u[j + 4], 0x31);
+    }
+}
+
+/* 8 vectors of int32 partials -> lane r = the sum of p[r]'s lanes (exact). */
+static inline TL_AVX2_AI __m256i tl_sum8_epi32(const __m256i p[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* The 8 rows' fp16 words at wb + roffs[r] as floats, inserted one by one:
+ * 8 2-byte stores read back as one 16-byte load would miss store
+ * forwarding, once per block in the decode paths. */
+static inline TL_AVX2_AI __m256 tl_row_f16x8(const uint8_t *wb, const size_t *roffs) {
+    uint16_t dh;
+    memcpy(&dh, wb + roffs[0], 2);
+    __m128i d = _mm_cvtsi32_si128(dh);
+#define TL_INS(R) memcpy(&dh, wb + roffs[R], 2); d = _mm_insert_epi16(d, dh, R);
+    TL_INS(1) TL_INS(2) TL_INS(3) TL_INS(4) TL_INS(5) TL_INS(6) TL_INS(7)
+#undef TL_INS
+    return _mm256_cvtph_ps(d);
+}
+
+/* Stores the first nr lanes of v to out. */
+static inline TL_AVX2_AI void tl_store_rows8(float *out, __m256 v, int nr) {
+    if (nr == 8) {
+        _mm256_storeu_ps(out, v);
+        return;
+    }
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_maskstore_ps(out, _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), idx), v);
+}
+
+/* roffs for the 8 rows from r0: rows past nr repeat the last row (valid
+ * memory); their lanes are not stored. Returns the rows stored. */
+static inline int tl_group_rows8(int r0, int nr, size_t ldw, size_t roffs[8]) {
+    const int g = nr - r0 < 8 ? nr - r0 : 8;
+    for (int r = 0; r < 8; r++) roffs[r] = (size_t)(r < g ? r : g - 1) * ldw;
+    return g;
 }
 
 #endif

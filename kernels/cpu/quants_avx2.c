@@ -352,169 +352,6 @@ TILE_DRIVER(vdt_bf16, T2, MK_BF16, 2)
 
 /* ------------------------------------------------------------ K-quants */
 
-/* 12 packed bytes -> bytes 0..7 scales, 8..15 mins (ggml's utmp shuffle). */
-static inline void unpack_k4_scales(const uint8_t *s, uint32_t u[4]) {
-    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-    memcpy(u, s, 12);
-    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    const uint32_t aux = u[1] & k1;
-    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    u[2] = aux;
-    u[0] &= k1;
-}
-
-/* Shuffle that broadcasts int16 #i of a 128-bit lane to the whole lane. */
-static inline T2 __m256i scale_shuffle16(int i) {
-    return _mm256_set1_epi16((short)((2 * i) | ((2 * i + 1) << 8)));
-}
-
-/* q4_K/q5_K, R rows x C tokens (as quants_avx512.c's mk_q45_K): each
- * (row, token) keeps its own accumulators (acc for the scaled sums, accm
- * for the mins) fed in block order with the operations of the single dot,
- * so a tile entry is bitwise the 1x1 result. Rows share the activation
- * loads; tokens share the unpacked weights and scales. */
-static inline AI T2 void mk_q45_K(int five, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
-                                  size_t ldw, const uint8_t *x, size_t ldx) {
-    const __m256i m4 = _mm256_set1_epi8(0xF), x10 = _mm256_set1_epi8(0x10);
-    const size_t bw = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
-    __m256 acc[4][4];
-    __m128 accm[4][4];
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) {
-        acc[r][c] = _mm256_setzero_ps();
-        accm[r][c] = _mm_setzero_ps();
-    }
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        if (pf) UNROLL for (int k = 0; k < R * (int)bw; k += 64) _mm_prefetch((const char *)(w + PF_QUANT + R * i * bw + k), _MM_HINT_T0);
-        const block_q8_K *yb[4];
-        __m128i ysum[4]; /* per 32-element sub-block */
-        UNROLL for (int c = 0; c < C; c++) {
-            yb[c] = (const block_q8_K *)(x + c * ldx) + i;
-            ysum[c] = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)yb[c]->bsums),
-                                     _mm_loadu_si128((const __m128i *)yb[c]->bsums + 1));
-        }
-        UNROLL for (int r = 0; r < R; r++) {
-            const uint8_t *scales, *q, *qh = NULL;
-            uint16_t dh, dminh;
-            if (five) {
-                const block_q5_K *a = (const block_q5_K *)(w + r * ldw) + i;
-                scales = a->scales; q = a->qs; qh = a->qh; dh = a->d; dminh = a->dmin;
-            } else {
-                const block_q4_K *a = (const block_q4_K *)(w + r * ldw) + i;
-                scales = a->scales; q = a->qs; dh = a->d; dminh = a->dmin;
-            }
-            uint32_t u[4];
-            unpack_k4_scales(scales, u);
-            const __m256i mins_scales = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
-            const __m128i mins = _mm256_extracti128_si256(mins_scales, 1);
-            __m256i sumi[4];
-            UNROLL for (int c = 0; c < C; c++) {
-                const float dmin = -yb[c]->d * f16(dminh);
-                const __m128i pm = _mm_madd_epi16(mins, ysum[c]);
-                accm[r][c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(pm), accm[r][c]);
-                sumi[c] = _mm256_setzero_si256();
-            }
-            const __m128i sc128 = _mm256_castsi256_si128(mins_scales);
-            const __m256i sc = _mm256_inserti128_si256(_mm256_castsi128_si256(sc128), sc128, 1);
-            const __m256i hbits = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
-            UNROLL for (int j = 0; j < 4; j++) {
-                const __m256i bits = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
-                __m256i ql = _mm256_and_si256(bits, m4);
-                __m256i qhh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-                if (qh) {
-                    const __m256i m0 = _mm256_set1_epi8((char)(1 << (2 * j))), m1 = _mm256_set1_epi8((char)(2 << (2 * j)));
-                    ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m0), m0), x10));
-                    qhh = _mm256_or_si256(qhh, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m1), m1), x10));
-                }
-                const __m256i s0 = _mm256_shuffle_epi8(sc, scale_shuffle16(2 * j));
-                const __m256i s1 = _mm256_shuffle_epi8(sc, scale_shuffle16(2 * j + 1));
-                UNROLL for (int c = 0; c < C; c++) {
-                    const int8_t *y = yb[c]->qs + 64 * j;
-                    const __m256i p0 = _mm256_maddubs_epi16(ql, _mm256_loadu_si256((const __m256i *)y));
-                    const __m256i p1 = _mm256_maddubs_epi16(qhh, _mm256_loadu_si256((const __m256i *)(y + 32)));
-                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_madd_epi16(s0, p0), _mm256_madd_epi16(s1, p1)));
-                }
-            }
-            UNROLL for (int c = 0; c < C; c++) {
-                const float d = yb[c]->d * f16(dh);
-                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[r][c]);
-            }
-        }
-    }
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++)
-        out[c * ldo + r] = hsum256(acc[r][c]) + hsum128(accm[r][c]);
-}
-
-/* q6_K: the -32 offset is taken out per block with the activation bsums:
- * sum sc*(q-32)*y = sum sc*q*y - 32 * sum_j sc_j * bsum_j. Tiled like
- * mk_q45_K. */
-static inline AI T2 void mk_q6_K(int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w, size_t ldw,
-                                 const uint8_t *x, size_t ldx) {
-    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
-    __m256 acc[4][4], accm[4][4];
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = accm[r][c] = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        if (pf) UNROLL for (int k = 0; k < R * (int)sizeof(block_q6_K); k += 64)
-            _mm_prefetch((const char *)(w + PF_QUANT + R * i * sizeof(block_q6_K) + k), _MM_HINT_T0);
-        const block_q8_K *yb[4];
-        UNROLL for (int c = 0; c < C; c++) yb[c] = (const block_q8_K *)(x + c * ldx) + i;
-        UNROLL for (int r = 0; r < R; r++) {
-            const block_q6_K *a = (const block_q6_K *)(w + r * ldw) + i;
-            const float da = f16(a->d);
-            const __m128i sc8 = _mm_loadu_si128((const __m128i *)a->scales);
-            const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
-            __m256i sumi[4];
-            UNROLL for (int c = 0; c < C; c++) {
-                const float d = yb[c]->d * da;
-                const __m256i pm = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)yb[c]->bsums));
-                accm[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(-32.f * d), _mm256_cvtepi32_ps(pm), accm[r][c]);
-                sumi[c] = _mm256_setzero_si256();
-            }
-            const uint8_t *ql = a->ql, *qh = a->qh;
-            for (int j = 0; j < 2; j++, ql += 64, qh += 32) {
-                const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-                const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-                __m256i q[4];
-                q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
-                q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
-                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
-                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
-                UNROLL for (int k = 0; k < 4; k++) {
-                    /* int16 scales 8j+2k (low lane) and 8j+2k+1 (high lane) */
-                    const __m128i pick = _mm_set_epi64x((long long)(0x0101010101010101ull * (uint64_t)(8 * j + 2 * k + 1)),
-                                                        (long long)(0x0101010101010101ull * (uint64_t)(8 * j + 2 * k)));
-                    const __m256i scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
-                    UNROLL for (int c = 0; c < C; c++) {
-                        const int8_t *y = yb[c]->qs + 128 * j + 32 * k;
-                        const __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)y));
-                        sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(scv, p));
-                    }
-                }
-            }
-            UNROLL for (int c = 0; c < C; c++) {
-                const float d = yb[c]->d * da;
-                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[r][c]);
-            }
-        }
-    }
-    UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++)
-        out[c * ldo + r] = hsum256(_mm256_add_ps(acc[r][c], accm[r][c]));
-}
-
-#define MK_Q4_K(R, C, ...) mk_q45_K(0, R, C, __VA_ARGS__)
-#define MK_Q5_K(R, C, ...) mk_q45_K(1, R, C, __VA_ARGS__)
-#define MK_Q6_K(R, C, ...) mk_q6_K(R, C, __VA_ARGS__)
-#ifndef K_RB
-#define K_RB 4
-#define K_CB 2
-#endif
-TILE_DRIVER_RC(vdt_q4_K, T2, MK_Q4_K, K_RB, K_CB)
-TILE_DRIVER_RC(vdt_q5_K, T2, MK_Q5_K, K_RB, K_CB)
-TILE_DRIVER_RC(vdt_q6_K, T2, MK_Q6_K, K_RB, K_CB)
-
 /* ---------------------------------------------- activation quantizers */
 
 /* roundf (half away from zero) exactly: trunc, then step by the sign when
@@ -656,12 +493,6 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     t->vec_dot_tile[TL_TYPE_F32] = vdt_f32;
     t->vec_dot_tile[TL_TYPE_F16] = vdt_f16;
     t->vec_dot_tile[TL_TYPE_BF16] = vdt_bf16;
-    t->vec_dot[TL_TYPE_Q4_K] = vdt_q4_K_1;
-    t->vec_dot[TL_TYPE_Q5_K] = vdt_q5_K_1;
-    t->vec_dot[TL_TYPE_Q6_K] = vdt_q6_K_1;
-    t->vec_dot_tile[TL_TYPE_Q4_K] = vdt_q4_K;
-    t->vec_dot_tile[TL_TYPE_Q5_K] = vdt_q5_K;
-    t->vec_dot_tile[TL_TYPE_Q6_K] = vdt_q6_K;
     t->quantize_q8_0 = quantize_q8_0_avx2;
     t->quantize_q8_K = quantize_q8_K_avx2;
     t->dot_f32 = dot_f32_avx2;
@@ -683,6 +514,7 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     t->f32_to_f16_row = f32_to_f16_avx2;
     tl_gemm_fill_avx2(t); /* q8_0/q4_0/q5_0/q4_1/q5_1/iq4_nl: gemm_avx2.c */
     tl_extra_fill_avx2(t); /* q2_K/q3_K/iq4_xs: quants_extra_avx2.c */
+    tl_gemm_k_fill_avx2(t); /* q4_K/q5_K/q6_K: gemm_k_avx2.c */
 }
 
 #else

@@ -1,0 +1,415 @@
+/* gemm_k_avx2.c - q4_K/q5_K/q6_K weights x q8_K activations with AVX2, 8
+ * weight rows at a time: gemm_k_avx512.c's scheme (read its header first)
+ * with ymm lanes and without VNNI.
+ *
+ * An 8-row group's super-block i is unpacked and transposed into the
+ * workspace once per matmul (lane r of every ymm belongs to row r):
+ *
+ *   q[z], z = 0..63:  lane r = elements 4z..4z+3 of row r, unsigned
+ *                     (q4_K: the nibble; q5_K: 0..31; q6_K: 0..63, not
+ *                     yet less 32)
+ *   q4_K, q5_K (82):  sc[8] int16 pairs (sc_j, sc_j) | mn[8] pairs
+ *                     (m_j, m_j) | d | dmin
+ *   q6_K (89):        sc[16] int16 pairs (sc_j, sc_j) | cw[8] pairs
+ *                     (-32 sc_2k, -32 sc_2k+1) | d
+ *
+ * vpmaddubsw takes the weights as the unsigned operand and 4 activation
+ * bytes broadcast as the signed one. Its int16 pairs are at most 2 * 15 *
+ * 128 (q4_K), 2 * 31 * 128 (q5_K), 2 * 63 * 128 (q6_K), so a sub-block's 8,
+ * 4 or 2 k-steps add up in int16 without saturating (30720, 31744, 32256),
+ * and one vpmaddwd by the (sc, sc) pair widens and scales them at once:
+ *
+ *   q4_K, q5_K  sumi = sum_j sc_j * dot(q_j, y_j)        (q5_K: per half)
+ *               summ = sum_j m_j * (bsums_2j + bsums_2j+1)
+ *   q6_K        sumi = sum_j sc_j * dot(q_j, y_j) + sum_j (-32 sc_j) bsums_j
+ *
+ * Integer sums, so the grouping does not change them; then the float ops in
+ * the reference's order (quants_ref.c), super-block by super-block:
+ *
+ *   q4/5  s += (d_y * d_w) * (float)sumi - (d_y * dmin_w) * (float)summ
+ *   q6    s += (d_y * d_w) * (float)sumi
+ *
+ * so every entry is bitwise tl_vec_dot_ref, whatever the token count. A
+ * group with more tokens than FUSED_TOKENS is transposed once for all its
+ * tokens (n = 2048: 23 KiB of workspace, in L1), 4-token micro-tiles reuse
+ * it; fewer tokens (decode) read the 8 rows in place, each row's partial
+ * sums folded into one ymm of 8 row sums by a vphaddd tree. */
+#include "quants_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#include <stddef.h>
+
+#define T2 __attribute__((target("avx2,fma,f16c")))
+#define AI __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 8")
+#define UNROLL16 _Pragma("GCC unroll 16")
+/* q6_K decode one row at a time: unrolled, GCC hoists the 8 rows' scale
+ * vectors and spills them (measured 0.75-0.8 of the speed) */
+#define NO_UNROLL _Pragma("GCC unroll 1")
+#include "avx2_bytes.h"
+#include "gemm_q.h"
+
+enum { K4, K5, K6 };
+enum { GB_K45 = 82 * 32, GB_K6 = 89 * 32 }; /* workspace bytes per super-block of a group */
+#define FUSED_TOKENS 2 /* at most this many tokens read the rows in place */
+#define TOK_BLOCK 4    /* tokens per micro-tile */
+/* prefetch distance past a group's first row: 8 rows on, plus 1 KiB */
+#define PF_AHEAD(roffs) (8 * (roffs)[1] + 1024)
+
+static inline size_t kbw(int kind) {
+    return kind == K4 ? sizeof(block_q4_K) : kind == K5 ? sizeof(block_q5_K) : sizeof(block_q6_K);
+}
+static inline size_t gb_of(int kind) { return kind == K6 ? GB_K6 : GB_K45; }
+
+/* 32 bytes at offset off of each of the 8 rows' super-block, transposed. */
+static inline AI T2 void tr_bytes(const uint8_t *wb, const size_t *roffs, size_t off, __m256i q[8]) {
+    __m256i z[8];
+    UNROLL for (int r = 0; r < 8; r++) z[r] = _mm256_loadu_si256((const __m256i *)(wb + roffs[r] + off));
+    tl_tr8x8(z, q);
+}
+
+/* (v, v) as int16 pairs of each int32 lane (|v| < 2^15). */
+static inline AI T2 __m256i pair16(__m256i v) {
+    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
+}
+
+/* (a, b) as int16 pairs. */
+static inline AI T2 __m256i pair16_ab(__m256i a, __m256i b) {
+    return _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(b, 16));
+}
+
+/* Super-block i of the group (row r at w + roffs[r]) into g (gb_of bytes). */
+static inline AI T2 void fill_sb(int kind, const uint8_t *w, const size_t *roffs, int64_t i, uint8_t *g) {
+    const size_t bw = kbw(kind);
+    const uint8_t *wb = w + (size_t)i * bw;
+    __m256i *G = (__m256i *)g;
+    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
+    if (kind != K6) {
+        /* q5_K: qh byte l bit j = 5th bit of element l of sub-block j */
+        __m256i qh[8];
+        if (kind == K5) tr_bytes(wb, roffs, offsetof(block_q5_K, qh), qh);
+        const __m256i m10 = _mm256_set1_epi8(0x10);
+        UNROLL for (int c = 0; c < 4; c++) {
+            /* qs chunk c: low nibbles sub-block 2c, high nibbles 2c + 1 */
+            __m256i p[8];
+            tr_bytes(wb, roffs, (kind == K5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs)) + 32 * c, p);
+            UNROLL for (int k = 0; k < 8; k++) {
+                __m256i lo = _mm256_and_si256(p[k], m4), hi = _mm256_and_si256(_mm256_srli_epi16(p[k], 4), m4);
+                if (kind == K5) {
+                    /* bit 2c (2c + 1) of each byte to bit 4 of the same byte */
+                    const __m256i b0 = 2 * c <= 4 ? _mm256_slli_epi16(qh[k], 4 - 2 * c) : _mm256_srli_epi16(qh[k], 2 * c - 4);
+                    const __m256i b1 = 2 * c + 1 <= 4 ? _mm256_slli_epi16(qh[k], 3 - 2 * c) : _mm256_srli_epi16(qh[k], 2 * c - 3);
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(b0, m10));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(b1, m10));
+                }
+                _mm256_store_si256(G + 16 * c + k, lo);
+                _mm256_store_si256(G + 16 * c + 8 + k, hi);
+            }
+        }
+        /* bytes 0..31 transposed: h[0] lane r = row r's d | dmin << 16,
+         * h[1..3] its scale words; tl_get_scale_min_k4 for all j on the 8
+         * rows at once (w[0..1] bytes = scales 0..7, w[2..3] = mins 0..7) */
+        __m256i h[8];
+        tr_bytes(wb, roffs, 0, h);
+        const __m256i k1 = _mm256_set1_epi32(0x3f3f3f3f), k2 = _mm256_set1_epi32(0x0f0f0f0f);
+        const __m256i k3 = _mm256_set1_epi32(0x03030303), ff = _mm256_set1_epi32(0xFF);
+        const __m256i u0 = h[1], u1 = h[2], u2 = h[3];
+        const __m256i w[4] = {
+            _mm256_and_si256(u0, k1),
+            _mm256_or_si256(_mm256_and_si256(u2, k2), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), k3), 4)),
+            _mm256_and_si256(u1, k1),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), k2),
+                            _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), k3), 4)),
+        };
+        UNROLL for (int j = 0; j < 8; j++) {
+            const __m256i sc = _mm256_and_si256(_mm256_srli_epi32(w[j / 4], 8 * (j % 4)), ff);
+            const __m256i mn = _mm256_and_si256(_mm256_srli_epi32(w[2 + j / 4], 8 * (j % 4)), ff);
+            _mm256_store_si256(G + 64 + j, pair16(sc));
+            _mm256_store_si256(G + 72 + j, pair16(mn));
+        }
+        /* the d and dmin halves packed (qwords 0 2 1 3 after packus) */
+        const __m256i dd = _mm256_permute4x64_epi64(
+            _mm256_packus_epi32(_mm256_and_si256(h[0], _mm256_set1_epi32(0xFFFF)), _mm256_srli_epi32(h[0], 16)), 0xD8);
+        _mm256_store_ps((float *)(G + 80), _mm256_cvtph_ps(_mm256_castsi256_si128(dd)));
+        _mm256_store_ps((float *)(G + 81), _mm256_cvtph_ps(_mm256_extracti128_si256(dd, 1)));
+        return;
+    }
+    UNROLL for (int h = 0; h < 2; h++) {
+        /* elements 128h + 32qq + p: ql byte 64h + 32(qq & 1) + p (low
+         * nibble for qq < 2), qh byte 32h + p bits 2qq, 2qq + 1 */
+        __m256i l0[8], l1[8], hb[8];
+        tr_bytes(wb, roffs, offsetof(block_q6_K, ql) + 64 * h, l0);
+        tr_bytes(wb, roffs, offsetof(block_q6_K, ql) + 64 * h + 32, l1);
+        tr_bytes(wb, roffs, offsetof(block_q6_K, qh) + 32 * h, hb);
+        UNROLL for (int k = 0; k < 8; k++) {
+            const __m256i a = _mm256_and_si256(l0[k], m4), b = _mm256_and_si256(l1[k], m4);
+            const __m256i c = _mm256_and_si256(_mm256_srli_epi16(l0[k], 4), m4);
+            const __m256i d = _mm256_and_si256(_mm256_srli_epi16(l1[k], 4), m4);
+            _mm256_store_si256(G + 32 * h + k, _mm256_or_si256(a, _mm256_and_si256(_mm256_slli_epi16(hb[k], 4), m30)));
+            _mm256_store_si256(G + 32 * h + 8 + k, _mm256_or_si256(b, _mm256_and_si256(_mm256_slli_epi16(hb[k], 2), m30)));
+            _mm256_store_si256(G + 32 * h + 16 + k, _mm256_or_si256(c, _mm256_and_si256(hb[k], m30)));
+            _mm256_store_si256(G + 32 * h + 24 + k, _mm256_or_si256(d, _mm256_and_si256(_mm256_srli_epi16(hb[k], 2), m30)));
+        }
+    }
+    /* bytes 176..207 transposed: h[4..7] lane r = row r's 16 int8 scales */
+    __m256i h[8];
+    tr_bytes(wb, roffs, offsetof(block_q6_K, scales) - 16, h);
+    __m256i sc[16];
+    UNROLL16 for (int j = 0; j < 16; j++) {
+        sc[j] = _mm256_srai_epi32(_mm256_slli_epi32(h[4 + j / 4], 24 - 8 * (j % 4)), 24);
+        _mm256_store_si256(G + 64 + j, pair16(sc[j]));
+    }
+    UNROLL for (int k = 0; k < 8; k++)
+        _mm256_store_si256(G + 80 + k, pair16_ab(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[2 * k], 5)),
+                                                 _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[2 * k + 1], 5))));
+    uint16_t dh[8];
+    UNROLL for (int r = 0; r < 8; r++) memcpy(&dh[r], wb + roffs[r] + offsetof(block_q6_K, d), 2);
+    _mm256_store_ps((float *)(G + 88), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)));
+}
+
+static inline AI T2 __m256i bcast32(const void *p) { return _mm256_set1_epi32((int)ld32(p)); }
+
+/* C tokens (prepared q8_K rows at x + c*ldx) against super-block i of a
+ * group transposed at g: acc[c] += that super-block's term, lane r = row r. */
+static inline AI T2 void sb_dot(int kind, int C, const uint8_t *g, const uint8_t *x, size_t ldx, int64_t i,
+                                __m256 acc[TOK_BLOCK]) {
+    const __m256i *G = (const __m256i *)g;
+    const block_q8_K *yb[TOK_BLOCK];
+    UNROLL for (int c = 0; c < C; c++) yb[c] = (const block_q8_K *)(x + c * ldx) + i;
+    __m256i sumi[TOK_BLOCK];
+    UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm256_setzero_si256();
+    if (kind == K6) {
+        for (int j = 0; j < 16; j++) {
+            const __m256i sc = _mm256_load_si256(G + 64 + j);
+            __m256i q[4];
+            UNROLL for (int k = 0; k < 4; k++) q[k] = _mm256_load_si256(G + 4 * j + k);
+            UNROLL for (int c = 0; c < C; c++) {
+                const int8_t *y = yb[c]->qs + 16 * j;
+                const __m256i ha = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], bcast32(y)), _mm256_maddubs_epi16(q[1], bcast32(y + 4)));
+                const __m256i hb = _mm256_add_epi16(_mm256_maddubs_epi16(q[2], bcast32(y + 8)), _mm256_maddubs_epi16(q[3], bcast32(y + 12)));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_madd_epi16(ha, sc), _mm256_madd_epi16(hb, sc)));
+            }
+        }
+        UNROLL for (int k = 0; k < 8; k++) {
+            const __m256i cw = _mm256_load_si256(G + 80 + k);
+            UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(cw, bcast32(yb[c]->bsums + 2 * k)));
+        }
+        const __m256 dw = _mm256_load_ps((const float *)(G + 88));
+        UNROLL for (int c = 0; c < C; c++)
+            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(yb[c]->d), dw), _mm256_cvtepi32_ps(sumi[c])));
+        return;
+    }
+    /* q4_K: a sub-block's 8 k-steps in int16; q5_K: two halves of 4 */
+    const int half = kind == K5 ? 4 : 8;
+    for (int j = 0; j < 8; j++) {
+        const __m256i sc = _mm256_load_si256(G + 64 + j);
+        for (int k0 = 0; k0 < 8; k0 += half) {
+            __m256i h[TOK_BLOCK];
+            UNROLL for (int c = 0; c < C; c++) h[c] = _mm256_setzero_si256();
+            UNROLL for (int k = k0; k < k0 + half; k++) {
+                const __m256i q = _mm256_load_si256(G + 8 * j + k);
+                UNROLL for (int c = 0; c < C; c++)
+                    h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(q, bcast32(yb[c]->qs + 32 * j + 4 * k)));
+            }
+            UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(h[c], sc));
+        }
+    }
+    __m256i summ[TOK_BLOCK];
+    UNROLL for (int c = 0; c < C; c++) summ[c] = _mm256_setzero_si256();
+    UNROLL for (int j = 0; j < 8; j++) {
+        const __m256i mn = _mm256_load_si256(G + 72 + j);
+        UNROLL for (int c = 0; c < C; c++) summ[c] = _mm256_add_epi32(summ[c], _mm256_madd_epi16(mn, bcast32(yb[c]->bsums + 2 * j)));
+    }
+    const __m256 dw = _mm256_load_ps((const float *)(G + 80)), dm = _mm256_load_ps((const float *)(G + 81));
+    UNROLL for (int c = 0; c < C; c++) {
+        const __m256 dy = _mm256_set1_ps(yb[c]->d);
+        const __m256 t1 = _mm256_mul_ps(_mm256_mul_ps(dy, dw), _mm256_cvtepi32_ps(sumi[c]));
+        const __m256 t2 = _mm256_mul_ps(_mm256_mul_ps(dy, dm), _mm256_cvtepi32_ps(summ[c]));
+        acc[c] = _mm256_add_ps(acc[c], _mm256_sub_ps(t1, t2));
+    }
+}
+
+/* C tokens against one 8-row group, transposed in the workspace wk. */
+static inline AI T2 void mk(int kind, int C, int64_t nb, const uint8_t *wk, const uint8_t *x, size_t ldx, float *out,
+                            size_t ldo, int nr) {
+    __m256 acc[TOK_BLOCK];
+    UNROLL for (int c = 0; c < C; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) sb_dot(kind, C, wk + (size_t)i * gb_of(kind), x, ldx, i, acc);
+    UNROLL for (int c = 0; c < C; c++) tl_store_rows8(out + c * ldo, acc[c], nr);
+}
+
+static inline AI T2 void mk_any(int kind, int C, int64_t nb, const uint8_t *wk, const uint8_t *x, size_t ldx,
+                                float *out, size_t ldo, int nr) {
+    switch (C) {
+    case 1: mk(kind, 1, nb, wk, x, ldx, out, ldo, nr); break;
+    case 2: mk(kind, 2, nb, wk, x, ldx, out, ldo, nr); break;
+    case 3: mk(kind, 3, nb, wk, x, ldx, out, ldo, nr); break;
+    case 4: mk(kind, 4, nb, wk, x, ldx, out, ldo, nr); break;
+    }
+}
+
+/* ------------------------------------------- decode: rows read in place */
+
+/* 12 packed bytes -> bytes 0..7 scales, 8..15 mins (ggml's utmp shuffle). */
+static inline void unpack_k4_scales(const uint8_t *s, uint32_t u[4]) {
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    memcpy(u, s, 12);
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    const uint32_t aux = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = aux;
+    u[0] &= k1;
+}
+
+/* Shuffle that broadcasts int16 #i of a 128-bit lane to the whole lane. */
+static inline AI T2 __m256i scale_shuffle16(int i) { return _mm256_set1_epi16((short)((2 * i) | ((2 * i + 1) << 8))); }
+
+/* One q4_K/q5_K row's super-block a against one token yb: *ps gets int32
+ * partials of its sumi, *pm of its summ (the lanes add up to them). */
+static inline AI T2 void row_q45(int kind, const uint8_t *a, const block_q8_K *yb, __m256i *ps, __m256i *pm) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), x10 = _mm256_set1_epi8(0x10);
+    const uint8_t *q = a + (kind == K5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs));
+    uint32_t u[4];
+    unpack_k4_scales(a + offsetof(block_q4_K, scales), u);
+    const __m256i ms = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
+    const __m128i ysum = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)yb->bsums), _mm_loadu_si128((const __m128i *)yb->bsums + 1));
+    *pm = _mm256_set_m128i(_mm_setzero_si128(), _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), ysum));
+    const __m128i sc128 = _mm256_castsi256_si128(ms);
+    const __m256i sc = _mm256_inserti128_si256(_mm256_castsi128_si256(sc128), sc128, 1);
+    const __m256i hbits = kind == K5 ? _mm256_loadu_si256((const __m256i *)(a + offsetof(block_q5_K, qh))) : _mm256_setzero_si256();
+    __m256i s = _mm256_setzero_si256();
+    UNROLL for (int j = 0; j < 4; j++) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)(q + 32 * j));
+        __m256i ql = _mm256_and_si256(bits, m4), qhh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        if (kind == K5) {
+            const __m256i m0 = _mm256_set1_epi8((char)(1 << (2 * j))), m1 = _mm256_set1_epi8((char)(2 << (2 * j)));
+            ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m0), m0), x10));
+            qhh = _mm256_or_si256(qhh, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, m1), m1), x10));
+        }
+        const int8_t *y = yb->qs + 64 * j;
+        const __m256i p0 = _mm256_maddubs_epi16(ql, _mm256_loadu_si256((const __m256i *)y));
+        const __m256i p1 = _mm256_maddubs_epi16(qhh, _mm256_loadu_si256((const __m256i *)(y + 32)));
+        s = _mm256_add_epi32(s, _mm256_add_epi32(_mm256_madd_epi16(_mm256_shuffle_epi8(sc, scale_shuffle16(2 * j)), p0),
+                                                 _mm256_madd_epi16(_mm256_shuffle_epi8(sc, scale_shuffle16(2 * j + 1)), p1)));
+    }
+    *ps = s;
+}
+
+/* One q6_K row's super-block against one token: int32 partials of its
+ * sumi, the -32 offset taken out with the bsums. */
+static inline AI T2 __m256i row_q6(const block_q6_K *a, const block_q8_K *yb) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), m2 = _mm256_set1_epi8(3);
+    const __m128i sc8 = _mm_loadu_si128((const __m128i *)a->scales);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
+    const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)yb->bsums));
+    __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+    const uint8_t *ql = a->ql, *qh = a->qh;
+    UNROLL for (int j = 0; j < 2; j++, ql += 64, qh += 32) {
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+        /* scales 8j..8j+7 in both lanes */
+        const __m256i scj = _mm256_permute4x64_epi64(sc16, j ? 0xEE : 0x44);
+        UNROLL for (int k = 0; k < 4; k++) {
+            /* int16 scales 8j+2k (low lane) and 8j+2k+1 (high lane) */
+            const __m256i scv = _mm256_shuffle_epi8(scj, _mm256_set_m128i(_mm_set1_epi16((short)(((4 * k + 3) << 8) | (4 * k + 2))),
+                                                                          _mm_set1_epi16((short)(((4 * k + 1) << 8) | (4 * k)))));
+            const __m256i p = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(yb->qs + 128 * j + 32 * k)));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(scv, p));
+        }
+    }
+    return s;
+}
+
+/* One token y against 8 rows read in place; the rows' sums folded by
+ * tl_sum8_epi32, then the reference's float ops on the 8 lanes. */
+static inline AI T2 void rows(int kind, int64_t nb, const uint8_t *w, const size_t *roffs, const block_q8_K *y,
+                              float *out, int nr, int pf) {
+    const size_t bw = kbw(kind);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *wb = w + (size_t)i * bw;
+        /* 8 row streams are more than the hardware prefetcher follows: the
+         * next group's rows (contiguous after these) go to L2 linearly */
+        if (pf) for (size_t k = 0; k < 8 * bw; k += 64) _mm_prefetch((const char *)(w + PF_AHEAD(roffs) + (size_t)i * 8 * bw + k), _MM_HINT_T1);
+        const __m256 dy = _mm256_set1_ps(y[i].d);
+        __m256i ps[8], pm[8];
+        if (kind == K6) {
+            NO_UNROLL for (int r = 0; r < 8; r++) ps[r] = row_q6((const block_q6_K *)(wb + roffs[r]), y + i);
+            const __m256 dw = tl_row_f16x8(wb + offsetof(block_q6_K, d), roffs);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dy, dw), _mm256_cvtepi32_ps(tl_sum8_epi32(ps))));
+            continue;
+        }
+        UNROLL for (int r = 0; r < 8; r++) row_q45(kind, wb + roffs[r], y + i, &ps[r], &pm[r]);
+        const __m256 dw = tl_row_f16x8(wb, roffs), dm = tl_row_f16x8(wb + 2, roffs);
+        const __m256 t1 = _mm256_mul_ps(_mm256_mul_ps(dy, dw), _mm256_cvtepi32_ps(tl_sum8_epi32(ps)));
+        const __m256 t2 = _mm256_mul_ps(_mm256_mul_ps(dy, dm), _mm256_cvtepi32_ps(tl_sum8_epi32(pm)));
+        acc = _mm256_add_ps(acc, _mm256_sub_ps(t1, t2));
+    }
+    tl_store_rows8(out, acc, nr);
+}
+
+static inline AI T2 void gemm_k(int kind, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
+                                const void *x, size_t ldx, void *work) {
+    const int64_t nb = n / QK_K;
+    const uint8_t *X = x;
+    size_t roffs[8];
+    for (int r0 = 0; r0 < nr; r0 += 8) {
+        const uint8_t *W = (const uint8_t *)w + (size_t)r0 * ldw;
+        const int g = tl_group_rows8(r0, nr, ldw, roffs);
+        if (nt <= FUSED_TOKENS) {
+            for (int t = 0; t < nt; t++)
+                rows(kind, nb, W, roffs, (const block_q8_K *)(X + (size_t)t * ldx), out + (size_t)t * ldo + r0, g, t == 0);
+            continue;
+        }
+        uint8_t *wk = work;
+        for (int64_t i = 0; i < nb; i++) fill_sb(kind, W, roffs, i, wk + (size_t)i * gb_of(kind));
+        int t = 0;
+        for (; t + TOK_BLOCK <= nt; t += TOK_BLOCK)
+            mk(kind, TOK_BLOCK, nb, wk, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo + r0, ldo, g);
+        if (t < nt) mk_any(kind, nt - t, nb, wk, X + (size_t)t * ldx, ldx, out + (size_t)t * ldo + r0, ldo, g);
+    }
+}
+
+/* The table's entry points, one per type: the GEMM, and vec_dot as its
+ * 1 x 1 case (one token reads the row in place: no workspace). */
+#define GEMM_K(SUF, KIND)                                                                                           \
+    static T2 void gemm_##SUF(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,        \
+                              const void *x, size_t ldx, void *work) {                                            \
+        gemm_k(KIND, n, nr, nt, out, ldo, w, ldw, x, ldx, work);                                                    \
+    }                                                                                                               \
+    static T2 void dot1_##SUF(int64_t n, float *out, const void *w, const void *x) {                               \
+        gemm_k(KIND, n, 1, 1, out, 1, w, 0, x, 0, NULL);                                                            \
+    }
+GEMM_K(q4_K, K4)
+GEMM_K(q5_K, K5)
+GEMM_K(q6_K, K6)
+#undef GEMM_K
+
+/* The prepared row is the q8_K row as tl_quantize_row makes it. */
+static tl_quantize_fn quantize_q8_K_fn;
+static void prepare_q8_K(const float *src, void *dst, int64_t n) { quantize_q8_K_fn(src, dst, n); }
+
+void tl_gemm_k_fill_avx2(tl_kernel_table *t) {
+    quantize_q8_K_fn = t->quantize_q8_K;
+#define FILL(TYPE, SUF)                  \
+    t->vec_dot[TYPE] = dot1_##SUF;       \
+    t->vec_dot_tile[TYPE] = NULL;        \
+    t->gemm_tile[TYPE] = gemm_##SUF;     \
+    t->gemm_prepare[TYPE] = prepare_q8_K;
+    FILL(TL_TYPE_Q4_K, q4_K)
+    FILL(TL_TYPE_Q5_K, q5_K)
+    FILL(TL_TYPE_Q6_K, q6_K)
+#undef FILL
+}
+
+#else
+void tl_gemm_k_fill_avx2(tl_kernel_table *t) { (void)t; }
+#endif
