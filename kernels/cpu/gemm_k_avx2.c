@@ -69,15 +69,12 @@ static inline AI T2 void tr_bytes(const uint8_t *wb, const size_t *roffs, size_t
     tl_tr8x8(z, q);
 }
 
-/* (v, v) as int16 pairs of each int32 lane (|v| < 2^15). */
-static inline AI T2 __m256i pair16(__m256i v) {
-    return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(v, 16));
-}
-
-/* (a, b) as int16 pairs. */
+/* Lane by lane, int32 a and b (|a|, |b| < 2^15) as the int16 pair (a, b):
+ * the vpmaddwd operand of a sub-block's scale. */
 static inline AI T2 __m256i pair16_ab(__m256i a, __m256i b) {
     return _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(b, 16));
 }
+static inline AI T2 __m256i pair16(__m256i v) { return pair16_ab(v, v); }
 
 /* Super-block i of the group (row r at w + roffs[r]) into g (gb_of bytes). */
 static inline AI T2 void fill_sb(int kind, const uint8_t *w, const size_t *roffs, int64_t i, uint8_t *g) {
