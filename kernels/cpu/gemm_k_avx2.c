@@ -301,6 +301,9 @@ static inline AI T2 __m256i row_q6(const block_q6_K *a, const block_q8_K *yb) {
     const __m256i sc16 = _mm256_cvtepi8_epi16(sc8);
     const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)yb->bsums));
     __m256i s = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(off, 5));
+    /* scales 8j..8j+7 in both lanes (the permute's immediate a constant
+     * at every optimization level) */
+    const __m256i half_scales[2] = {_mm256_permute4x64_epi64(sc16, 0x44), _mm256_permute4x64_epi64(sc16, 0xEE)};
     const uint8_t *ql = a->ql, *qh = a->qh;
     UNROLL for (int j = 0; j < 2; j++, ql += 64, qh += 32) {
         const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
@@ -312,8 +315,7 @@ static inline AI T2 __m256i row_q6(const block_q6_K *a, const block_q8_K *yb) {
                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
         q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                                _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
-        /* scales 8j..8j+7 in both lanes */
-        const __m256i scj = _mm256_permute4x64_epi64(sc16, j ? 0xEE : 0x44);
+        const __m256i scj = half_scales[j];
         UNROLL for (int k = 0; k < 4; k++) {
             /* int16 scales 8j+2k (low lane) and 8j+2k+1 (high lane) */
             const __m256i scv = _mm256_shuffle_epi8(scj, _mm256_set_m128i(_mm_set1_epi16((short)(((4 * k + 3) << 8) | (4 * k + 2))),
