@@ -248,17 +248,6 @@ static inline AI T2 void mk_any(int kind, int C, int64_t nb, const uint8_t *wk, 
 
 /* ------------------------------------------- decode: rows read in place */
 
-/* 12 packed bytes -> bytes 0..7 scales, 8..15 mins (ggml's utmp shuffle). */
-static inline void unpack_k4_scales(const uint8_t *s, uint32_t u[4]) {
-    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-    memcpy(u, s, 12);
-    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    const uint32_t aux = u[1] & k1;
-    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    u[2] = aux;
-    u[0] &= k1;
-}
-
 /* Shuffle that broadcasts int16 #i of a 128-bit lane to the whole lane. */
 static inline AI T2 __m256i scale_shuffle16(int i) { return _mm256_set1_epi16((short)((2 * i) | ((2 * i + 1) << 8))); }
 
@@ -268,7 +257,7 @@ static inline AI T2 void row_q45(int kind, const uint8_t *a, const block_q8_K *y
     const __m256i m4 = _mm256_set1_epi8(0xF), x10 = _mm256_set1_epi8(0x10);
     const uint8_t *q = a + (kind == K5 ? offsetof(block_q5_K, qs) : offsetof(block_q4_K, qs));
     uint32_t u[4];
-    unpack_k4_scales(a + offsetof(block_q4_K, scales), u);
+    tl_unpack_k4_scales(a + offsetof(block_q4_K, scales), u);
     const __m256i ms = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
     const __m128i ysum = _mm_hadd_epi16(_mm_loadu_si128((const __m128i *)yb->bsums), _mm_loadu_si128((const __m128i *)yb->bsums + 1));
     *pm = _mm256_set_m128i(_mm_setzero_si128(), _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), ysum));

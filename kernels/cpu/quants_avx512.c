@@ -269,16 +269,6 @@ static T5 void f32_to_f16_512(const float *src, uint16_t *dst, int64_t n) {
 
 /* ------------------------------------------------------------ K-quants */
 
-static inline void unpack_k4_scales(const uint8_t *s, uint32_t u[4]) {
-    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
-    memcpy(u, s, 12);
-    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
-    const uint32_t aux = u[1] & k1;
-    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
-    u[2] = aux;
-    u[0] &= k1;
-}
-
 /* int16 lanes 0..15 = a, 16..31 = b. */
 static inline T5 __m512i idx2(int a, int b) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi16((short)a)), _mm256_set1_epi16((short)b), 1);
@@ -321,7 +311,7 @@ static inline AI T5 void mk_q45_K(int five, int R, int C, int pf, int64_t n, flo
                 scales = a->scales; q = a->qs; dh = a->d; dminh = a->dmin;
             }
             uint32_t u[4];
-            unpack_k4_scales(scales, u);
+            tl_unpack_k4_scales(scales, u);
             const __m256i ms = _mm256_cvtepu8_epi16(_mm_set_epi32((int)u[3], (int)u[2], (int)u[1], (int)u[0]));
             const __m128i mins = _mm256_extracti128_si256(ms, 1);
             UNROLL for (int c = 0; c < C; c++) {

@@ -135,6 +135,18 @@ static inline void tl_get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint
     }
 }
 
+/* All 8 at once: 12 packed bytes -> bytes 0..7 scales, 8..15 mins (ggml's
+ * utmp shuffle; the SIMD decode rows). */
+static inline void tl_unpack_k4_scales(const uint8_t *s, uint32_t u[4]) {
+    const uint32_t k1 = 0x3f3f3f3f, k2 = 0x0f0f0f0f, k3 = 0x03030303;
+    memcpy(u, s, 12);
+    u[3] = ((u[2] >> 4) & k2) | (((u[1] >> 6) & k3) << 4);
+    const uint32_t aux = u[1] & k1;
+    u[1] = (u[2] & k2) | (((u[0] >> 6) & k3) << 4);
+    u[2] = aux;
+    u[0] &= k1;
+}
+
 /* iq4_nl's 16 non-uniform levels (ggml's kvalues_iq4nl). */
 static const int8_t tl_iq4nl_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
