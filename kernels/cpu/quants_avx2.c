@@ -270,7 +270,7 @@ static T2 void f32_to_f16_avx2(const float *src, uint16_t *dst, int64_t n) {
 
 /* ------------------------------------------------ tiles of dot products
  *
- * As in quants_avx512.c: a micro-kernel computes R rows x C tokens (R <= 8,
+ * As in quants_avx512.c: a micro-kernel computes R rows x C tokens (R <= 4,
  * C <= 4, constants after inlining) with one accumulator per output; rows
  * share each activation load, tokens share each weight load and unpack.
  * Every output goes through the same operations in the same order whatever
@@ -307,7 +307,7 @@ static inline AI T2 __m256 ld_row8_tail(int kind, const uint8_t *p, int64_t rem)
 static inline AI T2 void mk_float(int kind, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
                                   size_t ldw, const uint8_t *x, size_t ldx) {
     const int64_t es = kind == W_F32 ? 4 : 2;
-    __m256 acc[8][4];
+    __m256 acc[4][4];
     UNROLL for (int r = 0; r < R; r++) UNROLL for (int c = 0; c < C; c++) acc[r][c] = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -347,18 +347,7 @@ static inline AI T2 void mk_float(int kind, int R, int C, int pf, int64_t n, flo
  * weights per 4 cycles. Measured on Zen 4 at this level (TINYLOOP_ISA=avx2,
  * 110M, one thread, interleaved): one row at a time F16 90-97 tok/s
  * against 105-122, F32 49-50 against 56-62. */
-TILE_DRIVER(vdt_f32_tiles, T2, MK_F32, 3)
-/* f32 decode (1-2 tokens): 8 rows in step, one token at a time - eight
- * row streams in flight where four were: 0.92-0.935 of the time (Zen 3,
- * one thread, the 110M's matrices in one process, alternating; f16 rows
- * 1.14-1.16, so they keep four). */
-TILE_DRIVER_RC(vdt_f32_rows8, T2 __attribute__((unused)), MK_F32, 8, 1)
-static T2 void vdt_f32(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw, const void *x,
-                       size_t ldx) {
-    if (nt <= 2) vdt_f32_rows8(n, nr, nt, out, ldo, w, ldw, x, ldx);
-    else vdt_f32_tiles(n, nr, nt, out, ldo, w, ldw, x, ldx);
-}
-static T2 void vdt_f32_1(int64_t n, float *out, const void *w, const void *x) { vdt_f32_tiles_1(n, out, w, x); }
+TILE_DRIVER(vdt_f32, T2, MK_F32, 3)
 TILE_DRIVER(vdt_f16, T2, MK_F16, 2)
 TILE_DRIVER(vdt_bf16, T2, MK_BF16, 2)
 
