@@ -56,10 +56,7 @@
 #include "gemm_q.h"
 
 enum { GROUP_BYTES = 8 * 32 + 32 };
-#define FUSED_TOKENS 2 /* at most this many tokens read the rows in place */
 #define TOK_BLOCK 4    /* tokens per micro-tile: 4 int and 4 float accumulators */
-/* prefetch distance past a group's first row: 8 rows on, plus 1 KiB */
-#define PF_AHEAD(roffs) (8 * (roffs)[1] + 1024)
 
 static inline int off_of(int kind) { return kind == Q_4_0 ? 8 : kind == Q_5_0 ? 16 : 0; }
 /* signed weight bytes: the sign trick */
@@ -111,9 +108,7 @@ static inline AI T2 void mk_direct(int kind, int64_t nb, const uint8_t *w, const
     __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *wb = w + (size_t)b * bw;
-        /* 8 row streams are more than the hardware prefetcher follows: the
-         * next group's rows (contiguous after these) go to L2 linearly */
-        if (pf) UNROLL for (size_t k = 0; k < 8 * bw; k += 64) _mm_prefetch((const char *)(w + PF_AHEAD(roffs) + (size_t)b * 8 * bw + k), _MM_HINT_T1);
+        if (pf) tl_prefetch_next_group8(w, roffs, b, bw);
         const __m256i yv = _mm256_loadu_si256((const __m256i *)y[b].qs);
         const __m256i base = off_of(kind) ? _mm256_maddubs_epi16(offv, yv) : _mm256_setzero_si256();
         __m256i p[8];
@@ -233,7 +228,7 @@ static inline AI T2 void gemm_q(int kind, int64_t n, int nr, int nt, float *out,
     for (int r0 = 0; r0 < nr; r0 += 8) {
         const uint8_t *W = (const uint8_t *)w + (size_t)r0 * ldw;
         const int g = tl_group_rows8(r0, nr, ldw, roffs);
-        if (nt <= FUSED_TOKENS) {
+        if (nt <= TL_AVX2_FUSED_TOKENS) {
             for (int t = 0; t < nt; t++)
                 mk_direct(kind, nb, W, roffs, (const block_q8_0 *)(X + (size_t)t * ldx), out + (size_t)t * ldo + r0, g,
                           t == 0);
@@ -252,7 +247,7 @@ static inline AI T2 void gemm_p8(int kind, int64_t n, int nr, int nt, float *out
     const int64_t nb = n / 32;
     for (int r0 = 0; r0 < nr; r0 += 8) {
         const uint8_t *wg = (const uint8_t *)w + (size_t)r0 * ldw;
-        if (nt <= FUSED_TOKENS || kind == Q_8_0) {
+        if (nt <= TL_AVX2_FUSED_TOKENS || kind == Q_8_0) {
             mk_tokens(kind, 1, nt, nb, wg, x, ldx, out + r0, ldo, 8);
             continue;
         }

@@ -30,8 +30,8 @@
  *   q6    s += (d_y * d_w) * (float)sumi
  *
  * so every entry is bitwise tl_vec_dot_ref, whatever the token count. A
- * group with more tokens than FUSED_TOKENS is transposed once for all its
- * tokens (n = 2048: 23 KiB of workspace, in L1), 4-token micro-tiles reuse
+ * group with more tokens than TL_AVX2_FUSED_TOKENS is transposed once for all
+ * its tokens (n = 2048: 23 KiB of workspace, in L1), 4-token micro-tiles reuse
  * it; fewer tokens (decode) read the 8 rows in place, each row's partial
  * sums folded into one ymm of 8 row sums by a vphaddd tree. */
 #include "quants_impl.h"
@@ -52,10 +52,7 @@
 
 enum { K4, K5, K6 };
 enum { GB_K45 = 82 * 32, GB_K6 = 89 * 32 }; /* workspace bytes per super-block of a group */
-#define FUSED_TOKENS 2 /* at most this many tokens read the rows in place */
 #define TOK_BLOCK 4    /* tokens per micro-tile */
-/* prefetch distance past a group's first row: 8 rows on, plus 1 KiB */
-#define PF_AHEAD(roffs) (8 * (roffs)[1] + 1024)
 
 static inline size_t kbw(int kind) {
     return kind == K4 ? sizeof(block_q4_K) : kind == K5 ? sizeof(block_q5_K) : sizeof(block_q6_K);
@@ -324,9 +321,7 @@ static inline AI T2 void rows(int kind, int64_t nb, const uint8_t *w, const size
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < nb; i++) {
         const uint8_t *wb = w + (size_t)i * bw;
-        /* 8 row streams are more than the hardware prefetcher follows: the
-         * next group's rows (contiguous after these) go to L2 linearly */
-        if (pf) for (size_t k = 0; k < 8 * bw; k += 64) _mm_prefetch((const char *)(w + PF_AHEAD(roffs) + (size_t)i * 8 * bw + k), _MM_HINT_T1);
+        if (pf) tl_prefetch_next_group8(w, roffs, i, bw);
         const __m256 dy = _mm256_set1_ps(y[i].d);
         __m256i ps[8], pm[8];
         if (kind == K6) {
@@ -352,7 +347,7 @@ static inline AI T2 void gemm_k(int kind, int64_t n, int nr, int nt, float *out,
     for (int r0 = 0; r0 < nr; r0 += 8) {
         const uint8_t *W = (const uint8_t *)w + (size_t)r0 * ldw;
         const int g = tl_group_rows8(r0, nr, ldw, roffs);
-        if (nt <= FUSED_TOKENS) {
+        if (nt <= TL_AVX2_FUSED_TOKENS) {
             for (int t = 0; t < nt; t++)
                 rows(kind, nb, W, roffs, (const block_q8_K *)(X + (size_t)t * ldx), out + (size_t)t * ldo + r0, g, t == 0);
             continue;

@@ -137,6 +137,19 @@ static inline TL_AVX2_AI void tl_store_rows8(float *out, __m256 v, int nr) {
     _mm256_maskstore_ps(out, _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), idx), v);
 }
 
+/* Up to this many tokens an AVX2 GEMM reads a group's rows in place
+ * (decode); more transpose it once for all of them. */
+#define TL_AVX2_FUSED_TOKENS 2
+
+/* 8 row streams are more than the hardware prefetcher follows: at block b
+ * of a group (row r at w + roffs[r], blocks of bw bytes) the next group's
+ * rows, contiguous after these, go to L2 linearly, 8 * bw bytes a block,
+ * from 1 KiB past its start. */
+static inline TL_AVX2_AI void tl_prefetch_next_group8(const uint8_t *w, const size_t *roffs, int64_t b, size_t bw) {
+    const uint8_t *p = w + 8 * roffs[1] + 1024 + (size_t)b * 8 * bw;
+    _Pragma("GCC unroll 8") for (size_t k = 0; k < 8 * bw; k += 64) _mm_prefetch((const char *)(p + k), _MM_HINT_T1);
+}
+
 /* roffs for the 8 rows from r0: rows past nr repeat the last row (valid
  * memory); their lanes are not stored. Returns the rows stored. */
 static inline int tl_group_rows8(int r0, int nr, size_t ldw, size_t roffs[8]) {
