@@ -157,9 +157,16 @@ static inline AI T2 void fill_sb(int kind, const uint8_t *w, const size_t *roffs
     UNROLL for (int k = 0; k < 8; k++)
         _mm256_store_si256(G + 80 + k, pair16_ab(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[2 * k], 5)),
                                                  _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[2 * k + 1], 5))));
-    uint16_t dh[8];
-    UNROLL for (int r = 0; r < 8; r++) memcpy(&dh[r], wb + roffs[r] + offsetof(block_q6_K, d), 2);
-    _mm256_store_ps((float *)(G + 88), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh)));
+    _mm256_store_ps((float *)(G + 88), tl_row_f16x8(wb + offsetof(block_q6_K, d), roffs));
+}
+
+/* A super-block's term in the reference's float order, lane by lane
+ * (quants_ref.c): acc + (d_y * d_w) * sumi, less (d_y * dmin_w) * summ for
+ * q4_K/q5_K. The GEMM's micro-tiles and the decode rows both add through it. */
+static inline AI T2 __m256 sb_term(int kind, __m256 acc, __m256 dy, __m256 dw, __m256 dm, __m256i sumi, __m256i summ) {
+    const __m256 t1 = _mm256_mul_ps(_mm256_mul_ps(dy, dw), _mm256_cvtepi32_ps(sumi));
+    if (kind == K6) return _mm256_add_ps(acc, t1);
+    return _mm256_add_ps(acc, _mm256_sub_ps(t1, _mm256_mul_ps(_mm256_mul_ps(dy, dm), _mm256_cvtepi32_ps(summ))));
 }
 
 static inline AI T2 __m256i bcast32(const void *p) { return _mm256_set1_epi32((int)ld32(p)); }
@@ -191,7 +198,7 @@ static inline AI T2 void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
         }
         const __m256 dw = _mm256_load_ps((const float *)(G + 88));
         UNROLL for (int c = 0; c < C; c++)
-            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(yb[c]->d), dw), _mm256_cvtepi32_ps(sumi[c])));
+            acc[c] = sb_term(kind, acc[c], _mm256_set1_ps(yb[c]->d), dw, dw, sumi[c], sumi[c]);
         return;
     }
     /* q4_K: a sub-block's 8 k-steps in int16; q5_K: two halves of 4 */
@@ -216,12 +223,7 @@ static inline AI T2 void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
         UNROLL for (int c = 0; c < C; c++) summ[c] = _mm256_add_epi32(summ[c], _mm256_madd_epi16(mn, bcast32(yb[c]->bsums + 2 * j)));
     }
     const __m256 dw = _mm256_load_ps((const float *)(G + 80)), dm = _mm256_load_ps((const float *)(G + 81));
-    UNROLL for (int c = 0; c < C; c++) {
-        const __m256 dy = _mm256_set1_ps(yb[c]->d);
-        const __m256 t1 = _mm256_mul_ps(_mm256_mul_ps(dy, dw), _mm256_cvtepi32_ps(sumi[c]));
-        const __m256 t2 = _mm256_mul_ps(_mm256_mul_ps(dy, dm), _mm256_cvtepi32_ps(summ[c]));
-        acc[c] = _mm256_add_ps(acc[c], _mm256_sub_ps(t1, t2));
-    }
+    UNROLL for (int c = 0; c < C; c++) acc[c] = sb_term(kind, acc[c], _mm256_set1_ps(yb[c]->d), dw, dm, sumi[c], summ[c]);
 }
 
 /* C tokens against one 8-row group, transposed in the workspace wk. */
@@ -327,14 +329,12 @@ static inline AI T2 void rows(int kind, int64_t nb, const uint8_t *w, const size
         if (kind == K6) {
             NO_UNROLL for (int r = 0; r < 8; r++) ps[r] = row_q6((const block_q6_K *)(wb + roffs[r]), y + i);
             const __m256 dw = tl_row_f16x8(wb + offsetof(block_q6_K, d), roffs);
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_mul_ps(dy, dw), _mm256_cvtepi32_ps(tl_sum8_epi32(ps))));
+            const __m256i sumi = tl_sum8_epi32(ps);
+            acc = sb_term(kind, acc, dy, dw, dw, sumi, sumi);
             continue;
         }
         UNROLL for (int r = 0; r < 8; r++) row_q45(kind, wb + roffs[r], y + i, &ps[r], &pm[r]);
-        const __m256 dw = tl_row_f16x8(wb, roffs), dm = tl_row_f16x8(wb + 2, roffs);
-        const __m256 t1 = _mm256_mul_ps(_mm256_mul_ps(dy, dw), _mm256_cvtepi32_ps(tl_sum8_epi32(ps)));
-        const __m256 t2 = _mm256_mul_ps(_mm256_mul_ps(dy, dm), _mm256_cvtepi32_ps(tl_sum8_epi32(pm)));
-        acc = _mm256_add_ps(acc, _mm256_sub_ps(t1, t2));
+        acc = sb_term(kind, acc, dy, tl_row_f16x8(wb, roffs), tl_row_f16x8(wb + 2, roffs), tl_sum8_epi32(ps), tl_sum8_epi32(pm));
     }
     tl_store_rows8(out, acc, nr);
 }
