@@ -1,4 +1,4 @@
-/* gemm_k_avx2.c - q4_K/q5_K/q6_K weights x q8_K activations with AVX2, 8
+/* gemm_k_avx2.c - q2_K..q6_K weights x q8_K activations with AVX2, 8
  * weight rows at a time: gemm_k_avx512.c's scheme (read its header first)
  * with ymm lanes and without VNNI.
  *
@@ -7,33 +7,41 @@
  *
  *   q[z], z = 0..63:  lane r = elements 4z..4z+3 of row r, unsigned
  *                     (q4_K: the nibble; q5_K: 0..31; q6_K: 0..63, not
- *                     yet less 32)
+ *                     yet less 32; q3_K: 0..7, not yet less 4; q2_K: 0..3)
  *   q4_K, q5_K (82):  sc[8] int16 pairs (sc_j, sc_j) | mn[8] pairs
  *                     (m_j, m_j) | d | dmin
- *   q6_K (89):        sc[16] int16 pairs (sc_j, sc_j) | cw[8] pairs
- *                     (-32 sc_2k, -32 sc_2k+1) | d
+ *   q6_K, q3_K (89):  sc[16] int16 pairs (sc_j, sc_j) | cw[8] pairs
+ *                     (-32 sc_2k, -32 sc_2k+1), q3_K's with -4 | d
+ *   q2_K (90):        sc[16] pairs | mn[8] pairs (m_2k, m_2k+1) | d | dmin
  *
  * vpmaddubsw takes the weights as the unsigned operand and 4 activation
  * bytes broadcast as the signed one. Its int16 pairs are at most 2 * 15 *
- * 128 (q4_K), 2 * 31 * 128 (q5_K), 2 * 63 * 128 (q6_K), so a sub-block's 8,
- * 4 or 2 k-steps add up in int16 without saturating (30720, 31744, 32256),
- * and one vpmaddwd by the (sc, sc) pair widens and scales them at once:
+ * 128 (q4_K), 2 * 31 * 128 (q5_K), 2 * 63 * 128 (q6_K), 2 * 7 * 128
+ * (q3_K), so a sub-block's 8, 4, 2 or 4 k-steps add up in int16 without
+ * saturating (30720, 31744, 32256, 7168), and one vpmaddwd by the (sc, sc)
+ * pair widens and scales them at once:
  *
  *   q4_K, q5_K  sumi = sum_j sc_j * dot(q_j, y_j)        (q5_K: per half)
  *               summ = sum_j m_j * (bsums_2j + bsums_2j+1)
- *   q6_K        sumi = sum_j sc_j * dot(q_j, y_j) + sum_j (-32 sc_j) bsums_j
+ *   q6_K, q3_K  sumi = sum_j sc_j * dot(q_j, y_j) + sum_j (-32 sc_j) bsums_j
+ *                      (q3_K: -4)
+ *   q2_K        sumi as q3_K's without the offset, summ = sum_j m_j bsums_j
  *
  * Integer sums, so the grouping does not change them; then the float ops in
  * the reference's order (quants_ref.c), super-block by super-block:
  *
- *   q4/5  s += (d_y * d_w) * (float)sumi - (d_y * dmin_w) * (float)summ
- *   q6    s += (d_y * d_w) * (float)sumi
+ *   q2/4/5  s += (d_y * d_w) * (float)sumi - (d_y * dmin_w) * (float)summ
+ *   q3/6    s += (d_y * d_w) * (float)sumi
  *
  * so every entry is bitwise tl_vec_dot_ref, whatever the token count. A
  * group with more tokens than TL_AVX2_FUSED_TOKENS is transposed once for all
  * its tokens (n = 2048: 23 KiB of workspace, in L1), 4-token micro-tiles reuse
  * it; fewer tokens (decode) read the 8 rows in place, each row's partial
- * sums folded into one ymm of 8 row sums by a vphaddd tree. */
+ * sums folded into one ymm of 8 row sums by a vphaddd tree (q2_K, q3_K:
+ * quants_extra_avx2.c's 4-row tiles, as before the GEMM). One thread,
+ * 110M-shaped files, prefill(256) tok/s before -> after the q2_K/q3_K
+ * GEMM: q2_K 375 -> 868, q3_K 280 -> 850; 8-sequence batched decode
+ * 1.0x -> 1.7-2.0x one sequence. */
 #include "quants_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -50,14 +58,17 @@
 #include "avx2_bytes.h"
 #include "gemm_q.h"
 
-enum { K4, K5, K6 };
-enum { GB_K45 = 82 * 32, GB_K6 = 89 * 32 }; /* workspace bytes per super-block of a group */
+enum { K4, K5, K6, K3, K2 }; /* q3_K: q6_K's workspace layout */
+enum { GB_K45 = 82 * 32, GB_K6 = 89 * 32, GB_K2 = 90 * 32 }; /* workspace bytes per super-block of a group */
 #define TOK_BLOCK 4    /* tokens per micro-tile */
 
 static inline size_t kbw(int kind) {
-    return kind == K4 ? sizeof(block_q4_K) : kind == K5 ? sizeof(block_q5_K) : sizeof(block_q6_K);
+    return kind == K4 ? sizeof(block_q4_K) : kind == K5 ? sizeof(block_q5_K) : kind == K6 ? sizeof(block_q6_K)
+         : kind == K3 ? sizeof(block_q3_K) : sizeof(block_q2_K);
 }
-static inline size_t gb_of(int kind) { return kind == K6 ? GB_K6 : GB_K45; }
+static inline size_t gb_of(int kind) { return kind == K2 ? GB_K2 : kind == K6 || kind == K3 ? GB_K6 : GB_K45; }
+/* 16 sub-blocks of 16, one scale each and no min but an offset (q6_K's -32, q3_K's -4) */
+static inline int offset_kind(int kind) { return kind == K6 || kind == K3; }
 
 /* 32 bytes at offset off of each of the 8 rows' super-block, transposed. */
 static inline AI T2 void tr_bytes(const uint8_t *wb, const size_t *roffs, size_t off, __m256i q[8]) {
@@ -73,11 +84,76 @@ static inline AI T2 __m256i pair16_ab(__m256i a, __m256i b) {
 }
 static inline AI T2 __m256i pair16(__m256i v) { return pair16_ab(v, v); }
 
+/* fill_sb for q2_K and q3_K: element 128c + 32j + p is bits 2j..2j+1 of
+ * qs byte 32c + p, so the transposed chunk c gives ymm 32c + 8j + k by one
+ * shift and mask (q3_K: bit 4c + j of hmask byte p moved to bit 2). */
+static inline AI T2 void fill_sb_q23(int kind, const uint8_t *wb, const size_t *roffs, __m256i *G) {
+    const size_t qo = kind == K2 ? offsetof(block_q2_K, qs) : offsetof(block_q3_K, qs);
+    const __m256i m3 = _mm256_set1_epi8(3), m04 = _mm256_set1_epi8(4);
+    __m256i hb[8];
+    if (kind == K3) tr_bytes(wb, roffs, offsetof(block_q3_K, hmask), hb);
+    UNROLL for (int c = 0; c < 2; c++) {
+        __m256i p[8];
+        tr_bytes(wb, roffs, qo + 32 * c, p);
+        UNROLL for (int j = 0; j < 4; j++) UNROLL for (int k = 0; k < 8; k++) {
+            __m256i v = _mm256_and_si256(_mm256_srli_epi16(p[k], 2 * j), m3);
+            if (kind == K3) {
+                const int b = 4 * c + j;
+                const __m256i h = b >= 2 ? _mm256_srli_epi16(hb[k], b - 2) : _mm256_slli_epi16(hb[k], 2 - b);
+                v = _mm256_or_si256(v, _mm256_and_si256(h, m04));
+            }
+            _mm256_store_si256(G + 32 * c + 8 * j + k, v);
+        }
+    }
+    const __m256i ff = _mm256_set1_epi32(0xFF);
+    __m256i h[8], sc[16];
+    if (kind == K2) {
+        /* scales bytes 0..15: scale j = low nibble of byte j, min j the high */
+        tr_bytes(wb, roffs, offsetof(block_q2_K, scales), h);
+        const __m256i f = _mm256_set1_epi32(0xF);
+        __m256i mn[16];
+        UNROLL16 for (int j = 0; j < 16; j++) {
+            sc[j] = _mm256_and_si256(_mm256_srli_epi32(h[j / 4], 8 * (j % 4)), f);
+            mn[j] = _mm256_and_si256(_mm256_srli_epi32(h[j / 4], 8 * (j % 4) + 4), f);
+            _mm256_store_si256(G + 64 + j, pair16(sc[j]));
+        }
+        UNROLL for (int k = 0; k < 8; k++) _mm256_store_si256(G + 80 + k, pair16_ab(mn[2 * k], mn[2 * k + 1]));
+        _mm256_store_ps((float *)(G + 88), tl_row_f16x8(wb + offsetof(block_q2_K, d), roffs));
+        _mm256_store_ps((float *)(G + 89), tl_row_f16x8(wb + offsetof(block_q2_K, dmin), roffs));
+        return;
+    }
+    /* q3_K: bytes 76..107 transposed, h[5..7] = the 12 scale bytes as three
+     * words per row; tl_q3_K_scales on the 8 rows at once */
+    tr_bytes(wb, roffs, offsetof(block_q3_K, scales) - 20, h);
+    const __m256i k2 = _mm256_set1_epi32(0x0f0f0f0f), k1 = _mm256_set1_epi32(0x03030303);
+    const __m256i w0 = h[5], w1 = h[6], w2 = h[7];
+    const __m256i a[4] = {
+        _mm256_or_si256(_mm256_and_si256(w0, k2), _mm256_slli_epi32(_mm256_and_si256(w2, k1), 4)),
+        _mm256_or_si256(_mm256_and_si256(w1, k2), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w2, 2), k1), 4)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w0, 4), k2),
+                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w2, 4), k1), 4)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w1, 4), k2),
+                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w2, 6), k1), 4)),
+    };
+    UNROLL16 for (int j = 0; j < 16; j++) {
+        sc[j] = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(a[j / 4], 8 * (j % 4)), ff), _mm256_set1_epi32(32));
+        _mm256_store_si256(G + 64 + j, pair16(sc[j]));
+    }
+    UNROLL for (int k = 0; k < 8; k++)
+        _mm256_store_si256(G + 80 + k, pair16_ab(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[2 * k], 2)),
+                                                 _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(sc[2 * k + 1], 2))));
+    _mm256_store_ps((float *)(G + 88), tl_row_f16x8(wb + offsetof(block_q3_K, d), roffs));
+}
+
 /* Super-block i of the group (row r at w + roffs[r]) into g (gb_of bytes). */
 static inline AI T2 void fill_sb(int kind, const uint8_t *w, const size_t *roffs, int64_t i, uint8_t *g) {
     const size_t bw = kbw(kind);
     const uint8_t *wb = w + (size_t)i * bw;
     __m256i *G = (__m256i *)g;
+    if (kind == K2 || kind == K3) {
+        fill_sb_q23(kind, wb, roffs, G);
+        return;
+    }
     const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
     if (kind != K6) {
         /* q5_K: qh byte l bit j = 5th bit of element l of sub-block j */
@@ -165,7 +241,7 @@ static inline AI T2 void fill_sb(int kind, const uint8_t *w, const size_t *roffs
  * q4_K/q5_K. The GEMM's micro-tiles and the decode rows both add through it. */
 static inline AI T2 __m256 sb_term(int kind, __m256 acc, __m256 dy, __m256 dw, __m256 dm, __m256i sumi, __m256i summ) {
     const __m256 t1 = _mm256_mul_ps(_mm256_mul_ps(dy, dw), _mm256_cvtepi32_ps(sumi));
-    if (kind == K6) return _mm256_add_ps(acc, t1);
+    if (offset_kind(kind)) return _mm256_add_ps(acc, t1);
     return _mm256_add_ps(acc, _mm256_sub_ps(t1, _mm256_mul_ps(_mm256_mul_ps(dy, dm), _mm256_cvtepi32_ps(summ))));
 }
 
@@ -180,7 +256,7 @@ static inline AI T2 void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
     UNROLL for (int c = 0; c < C; c++) yb[c] = (const block_q8_K *)(x + c * ldx) + i;
     __m256i sumi[TOK_BLOCK];
     UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm256_setzero_si256();
-    if (kind == K6) {
+    if (kind == K6 || kind == K3 || kind == K2) {
         for (int j = 0; j < 16; j++) {
             const __m256i sc = _mm256_load_si256(G + 64 + j);
             __m256i q[4];
@@ -189,16 +265,28 @@ static inline AI T2 void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
                 const int8_t *y = yb[c]->qs + 16 * j;
                 const __m256i ha = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], bcast32(y)), _mm256_maddubs_epi16(q[1], bcast32(y + 4)));
                 const __m256i hb = _mm256_add_epi16(_mm256_maddubs_epi16(q[2], bcast32(y + 8)), _mm256_maddubs_epi16(q[3], bcast32(y + 12)));
-                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_add_epi32(_mm256_madd_epi16(ha, sc), _mm256_madd_epi16(hb, sc)));
+                /* q2_K, q3_K: all 4 k-steps in int16 (at most 4 * 2 * 7 * 128) */
+                const __m256i p = kind == K6 ? _mm256_add_epi32(_mm256_madd_epi16(ha, sc), _mm256_madd_epi16(hb, sc))
+                                             : _mm256_madd_epi16(_mm256_add_epi16(ha, hb), sc);
+                sumi[c] = _mm256_add_epi32(sumi[c], p);
             }
         }
+        /* the offset's (-32 sc, -32 sc) or (-4 sc, -4 sc) pairs into sumi,
+         * or q2_K's (m_2k, m_2k+1) into summ, against bsums 2k, 2k+1 */
+        __m256i summ[TOK_BLOCK];
+        UNROLL for (int c = 0; c < C; c++) summ[c] = _mm256_setzero_si256();
         UNROLL for (int k = 0; k < 8; k++) {
             const __m256i cw = _mm256_load_si256(G + 80 + k);
-            UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(cw, bcast32(yb[c]->bsums + 2 * k)));
+            UNROLL for (int c = 0; c < C; c++) {
+                const __m256i p = _mm256_madd_epi16(cw, bcast32(yb[c]->bsums + 2 * k));
+                if (kind == K2) summ[c] = _mm256_add_epi32(summ[c], p);
+                else sumi[c] = _mm256_add_epi32(sumi[c], p);
+            }
         }
         const __m256 dw = _mm256_load_ps((const float *)(G + 88));
+        const __m256 dm = kind == K2 ? _mm256_load_ps((const float *)(G + 89)) : dw;
         UNROLL for (int c = 0; c < C; c++)
-            acc[c] = sb_term(kind, acc[c], _mm256_set1_ps(yb[c]->d), dw, dw, sumi[c], sumi[c]);
+            acc[c] = sb_term(kind, acc[c], _mm256_set1_ps(yb[c]->d), dw, dm, sumi[c], summ[c]);
         return;
     }
     /* q4_K: a sub-block's 8 k-steps in int16; q5_K: two halves of 4 */
@@ -339,10 +427,18 @@ static inline AI T2 void rows(int kind, int64_t nb, const uint8_t *w, const size
     tl_store_rows8(out, acc, nr);
 }
 
+/* q2_K and q3_K decode: quants_extra_avx2.c's row tiles, which read the
+ * prepared q8_K rows as they are and sum as the reference does */
+static tl_vec_dot_tile_fn rows_q2_K, rows_q3_K;
+
 static inline AI T2 void gemm_k(int kind, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
                                 const void *x, size_t ldx, void *work) {
     const int64_t nb = n / QK_K;
     const uint8_t *X = x;
+    if ((kind == K2 || kind == K3) && nt <= TL_AVX2_FUSED_TOKENS) {
+        (kind == K2 ? rows_q2_K : rows_q3_K)(n, nr, nt, out, ldo, w, ldw, x, ldx);
+        return;
+    }
     size_t roffs[8];
     for (int r0 = 0; r0 < nr; r0 += 8) {
         const uint8_t *W = (const uint8_t *)w + (size_t)r0 * ldw;
@@ -361,20 +457,28 @@ static inline AI T2 void gemm_k(int kind, int64_t n, int nr, int nt, float *out,
     }
 }
 
-/* The table's entry points, one per type: the GEMM, and vec_dot as its
- * 1 x 1 case (one token reads the row in place: no workspace). */
+/* The table's entry points, one per type: the GEMM, and for q4_K..q6_K
+ * vec_dot as its 1 x 1 case (one token reads the row in place: no
+ * workspace). */
 #define GEMM_K(SUF, KIND)                                                                                           \
     static T2 void gemm_##SUF(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,        \
                               const void *x, size_t ldx, void *work) {                                            \
         gemm_k(KIND, n, nr, nt, out, ldo, w, ldw, x, ldx, work);                                                    \
-    }                                                                                                               \
+    }
+#define DOT1(SUF, KIND)                                                                                             \
     static T2 void dot1_##SUF(int64_t n, float *out, const void *w, const void *x) {                               \
         gemm_k(KIND, n, 1, 1, out, 1, w, 0, x, 0, NULL);                                                            \
     }
 GEMM_K(q4_K, K4)
 GEMM_K(q5_K, K5)
 GEMM_K(q6_K, K6)
+GEMM_K(q3_K, K3)
+GEMM_K(q2_K, K2)
+DOT1(q4_K, K4)
+DOT1(q5_K, K5)
+DOT1(q6_K, K6)
 #undef GEMM_K
+#undef DOT1
 
 /* The prepared row is the q8_K row as tl_quantize_row makes it. */
 static tl_quantize_fn quantize_q8_K_fn;
@@ -391,6 +495,14 @@ void tl_gemm_k_fill_avx2(tl_kernel_table *t) {
     FILL(TL_TYPE_Q5_K, q5_K)
     FILL(TL_TYPE_Q6_K, q6_K)
 #undef FILL
+    /* q2_K, q3_K: the GEMM sums as the level's vec_dot and its tiles
+     * (quants_extra_avx2.c, filled before), which stay and do its decode */
+    rows_q2_K = t->vec_dot_tile[TL_TYPE_Q2_K];
+    rows_q3_K = t->vec_dot_tile[TL_TYPE_Q3_K];
+    t->gemm_tile[TL_TYPE_Q2_K] = gemm_q2_K;
+    t->gemm_tile[TL_TYPE_Q3_K] = gemm_q3_K;
+    t->gemm_prepare[TL_TYPE_Q2_K] = prepare_q8_K;
+    t->gemm_prepare[TL_TYPE_Q3_K] = prepare_q8_K;
 }
 
 #else
