@@ -1,4 +1,4 @@
-/* gemm_k_avx2.c - q2_K..q6_K weights x q8_K activations with AVX2, 8
+/* gemm_k_avx2.c - q2_K..q6_K and iq4_xs weights x q8_K activations with AVX2, 8
  * weight rows at a time: gemm_k_avx512.c's scheme (read its header first)
  * with ymm lanes and without VNNI.
  *
@@ -13,9 +13,12 @@
  *   q6_K, q3_K (89):  sc[16] int16 pairs (sc_j, sc_j) | cw[8] pairs
  *                     (-32 sc_2k, -32 sc_2k+1), q3_K's with -4 | d
  *   q2_K (90):        sc[16] pairs | mn[8] pairs (m_2k, m_2k+1) | d | dmin
+ *   iq4_xs (73):      q: the signed level (iq4_nl's, by vpshufb); sc[8]
+ *                     pairs | d
  *
- * vpmaddubsw takes the weights as the unsigned operand and 4 activation
- * bytes broadcast as the signed one. Its int16 pairs are at most 2 * 15 *
+ * vpmaddubsw takes the weights as the unsigned operand (iq4_xs: their
+ * magnitudes, the sign moved onto the activation: q8_0's sign trick) and 4
+ * activation bytes broadcast as the signed one. Its int16 pairs are at most 2 * 15 *
  * 128 (q4_K), 2 * 31 * 128 (q5_K), 2 * 63 * 128 (q6_K), 2 * 7 * 128
  * (q3_K), so a sub-block's 8, 4, 2 or 4 k-steps add up in int16 without
  * saturating (30720, 31744, 32256, 7168), and one vpmaddwd by the (sc, sc)
@@ -26,22 +29,24 @@
  *   q6_K, q3_K  sumi = sum_j sc_j * dot(q_j, y_j) + sum_j (-32 sc_j) bsums_j
  *                      (q3_K: -4)
  *   q2_K        sumi as q3_K's without the offset, summ = sum_j m_j bsums_j
+ *   iq4_xs      sumi = sum_j sc_j * dot(level_j, y_j): each k-step's pairs
+ *               (up to 2 * 127 * 127) widened by their own vpmaddwd
  *
  * Integer sums, so the grouping does not change them; then the float ops in
  * the reference's order (quants_ref.c), super-block by super-block:
  *
  *   q2/4/5  s += (d_y * d_w) * (float)sumi - (d_y * dmin_w) * (float)summ
- *   q3/6    s += (d_y * d_w) * (float)sumi
+ *   q3/6, iq4_xs  s += (d_y * d_w) * (float)sumi
  *
  * so every entry is bitwise tl_vec_dot_ref, whatever the token count. A
  * group with more tokens than TL_AVX2_FUSED_TOKENS is transposed once for all
  * its tokens (n = 2048: 23 KiB of workspace, in L1), 4-token micro-tiles reuse
  * it; fewer tokens (decode) read the 8 rows in place, each row's partial
- * sums folded into one ymm of 8 row sums by a vphaddd tree (q2_K, q3_K:
- * quants_extra_avx2.c's 4-row tiles, as before the GEMM). One thread,
- * 110M-shaped files, prefill(256) tok/s before -> after the q2_K/q3_K
- * GEMM: q2_K 375 -> 868, q3_K 280 -> 850; 8-sequence batched decode
- * 1.0x -> 1.7-2.0x one sequence. */
+ * sums folded into one ymm of 8 row sums by a vphaddd tree (q2_K, q3_K,
+ * iq4_xs: quants_extra_avx2.c's 4-row tiles, as before their GEMM). One thread,
+ * 110M-shaped files, prefill(256) tok/s before -> after this GEMM: q2_K
+ * 375 -> 868, q3_K 280 -> 850, iq4_xs 297 -> 512-583; 8-sequence batched
+ * decode 1.0x -> 1.4-2.0x one sequence. */
 #include "quants_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -58,17 +63,19 @@
 #include "avx2_bytes.h"
 #include "gemm_q.h"
 
-enum { K4, K5, K6, K3, K2 }; /* q3_K: q6_K's workspace layout */
-enum { GB_K45 = 82 * 32, GB_K6 = 89 * 32, GB_K2 = 90 * 32 }; /* workspace bytes per super-block of a group */
+enum { K4, K5, K6, K3, K2, KX }; /* q3_K: q6_K's workspace layout; KX: iq4_xs */
+enum { GB_K45 = 82 * 32, GB_K6 = 89 * 32, GB_K2 = 90 * 32, GB_KX = 73 * 32 }; /* workspace bytes per super-block */
 #define TOK_BLOCK 4    /* tokens per micro-tile */
 
 static inline size_t kbw(int kind) {
     return kind == K4 ? sizeof(block_q4_K) : kind == K5 ? sizeof(block_q5_K) : kind == K6 ? sizeof(block_q6_K)
-         : kind == K3 ? sizeof(block_q3_K) : sizeof(block_q2_K);
+         : kind == K3 ? sizeof(block_q3_K) : kind == K2 ? sizeof(block_q2_K) : sizeof(block_iq4_xs);
 }
-static inline size_t gb_of(int kind) { return kind == K2 ? GB_K2 : kind == K6 || kind == K3 ? GB_K6 : GB_K45; }
-/* 16 sub-blocks of 16, one scale each and no min but an offset (q6_K's -32, q3_K's -4) */
-static inline int offset_kind(int kind) { return kind == K6 || kind == K3; }
+static inline size_t gb_of(int kind) {
+    return kind == K2 ? GB_K2 : kind == K6 || kind == K3 ? GB_K6 : kind == KX ? GB_KX : GB_K45;
+}
+/* a min per sub-block, taken out by dmin (else one super-block scale d only) */
+static inline int has_min(int kind) { return kind == K4 || kind == K5 || kind == K2; }
 
 /* 32 bytes at offset off of each of the 8 rows' super-block, transposed. */
 static inline AI T2 void tr_bytes(const uint8_t *wb, const size_t *roffs, size_t off, __m256i q[8]) {
@@ -145,6 +152,34 @@ static inline AI T2 void fill_sb_q23(int kind, const uint8_t *wb, const size_t *
     _mm256_store_ps((float *)(G + 88), tl_row_f16x8(wb + offsetof(block_q3_K, d), roffs));
 }
 
+/* fill_sb for iq4_xs: sub-block j is 16 bytes of qs (low nibbles elements
+ * 0..15, high 16..31, as iq4_nl's block), so chunk c of 32 bytes holds
+ * sub-blocks 2c and 2c + 1; each nibble becomes its signed level (the
+ * sign trick's operand: levels and q8_K bytes are within +-127). */
+static inline AI T2 void fill_sb_iq4xs(const uint8_t *wb, const size_t *roffs, __m256i *G) {
+    const __m256i m4 = _mm256_set1_epi8(0xF), lut = tl_iq4nl_lut256();
+    UNROLL for (int c = 0; c < 4; c++) {
+        __m256i p[8];
+        tr_bytes(wb, roffs, offsetof(block_iq4_xs, qs) + 32 * c, p);
+        UNROLL for (int t = 0; t < 4; t++) {
+            _mm256_store_si256(G + 16 * c + t, _mm256_shuffle_epi8(lut, _mm256_and_si256(p[t], m4)));
+            _mm256_store_si256(G + 16 * c + 4 + t, _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(p[t], 4), m4)));
+            _mm256_store_si256(G + 16 * c + 8 + t, _mm256_shuffle_epi8(lut, _mm256_and_si256(p[4 + t], m4)));
+            _mm256_store_si256(G + 16 * c + 12 + t, _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(p[4 + t], 4), m4)));
+        }
+    }
+    /* h[0] lane r = d | scales_h << 16, h[1] = scales_l: tl_iq4xs_scale on the 8 rows */
+    __m256i h[8];
+    tr_bytes(wb, roffs, 0, h);
+    const __m256i f = _mm256_set1_epi32(0xF), k3 = _mm256_set1_epi32(3);
+    UNROLL for (int j = 0; j < 8; j++) {
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(h[1], 4 * j), f);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(h[0], 16 + 2 * j), k3);
+        _mm256_store_si256(G + 64 + j, pair16(_mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32))));
+    }
+    _mm256_store_ps((float *)(G + 72), tl_row_f16x8(wb + offsetof(block_iq4_xs, d), roffs));
+}
+
 /* Super-block i of the group (row r at w + roffs[r]) into g (gb_of bytes). */
 static inline AI T2 void fill_sb(int kind, const uint8_t *w, const size_t *roffs, int64_t i, uint8_t *g) {
     const size_t bw = kbw(kind);
@@ -152,6 +187,10 @@ static inline AI T2 void fill_sb(int kind, const uint8_t *w, const size_t *roffs
     __m256i *G = (__m256i *)g;
     if (kind == K2 || kind == K3) {
         fill_sb_q23(kind, wb, roffs, G);
+        return;
+    }
+    if (kind == KX) {
+        fill_sb_iq4xs(wb, roffs, G);
         return;
     }
     const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
@@ -241,7 +280,7 @@ static inline AI T2 void fill_sb(int kind, const uint8_t *w, const size_t *roffs
  * q4_K/q5_K. The GEMM's micro-tiles and the decode rows both add through it. */
 static inline AI T2 __m256 sb_term(int kind, __m256 acc, __m256 dy, __m256 dw, __m256 dm, __m256i sumi, __m256i summ) {
     const __m256 t1 = _mm256_mul_ps(_mm256_mul_ps(dy, dw), _mm256_cvtepi32_ps(sumi));
-    if (offset_kind(kind)) return _mm256_add_ps(acc, t1);
+    if (!has_min(kind)) return _mm256_add_ps(acc, t1);
     return _mm256_add_ps(acc, _mm256_sub_ps(t1, _mm256_mul_ps(_mm256_mul_ps(dy, dm), _mm256_cvtepi32_ps(summ))));
 }
 
@@ -256,6 +295,25 @@ static inline AI T2 void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
     UNROLL for (int c = 0; c < C; c++) yb[c] = (const block_q8_K *)(x + c * ldx) + i;
     __m256i sumi[TOK_BLOCK];
     UNROLL for (int c = 0; c < C; c++) sumi[c] = _mm256_setzero_si256();
+    if (kind == KX) {
+        /* the sign trick: |level| unsigned, the activation byte signed by
+         * the level; a k-step's pairs reach 2 * 127 * 127, so each widens
+         * and scales at once in vpmaddwd by the sub-block's (sc, sc) */
+        for (int j = 0; j < 8; j++) {
+            const __m256i sc = _mm256_load_si256(G + 64 + j);
+            UNROLL for (int k = 0; k < 8; k++) {
+                const __m256i q = _mm256_load_si256(G + 8 * j + k), aq = _mm256_abs_epi8(q);
+                UNROLL for (int c = 0; c < C; c++) {
+                    const __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(bcast32(yb[c]->qs + 32 * j + 4 * k), q));
+                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(p, sc));
+                }
+            }
+        }
+        const __m256 dw = _mm256_load_ps((const float *)(G + 72));
+        UNROLL for (int c = 0; c < C; c++)
+            acc[c] = sb_term(kind, acc[c], _mm256_set1_ps(yb[c]->d), dw, dw, sumi[c], sumi[c]);
+        return;
+    }
     if (kind == K6 || kind == K3 || kind == K2) {
         for (int j = 0; j < 16; j++) {
             const __m256i sc = _mm256_load_si256(G + 64 + j);
@@ -427,16 +485,16 @@ static inline AI T2 void rows(int kind, int64_t nb, const uint8_t *w, const size
     tl_store_rows8(out, acc, nr);
 }
 
-/* q2_K and q3_K decode: quants_extra_avx2.c's row tiles, which read the
- * prepared q8_K rows as they are and sum as the reference does */
-static tl_vec_dot_tile_fn rows_q2_K, rows_q3_K;
+/* q2_K, q3_K and iq4_xs decode: quants_extra_avx2.c's row tiles, which
+ * read the prepared q8_K rows as they are and sum as the reference does */
+static tl_vec_dot_tile_fn rows_q2_K, rows_q3_K, rows_iq4_xs;
 
 static inline AI T2 void gemm_k(int kind, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
                                 const void *x, size_t ldx, void *work) {
     const int64_t nb = n / QK_K;
     const uint8_t *X = x;
-    if ((kind == K2 || kind == K3) && nt <= TL_AVX2_FUSED_TOKENS) {
-        (kind == K2 ? rows_q2_K : rows_q3_K)(n, nr, nt, out, ldo, w, ldw, x, ldx);
+    if ((kind == K2 || kind == K3 || kind == KX) && nt <= TL_AVX2_FUSED_TOKENS) {
+        (kind == K2 ? rows_q2_K : kind == K3 ? rows_q3_K : rows_iq4_xs)(n, nr, nt, out, ldo, w, ldw, x, ldx);
         return;
     }
     size_t roffs[8];
@@ -474,6 +532,7 @@ GEMM_K(q5_K, K5)
 GEMM_K(q6_K, K6)
 GEMM_K(q3_K, K3)
 GEMM_K(q2_K, K2)
+GEMM_K(iq4_xs, KX)
 DOT1(q4_K, K4)
 DOT1(q5_K, K5)
 DOT1(q6_K, K6)
@@ -495,14 +554,18 @@ void tl_gemm_k_fill_avx2(tl_kernel_table *t) {
     FILL(TL_TYPE_Q5_K, q5_K)
     FILL(TL_TYPE_Q6_K, q6_K)
 #undef FILL
-    /* q2_K, q3_K: the GEMM sums as the level's vec_dot and its tiles
-     * (quants_extra_avx2.c, filled before), which stay and do its decode */
+    /* q2_K, q3_K, iq4_xs: the GEMM sums as the level's vec_dot and its
+     * tiles (quants_extra_avx2.c, filled before), which stay and decode */
     rows_q2_K = t->vec_dot_tile[TL_TYPE_Q2_K];
     rows_q3_K = t->vec_dot_tile[TL_TYPE_Q3_K];
-    t->gemm_tile[TL_TYPE_Q2_K] = gemm_q2_K;
-    t->gemm_tile[TL_TYPE_Q3_K] = gemm_q3_K;
-    t->gemm_prepare[TL_TYPE_Q2_K] = prepare_q8_K;
-    t->gemm_prepare[TL_TYPE_Q3_K] = prepare_q8_K;
+    rows_iq4_xs = t->vec_dot_tile[TL_TYPE_IQ4_XS];
+#define FILL(TYPE, SUF)                  \
+    t->gemm_tile[TYPE] = gemm_##SUF;     \
+    t->gemm_prepare[TYPE] = prepare_q8_K;
+    FILL(TL_TYPE_Q2_K, q2_K)
+    FILL(TL_TYPE_Q3_K, q3_K)
+    FILL(TL_TYPE_IQ4_XS, iq4_xs)
+#undef FILL
 }
 
 #else

@@ -1,8 +1,8 @@
 /* quants_extra_avx2.c - q2_K, q3_K and iq4_xs at the AVX2 level (q4_1,
  * q5_1 and iq4_nl have gemm_avx2.c's GEMM): 4 rows x 1 token micro-tiles
- * (TILE_DRIVER_RC), the 1 x 1 tile being vec_dot (q2_K and q3_K prefill
- * through gemm_k_avx2.c's GEMM, which decodes with these tiles; the
- * AVX-512 level adds gemm_k_avx512.c's; all sum the same way). The four rows
+ * (TILE_DRIVER_RC), the 1 x 1 tile being vec_dot (prefill goes through
+ * gemm_k_avx2.c's GEMM, which decodes with these tiles; the AVX-512 level
+ * has gemm_k_avx512.c's; all sum the same way). The four rows
  * share each activation load, their integer sums are reduced together,
  * and their float ops, each row's in the reference's order, run as the
  * lanes of one vector, where one row at a time waited on a scalar chain
