@@ -346,10 +346,15 @@ static inline AI T2 void mk_float(int kind, int R, int C, int pf, int64_t n, flo
  * row is bound by the FMA latency at 32 bytes (f32) or 16 (f16) of
  * weights per 4 cycles. Measured on Zen 4 at this level (TINYLOOP_ISA=avx2,
  * 110M, one thread, interleaved): one row at a time F16 90-97 tok/s
- * against 105-122, F32 49-50 against 56-62. */
+ * against 105-122, F32 49-50 against 56-62. BF16's conversion (a zero
+ * extension and a shift) pays for the third token as f32's loads do:
+ * prefill(512) 318-321 -> 366-368 tok/s (Zen 3, one thread; F16 at 3:
+ * 1.01x, noise). Converting 16 bf16 at once into even and odd lanes (a
+ * shift and an and, the activations deinterleaved to match) measured
+ * slower: 287-320. */
 TILE_DRIVER(vdt_f32, T2, MK_F32, 3)
 TILE_DRIVER(vdt_f16, T2, MK_F16, 2)
-TILE_DRIVER(vdt_bf16, T2, MK_BF16, 2)
+TILE_DRIVER(vdt_bf16, T2, MK_BF16, 3)
 
 /* ------------------------------------------------------------ K-quants */
 
