@@ -545,27 +545,26 @@ static void prepare_q8_K(const float *src, void *dst, int64_t n) { quantize_q8_K
 
 void tl_gemm_k_fill_avx2(tl_kernel_table *t) {
     quantize_q8_K_fn = t->quantize_q8_K;
-#define FILL(TYPE, SUF)                  \
-    t->vec_dot[TYPE] = dot1_##SUF;       \
-    t->vec_dot_tile[TYPE] = NULL;        \
-    t->gemm_tile[TYPE] = gemm_##SUF;     \
+    /* q2_K, q3_K, iq4_xs decode on the level's tiles (quants_extra_avx2.c,
+     * filled before), which sum as the GEMM does and stay */
+    rows_q2_K = t->vec_dot_tile[TL_TYPE_Q2_K];
+    rows_q3_K = t->vec_dot_tile[TL_TYPE_Q3_K];
+    rows_iq4_xs = t->vec_dot_tile[TL_TYPE_IQ4_XS];
+#define FILL(TYPE, SUF)              \
+    t->gemm_tile[TYPE] = gemm_##SUF; \
     t->gemm_prepare[TYPE] = prepare_q8_K;
     FILL(TL_TYPE_Q4_K, q4_K)
     FILL(TL_TYPE_Q5_K, q5_K)
     FILL(TL_TYPE_Q6_K, q6_K)
-#undef FILL
-    /* q2_K, q3_K, iq4_xs: the GEMM sums as the level's vec_dot and its
-     * tiles (quants_extra_avx2.c, filled before), which stay and decode */
-    rows_q2_K = t->vec_dot_tile[TL_TYPE_Q2_K];
-    rows_q3_K = t->vec_dot_tile[TL_TYPE_Q3_K];
-    rows_iq4_xs = t->vec_dot_tile[TL_TYPE_IQ4_XS];
-#define FILL(TYPE, SUF)                  \
-    t->gemm_tile[TYPE] = gemm_##SUF;     \
-    t->gemm_prepare[TYPE] = prepare_q8_K;
-    FILL(TL_TYPE_Q2_K, q2_K)
     FILL(TL_TYPE_Q3_K, q3_K)
+    FILL(TL_TYPE_Q2_K, q2_K)
     FILL(TL_TYPE_IQ4_XS, iq4_xs)
 #undef FILL
+    /* q4_K..q6_K: vec_dot is the GEMM's 1 x 1 case, and the tiles loop over it */
+    t->vec_dot[TL_TYPE_Q4_K] = dot1_q4_K;
+    t->vec_dot[TL_TYPE_Q5_K] = dot1_q5_K;
+    t->vec_dot[TL_TYPE_Q6_K] = dot1_q6_K;
+    t->vec_dot_tile[TL_TYPE_Q4_K] = t->vec_dot_tile[TL_TYPE_Q5_K] = t->vec_dot_tile[TL_TYPE_Q6_K] = NULL;
 }
 
 #else
