@@ -21,9 +21,11 @@
  *            at any value) x activations of +-1 (q8_K rows all +-127): the
  *            GEMM entries are still the scalar reference bitwise.
  *   forward  synthetic models of each architecture (f32, q4_0, q8_0,
- *            q4_K): a 45-token prompt prefilled in one call gives bitwise
- *            the logits of feeding it one token at a time (attention
- *            query chunks, token chunks of the matmuls, tile shapes), and
+ *            q4_K) and llama in q4_1, q2_K, q3_K and iq4_xs (whose
+ *            prefill GEMM decodes through other kernels): a 45-token
+ *            prompt prefilled in one call gives bitwise the logits of
+ *            feeding it one token at a time (attention query chunks,
+ *            token chunks of the matmuls, tile shapes), and
  *            two sequences prefilled together give what each gives alone.
  *   multi    tl_fwd_matmul_multi (a layer's Q, K, V in one run of the
  *            threads) gives bitwise what one matmul per weight gives, for
@@ -318,8 +320,8 @@ static int step_by_step(tl_model *m, const int32_t *prompt, int n, float *logits
 }
 
 static void test_forward(void) {
-    tm_spec specs[TM_ARCH_CASES + 1];
-    const char *names[TM_ARCH_CASES + 1];
+    tm_spec specs[TM_ARCH_CASES + 4];
+    const char *names[TM_ARCH_CASES + 4];
     int nc = tm_arch_cases(specs, names);
     /* and q4_1 weights (packed at AVX-512, with their mins), the output
      * tied to token_embd: lookups gather q4_1 rows from packed groups */
@@ -328,6 +330,18 @@ static void test_forward(void) {
     specs[nc].tied = 1;
     specs[nc].seed = 9;
     names[nc++] = "llama q4_1";
+    /* and the K-quant kinds whose prefill GEMM decodes through other
+     * kernels (row tiles at AVX2, rows_K at AVX-512): dims of 256 */
+    static const int ktypes[] = {TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_IQ4_XS};
+    static const char *const knames[] = {"llama q2_k", "llama q3_k", "llama iq4_xs"};
+    for (int k = 0; k < 3; k++) {
+        specs[nc] = tm_default_spec();
+        specs[nc].n_embd = 256;
+        specs[nc].n_ff = 512;
+        specs[nc].type = ktypes[k];
+        specs[nc].seed = 11 + k;
+        names[nc++] = knames[k];
+    }
     enum { N = 45, N2 = 21 };
     int32_t prompt[N], prompt2[N2];
     for (int i = 0; i < N; i++) prompt[i] = 3 + (i * 37 + 11) % 250;
