@@ -251,6 +251,15 @@ static int bench_one(const char *path, tl_model_params mp, int n_gen, int prompt
     print_phases(name, what, dph);
     snprintf(what, sizeof what, "decode steps of %d sequences", batch);
     print_phases(name, what, bph);
+    /* Where batching must stop: a batch step is the prefill's matmuls on
+     * fewer tokens (each weight read once for the batch instead of once
+     * for the prompt), so once the weights' reads are shared the batch
+     * runs at about the prefill's rate. The batch goal is judged against
+     * this: on AVX2 without VNNI (the int8 products bound by the multiply
+     * ports) prefill is ~3.5x a memory-bound decode, and no batch reaches
+     * 6x; with VNNI or AMX it is far above. */
+    printf("%-34s batch bound: prefill(%d) %.1f tok/s / one sequence %.1f tok/s = %.2fx; batch%d reached %.2fx of it\n",
+           name, prompt_len, pf, one, pf / one, batch, bat / pf);
     printf("%-34s %5.1f MiB  prefill(%d) %9.1f tok/s (%.1f per CPU-s)  decode %8.1f tok/s (%.1f GB/s of weights; after "
            "the prompt %.1f tok/s)  batch%d decode %9.1f tok/s  batch/single %.2fx (one sequence at the batch's contexts %.1f "
            "tok/s; %.2fx the decode after the prompt)  requests%d %9.1f tok/s  [%s]\n",
