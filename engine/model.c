@@ -20,6 +20,10 @@ static const tl_arch archs[] = {
     {.name = "llama", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
     /* Qwen 2 / 2.5: llama's block with Q/K/V biases and NEOX RoPE. */
     {.name = "qwen2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU},
+    /* Qwen 3 (dense): qwen2 without the biases, with a per-head RMSNorm of
+     * Q and K before RoPE (as gemma3's), and a head size of its own
+     * (attention.key_length: 128 at every size, n_embd / n_head or not). */
+    {.name = "qwen3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .qk_norm = 1},
     /* Gemma 3: GGUF norm weights already include the +1 (the converter adds it). */
     {.name = "gemma3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .qk_norm = 1, .post_norms = 1,
      .embd_scale = 1, .swa_pattern = 6, .rope_base_swa = 10000.0f},
@@ -85,6 +89,11 @@ static int load_hparams(tl_model *m) {
                             hp->n_head_kv);
     int def_hd = hp->n_embd / hp->n_head;
     if ((rc = arch_u32(m, "attention.key_length", 0, (uint32_t)def_hd, &hp->head_dim))) return rc;
+    int v_dim;
+    if ((rc = arch_u32(m, "attention.value_length", 0, (uint32_t)hp->head_dim, &v_dim))) return rc;
+    if (v_dim != hp->head_dim)
+        return tl_set_error(TL_ERR_UNSUPPORTED, "attention.value_length %d differs from key_length %d", v_dim,
+                            hp->head_dim);
     if ((rc = arch_u32(m, "rope.dimension_count", 0, (uint32_t)hp->head_dim, &hp->n_rot))) return rc;
     if ((rc = arch_u32(m, "attention.sliding_window", 0, 0, &hp->sliding_window))) return rc;
     if (hp->head_dim < 2 || hp->head_dim % 2 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
@@ -308,7 +317,7 @@ int tl_model_open(const char *path, tl_model_params params, tl_model **out) {
     }
     m->arch = find_arch(arch.ptr, arch.len);
     if (!m->arch) {
-        rc = tl_set_error(TL_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: llama, qwen2, gemma3)",
+        rc = tl_set_error(TL_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, gemma3)",
                           (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
         goto fail;
     }

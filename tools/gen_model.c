@@ -1,7 +1,7 @@
 /* tl-gen-model - writes a synthetic llama GGUF (see tests/c/lib/testmodel.h).
  *   tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]
  *                [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]
- *                [--twin-f32] [--tied] [--seed N] */
+ *                [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|gemma3] [--head-dim N] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +22,7 @@ int main(int argc, char **argv) {
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]\n"
                         "                    [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]\n"
-                        "                    [--twin-f32] [--tied] [--seed N]\n");
+                        "                    [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|gemma3] [--head-dim N]\n");
         return 2;
     }
     tm_spec s = tm_default_spec();
@@ -36,7 +36,17 @@ int main(int argc, char **argv) {
         }
         INT_OPT("--vocab", n_vocab) INT_OPT("--dim", n_embd) INT_OPT("--layers", n_layer)
         INT_OPT("--heads", n_head) INT_OPT("--kv-heads", n_head_kv) INT_OPT("--ff", n_ff)
-        INT_OPT("--ctx", n_ctx) INT_OPT("--unroll", unroll)
+        INT_OPT("--ctx", n_ctx) INT_OPT("--unroll", unroll) INT_OPT("--head-dim", head_dim)
+        else if (!strcmp(a, "--arch") && more) {
+            const char *v = argv[++i];
+            s.qwen2 = !strcmp(v, "qwen2");
+            s.qwen3 = !strcmp(v, "qwen3");
+            s.gemma3 = !strcmp(v, "gemma3");
+            if (!s.qwen2 && !s.qwen3 && !s.gemma3 && strcmp(v, "llama")) {
+                fprintf(stderr, "tl-gen-model: unknown architecture '%s' (llama, qwen2, qwen3, gemma3)\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--loop") && i + 3 < argc) {
             s.loop_start = atoi(argv[++i]);
             s.loop_end = atoi(argv[++i]);

@@ -373,25 +373,110 @@ static void test_qwen2(void) {
     CHECK(test_nmse(l[1], l[0], 320) > 1e-6, "random Q/K/V biases change the logits (nmse %g)", test_nmse(l[1], l[0], 320));
 }
 
+/* Overwrites every occurrence of `from` in the first 1 MiB of a file with
+ * `to` (the same length); returns how many. */
+static int patch_bytes(const char *path, const char *from, const char *to) {
+    static uint8_t buf[1 << 20];
+    FILE *f = fopen(path, "r+b");
+    if (!f) return 0;
+    size_t len = fread(buf, 1, sizeof buf, f), n = strlen(from);
+    int hits = 0;
+    for (uint8_t *at = buf; (at = memmem(at, len - (size_t)(at - buf), from, n)); at += n, hits++) {
+        fseek(f, (long)(at - buf), SEEK_SET);
+        fwrite(to, 1, n, f);
+    }
+    fclose(f);
+    return hits;
+}
+
+/* Sets the u32 value of metadata key `key` (the first 1 MiB of the file);
+ * 0 when the key is absent. */
+static int patch_u32_key(const char *path, const char *key, uint32_t value) {
+    static uint8_t buf[1 << 20];
+    FILE *f = fopen(path, "r+b");
+    if (!f) return 0;
+    size_t len = fread(buf, 1, sizeof buf, f);
+    uint8_t *at = memmem(buf, len, key, strlen(key));
+    if (at) {
+        fseek(f, (long)(at - buf + strlen(key) + 4), SEEK_SET); /* past the key and its u32 type */
+        fwrite(&value, 4, 1, f);
+    }
+    fclose(f);
+    return at != NULL;
+}
+
+/* qwen3: per-head Q/K norms before RoPE, a head size of its own. The
+ * reference: ik_llama.cpp's llama-simple (greedy) printed, on this
+ * synthetic model and prompt, exactly the bytes of these 24 tokens
+ * (2026-12-06; at f32 the two engines differ only in summation order, and
+ * the smallest top-2 logit gap over these steps is far above it). */
+static void test_qwen3(void) {
+    tm_spec s = tm_default_spec();
+    s.qwen3 = 1;
+    s.n_embd = 256;
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.head_dim = 96; /* q_dim 384 on a width of 256 */
+    s.n_ff = 512;
+    s.n_layer = 4;
+    s.seed = 5;
+    const char *path = tmp_path("qwen3");
+    CHECK(tm_write(&s, path) == 0, "a synthetic qwen3 model is written");
+    tl_model *m = NULL;
+    tl_model_open(path, tl_model_default_params(), &m);
+    CHECK(m != NULL, "a qwen3 model with heads of 96 on a width of 256 opens (%s)", m ? "" : tl_last_error());
+    if (m) {
+        tl_model_info info;
+        tl_model_get_info(m, &info);
+        CHECK(!strcmp(info.arch, "qwen3"), "its architecture reads qwen3 (%s)", info.arch);
+        static const char text[] = "the cat sat on the mat and then it ran";
+        static const int32_t want_prompt[24] = {1,   260, 292, 271, 313, 265, 313, 262, 113, 260, 292, 272,
+                                                313, 261, 113, 103, 260, 292, 113, 263, 119, 267, 100, 113};
+        static const int32_t want[24] = {216, 216, 216, 216, 216, 216, 216, 216, 216, 216, 216, 216,
+                                         236, 316, 316, 316, 316, 316, 316, 316, 36,  213, 36,  213};
+        int32_t ids[64], out[24];
+        int np = tl_tokenize(m, text, (int)strlen(text), 1, 0, ids, 64);
+        CHECK(np == 24 && !memcmp(ids, want_prompt, sizeof want_prompt), "the prompt tokenizes as it did (%d ids)", np);
+        tl_generate_params gp = tl_generate_default_params();
+        gp.max_tokens = 24;
+        gp.ignore_eos = 1;
+        int ng = np == 24 ? tl_generate(m, ids, np, gp, out, 24) : -1;
+        CHECK(ng == 24 && !memcmp(out, want, sizeof want), "greedy tokens on a qwen3 model equal ik_llama.cpp's (%d)", ng);
+        tl_model_close(m);
+    }
+    remove(path);
+
+    /* a qwen3 file without the Q/K norms (a qwen2 model renamed) is refused, naming the tensor */
+    tm_spec q2 = tm_default_spec();
+    q2.qwen2 = 1;
+    path = tmp_path("qwen3_nonorm");
+    tm_write(&q2, path);
+    CHECK(patch_bytes(path, "qwen2", "qwen3") > 3, "a qwen2 file is renamed qwen3");
+    m = NULL;
+    int rc = tl_model_open(path, tl_model_default_params(), &m);
+    CHECK(rc == TL_ERR_FORMAT && !m && strstr(tl_last_error(), "blk.0.attn_q_norm.weight"),
+          "a qwen3 file without Q/K norms is refused, naming the tensor (%s)", tl_last_error());
+    remove(path);
+
+    /* a value head size other than the key's is refused, naming both */
+    s.n_layer = 1;
+    path = tmp_path("qwen3_vlen");
+    tm_write(&s, path);
+    CHECK(patch_u32_key(path, "qwen3.attention.value_length", 64), "the file has a value_length key");
+    m = NULL;
+    rc = tl_model_open(path, tl_model_default_params(), &m);
+    CHECK(rc == TL_ERR_UNSUPPORTED && !m && strstr(tl_last_error(), "value_length 64 differs from key_length 96"),
+          "a value head size other than the key's is refused, naming both (%s)", tl_last_error());
+    remove(path);
+}
+
 /* A block_count the file's tensors cannot back (a fuzzer found one that
  * made the loader size 20 GB of layers) is refused before any allocation. */
 static void test_hostile_block_count(void) {
     tm_spec s = tm_default_spec();
     const char *path = tmp_path("blocks");
     tm_write(&s, path);
-    FILE *f = fopen(path, "r+b");
-    static uint8_t buf[1 << 20];
-    size_t len = f ? fread(buf, 1, sizeof buf, f) : 0;
-    const char key[] = "llama.block_count";
-    uint8_t *at = memmem(buf, len, key, sizeof key - 1);
-    CHECK(at != NULL, "the model has a block_count key");
-    if (at && f) {
-        size_t v = (size_t)(at - buf) + sizeof key - 1 + 4; /* past the key and its u32 type */
-        const uint32_t huge = 67174401;
-        fseek(f, (long)v, SEEK_SET);
-        fwrite(&huge, 4, 1, f);
-    }
-    if (f) fclose(f);
+    CHECK(patch_u32_key(path, "llama.block_count", 67174401), "the model has a block_count key");
     tl_model *m = NULL;
     int rc = tl_model_open(path, tl_model_default_params(), &m);
     CHECK(rc == TL_ERR_FORMAT && m == NULL && strstr(tl_last_error(), "block_count 67174401"),
@@ -498,6 +583,7 @@ int main(void) {
     test_quant_twins();
     test_loops();
     test_qwen2();
+    test_qwen3();
     test_hostile_block_count();
     test_errors_and_sampling();
     return test_summary();

@@ -3,8 +3,8 @@
  * shapes and types, the vocab and the loop keys of hostile files meet the
  * binding code, not only the parser; a model that opens also generates two
  * tokens and is closed. Seeds (TL_FUZZ_WRITE_SEEDS=DIR): tiny synthetic
- * llama, looped, quantized, qwen2 and gemma3 models, and 256-wide K-quant
- * (and iq4_xs) ones. */
+ * llama, looped, quantized, qwen2, gemma3 and qwen3 (heads wider than
+ * n_embd / n_head) models, and 256-wide K-quant (and iq4_xs) ones. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +38,11 @@ static void write_seeds(const char *dir) {
         snprintf(path, sizeof path, "%s/model-%d.gguf", dir, k);
         tm_write(&s, path);
     }
+    tm_spec q3 = tm_default_spec();
+    q3.qwen3 = 1, q3.head_dim = 32, q3.n_layer = 1, q3.n_vocab = 260, q3.n_ctx = 64;
+    char path[512];
+    snprintf(path, sizeof path, "%s/model-qwen3.gguf", dir);
+    tm_write(&q3, path);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {

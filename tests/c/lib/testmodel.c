@@ -10,7 +10,8 @@
 #include "quants.h"
 
 int tm_arch_cases(tm_spec *c, const char **names) {
-    static const char *const n[TM_ARCH_CASES] = {"llama f32", "llama loop q4_0", "qwen2 bias q8_0", "gemma3 swa q4_k"};
+    static const char *const n[TM_ARCH_CASES] = {"llama f32", "llama loop q4_0", "qwen2 bias q8_0", "gemma3 swa q4_k",
+                                                 "qwen3 q8_0 head 32"};
     for (int i = 0; i < TM_ARCH_CASES; i++) {
         c[i] = tm_default_spec();
         names[i] = n[i];
@@ -34,6 +35,10 @@ int tm_arch_cases(tm_spec *c, const char **names) {
     c[3].n_ff = 512;
     c[3].type = TL_TYPE_Q4_K;
     c[3].seed = 5;
+    c[4].qwen3 = 1; /* Q/K norms; heads of 32 on a width of 64 (q_dim 128) */
+    c[4].head_dim = 32;
+    c[4].type = TL_TYPE_Q8_0;
+    c[4].seed = 6;
     return TM_ARCH_CASES;
 }
 
@@ -150,11 +155,11 @@ int tm_write(const tm_spec *s, const char *path) {
         return -1;
     }
     gguf_writer *gw = gw_new();
-    int hd = s->n_embd / s->n_head;
+    int hd = s->head_dim ? s->head_dim : s->n_embd / s->n_head;
     int looped = s->loop_end > s->loop_start;
     int core = s->loop_end - s->loop_start;
     int n_written = s->n_layer + (looped && s->unroll > 0 ? core * (s->unroll - 1) : 0);
-    const char *arch = s->gemma3 ? "gemma3" : s->qwen2 ? "qwen2" : "llama";
+    const char *arch = s->gemma3 ? "gemma3" : s->qwen3 ? "qwen3" : s->qwen2 ? "qwen2" : "llama";
     char key[96];
 #define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
     gw_set_str(gw, "general.architecture", arch);
@@ -168,7 +173,8 @@ int tm_write(const tm_spec *s, const char *path) {
     gw_set_u32(gw, KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
     gw_set_f32(gw, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
     if (s->rope_base > 0) gw_set_f32(gw, KEY("rope.freq_base"), s->rope_base);
-    if (s->gemma3) gw_set_u32(gw, KEY("attention.key_length"), (uint32_t)hd);
+    if (s->gemma3 || s->head_dim) gw_set_u32(gw, KEY("attention.key_length"), (uint32_t)hd);
+    if (s->head_dim) gw_set_u32(gw, KEY("attention.value_length"), (uint32_t)hd);
     if (s->gemma3 && s->sliding_window > 0) gw_set_u32(gw, KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
 #undef KEY
     if (looped && s->unroll <= 0) {
@@ -216,9 +222,11 @@ int tm_write(const tm_spec *s, const char *path) {
                 free(v);
             }
         }
-        if (s->gemma3) {
+        if (s->gemma3 || s->qwen3) {
             rc |= add_norm(gw, NAME("attn_q_norm"), hd, ls + 9);
             rc |= add_norm(gw, NAME("attn_k_norm"), hd, ls + 10);
+        }
+        if (s->gemma3) {
             rc |= add_norm(gw, NAME("post_attention_norm"), s->n_embd, ls + 11);
             rc |= add_norm(gw, NAME("post_ffw_norm"), s->n_embd, ls + 12);
         }

@@ -24,6 +24,8 @@ typedef struct tm_spec {
     int gemma3;        /* 1: gemma3 architecture (q/k norms, post norms, GeGLU, tied output) */
     int sliding_window; /* gemma3: window of the local layers (5 of every 6); 0: key absent */
     int qwen2;         /* 1: qwen2 architecture (NEOX RoPE) */
+    int qwen3;         /* 1: qwen3 architecture (NEOX RoPE, per-head Q/K norms) */
+    int head_dim;      /* 0: n_embd / n_head (no key_length key); else written as attention.key_length */
     int bias;          /* qwen2: 1 random Q/K/V biases, 2 all-zero biases, 0 none */
 } tm_spec;
 
@@ -32,8 +34,9 @@ tm_spec tm_default_spec(void); /* small: vocab 320, dim 64, 2 layers, 4 heads (2
  * (room for TM_ARCH_CASES): llama f32; llama with a loop block (layers 1-2
  * run twice, Q4_0); qwen2 with Q/K/V biases and NEOX RoPE (Q8_0); gemma3
  * with Q/K norms, post norms, GeGLU and a window of 8 on 5 of 6 layers
- * (Q4_K, dims of 256). Returns TM_ARCH_CASES. */
-#define TM_ARCH_CASES 4
+ * (Q4_K, dims of 256); qwen3 with Q/K norms and heads of 32 on a width of
+ * 64 (Q8_0). Returns TM_ARCH_CASES. */
+#define TM_ARCH_CASES 5
 int tm_arch_cases(tm_spec *specs, const char **names);
 /* Returns 0 on success, -1 on failure (message on stderr). */
 int tm_write(const tm_spec *spec, const char *path);
