@@ -22,7 +22,8 @@
  *            GEMM entries are still the scalar reference bitwise.
  *   forward  synthetic models of each architecture (f32, q4_0, q8_0,
  *            q4_K) and llama in q4_1, q2_K, q3_K and iq4_xs (whose
- *            prefill GEMM decodes through other kernels): a 45-token
+ *            prefill GEMM decodes through other kernels) and in q8_0,
+ *            q5_0 and f16 at shapes off every tile size: a 45-token
  *            prompt prefilled in one call gives bitwise the logits of
  *            feeding it one token at a time (attention query chunks,
  *            token chunks of the matmuls, tile shapes), and
@@ -320,8 +321,8 @@ static int step_by_step(tl_model *m, const int32_t *prompt, int n, float *logits
 }
 
 static void test_forward(void) {
-    tm_spec specs[TM_ARCH_CASES + 4];
-    const char *names[TM_ARCH_CASES + 4];
+    tm_spec specs[TM_ARCH_CASES + 7];
+    const char *names[TM_ARCH_CASES + 7];
     int nc = tm_arch_cases(specs, names);
     /* and q4_1 weights (packed at AVX-512, with their mins), the output
      * tied to token_embd: lookups gather q4_1 rows from packed groups */
@@ -341,6 +342,22 @@ static void test_forward(void) {
         specs[nc].type = ktypes[k];
         specs[nc].seed = 11 + k;
         names[nc++] = knames[k];
+    }
+    /* and shapes off every tile size: 333 vocab rows (no 8- or 16-row
+     * packing of the output or the tied embeddings), a width of 96 (3
+     * blocks), 3 heads, ff 224 (7 blocks) */
+    static const int otypes[] = {TL_TYPE_Q8_0, TL_TYPE_Q5_0, TL_TYPE_F16};
+    static const char *const onames[] = {"odd q8_0 tied", "odd q5_0", "odd f16"};
+    for (int k = 0; k < 3; k++) {
+        specs[nc] = tm_default_spec();
+        specs[nc].n_vocab = 333;
+        specs[nc].n_embd = 96;
+        specs[nc].n_head = 3;
+        specs[nc].n_head_kv = 1;
+        specs[nc].n_ff = 224;
+        specs[nc].type = otypes[k];
+        specs[nc].seed = 21 + k;
+        names[nc++] = onames[k];
     }
     enum { N = 45, N2 = 21 };
     int32_t prompt[N], prompt2[N2];
