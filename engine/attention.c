@@ -737,13 +737,15 @@ void tl_fwd_store_kv(tl_model *m, tl_seq **seqs, int vl, int t) {
 }
 
 /* q/k norm and RoPE of one token's K heads (or Q heads), in place; cs: the
- * token's tl_rope_table, or NULL to compute the angles here. */
+ * token's tl_rope_table, or NULL to compute the angles here; rope 0: the
+ * norm only (a NoPE layer, tl_model_layer_rope). */
 void tl_fwd_k_finish(const tl_model *m, float *k, int n_heads, const float *norm, int pos, float rope_base,
-                     const float *cs) {
+                     const float *cs, int rope) {
     int hd = m->hp.head_dim;
     for (int h = 0; h < n_heads; h++) {
         float *x = k + (size_t)h * hd;
         if (norm) tl_rmsnorm(x, x, norm, hd, m->hp.norm_eps);
+        if (!rope) continue;
         if (cs)
             tl_rope_apply(x, cs, m->hp.n_rot, m->arch->rope_type);
         else
@@ -791,7 +793,8 @@ static int h_recompute(tl_model *m, const tl_seq *seq, int vl, const tl_layer *l
     if (ly->bk) tl_fwd_add_bias(s->hk, ly->bk, n, kv_dim);
     if (ly->bv) tl_fwd_add_bias(s->hv, ly->bv, n, kv_dim);
     for (int t = 0; t < n; t++)
-        tl_fwd_k_finish(m, s->hk + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, p0 + t, rope_base, NULL);
+        tl_fwd_k_finish(m, s->hk + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, p0 + t, rope_base, NULL,
+                        tl_model_layer_rope(m, (int)(ly - m->layers)));
     return TL_OK;
 }
 

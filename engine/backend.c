@@ -134,6 +134,13 @@ int tl_backend_select(tl_model *m, int *n_blocks, const tl_kv_layout *kv, int kv
     int forced = want && !strcmp(want, "cuda");
     if (want && !forced && strcmp(want, "auto"))
         return tl_set_error(TL_ERR_INVALID_ARG, "TINYLOOP_BACKEND='%s' is not cpu, cuda or auto", want);
+    /* the plugin applies RoPE on every layer: NoPE layers (smollm3) stay on the CPU */
+    if (m->arch->nope_every > 0) {
+        if (forced)
+            return tl_set_error(TL_ERR_UNSUPPORTED, "TINYLOOP_BACKEND=cuda: %s's layers without RoPE run on the CPU only",
+                                m->arch->name);
+        return TL_OK;
+    }
     const char *lib = getenv("TINYLOOP_CUDA_LIB");
     if (!forced && !(lib && *lib) && !gpu_device_node_exists()) return TL_OK; /* a plugin named by path is still tried */
     char tried[2048];

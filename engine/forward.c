@@ -530,9 +530,11 @@ static void tok_task(void *p, int ith, int nth) {
         case TOK_QK_FINISH: {
             float *cs = s->rope_cs + ((size_t)c->tab * s->cap + t) * hp->n_rot;
             if (!s->rope_ok[c->tab]) tl_rope_table(cs, s->tok_pos[t], hp->n_rot, c->rope_base, m->rope_freqs);
-            tl_fwd_k_finish(m, s->q + (size_t)t * q_dim, hp->n_head, ly->q_norm, s->tok_pos[t], c->rope_base, cs);
+            const int rope = tl_model_layer_rope(m, (int)(ly - m->layers));
+            tl_fwd_k_finish(m, s->q + (size_t)t * q_dim, hp->n_head, ly->q_norm, s->tok_pos[t], c->rope_base, cs, rope);
             if (!m->kv.layout.store_h)
-                tl_fwd_k_finish(m, s->k + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, s->tok_pos[t], c->rope_base, cs);
+                tl_fwd_k_finish(m, s->k + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, s->tok_pos[t], c->rope_base, cs,
+                                rope);
             /* here rather than in a loop of its own on the calling thread:
              * 0.3-0.4 ms of a 16-sequence decode step (110M Q8_0) that the
              * other thread did not share */

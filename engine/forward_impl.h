@@ -65,7 +65,7 @@ void tl_fwd_add_bias(float *x, const float *b, int T, int n);
  * attention of the batch at virtual layer vl into scratch->att. */
 void tl_fwd_store_kv(tl_model *m, tl_seq **seqs, int vl, int t);
 void tl_fwd_k_finish(const tl_model *m, float *k, int n_heads, const float *norm, int pos, float rope_base,
-                     const float *cs);
+                     const float *cs, int rope);
 int tl_fwd_attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T, int window, float rope_base);
 
 #endif

@@ -25,6 +25,8 @@ static const tl_arch archs[] = {
      * (attention.key_length: 128 at every size, n_embd / n_head or not). */
     {.name = "qwen3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .qk_norm = 1},
     /* Gemma 3: GGUF norm weights already include the +1 (the converter adds it). */
+    /* SmolLM3: llama's block, but every 4th layer attends without RoPE. */
+    {.name = "smollm3", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .nope_every = 4},
     {.name = "gemma3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .qk_norm = 1, .post_norms = 1,
      .embd_scale = 1, .swa_pattern = 6, .rope_base_swa = 10000.0f},
 };
@@ -317,7 +319,7 @@ int tl_model_open(const char *path, tl_model_params params, tl_model **out) {
     }
     m->arch = find_arch(arch.ptr, arch.len);
     if (!m->arch) {
-        rc = tl_set_error(TL_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, gemma3)",
+        rc = tl_set_error(TL_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, smollm3, gemma3)",
                           (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
         goto fail;
     }

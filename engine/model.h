@@ -31,6 +31,8 @@ typedef struct tl_arch {
     int swa_pattern;       /* > 0: of every swa_pattern layers the last is global, the others
                               use the sliding window (gemma3: 6) */
     float rope_base_swa;   /* RoPE base of sliding-window layers (0: the global one) */
+    int nope_every;        /* > 0: layers nope_every - 1, 2 * nope_every - 1, ... (0-based) take
+                              no RoPE (smollm3: 4) */
 } tl_arch;
 
 typedef struct tl_hparams {

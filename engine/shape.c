@@ -1,7 +1,8 @@
 /* shape.c - the model's shape as the layers above read it: loop depth,
- * the physical layer behind each virtual layer, sliding windows, and the
- * sequences (block tables) that run through it. Everything here reads the
- * loaded model and calls nothing above the KV arena. */
+ * the physical layer behind each virtual layer, sliding windows, the
+ * layers without RoPE, and the sequences (block tables) that run through
+ * it. Everything here reads the loaded model and calls nothing above the
+ * KV arena. */
 #include "shape.h"
 
 #include <stdlib.h>
@@ -13,6 +14,11 @@ int tl_model_layer_window(const tl_model *m, int L) {
     int p = m->arch->swa_pattern;
     if (!m->hp.sliding_window || p <= 0 || L % p == p - 1) return 0;
     return m->hp.sliding_window;
+}
+
+int tl_model_layer_rope(const tl_model *m, int L) {
+    int e = m->arch->nope_every;
+    return e <= 0 || (L + 1) % e != 0;
 }
 
 int tl_model_effective_loops(const tl_model *m, int loops) {

@@ -1,6 +1,6 @@
 /* shape.h - the model's shape (shape.c): loop depth, the physical layer of
- * each virtual layer, sliding windows, and the sequences that run through
- * it. Internal. */
+ * each virtual layer, sliding windows, layers without RoPE, and the
+ * sequences that run through it. Internal. */
 #ifndef TL_SHAPE_H
 #define TL_SHAPE_H
 
@@ -9,6 +9,8 @@
 
 /* Sliding window of physical layer L (0: attends to everything). */
 int tl_model_layer_window(const tl_model *m, int L);
+/* 1 when physical layer L rotates Q and K (RoPE), 0 for a NoPE layer. */
+int tl_model_layer_rope(const tl_model *m, int L);
 
 /* The narrower of two attention windows (0: all positions). */
 static inline int tl_window_narrower(int a, int b) { return a > 0 && (b == 0 || a < b) ? a : b; }

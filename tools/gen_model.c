@@ -1,7 +1,7 @@
 /* tl-gen-model - writes a synthetic llama GGUF (see tests/c/lib/testmodel.h).
  *   tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]
  *                [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]
- *                [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|gemma3] [--head-dim N] */
+ *                [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|gemma3] [--head-dim N] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +22,7 @@ int main(int argc, char **argv) {
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]\n"
                         "                    [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]\n"
-                        "                    [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|gemma3] [--head-dim N]\n");
+                        "                    [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|gemma3] [--head-dim N]\n");
         return 2;
     }
     tm_spec s = tm_default_spec();
@@ -42,8 +42,9 @@ int main(int argc, char **argv) {
             s.qwen2 = !strcmp(v, "qwen2");
             s.qwen3 = !strcmp(v, "qwen3");
             s.gemma3 = !strcmp(v, "gemma3");
-            if (!s.qwen2 && !s.qwen3 && !s.gemma3 && strcmp(v, "llama")) {
-                fprintf(stderr, "tl-gen-model: unknown architecture '%s' (llama, qwen2, qwen3, gemma3)\n", v);
+            s.smollm3 = !strcmp(v, "smollm3");
+            if (!s.qwen2 && !s.qwen3 && !s.gemma3 && !s.smollm3 && strcmp(v, "llama")) {
+                fprintf(stderr, "tl-gen-model: unknown architecture '%s' (llama, qwen2, qwen3, smollm3, gemma3)\n", v);
                 return 2;
             }
         }

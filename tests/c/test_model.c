@@ -470,6 +470,76 @@ static void test_qwen3(void) {
     remove(path);
 }
 
+/* smollm3: llama's block, every 4th layer without RoPE. Three layers
+ * (none of them NoPE) are a llama model bitwise; a fourth (NoPE) changes
+ * the logits; greedy tokens of an 8-layer model (layers 3 and 7 NoPE)
+ * printed ik_llama.cpp's llama-simple bytes exactly (2026-12-06); and the
+ * CUDA backend, which ropes every layer, refuses it when forced. */
+static void test_smollm3(void) {
+    float l[2][2][320];
+    int32_t toks[23];
+    for (int i = 0; i < 23; i++) toks[i] = (int32_t)((i * 29 + 5) % 320);
+    for (int layers = 3; layers <= 4; layers++)
+        for (int a = 0; a < 2; a++) {
+            tm_spec s = tm_default_spec();
+            s.smollm3 = a;
+            s.n_layer = layers;
+            const char *path = tmp_path("smollm3");
+            tm_write(&s, path);
+            tl_model *m = NULL;
+            tl_model_open(path, tl_model_default_params(), &m);
+            CHECK(m != NULL, "a %d-layer %s model opens (%s)", layers, a ? "smollm3" : "llama", m ? "" : tl_last_error());
+            if (m) logits_of(m, 0, toks, 23, l[layers - 3][a]);
+            tl_model_close(m);
+            remove(path);
+        }
+    CHECK(!memcmp(l[0][0], l[0][1], sizeof l[0][0]), "3 smollm3 layers (all with RoPE) give llama's logits bitwise");
+    CHECK(test_nmse(l[1][1], l[1][0], 320) > 1e-6, "a 4th smollm3 layer (no RoPE) changes the logits (nmse %g)",
+          test_nmse(l[1][1], l[1][0], 320));
+
+    tm_spec s = tm_default_spec();
+    s.smollm3 = 1;
+    s.n_embd = 256;
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.n_ff = 512;
+    s.n_layer = 8;
+    s.seed = 8;
+    const char *path = tmp_path("smollm3_ref");
+    CHECK(tm_write(&s, path) == 0, "an 8-layer smollm3 model is written");
+    tl_model *m = NULL;
+    tl_model_open(path, tl_model_default_params(), &m);
+    if (m) {
+        static const char text[] = "the cat sat on the mat and then it ran";
+        static const int32_t want[24] = {75,  241, 218, 218, 218, 218, 218, 218, 218, 218, 218, 218,
+                                         239, 182, 182, 182, 241, 241, 241, 252, 182, 241, 252, 241};
+        int32_t ids[64], out[24];
+        int np = tl_tokenize(m, text, (int)strlen(text), 1, 0, ids, 64);
+        tl_generate_params gp = tl_generate_default_params();
+        gp.max_tokens = 24;
+        gp.ignore_eos = 1;
+        int ng = np == 24 ? tl_generate(m, ids, np, gp, out, 24) : -1;
+        CHECK(ng == 24 && !memcmp(out, want, sizeof want), "greedy tokens on a smollm3 model equal ik_llama.cpp's (%d)", ng);
+        tl_model_close(m);
+        /* store-h recomputes K from h through the same per-layer RoPE choice */
+        tl_model_params mp = tl_model_default_params();
+        mp.kv_mode = "h";
+        m = NULL;
+        tl_model_open(path, mp, &m);
+        ng = m && np == 24 ? tl_generate(m, ids, np, gp, out, 24) : -1;
+        CHECK(ng == 24 && !memcmp(out, want, sizeof want), "... and with store-h KV (%d)", ng);
+        tl_model_close(m);
+    }
+    setenv("TINYLOOP_BACKEND", "cuda", 1);
+    m = NULL;
+    int rc = tl_model_open(path, tl_model_default_params(), &m);
+    unsetenv("TINYLOOP_BACKEND");
+    CHECK(rc == TL_ERR_UNSUPPORTED && !m && strstr(tl_last_error(), "smollm3's layers without RoPE run on the CPU only"),
+          "TINYLOOP_BACKEND=cuda refuses smollm3, saying why (%s)", tl_last_error());
+    tl_model_close(m);
+    remove(path);
+}
+
 /* A block_count the file's tensors cannot back (a fuzzer found one that
  * made the loader size 20 GB of layers) is refused before any allocation. */
 static void test_hostile_block_count(void) {
@@ -584,6 +654,7 @@ int main(void) {
     test_loops();
     test_qwen2();
     test_qwen3();
+    test_smollm3();
     test_hostile_block_count();
     test_errors_and_sampling();
     return test_summary();

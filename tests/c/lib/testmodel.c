@@ -159,7 +159,11 @@ int tm_write(const tm_spec *s, const char *path) {
     int looped = s->loop_end > s->loop_start;
     int core = s->loop_end - s->loop_start;
     int n_written = s->n_layer + (looped && s->unroll > 0 ? core * (s->unroll - 1) : 0);
-    const char *arch = s->gemma3 ? "gemma3" : s->qwen3 ? "qwen3" : s->qwen2 ? "qwen2" : "llama";
+    const char *arch = s->gemma3    ? "gemma3"
+                       : s->qwen3   ? "qwen3"
+                       : s->qwen2   ? "qwen2"
+                       : s->smollm3 ? "smollm3"
+                                    : "llama";
     char key[96];
 #define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
     gw_set_str(gw, "general.architecture", arch);

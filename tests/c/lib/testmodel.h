@@ -25,6 +25,7 @@ typedef struct tm_spec {
     int sliding_window; /* gemma3: window of the local layers (5 of every 6); 0: key absent */
     int qwen2;         /* 1: qwen2 architecture (NEOX RoPE) */
     int qwen3;         /* 1: qwen3 architecture (NEOX RoPE, per-head Q/K norms) */
+    int smollm3;       /* 1: smollm3 architecture (llama's tensors; layers 3, 7, ... without RoPE) */
     int head_dim;      /* 0: n_embd / n_head (no key_length key); else written as attention.key_length */
     int bias;          /* qwen2: 1 random Q/K/V biases, 2 all-zero biases, 0 none */
 } tm_spec;
