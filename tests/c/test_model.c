@@ -405,6 +405,18 @@ static int patch_u32_key(const char *path, const char *key, uint32_t value) {
     return at != NULL;
 }
 
+/* The prompt of the cross-engine references below (24 ids with BOS on the
+ * synthetic vocab) and their greedy 24 tokens after it; -1 when the
+ * prompt does not tokenize to 24 ids. */
+static const char ref_text[] = "the cat sat on the mat and then it ran";
+static int greedy24(tl_model *m, int32_t ids[24], int32_t out[24]) {
+    if (tl_tokenize(m, ref_text, (int)strlen(ref_text), 1, 0, ids, 24) != 24) return -1;
+    tl_generate_params gp = tl_generate_default_params();
+    gp.max_tokens = 24;
+    gp.ignore_eos = 1;
+    return tl_generate(m, ids, 24, gp, out, 24);
+}
+
 /* qwen3: per-head Q/K norms before RoPE, a head size of its own. The
  * reference: ik_llama.cpp's llama-simple (greedy) printed, on this
  * synthetic model and prompt, exactly the bytes of these 24 tokens
@@ -429,18 +441,13 @@ static void test_qwen3(void) {
         tl_model_info info;
         tl_model_get_info(m, &info);
         CHECK(!strcmp(info.arch, "qwen3"), "its architecture reads qwen3 (%s)", info.arch);
-        static const char text[] = "the cat sat on the mat and then it ran";
         static const int32_t want_prompt[24] = {1,   260, 292, 271, 313, 265, 313, 262, 113, 260, 292, 272,
                                                 313, 261, 113, 103, 260, 292, 113, 263, 119, 267, 100, 113};
         static const int32_t want[24] = {216, 216, 216, 216, 216, 216, 216, 216, 216, 216, 216, 216,
                                          236, 316, 316, 316, 316, 316, 316, 316, 36,  213, 36,  213};
-        int32_t ids[64], out[24];
-        int np = tl_tokenize(m, text, (int)strlen(text), 1, 0, ids, 64);
-        CHECK(np == 24 && !memcmp(ids, want_prompt, sizeof want_prompt), "the prompt tokenizes as it did (%d ids)", np);
-        tl_generate_params gp = tl_generate_default_params();
-        gp.max_tokens = 24;
-        gp.ignore_eos = 1;
-        int ng = np == 24 ? tl_generate(m, ids, np, gp, out, 24) : -1;
+        int32_t ids[24], out[24];
+        int ng = greedy24(m, ids, out);
+        CHECK(ng >= 0 && !memcmp(ids, want_prompt, sizeof want_prompt), "the prompt tokenizes as it did");
         CHECK(ng == 24 && !memcmp(out, want, sizeof want), "greedy tokens on a qwen3 model equal ik_llama.cpp's (%d)", ng);
         tl_model_close(m);
     }
@@ -510,15 +517,10 @@ static void test_smollm3(void) {
     tl_model *m = NULL;
     tl_model_open(path, tl_model_default_params(), &m);
     if (m) {
-        static const char text[] = "the cat sat on the mat and then it ran";
         static const int32_t want[24] = {75,  241, 218, 218, 218, 218, 218, 218, 218, 218, 218, 218,
                                          239, 182, 182, 182, 241, 241, 241, 252, 182, 241, 252, 241};
-        int32_t ids[64], out[24];
-        int np = tl_tokenize(m, text, (int)strlen(text), 1, 0, ids, 64);
-        tl_generate_params gp = tl_generate_default_params();
-        gp.max_tokens = 24;
-        gp.ignore_eos = 1;
-        int ng = np == 24 ? tl_generate(m, ids, np, gp, out, 24) : -1;
+        int32_t ids[24], out[24];
+        int ng = greedy24(m, ids, out);
         CHECK(ng == 24 && !memcmp(out, want, sizeof want), "greedy tokens on a smollm3 model equal ik_llama.cpp's (%d)", ng);
         tl_model_close(m);
         /* store-h recomputes K from h through the same per-layer RoPE choice */
@@ -526,7 +528,7 @@ static void test_smollm3(void) {
         mp.kv_mode = "h";
         m = NULL;
         tl_model_open(path, mp, &m);
-        ng = m && np == 24 ? tl_generate(m, ids, np, gp, out, 24) : -1;
+        ng = m ? greedy24(m, ids, out) : -1;
         CHECK(ng == 24 && !memcmp(out, want, sizeof want), "... and with store-h KV (%d)", ng);
         tl_model_close(m);
     }
