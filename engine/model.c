@@ -24,9 +24,9 @@ static const tl_arch archs[] = {
      * Q and K before RoPE (as gemma3's), and a head size of its own
      * (attention.key_length: 128 at every size, n_embd / n_head or not). */
     {.name = "qwen3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .qk_norm = 1},
-    /* Gemma 3: GGUF norm weights already include the +1 (the converter adds it). */
     /* SmolLM3: llama's block, but every 4th layer attends without RoPE. */
     {.name = "smollm3", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .nope_every = 4},
+    /* Gemma 3: GGUF norm weights already include the +1 (the converter adds it). */
     {.name = "gemma3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .qk_norm = 1, .post_norms = 1,
      .embd_scale = 1, .swa_pattern = 6, .rope_base_swa = 10000.0f},
 };

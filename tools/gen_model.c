@@ -1,4 +1,5 @@
-/* tl-gen-model - writes a synthetic llama GGUF (see tests/c/lib/testmodel.h).
+/* tl-gen-model - writes a synthetic GGUF model (llama, qwen2, qwen3, smollm3 or
+ * gemma3; see tests/c/lib/testmodel.h).
  *   tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]
  *                [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]
  *                [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|gemma3] [--head-dim N] */

@@ -256,8 +256,8 @@ static int bench_one(const char *path, tl_model_params mp, int n_gen, int prompt
      * for the prompt), so once the weights' reads are shared the batch
      * runs at about the prefill's rate. The batch goal is judged against
      * this: on AVX2 without VNNI (the int8 products bound by the multiply
-     * ports) prefill is ~3.5x a memory-bound decode, and no batch reaches
-     * 6x; with VNNI or AMX it is far above. */
+     * ports) prefill is 4-5x a memory-bound decode of the 110M Q8_0 model,
+     * and no batch reaches 6x; with VNNI or AMX it is far above. */
     printf("%-34s batch bound: prefill(%d) %.1f tok/s / one sequence %.1f tok/s = %.2fx; batch%d reached %.2fx of it\n",
            name, prompt_len, pf, one, pf / one, batch, bat / pf);
     printf("%-34s %5.1f MiB  prefill(%d) %9.1f tok/s (%.1f per CPU-s)  decode %8.1f tok/s (%.1f GB/s of weights; after "
