@@ -11,6 +11,14 @@
 #include "testmodel.h"
 #include "tinyloop.h"
 
+/* The references (llama.cpp's, ik_llama.cpp's) ran with f16 KV: these
+ * params pin it, whatever TINYLOOP_KV_* says. */
+static tl_model_params f16_params(void) {
+    tl_model_params p = tl_model_default_params();
+    p.kv_type = TL_KV_F16;
+    return p;
+}
+
 static void test_reference(const char *shared) {
     char path[512];
     ref_case cases[8];
@@ -39,8 +47,7 @@ static void test_reference(const char *shared) {
     }
     /* every ISA level gives the same greedy tokens on the first prompt */
     int best = tl_kernels_isa();
-    tl_model_params f16 = tl_model_default_params();
-    f16.kv_type = TL_KV_F16; /* llama.cpp's reference ran with f16 KV, whatever TINYLOOP_KV_* says */
+    const tl_model_params f16 = f16_params();
     for (int isa = TL_ISA_SCALAR; isa <= best; isa++) {
         if (tl_kernels_set_isa(isa) != isa) continue;
         tl_model *m = NULL;
@@ -373,36 +380,30 @@ static void test_qwen2(void) {
     CHECK(test_nmse(l[1], l[0], 320) > 1e-6, "random Q/K/V biases change the logits (nmse %g)", test_nmse(l[1], l[0], 320));
 }
 
-/* Overwrites every occurrence of `from` in the first 1 MiB of a file with
- * `to` (the same length); returns how many. */
-static int patch_bytes(const char *path, const char *from, const char *to) {
+/* Writes the n bytes `with` at `skip` past the first (all: every)
+ * occurrence of `find` in the first 1 MiB of a file; returns how many. */
+static int patch_file(const char *path, const char *find, size_t skip, const void *with, size_t n, int all) {
     static uint8_t buf[1 << 20];
     FILE *f = fopen(path, "r+b");
     if (!f) return 0;
-    size_t len = fread(buf, 1, sizeof buf, f), n = strlen(from);
+    size_t len = fread(buf, 1, sizeof buf, f), k = strlen(find);
     int hits = 0;
-    for (uint8_t *at = buf; (at = memmem(at, len - (size_t)(at - buf), from, n)); at += n, hits++) {
-        fseek(f, (long)(at - buf), SEEK_SET);
-        fwrite(to, 1, n, f);
+    for (uint8_t *at = buf; (hits == 0 || all) && (at = memmem(at, len - (size_t)(at - buf), find, k)); at += k, hits++) {
+        fseek(f, (long)(at - buf + skip), SEEK_SET);
+        fwrite(with, 1, n, f);
     }
     fclose(f);
     return hits;
 }
 
-/* Sets the u32 value of metadata key `key` (the first 1 MiB of the file);
- * 0 when the key is absent. */
+/* Every `from` in the file's head becomes `to` (the same length). */
+static int patch_bytes(const char *path, const char *from, const char *to) {
+    return patch_file(path, from, 0, to, strlen(from), 1);
+}
+
+/* Sets the u32 value of metadata key `key`; 0 when the key is absent. */
 static int patch_u32_key(const char *path, const char *key, uint32_t value) {
-    static uint8_t buf[1 << 20];
-    FILE *f = fopen(path, "r+b");
-    if (!f) return 0;
-    size_t len = fread(buf, 1, sizeof buf, f);
-    uint8_t *at = memmem(buf, len, key, strlen(key));
-    if (at) {
-        fseek(f, (long)(at - buf + strlen(key) + 4), SEEK_SET); /* past the key and its u32 type */
-        fwrite(&value, 4, 1, f);
-    }
-    fclose(f);
-    return at != NULL;
+    return patch_file(path, key, strlen(key) + 4, &value, 4, 0); /* past the key and its u32 type */
 }
 
 /* The prompt of the cross-engine references below (24 ids with BOS on the
@@ -435,9 +436,7 @@ static void test_qwen3(void) {
     const char *path = tmp_path("qwen3");
     CHECK(tm_write(&s, path) == 0, "a synthetic qwen3 model is written");
     tl_model *m = NULL;
-    tl_model_params f16 = tl_model_default_params();
-    f16.kv_type = TL_KV_F16; /* the reference ran with f16 KV, whatever TINYLOOP_KV_* says */
-    tl_model_open(path, f16, &m);
+    tl_model_open(path, f16_params(), &m);
     CHECK(m != NULL, "a qwen3 model with heads of 96 on a width of 256 opens (%s)", m ? "" : tl_last_error());
     if (m) {
         tl_model_info info;
@@ -517,9 +516,7 @@ static void test_smollm3(void) {
     const char *path = tmp_path("smollm3_ref");
     CHECK(tm_write(&s, path) == 0, "an 8-layer smollm3 model is written");
     tl_model *m = NULL;
-    tl_model_params f16 = tl_model_default_params();
-    f16.kv_type = TL_KV_F16; /* the reference ran with f16 KV, whatever TINYLOOP_KV_* says */
-    tl_model_open(path, f16, &m);
+    tl_model_open(path, f16_params(), &m);
     if (m) {
         static const int32_t want[24] = {75,  241, 218, 218, 218, 218, 218, 218, 218, 218, 218, 218,
                                          239, 182, 182, 182, 241, 241, 241, 252, 182, 241, 252, 241};
