@@ -233,6 +233,7 @@ static void test_decode_equals_chunk(void) {
                     free(step);
                     tl_model_close(m);
                 }
+        remove(path);
     }
     CHECK(bad == 0 && runs == 168, "a decoding token's logits are bitwise those at the end of a prefill chunk (%d of %d differ)",
           bad, runs);
