@@ -737,9 +737,9 @@ void tl_fwd_store_kv(tl_model *m, tl_seq **seqs, int vl, int t) {
 }
 
 /* q/k norm and RoPE of one token's K heads (or Q heads), in place; cs: the
- * token's tl_rope_table, or NULL to compute the angles here; rope 0: the
+ * token's tl_rope_table of rp, or NULL to compute the angles here; rope 0: the
  * norm only (a NoPE layer, tl_model_layer_rope). */
-void tl_fwd_k_finish(const tl_model *m, float *k, int n_heads, const float *norm, int pos, float rope_base,
+void tl_fwd_k_finish(const tl_model *m, float *k, int n_heads, const float *norm, int pos, const tl_rope_params *rp,
                      const float *cs, int rope) {
     int hd = m->hp.head_dim;
     for (int h = 0; h < n_heads; h++) {
@@ -749,7 +749,7 @@ void tl_fwd_k_finish(const tl_model *m, float *k, int n_heads, const float *norm
         if (cs)
             tl_rope_apply(x, cs, m->hp.n_rot, m->arch->rope_type);
         else
-            tl_rope(x, pos, m->hp.n_rot, rope_base, m->arch->rope_type, m->rope_freqs);
+            tl_rope(x, pos, m->hp.n_rot, rp, m->arch->rope_type, m->rope_freqs);
     }
 }
 
@@ -773,7 +773,8 @@ static int h_reserve(tl_scratch *s, const tl_hparams *hp, int n) {
  * pieces the matmul scratch holds. Every position goes through the same
  * rows of the same matmul whatever the batch, so a cached and an uncached
  * run read identical K and V. */
-static int h_recompute(tl_model *m, const tl_seq *seq, int vl, const tl_layer *ly, int p0, int p1, float rope_base) {
+static int h_recompute(tl_model *m, const tl_seq *seq, int vl, const tl_layer *ly, int p0, int p1,
+                       const tl_rope_params *rope) {
     const tl_hparams *hp = &m->hp;
     tl_scratch *s = m->scratch;
     const tl_kv_layout *l = &m->kv.layout;
@@ -793,7 +794,7 @@ static int h_recompute(tl_model *m, const tl_seq *seq, int vl, const tl_layer *l
     if (ly->bk) tl_fwd_add_bias(s->hk, ly->bk, n, kv_dim);
     if (ly->bv) tl_fwd_add_bias(s->hv, ly->bv, n, kv_dim);
     for (int t = 0; t < n; t++)
-        tl_fwd_k_finish(m, s->hk + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, p0 + t, rope_base, NULL,
+        tl_fwd_k_finish(m, s->hk + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, p0 + t, rope, NULL,
                         tl_model_layer_rope(m, (int)(ly - m->layers)));
     return TL_OK;
 }
@@ -927,7 +928,8 @@ static int split_decode(const tl_model *m, int T) {
 
 /* Attention of the batch at virtual layer vl, after the new rows are
  * stored. Store-h runs one sequence at a time over its recomputed K/V. */
-int tl_fwd_attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T, int window, float rope_base) {
+int tl_fwd_attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T, int window,
+                  const tl_rope_params *rope) {
     tl_scratch *s = m->scratch;
     const tl_hparams *hp = &m->hp;
     att_ctx ac = {.m = m, .seqs = seqs, .vl = vl, .T = T, .layer_window = window,
@@ -962,7 +964,7 @@ int tl_fwd_attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T,
         int w = seq_window(seq, window);
         int first = s->tok_pos[s->chunk_t0[c0]], last = s->tok_pos[s->chunk_t0[c1] - 1];
         int p0 = tl_window_first(first, w) / bs * bs;
-        int rc = h_recompute(m, seq, vl, ly, p0, last, rope_base);
+        int rc = h_recompute(m, seq, vl, ly, p0, last, rope);
         if (rc) return rc;
         ac.c0 = c0;
         ac.c1 = c1;

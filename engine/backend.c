@@ -95,7 +95,7 @@ void tl_backend_describe(const tl_model *m, int n_blocks, const tl_kv_layout *kv
     *d = (tl_backend_model){.abi = TL_BACKEND_ABI, .n_vocab = hp->n_vocab, .n_embd = hp->n_embd,
                             .n_layer = hp->n_layer, .n_head = hp->n_head, .n_head_kv = hp->n_head_kv,
                             .head_dim = hp->head_dim, .n_ff = hp->n_ff, .n_rot = hp->n_rot, .norm_eps = hp->norm_eps,
-                            .rope_base = hp->rope_base, .rope_base_swa = m->arch->rope_base_swa,
+                            .rope_base = hp->rope.base, .rope_base_swa = m->arch->rope_base_swa,
                             .rope_type = m->arch->rope_type, .ffn_act = m->arch->ffn_act,
                             .embd_scale = m->arch->embd_scale, .layer_window = layer_window,
                             .rope_freqs = m->rope_freqs, .tok_embd = m->tok_embd, .output = m->output,
@@ -134,11 +134,19 @@ int tl_backend_select(tl_model *m, int *n_blocks, const tl_kv_layout *kv, int kv
     int forced = want && !strcmp(want, "cuda");
     if (want && !forced && strcmp(want, "auto"))
         return tl_set_error(TL_ERR_INVALID_ARG, "TINYLOOP_BACKEND='%s' is not cpu, cuda or auto", want);
-    /* the plugin applies RoPE on every layer: NoPE layers (smollm3) stay on the CPU */
+    /* the plugin applies unscaled RoPE on every layer: NoPE layers (smollm3)
+     * and scaled RoPE stay on the CPU */
     if (m->arch->nope_every > 0) {
         if (forced)
             return tl_set_error(TL_ERR_UNSUPPORTED, "TINYLOOP_BACKEND=cuda: %s's layers without RoPE run on the CPU only",
                                 m->arch->name);
+        return TL_OK;
+    }
+    if (m->hp.rope.freq_scale != 1.0f || m->hp.rope.attn_factor != 1.0f) {
+        if (forced)
+            return tl_set_error(TL_ERR_UNSUPPORTED,
+                                "TINYLOOP_BACKEND=cuda: scaled RoPE (freq_scale %g, attn_factor %g) runs on the CPU only",
+                                m->hp.rope.freq_scale, m->hp.rope.attn_factor);
         return TL_OK;
     }
     const char *lib = getenv("TINYLOOP_CUDA_LIB");

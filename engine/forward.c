@@ -487,17 +487,6 @@ void tl_fwd_matmul_multi(tl_model *m, int n, float *const *outs, const tl_weight
 
 /* ---- one layer ------------------------------------------------------------------ */
 
-/* The RoPE table (one of two, for the two bases Gemma's local and global
- * layers use) that holds rope_base's angles, claimed for it if neither does. */
-static int rope_tab_for(tl_scratch *s, float rope_base) {
-    for (int i = 0; i < 2; i++)
-        if (s->rope_ok[i] && s->rope_base[i] == rope_base) return i;
-    int i = s->rope_ok[0] ? 1 : 0;
-    s->rope_ok[i] = 0;
-    s->rope_base[i] = rope_base;
-    return i;
-}
-
 /* A layer's element-wise steps between its matmuls, split over the pool
  * by tokens: each token's arithmetic is the same whichever thread runs it
  * (these ran on the calling thread alone before, 10-15% of a prefill that
@@ -508,8 +497,8 @@ typedef struct {
     tl_model *m;
     const tl_layer *ly;
     int T, step;
-    float rope_base;
-    int tab;         /* TOK_QK_FINISH: the RoPE table for rope_base */
+    const tl_rope_params *rope;
+    int tab;         /* TOK_QK_FINISH: the RoPE table for rope (0: global layers', 1: sliding-window layers') */
     tl_seq **seqs;   /* TOK_QK_FINISH: where the tokens' K/V rows go, */
     int vl;          /* at virtual layer vl */
 } tok_ctx;
@@ -529,11 +518,11 @@ static void tok_task(void *p, int ith, int nth) {
         case TOK_ATTN_IN: tl_rmsnorm(xb, x, ly->attn_norm, D, hp->norm_eps); break;
         case TOK_QK_FINISH: {
             float *cs = s->rope_cs + ((size_t)c->tab * s->cap + t) * hp->n_rot;
-            if (!s->rope_ok[c->tab]) tl_rope_table(cs, s->tok_pos[t], hp->n_rot, c->rope_base, m->rope_freqs);
+            if (!s->rope_ok[c->tab]) tl_rope_table(cs, s->tok_pos[t], hp->n_rot, c->rope, m->rope_freqs);
             const int rope = tl_model_layer_rope(m, (int)(ly - m->layers));
-            tl_fwd_k_finish(m, s->q + (size_t)t * q_dim, hp->n_head, ly->q_norm, s->tok_pos[t], c->rope_base, cs, rope);
+            tl_fwd_k_finish(m, s->q + (size_t)t * q_dim, hp->n_head, ly->q_norm, s->tok_pos[t], c->rope, cs, rope);
             if (!m->kv.layout.store_h)
-                tl_fwd_k_finish(m, s->k + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, s->tok_pos[t], c->rope_base, cs,
+                tl_fwd_k_finish(m, s->k + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, s->tok_pos[t], c->rope, cs,
                                 rope);
             /* here rather than in a loop of its own on the calling thread:
              * 0.3-0.4 ms of a 16-sequence decode step (110M Q8_0) that the
@@ -562,14 +551,14 @@ static void tok_task(void *p, int ith, int nth) {
     }
 }
 
-static void per_token_kv(tl_model *m, const tl_layer *ly, int T, int step, float rope_base, int tab, tl_seq **seqs,
-                         int vl) {
-    tok_ctx c = {.m = m, .ly = ly, .T = T, .step = step, .rope_base = rope_base, .tab = tab, .seqs = seqs, .vl = vl};
+static void per_token_kv(tl_model *m, const tl_layer *ly, int T, int step, const tl_rope_params *rope, int tab,
+                         tl_seq **seqs, int vl) {
+    tok_ctx c = {.m = m, .ly = ly, .T = T, .step = step, .rope = rope, .tab = tab, .seqs = seqs, .vl = vl};
     tl_threadpool_run(m->tp, tok_task, &c, T);
 }
 
-static void per_token(tl_model *m, const tl_layer *ly, int T, int step, float rope_base, int tab) {
-    per_token_kv(m, ly, T, step, rope_base, tab, NULL, 0);
+static void per_token(tl_model *m, const tl_layer *ly, int T, int step) {
+    per_token_kv(m, ly, T, step, NULL, 0, NULL, 0);
 }
 
 
@@ -579,9 +568,10 @@ static int layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
     tl_scratch *s = m->scratch;
     int hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
     int window = tl_model_layer_window(m, L), store_h = m->kv.layout.store_h;
-    float rope_base = window && m->arch->rope_base_swa > 0 ? m->arch->rope_base_swa : hp->rope_base;
+    const int tab = window ? 1 : 0;
+    const tl_rope_params *rope = tab ? &hp->rope_swa : &hp->rope;
 
-    per_token(m, ly, T, TOK_ATTN_IN, rope_base, 0);
+    per_token(m, ly, T, TOK_ATTN_IN);
     {
         /* store-h computes K and V from the stored h when it reads them */
         float *const outs[3] = {s->q, s->k, s->v};
@@ -593,23 +583,22 @@ static int layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
         if (ly->bk) tl_fwd_add_bias(s->k, ly->bk, T, kv_dim);
         if (ly->bv) tl_fwd_add_bias(s->v, ly->bv, T, kv_dim);
     }
-    int tab = rope_tab_for(s, rope_base);
-    per_token_kv(m, ly, T, TOK_QK_FINISH, rope_base, tab, seqs, vl); /* and the K/V stores */
+    per_token_kv(m, ly, T, TOK_QK_FINISH, rope, tab, seqs, vl); /* and the K/V stores */
     s->rope_ok[tab] = 1; /* filled for every token of the batch */
     double t0 = s->profile ? tl_now() : 0;
-    int rc = tl_fwd_attend(m, seqs, vl, ly, T, window, rope_base);
+    int rc = tl_fwd_attend(m, seqs, vl, ly, T, window, rope);
     if (s->profile) s->prof[1] += tl_now() - t0;
     if (rc) return rc;
     tl_fwd_matmul(m, s->o, &ly->wo, s->att, T);
-    per_token(m, ly, T, TOK_ATTN_OUT, rope_base, 0);
+    per_token(m, ly, T, TOK_ATTN_OUT);
     {
         float *const outs[2] = {s->hb, s->hb2};
         const tl_weight *const ws[2] = {&ly->w_gate, &ly->w_up};
         tl_fwd_matmul_multi(m, 2, outs, ws, s->xb, T);
     }
-    per_token(m, ly, T, TOK_FFN_ACT, rope_base, 0);
+    per_token(m, ly, T, TOK_FFN_ACT);
     tl_fwd_matmul(m, s->o, &ly->w_down, s->hb, T);
-    per_token(m, ly, T, TOK_FFN_OUT, rope_base, 0);
+    per_token(m, ly, T, TOK_FFN_OUT);
     return TL_OK;
 }
 

@@ -42,9 +42,8 @@ typedef struct tl_scratch {
      * from its h rows (h_cap, n_embd); grown to the longest context read. */
     float *hx, *hk, *hv;
     int h_cap;
-    float *rope_cs;          /* (2, cap, n_rot): tl_rope_table of each token for two bases */
-    float rope_base[2];
-    int rope_ok[2];          /* table i holds this batch's angles for rope_base[i] */
+    float *rope_cs;          /* (2, cap, n_rot): tl_rope_table of each token, for hp.rope and hp.rope_swa */
+    int rope_ok[2];          /* table i holds this batch's angles */
     int profile;             /* tl_forward_profile: accumulate prof[] */
     double prof[3];          /* seconds: matmul, attention, whole forward */
 } tl_scratch;
@@ -64,8 +63,9 @@ void tl_fwd_add_bias(float *x, const float *b, int T, int n);
  * RoPE of one token's heads in place (cs: its RoPE table, or NULL); the
  * attention of the batch at virtual layer vl into scratch->att. */
 void tl_fwd_store_kv(tl_model *m, tl_seq **seqs, int vl, int t);
-void tl_fwd_k_finish(const tl_model *m, float *k, int n_heads, const float *norm, int pos, float rope_base,
+void tl_fwd_k_finish(const tl_model *m, float *k, int n_heads, const float *norm, int pos, const tl_rope_params *rp,
                      const float *cs, int rope);
-int tl_fwd_attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T, int window, float rope_base);
+int tl_fwd_attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T, int window,
+                  const tl_rope_params *rope);
 
 #endif

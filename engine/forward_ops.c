@@ -34,13 +34,19 @@ void tl_add_f32(float *x, const float *o, int n) {
     for (; i < n; i++) x[i] += o[i];
 }
 
-void tl_rope_table(float *cs, int pos, int n_rot, float base, const float *freq_factors) {
-    float theta_scale = powf(base, -2.0f / (float)n_rot);
+/* Pair i's angle as ggml's rope_yarn takes it (theta / ff, then times
+ * freq_scale: 1.0f * x is x, so unscaled files keep their bits). */
+static inline float rope_angle(float theta, int i, const tl_rope_params *rp, const float *freq_factors) {
+    return rp->freq_scale * (freq_factors ? theta / freq_factors[i] : theta);
+}
+
+void tl_rope_table(float *cs, int pos, int n_rot, const tl_rope_params *rp, const float *freq_factors) {
+    float theta_scale = powf(rp->base, -2.0f / (float)n_rot);
     float theta = (float)pos;
     for (int i = 0; i < n_rot / 2; i++) {
-        float th = freq_factors ? theta / freq_factors[i] : theta;
-        cs[2 * i] = cosf(th);
-        cs[2 * i + 1] = sinf(th);
+        float th = rope_angle(theta, i, rp, freq_factors);
+        cs[2 * i] = cosf(th) * rp->attn_factor;
+        cs[2 * i + 1] = sinf(th) * rp->attn_factor;
         theta *= theta_scale;
     }
 }
@@ -77,12 +83,12 @@ void tl_rope_apply(float *x, const float *cs, int n_rot, int type) {
     }
 }
 
-void tl_rope(float *x, int pos, int n_rot, float base, int type, const float *freq_factors) {
-    float theta_scale = powf(base, -2.0f / (float)n_rot);
+void tl_rope(float *x, int pos, int n_rot, const tl_rope_params *rp, int type, const float *freq_factors) {
+    float theta_scale = powf(rp->base, -2.0f / (float)n_rot);
     float theta = (float)pos;
     for (int i = 0; i < n_rot / 2; i++) {
-        float th = freq_factors ? theta / freq_factors[i] : theta;
-        float c = cosf(th), s = sinf(th);
+        float th = rope_angle(theta, i, rp, freq_factors);
+        float c = cosf(th) * rp->attn_factor, s = sinf(th) * rp->attn_factor;
         int a = type == TL_ROPE_NEOX ? i : 2 * i, b = type == TL_ROPE_NEOX ? i + n_rot / 2 : 2 * i + 1;
         float x0 = x[a], x1 = x[b];
         x[a] = x0 * c - x1 * s;

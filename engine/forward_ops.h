@@ -12,15 +12,26 @@ void tl_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 /* x[i] += o[i] over n elements. */
 void tl_add_f32(float *x, const float *o, int n);
 
+/* RoPE's angles for one kind of layer, as ggml's rope computes them
+ * without YaRN (which tinyloop refuses at load): pair i turns by
+ * freq_scale * pos * base^(-2i/n_rot) / freq_factors[i], and its cos and sin
+ * are multiplied by attn_factor. freq_scale 1 and attn_factor 1 (a file
+ * without rope.scaling keys) are the plain rotation, bit for bit. */
+typedef struct tl_rope_params {
+    float base;
+    float freq_scale;  /* 1 / rope.scaling.factor of linear scaling, else 1 */
+    float attn_factor; /* rope.scaling.attn_factor, else 1 */
+} tl_rope_params;
+
 /* Rotates one head in place. NORM pairs (2i, 2i+1); NEOX pairs (i, i + n_rot/2).
  * freq_factors (Llama 3.1's rope_freqs) divide each pair's angle. */
-void tl_rope(float *x, int pos, int n_rot, float base, int type, const float *freq_factors);
+void tl_rope(float *x, int pos, int n_rot, const tl_rope_params *rp, int type, const float *freq_factors);
 
 /* The n_rot/2 (cos, sin) pairs tl_rope computes for pos, into cs[0..n_rot):
  * a token's heads and layers share one table (sincosf per pair was 3% of a
  * prefill when every head computed its own), and tl_rope_apply with it is
  * bitwise tl_rope. */
-void tl_rope_table(float *cs, int pos, int n_rot, float base, const float *freq_factors);
+void tl_rope_table(float *cs, int pos, int n_rot, const tl_rope_params *rp, const float *freq_factors);
 void tl_rope_apply(float *x, const float *cs, int n_rot, int type);
 
 #endif

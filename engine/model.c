@@ -71,6 +71,42 @@ static int arch_f32(const tl_model *m, const char *suffix, float def, float *out
     return TL_OK;
 }
 
+/* rope.scaling.* as llama.cpp reads them: the type defaults to linear, so a
+ * factor alone (or the older rope.scale_linear) scales the angles by
+ * 1 / factor; type none ignores the factor. YaRN and LongRoPE change the
+ * angles per frequency band and are refused, as is any other type, rather
+ * than run unscaled. Gemma 3's local layers keep their own base unscaled
+ * (llama.cpp's rope_freq_scale_train_swa = 1). */
+static int load_rope_scaling(tl_model *m) {
+    tl_hparams *hp = &m->hp;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch->name);
+    gguf_str type = {.ptr = "linear", .len = 6};
+    if (gguf_get_str(m->file, key, &type) < 0) return TL_ERR_FORMAT;
+    float factor = 0, attn_factor = 1;
+    int rc;
+    if ((rc = arch_f32(m, "rope.scaling.factor", 0, &factor)) || (rc = arch_f32(m, "rope.scaling.attn_factor", 1, &attn_factor)))
+        return rc;
+    if (factor == 0 && (rc = arch_f32(m, "rope.scale_linear", 0, &factor))) return rc;
+    int shown = type.len > 32 ? 32 : (int)type.len;
+    if (type.len == 4 && !memcmp(type.ptr, "none", 4))
+        factor = 0;
+    else if (!(type.len == 6 && !memcmp(type.ptr, "linear", 6)))
+        return tl_set_error(TL_ERR_UNSUPPORTED, "%s '%.*s' (factor %g) is not supported: tinyloop runs linear RoPE scaling only",
+                            key, shown, type.ptr, factor);
+    if (factor < 0 || attn_factor <= 0)
+        return tl_set_error(TL_ERR_FORMAT, "RoPE scaling factor %g / attn_factor %g must be >= 0 / > 0", factor,
+                            attn_factor);
+    hp->rope.freq_scale = factor == 0 ? 1.0f : 1.0f / factor;
+    hp->rope.attn_factor = attn_factor;
+    hp->rope_swa = hp->rope;
+    if (m->arch->rope_base_swa > 0) {
+        hp->rope_swa.base = m->arch->rope_base_swa;
+        hp->rope_swa.freq_scale = 1.0f;
+    }
+    return TL_OK;
+}
+
 static int load_hparams(tl_model *m) {
     tl_hparams *hp = &m->hp;
     int rc;
@@ -80,7 +116,7 @@ static int load_hparams(tl_model *m) {
         (rc = arch_u32(m, "attention.head_count", 1, 0, &hp->n_head)) ||
         (rc = arch_u32(m, "context_length", 0, 2048, &hp->n_ctx_train)) ||
         (rc = arch_f32(m, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->norm_eps)) ||
-        (rc = arch_f32(m, "rope.freq_base", 10000.0f, &hp->rope_base)))
+        (rc = arch_f32(m, "rope.freq_base", 10000.0f, &hp->rope.base)))
         return rc;
     if (hp->n_embd < 1 || hp->n_layer < 1 || hp->n_head < 1 || hp->n_ff < 1)
         return tl_set_error(TL_ERR_FORMAT, "hyperparameters must be >= 1 (n_embd %d, n_layer %d, n_head %d, n_ff %d)",
@@ -101,8 +137,8 @@ static int load_hparams(tl_model *m) {
     if (hp->head_dim < 2 || hp->head_dim % 2 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return tl_set_error(TL_ERR_FORMAT, "head_dim %d / rope dimension %d unusable", hp->head_dim, hp->n_rot);
     if (hp->norm_eps <= 0) return tl_set_error(TL_ERR_FORMAT, "rms epsilon %g must be > 0", hp->norm_eps);
-    if (hp->rope_base <= 0) return tl_set_error(TL_ERR_FORMAT, "rope.freq_base %g must be > 0", hp->rope_base);
-    return TL_OK;
+    if (hp->rope.base <= 0) return tl_set_error(TL_ERR_FORMAT, "rope.freq_base %g must be > 0", hp->rope.base);
+    return load_rope_scaling(m);
 }
 
 /* ---- weights ------------------------------------------------------------ */
@@ -393,7 +429,9 @@ int tl_model_get_info(const tl_model *m, tl_model_info *o) {
     o->loop_start = m->loop_start;
     o->loop_end = m->loop_end;
     o->loop_default = m->loop_default;
-    o->rope_freq_base = m->hp.rope_base;
+    o->rope_freq_base = m->hp.rope.base;
+    o->rope_freq_scale = m->hp.rope.freq_scale;
+    o->rope_attn_factor = m->hp.rope.attn_factor;
     o->norm_eps = m->hp.norm_eps;
     o->bos = tl_tokenizer_bos(m->tok);
     o->eos = tl_tokenizer_eos(m->tok);

@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "forward_ops.h"
 #include "gguf.h"
 #include "kv_blocks.h"
 #include "radix.h"
@@ -39,7 +40,9 @@ typedef struct tl_hparams {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot;
     int n_ctx_train;
     int sliding_window;    /* attention window of local layers; 0 = none */
-    float norm_eps, rope_base;
+    float norm_eps;
+    tl_rope_params rope;     /* the layers' RoPE */
+    tl_rope_params rope_swa; /* sliding-window layers' (gemma3: their own base, unscaled) */
 } tl_hparams;
 
 struct tl_model {

@@ -124,6 +124,8 @@ typedef struct tl_model_info {
     int kv_store_h;      /* 1: store-h mode */
     char kv_mode[16];    /* canonical mode name: "f16", "q8,f16", "h:q8", ... */
     size_t kv_token_bytes; /* KV bytes one token costs over all layers at the default loops */
+    float rope_freq_scale;  /* 1 / rope.scaling.factor under linear scaling, else 1 */
+    float rope_attn_factor; /* rope.scaling.attn_factor, else 1 */
 } tl_model_info;
 
 /* KV bytes one token costs in `mode` (a kv_mode string) on this model, over

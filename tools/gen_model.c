@@ -2,7 +2,9 @@
  * gemma3; see tests/c/lib/testmodel.h).
  *   tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]
  *                [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]
- *                [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|gemma3] [--head-dim N] */
+ *                [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|gemma3] [--head-dim N]
+ *                [--bias 0|1|2] [--window N]
+ *                [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +25,9 @@ int main(int argc, char **argv) {
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]\n"
                         "                    [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]\n"
-                        "                    [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|gemma3] [--head-dim N]\n");
+                        "                    [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|gemma3] [--head-dim N]\n"
+                        "                    [--bias 0|1|2] [--window N]\n"
+                        "                    [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F]\n");
         return 2;
     }
     tm_spec s = tm_default_spec();
@@ -38,6 +42,7 @@ int main(int argc, char **argv) {
         INT_OPT("--vocab", n_vocab) INT_OPT("--dim", n_embd) INT_OPT("--layers", n_layer)
         INT_OPT("--heads", n_head) INT_OPT("--kv-heads", n_head_kv) INT_OPT("--ff", n_ff)
         INT_OPT("--ctx", n_ctx) INT_OPT("--unroll", unroll) INT_OPT("--head-dim", head_dim)
+        INT_OPT("--bias", bias) INT_OPT("--window", sliding_window)
         else if (!strcmp(a, "--arch") && more) {
             const char *v = argv[++i];
             s.qwen2 = !strcmp(v, "qwen2");
@@ -56,6 +61,10 @@ int main(int argc, char **argv) {
         } else if (!strcmp(a, "--twin-f32")) s.twin_f32 = 1;
         else if (!strcmp(a, "--tied")) s.tied = 1;
         else if (!strcmp(a, "--seed") && more) s.seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(a, "--rope-base") && more) s.rope_base = strtof(argv[++i], NULL);
+        else if (!strcmp(a, "--rope-scaling") && more) s.rope_scaling = argv[++i];
+        else if (!strcmp(a, "--rope-factor") && more) s.rope_factor = strtof(argv[++i], NULL);
+        else if (!strcmp(a, "--rope-attn-factor") && more) s.rope_attn_factor = strtof(argv[++i], NULL);
         else { fprintf(stderr, "tl-gen-model: unknown option '%s'\n", a); return 2; }
 #undef INT_OPT
     }

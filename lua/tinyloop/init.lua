@@ -513,6 +513,7 @@ function Model:info()
         n_head = i.n_head, n_head_kv = i.n_head_kv, head_dim = i.head_dim, n_ff = i.n_ff,
         n_ctx_train = i.n_ctx_train, max_seq_len = i.max_seq_len, loop_start = i.loop_start,
         loop_end = i.loop_end, loop_default = i.loop_default, rope_freq_base = i.rope_freq_base,
+        rope_freq_scale = i.rope_freq_scale, rope_attn_factor = i.rope_attn_factor,
         norm_eps = i.norm_eps, bos = i.bos, eos = i.eos, n_threads = i.n_threads,
         kv_block_size = i.kv_block_size, kv_type = ffi_string(i.kv_mode), kv_store_h = i.kv_store_h == 1,
         kv_token_bytes = tonumber(i.kv_token_bytes), kv_mode_bytes = kv_mode_bytes(h),

@@ -6,7 +6,10 @@
  *            (one angle at a time, ggml's order) for NORM and NEOX pairs,
  *            n_rot 2..130 (whole vectors and tails), positions 0..70000,
  *            with and without frequency factors, rows with an inf and a
- *            NaN; elements past n_rot untouched.
+ *            NaN; elements past n_rot untouched; unscaled, linearly
+ *            scaled and with an attn_factor.
+ *   scaling  freq_scale 1/2 at position 2p is position p, attn_factor 2
+ *            doubles the rotation (exact, so bitwise).
  *   rmsnorm  tl_rmsnorm is (x * scale) * w per element with scale from the
  *            double sum of squares, n 1..70, in place and not.
  *   add      tl_add_f32 is x[i] += o[i], n 0..37. */
@@ -34,21 +37,55 @@ static void test_rope(void) {
     float ff[65], cs[130], x[140], y[140];
     for (int i = 0; i < 65; i++) ff[i] = 1.0f + (float)(i % 7) * 0.5f;
     static const int pos[] = {0, 1, 17, 511, 4095, 70000};
-    for (int type = 0; type < 2; type++) {
-        const int rt = type ? TL_ROPE_NEOX : TL_ROPE_NORM;
-        for (int n_rot = 2; n_rot <= 130; n_rot += 2)
-            for (size_t p = 0; p < sizeof pos / sizeof pos[0]; p++)
-                for (int f = 0; f < 2; f++) {
-                    for (int i = 0; i < 140; i++) x[i] = 4.0f * gauss();
-                    if (p == 2) x[n_rot / 2] = INFINITY, x[0] = NAN;
-                    memcpy(y, x, sizeof x);
-                    tl_rope_table(cs, pos[p], n_rot, 10000.0f, f ? ff : NULL);
-                    tl_rope_apply(x, cs, n_rot, rt);
-                    tl_rope(y, pos[p], n_rot, 10000.0f, rt, f ? ff : NULL);
-                    CHECK(same(x, y, 140), "rope %s n_rot %d pos %d factors %d: the table's rotation is bitwise tl_rope's",
-                          type ? "neox" : "norm", n_rot, pos[p], f);
-                }
-    }
+    static const tl_rope_params rps[] = {{10000.0f, 1.0f, 1.0f}, {1e6f, 0.125f, 1.0f}, {500000.0f, 0.3f, 1.1f}};
+    for (size_t r = 0; r < sizeof rps / sizeof rps[0]; r++)
+        for (int type = 0; type < 2; type++) {
+            const int rt = type ? TL_ROPE_NEOX : TL_ROPE_NORM;
+            int bad = 0;
+            for (int n_rot = 2; n_rot <= 130; n_rot += 2)
+                for (size_t p = 0; p < sizeof pos / sizeof pos[0]; p++)
+                    for (int f = 0; f < 2; f++) {
+                        for (int i = 0; i < 140; i++) x[i] = 4.0f * gauss();
+                        if (p == 2) x[n_rot / 2] = INFINITY, x[0] = NAN;
+                        memcpy(y, x, sizeof x);
+                        tl_rope_table(cs, pos[p], n_rot, &rps[r], f ? ff : NULL);
+                        tl_rope_apply(x, cs, n_rot, rt);
+                        tl_rope(y, pos[p], n_rot, &rps[r], rt, f ? ff : NULL);
+                        bad += !same(x, y, 140);
+                    }
+            CHECK(bad == 0, "rope %s, base %g scale %g attn %g: the table's rotation is bitwise tl_rope's (%d differ)",
+                  type ? "neox" : "norm", rps[r].base, rps[r].freq_scale, rps[r].attn_factor, bad);
+        }
+}
+
+/* Linear scaling by 1/2 turns position 2p by position p's angles, and an
+ * attn_factor of 2 doubles the rotated head: both exact in float (powers
+ * of two), so bitwise, which pins where the scale and the factor enter. */
+static void test_rope_scaling(void) {
+    float ff[64], x[128], y[128], z[128];
+    for (int i = 0; i < 64; i++) ff[i] = 1.0f + (float)(i % 5) * 0.75f;
+    const tl_rope_params plain = {10000.0f, 1.0f, 1.0f}, half = {10000.0f, 0.5f, 1.0f}, twice = {10000.0f, 1.0f, 2.0f};
+    int bad_scale = 0, bad_attn = 0, same_plain = 0;
+    for (int type = 0; type < 2; type++)
+        for (int f = 0; f < 2; f++)
+            for (int p = 1; p < 3000; p += 37) {
+                const int rt = type ? TL_ROPE_NEOX : TL_ROPE_NORM;
+                for (int i = 0; i < 128; i++) x[i] = 4.0f * gauss();
+                memcpy(y, x, sizeof x);
+                memcpy(z, x, sizeof x);
+                tl_rope(x, 2 * p, 128, &half, rt, f ? ff : NULL);
+                tl_rope(y, p, 128, &plain, rt, f ? ff : NULL);
+                bad_scale += !same(x, y, 128);
+                tl_rope(z, 2 * p, 128, &plain, rt, f ? ff : NULL);
+                same_plain += same(x, z, 128);
+                for (int i = 0; i < 128; i++) z[i] = y[i] = 4.0f * gauss();
+                tl_rope(y, p, 128, &twice, rt, f ? ff : NULL);
+                tl_rope(z, p, 128, &plain, rt, f ? ff : NULL);
+                for (int i = 0; i < 128; i++) bad_attn += y[i] != 2.0f * z[i];
+            }
+    CHECK(bad_scale == 0 && same_plain == 0, "freq_scale 1/2 at 2p is bitwise position p (%d differ), and not 2p (%d same)",
+          bad_scale, same_plain);
+    CHECK(bad_attn == 0, "attn_factor 2 doubles the rotation exactly (%d elements differ)", bad_attn);
 }
 
 static void test_rmsnorm(void) {
@@ -77,6 +114,7 @@ static void test_add(void) {
 int main(void) {
     tl_kernels_init();
     test_rope();
+    test_rope_scaling();
     test_rmsnorm();
     test_add();
     return test_summary();
