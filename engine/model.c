@@ -121,6 +121,13 @@ static int load_hparams(tl_model *m) {
     if (hp->n_embd < 1 || hp->n_layer < 1 || hp->n_head < 1 || hp->n_ff < 1)
         return tl_set_error(TL_ERR_FORMAT, "hyperparameters must be >= 1 (n_embd %d, n_layer %d, n_head %d, n_ff %d)",
                             hp->n_embd, hp->n_layer, hp->n_head, hp->n_ff);
+    /* Mixtral-style files keep the llama name but route each token through
+     * experts (ffn_*_exps tensors): say so, not "missing ffn_gate" */
+    int n_expert;
+    if ((rc = arch_u32(m, "expert_count", 0, 0, &n_expert))) return rc;
+    if (n_expert > 0)
+        return tl_set_error(TL_ERR_UNSUPPORTED, "%s.expert_count %d: mixture-of-experts models are not supported",
+                            m->arch->name, n_expert);
     if ((rc = arch_u32(m, "attention.head_count_kv", 0, (uint32_t)hp->n_head, &hp->n_head_kv))) return rc;
     if (hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv)
         return tl_set_error(TL_ERR_FORMAT, "head_count %d is not a multiple of head_count_kv %d", hp->n_head,

@@ -177,6 +177,7 @@ int tm_write(const tm_spec *s, const char *path) {
     gw_set_u32(gw, KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
     gw_set_f32(gw, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
     if (s->rope_base > 0) gw_set_f32(gw, KEY("rope.freq_base"), s->rope_base);
+    if (s->expert_count > 0) gw_set_u32(gw, KEY("expert_count"), (uint32_t)s->expert_count);
     if (s->rope_scaling) gw_set_str(gw, KEY("rope.scaling.type"), s->rope_scaling);
     if (s->rope_factor != 0) gw_set_f32(gw, KEY("rope.scaling.factor"), s->rope_factor);
     if (s->rope_attn_factor != 0) gw_set_f32(gw, KEY("rope.scaling.attn_factor"), s->rope_attn_factor);

@@ -30,6 +30,7 @@ typedef struct tm_spec {
     int smollm3;       /* 1: smollm3 architecture (llama's tensors; layers 3, 7, ... without RoPE) */
     int head_dim;      /* 0: n_embd / n_head (no key_length key); else written as attention.key_length */
     int bias;          /* qwen2: 1 random Q/K/V biases, 2 all-zero biases, 0 none */
+    int expert_count;  /* > 0: written as expert_count (the tensors stay dense) */
 } tm_spec;
 
 tm_spec tm_default_spec(void); /* small: vocab 320, dim 64, 2 layers, 4 heads (2 kv), ff 128, f32 */
