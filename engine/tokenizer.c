@@ -12,7 +12,8 @@
  * The vocab (texts, scores, types, hash map, specials) is common to every
  * algorithm; `kind` picks the fragment encoder and the NORMAL-piece decoder.
  * Byte-level BPE ("gpt2" vocabs: merges, pre-tokenizer regexes) lives in
- * tokenizer_bpe.c behind tokenizer_impl.h.
+ * tokenizer_bpe.c, WordPiece ("bert" vocabs) in tokenizer_wpm.c, both
+ * behind tokenizer_impl.h.
  *
  * A loaded tokenizer is immutable: encode/decode may run concurrently from
  * any number of threads (each call allocates its own scratch).
@@ -232,6 +233,7 @@ tl_tokenizer *tl_tokenizer_load(const gguf_file *f) {
     }
     int kind = model.len == 5 && memcmp(model.ptr, "llama", 5) == 0  ? TOK_SPM
                : model.len == 4 && memcmp(model.ptr, "gpt2", 4) == 0 ? TOK_BPE
+               : model.len == 4 && memcmp(model.ptr, "bert", 4) == 0 ? TOK_WPM
                                                                       : 0;
     if (!kind) {
         tl_set_error(TL_ERR_UNSUPPORTED, "unsupported tokenizer model '%.*s'", model.len > 64 ? 64 : (int)model.len,
@@ -258,6 +260,17 @@ tl_tokenizer *tl_tokenizer_load(const gguf_file *f) {
             load_bool(f, "tokenizer.ggml.add_bos_token", add_bos, &t->add_bos) ||
             load_bool(f, "tokenizer.ggml.add_eos_token", 0, &t->add_eos))
             goto fail;
+    } else if (kind == TOK_WPM) {
+        /* llama.cpp's WordPiece: [CLS] (101, or the file's bos / cls id)
+         * opens and [SEP] (102) closes a text with add_special; unk 100 */
+        int cls = -1;
+        if (load_id(f, "tokenizer.ggml.cls_token_id", 101, t->n_vocab, &cls) ||
+            load_id(f, "tokenizer.ggml.bos_token_id", cls, t->n_vocab, &t->bos) ||
+            load_id(f, "tokenizer.ggml.seperator_token_id", 102, t->n_vocab, &t->eos) ||
+            load_id(f, "tokenizer.ggml.unknown_token_id", 100, t->n_vocab, &t->unk) ||
+            load_id(f, "tokenizer.ggml.padding_token_id", 0, t->n_vocab, &t->pad))
+            goto fail;
+        t->add_bos = t->add_eos = 1;
     } else if (/* SentencePiece defaults (llama.cpp: bos 1, eos 2, unk 0; add BOS, not EOS, dummy prefix) */
                load_id(f, "tokenizer.ggml.bos_token_id", 1, t->n_vocab, &t->bos) ||
                load_id(f, "tokenizer.ggml.eos_token_id", 2, t->n_vocab, &t->eos) ||
@@ -631,6 +644,9 @@ static int encode_all(const tl_tokenizer *t, const char *text, size_t len, int a
         case TOK_BPE:
             rc = tok_bpe_encode(t, &bw, text + off, end - off, o);
             break;
+        case TOK_WPM:
+            rc = tok_wpm_encode(t, text + off, end - off, o);
+            break;
         default:
             assert(0);
         }
@@ -726,6 +742,7 @@ static size_t piece(const tl_tokenizer *t, int id, int render_special, int lstri
     }
     switch (t->kind) {
     case TOK_SPM:
+    case TOK_WPM: /* U+2581 back to a space, as llama.cpp's token_to_piece */
         for (size_t i = 0; i < n; i++) {
             char c = s[i];
             if (c == '\xe2' && i + 2 < n && s[i + 1] == '\x96' && s[i + 2] == '\x81') {

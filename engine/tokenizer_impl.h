@@ -7,6 +7,7 @@
  *     -> partition around special tokens      (tokenizer.c)
  *     -> per raw fragment: spm_encode          (tokenizer.c, kind TOK_SPM)
  *                          tok_bpe_encode      (tokenizer_bpe.c, kind TOK_BPE)
+ *                          tok_wpm_encode      (tokenizer_wpm.c, kind TOK_WPM)
  */
 #ifndef TL_TOKENIZER_IMPL_H
 #define TL_TOKENIZER_IMPL_H
@@ -17,7 +18,7 @@
 #include "gguf.h"
 #include "tokenizer.h"
 
-enum tok_kind { TOK_SPM = 1, TOK_BPE = 2 };
+enum tok_kind { TOK_SPM = 1, TOK_BPE = 2, TOK_WPM = 3 };
 
 struct tok_bpe; /* merges + compiled pre-tokenizer, tokenizer_bpe.c */
 
@@ -76,5 +77,8 @@ long tok_bpe_split(const tl_tokenizer *t, const char *s, size_t len, size_t *end
 
 /* Writes the raw bytes of NORMAL token `id` to dst (when not NULL); returns their count. */
 size_t tok_bpe_piece(const tl_tokenizer *t, int id, char *dst);
+
+/* tokenizer_wpm.c: WordPiece-encodes one raw text fragment onto o. */
+int tok_wpm_encode(const tl_tokenizer *t, const char *s, size_t len, ids_vec *o);
 
 #endif

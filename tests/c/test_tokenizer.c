@@ -6,6 +6,8 @@
 #include "gguf.h"
 #include "test.h"
 #include "tokenizer.h"
+#include "tokenizer_impl.h"
+#include "unicode_tables.h"
 #include "util.h"
 
 #include "gguf_writer.h"
@@ -36,23 +38,71 @@ done:
     free(out);
 }
 
-static void test_unsupported_models(const char *dir) {
-    static const char *cases[][2] = {{"ggml-vocab-bert-bge.gguf", "bert"}};
-    for (int i = 0; i < 1; i++) {
-        char path[512], want[128];
-        snprintf(path, sizeof path, "%s/vocab/%s", dir, cases[i][0]);
-        snprintf(want, sizeof want, "unsupported tokenizer model '%s'", cases[i][1]);
-        gguf_file *f = gguf_open(path);
-        if (!f) {
-            printf("skip: %s absent\n", path);
-            continue;
-        }
-        tl_tokenizer *t = tl_tokenizer_load(f);
-        CHECK(t == NULL && strcmp(tl_last_error(), want) == 0, "%s is refused with \"%s\" (got \"%s\")",
-              cases[i][0], want, tl_last_error());
-        tl_tokenizer_free(t);
-        gguf_close(f);
+/* The generated tables (checked once against Python's unicodedata for
+ * every codepoint): ends of ranges, stride-2 case runs, negative deltas,
+ * Hangul, values past the BMP, and neighbours that must not match. */
+static void test_unicode_tables(void) {
+    static const uint32_t nfd[][2] = {{0xC0, 'A'}, {0xC5, 'A'}, {0xC6, 0xC6}, {0x1E9B, 0x17F}, {0xAC00, 0x1100},
+                                      {0xD7A3, 0x1112}, {0xD7A4, 0xD7A4}, {0x1D15E, 0x1D157}, {'a', 'a'}, {0x10FFFF, 0x10FFFF}};
+    static const uint32_t low[][2] = {{'A', 'a'}, {'Z', 'z'}, {'[', '['}, {0x100, 0x101}, {0x101, 0x101},
+                                      {0x12E, 0x12F}, {0x130, 'i'}, {0x178, 0xFF}, {0x3A3, 0x3C3}, {0x212A, 'k'},
+                                      {0xFF21, 0xFF41}, {0x10400, 0x10428}, {0x1E900, 0x1E922}, {0x1E922, 0x1E922}};
+    int bad = 0;
+    for (size_t i = 0; i < sizeof nfd / sizeof nfd[0]; i++) bad += tl_uni_nfd_first(nfd[i][0]) != nfd[i][1];
+    for (size_t i = 0; i < sizeof low / sizeof low[0]; i++) bad += tl_uni_tolower(low[i][0]) != low[i][1];
+    bad += !tl_uni_is_punct('!') + tl_uni_is_punct('$') + !tl_uni_is_punct(0x3002) + tl_uni_is_punct('a');
+    bad += !tl_uni_is_control(0x1) + !tl_uni_is_control(0x200B) + !tl_uni_is_control(0xE000) + tl_uni_is_control(' ');
+    bad += !tl_uni_is_space(0x3000) + !tl_uni_is_space(0x85) + tl_uni_is_space(0x200B);
+    CHECK(bad == 0, "the Unicode tables give NFD heads, lowercase and categories (%d wrong)", bad);
+}
+
+/* WordPiece (BERT's vocab, bert-bge): llama.cpp's vectors (ids only: the
+ * algorithm lowercases and drops accents), [CLS] ... [SEP] around a text
+ * with add_special, [UNK] for a word no pieces cover, invalid bytes and
+ * controls dropped, special texts parsed only when asked. */
+static void test_wordpiece(const char *dir) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/vocab/ggml-vocab-bert-bge.gguf", dir);
+    tl_tokenizer *t = load_tok_path(path);
+    CHECK(t != NULL, "the WordPiece vocab bert-bge loads (%s)", t ? "" : tl_last_error());
+    if (!t) return;
+    char pin[600], pout[600];
+    snprintf(pin, sizeof pin, "%s.inp", path);
+    snprintf(pout, sizeof pout, "%s.out", path);
+    size_t nin, nout;
+    char *inp = read_all(pin, &nin), *out = read_all(pout, &nout);
+    if (inp && out) {
+        vocab_vectors vv;
+        vv_init(&vv, inp, nin, out, nout);
+        int n = check_vocab_vectors("ggml-vocab-bert-bge.gguf", t, &vv);
+        CHECK(n == 46, "bert-bge: all 46 test strings were read (%d)", n);
     }
+    free(inp);
+    free(out);
+
+    int32_t *a, *b;
+    int na = encode(t, "Hello world", 11, 1, 0, &a), nb;
+    CHECK(na == 4 && a[0] == 101 && a[3] == 102, "add_special puts [CLS] first and [SEP] last (%d ids)", na);
+    free(a);
+    na = encode(t, "caf\xc3\xa9 \xf0\x9f\x98\x80!", 11, 0, 0, &a);
+    nb = encode(t, "cafe", 4, 0, 0, &b);
+    CHECK(na == nb + 2 && na > 0 && !memcmp(a, b, (size_t)nb * sizeof *a) && a[nb] == 100,
+          "an accent is dropped (cafe == caf\\u00e9), an emoji no piece covers is [UNK], '!' a word of its own (%d, %d)", na,
+          nb);
+    free(a);
+    free(b);
+    na = encode(t, "AB\xff\x01" "C", 5, 0, 0, &a);
+    nb = encode(t, "abc", 3, 0, 0, &b);
+    CHECK(na == nb && na > 0 && !memcmp(a, b, (size_t)na * sizeof *a),
+          "an invalid byte and a control character vanish, and case folds (%d vs %d ids)", na, nb);
+    free(a);
+    free(b);
+    na = encode(t, "[CLS]", 5, 0, 1, &a);
+    nb = encode(t, "[CLS]", 5, 0, 0, &b);
+    CHECK(na == 1 && a[0] == 101 && nb > 1, "[CLS] is one token only with parse_special (%d, %d ids)", na, nb);
+    free(a);
+    free(b);
+    tl_tokenizer_free(t);
 }
 
 /* ---- special tokens, flags, buffers, hostile text ------------------------ */
@@ -417,8 +467,8 @@ static void test_vocab_rejects(void) {
                   (ns = -1, gw_set_arr_i32(v.gw, "tokenizer.ggml.scores", v.type, V_N)));
     EXPECT_REJECT("a duplicate token text", "ids 260 and 262 have the same text", v.tok[V_SPA] = "a");
     EXPECT_REJECT("a malformed byte token", "byte token 5 has text '<0xZZ>'", v.tok[5] = "<0xZZ>");
-    EXPECT_REJECT("tokenizer model 'bert'", "unsupported tokenizer model 'bert'",
-                  gw_set_str(v.gw, "tokenizer.ggml.model", "bert"));
+    EXPECT_REJECT("tokenizer model 't5'", "unsupported tokenizer model 't5'",
+                  gw_set_str(v.gw, "tokenizer.ggml.model", "t5"));
     EXPECT_REJECT("no tokenizer model", "tokenizer.ggml.model", gw_set_u32(v.gw, "tokenizer.ggml.model", 1));
 }
 
@@ -514,7 +564,8 @@ int main(void) {
     }
     test_vocab_vectors(dir, "ggml-vocab-llama-spm.gguf");
     test_vocab_vectors(dir, "ggml-vocab-phi-3.gguf");
-    test_unsupported_models(dir);
+    test_wordpiece(dir);
+    test_unicode_tables();
     test_llama_spm_details(dir);
     test_phi3_details(dir);
     test_stories(dir);

@@ -9,6 +9,7 @@
 #include "gguf.h"
 #include "test.h"
 #include "tokenizer.h"
+#include "tokenizer_impl.h"
 #include "util.h"
 
 #include "tok_util.h"

@@ -6,8 +6,11 @@
 
 /* Each test string must tokenize to its .out ids (add_special = false,
  * parse_special = false, as llama.cpp's test-tokenizer-0) and decode back to
- * itself. Returns how many strings were read; *vv is left at the end. */
+ * itself, except on WordPiece vocabs, which lowercase, drop accents and
+ * whitespace by design. Returns how many strings were read; *vv is left at
+ * the end. */
 static int check_vocab_vectors(const char *name, const tl_tokenizer *t, vocab_vectors *vv) {
+    const int lossless = t->kind != TOK_WPM;
     int n_tests = 0, n_tok_ok = 0, n_rt_ok = 0;
     const char *ip;
     size_t slen;
@@ -29,13 +32,14 @@ static int check_vocab_vectors(const char *name, const tl_tokenizer *t, vocab_ve
         char *back = decode(t, got, ng > 0 ? ng : 0, &dl);
         int rt = back && (size_t)dl == slen && memcmp(back, ip, slen) == 0;
         n_rt_ok += rt;
-        CHECK(rt, "%s: test %d '%.*s' decodes back to itself (got '%s')", name, n_tests, (int)slen, ip,
+        CHECK(rt || !lossless, "%s: test %d '%.*s' decodes back to itself (got '%s')", name, n_tests, (int)slen, ip,
               back ? back : "(null)");
         free(back);
         free(got);
         n_tests++;
     }
-    printf("%s: %d/%d tokenize exactly, %d/%d round-trip\n", name, n_tok_ok, n_tests, n_rt_ok, n_tests);
+    printf("%s: %d/%d tokenize exactly, %d/%d round-trip%s\n", name, n_tok_ok, n_tests, n_rt_ok, n_tests,
+           lossless ? "" : " (lossy: not checked)");
     return n_tests;
 }
 
