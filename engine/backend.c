@@ -142,11 +142,11 @@ int tl_backend_select(tl_model *m, int *n_blocks, const tl_kv_layout *kv, int kv
                                 m->arch->name);
         return TL_OK;
     }
-    if (m->hp.rope.freq_scale != 1.0f || m->hp.rope.attn_factor != 1.0f) {
+    if (m->hp.rope.freq_scale != 1.0f || m->hp.rope.attn_factor != 1.0f || m->hp.rope.ext_factor != 0.0f) {
         if (forced)
             return tl_set_error(TL_ERR_UNSUPPORTED,
-                                "TINYLOOP_BACKEND=cuda: scaled RoPE (freq_scale %g, attn_factor %g) runs on the CPU only",
-                                m->hp.rope.freq_scale, m->hp.rope.attn_factor);
+                                "TINYLOOP_BACKEND=cuda: scaled RoPE (freq_scale %g, attn_factor %g, ext_factor %g) runs on the CPU only",
+                                m->hp.rope.freq_scale, m->hp.rope.attn_factor, m->hp.rope.ext_factor);
         return TL_OK;
     }
     const char *lib = getenv("TINYLOOP_CUDA_LIB");

@@ -35,9 +35,27 @@ void tl_add_f32(float *x, const float *o, int n) {
 }
 
 /* Pair i's angle as ggml's rope_yarn takes it (theta / ff, then times
- * freq_scale: 1.0f * x is x, so unscaled files keep their bits). */
+ * freq_scale: 1.0f * x is x, so unscaled files keep their bits; YaRN mixes
+ * in the unscaled angle by its ramp). */
 static inline float rope_angle(float theta, int i, const tl_rope_params *rp, const float *freq_factors) {
-    return rp->freq_scale * (freq_factors ? theta / freq_factors[i] : theta);
+    const float extrap = freq_factors ? theta / freq_factors[i] : theta, interp = rp->freq_scale * extrap;
+    if (rp->ext_factor == 0.0f) return interp;
+    const float y = ((float)i - rp->corr_lo) / fmaxf(0.001f, rp->corr_hi - rp->corr_lo);
+    const float mix = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * rp->ext_factor;
+    return interp * (1.0f - mix) + extrap * mix;
+}
+
+/* The pair index at which `n_rotations` full turns fit in n_ctx_orig. */
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rotations, float base) {
+    return n_dims * logf(n_ctx_orig / (n_rotations * 2 * (float)M_PI)) / (2 * logf(base));
+}
+
+void tl_rope_yarn_prepare(tl_rope_params *rp, int n_rot, int n_ctx_orig, float beta_fast, float beta_slow) {
+    const float start = floorf(yarn_corr_dim(n_rot, n_ctx_orig, beta_fast, rp->base));
+    const float end = ceilf(yarn_corr_dim(n_rot, n_ctx_orig, beta_slow, rp->base));
+    rp->corr_lo = fmaxf(0.0f, start);
+    rp->corr_hi = fminf((float)(n_rot - 1), end);
+    rp->attn_factor *= 1.0f + 0.1f * logf(1.0f / rp->freq_scale);
 }
 
 void tl_rope_table(float *cs, int pos, int n_rot, const tl_rope_params *rp, const float *freq_factors) {

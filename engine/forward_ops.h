@@ -12,16 +12,26 @@ void tl_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 /* x[i] += o[i] over n elements. */
 void tl_add_f32(float *x, const float *o, int n);
 
-/* RoPE's angles for one kind of layer, as ggml's rope computes them
- * without YaRN (which tinyloop refuses at load): pair i turns by
- * freq_scale * pos * base^(-2i/n_rot) / freq_factors[i], and its cos and sin
- * are multiplied by attn_factor. freq_scale 1 and attn_factor 1 (a file
- * without rope.scaling keys) are the plain rotation, bit for bit. */
+/* RoPE's angles for one kind of layer, as ggml's rope_yarn computes them:
+ * pair i's unscaled angle is e = pos * base^(-2i/n_rot) / freq_factors[i];
+ * it turns by freq_scale * e (linear scaling), or under YaRN (ext_factor
+ * 1) by a mix of that and e, all e for pairs below corr_lo, all
+ * freq_scale * e above corr_hi; cos and sin are multiplied by attn_factor.
+ * freq_scale 1, ext_factor 0 and attn_factor 1 (a file without
+ * rope.scaling keys) are the plain rotation, bit for bit. */
 typedef struct tl_rope_params {
     float base;
-    float freq_scale;  /* 1 / rope.scaling.factor of linear scaling, else 1 */
-    float attn_factor; /* rope.scaling.attn_factor, else 1 */
+    float freq_scale;       /* 1 / rope.scaling.factor, else 1 */
+    float attn_factor;      /* rope.scaling.attn_factor, times YaRN's 1 + 0.1 ln(factor) */
+    float ext_factor;       /* 1 under YaRN, else 0 */
+    float corr_lo, corr_hi; /* YaRN's ramp between these pairs (ggml_rope_yarn_corr_dims) */
 } tl_rope_params;
+
+/* YaRN: sets rp's ramp (ggml_rope_yarn_corr_dims for n_rot dimensions,
+ * the training context n_ctx_orig and rp->base) and folds its magnitude
+ * factor 1 + 0.1 ln(1 / freq_scale) into attn_factor (ggml applies that
+ * factor whenever ext_factor is not 0). */
+void tl_rope_yarn_prepare(tl_rope_params *rp, int n_rot, int n_ctx_orig, float beta_fast, float beta_slow);
 
 /* Rotates one head in place. NORM pairs (2i, 2i+1); NEOX pairs (i, i + n_rot/2).
  * freq_factors (Llama 3.1's rope_freqs) divide each pair's angle. */

@@ -73,37 +73,58 @@ static int arch_f32(const tl_model *m, const char *suffix, float def, float *out
 
 /* rope.scaling.* as llama.cpp reads them: the type defaults to linear, so a
  * factor alone (or the older rope.scale_linear) scales the angles by
- * 1 / factor; type none ignores the factor. YaRN and LongRoPE change the
- * angles per frequency band and are refused, as is any other type, rather
- * than run unscaled. Gemma 3's local layers keep their own base unscaled
- * (llama.cpp's rope_freq_scale_train_swa = 1). */
+ * 1 / factor; type none ignores the factor; yarn blends scaled and
+ * unscaled angles over a ramp set by original_context_length and
+ * yarn_beta_fast/slow (32, 1) and raises attn_factor by 1 + 0.1 ln(factor).
+ * LongRoPE, DeepSeek's yarn_log_multiplier and other types are refused
+ * rather than run unscaled. Gemma 3's local layers keep their own base
+ * unscaled (llama.cpp's rope_freq_scale_train_swa = 1). */
 static int load_rope_scaling(tl_model *m) {
     tl_hparams *hp = &m->hp;
     char key[128];
     snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch->name);
     gguf_str type = {.ptr = "linear", .len = 6};
     if (gguf_get_str(m->file, key, &type) < 0) return TL_ERR_FORMAT;
-    float factor = 0, attn_factor = 1;
-    int rc;
-    if ((rc = arch_f32(m, "rope.scaling.factor", 0, &factor)) || (rc = arch_f32(m, "rope.scaling.attn_factor", 1, &attn_factor)))
+    float factor = 0, attn_factor = 1, yarn_attn = 1, ext = -1, beta_fast = 32, beta_slow = 1, log_mul = 0;
+    int rc, n_ctx_orig;
+    if ((rc = arch_f32(m, "rope.scaling.factor", 0, &factor)) ||
+        (rc = arch_f32(m, "rope.scaling.attn_factor", 1, &attn_factor)) ||
+        (rc = arch_f32(m, "rope.scaling.yarn_attn_factor", 1, &yarn_attn)) ||
+        (rc = arch_f32(m, "rope.scaling.yarn_ext_factor", -1, &ext)) ||
+        (rc = arch_f32(m, "rope.scaling.yarn_beta_fast", 32, &beta_fast)) ||
+        (rc = arch_f32(m, "rope.scaling.yarn_beta_slow", 1, &beta_slow)) ||
+        (rc = arch_f32(m, "rope.scaling.yarn_log_multiplier", 0, &log_mul)) ||
+        (rc = arch_u32(m, "rope.scaling.original_context_length", 0, (uint32_t)hp->n_ctx_train, &n_ctx_orig)))
         return rc;
     if (factor == 0 && (rc = arch_f32(m, "rope.scale_linear", 0, &factor))) return rc;
-    int shown = type.len > 32 ? 32 : (int)type.len;
+    int shown = type.len > 32 ? 32 : (int)type.len, yarn = type.len == 4 && !memcmp(type.ptr, "yarn", 4);
     if (type.len == 4 && !memcmp(type.ptr, "none", 4))
         factor = 0;
-    else if (!(type.len == 6 && !memcmp(type.ptr, "linear", 6)))
-        return tl_set_error(TL_ERR_UNSUPPORTED, "%s '%.*s' (factor %g) is not supported: tinyloop runs linear RoPE scaling only",
-                            key, shown, type.ptr, factor);
-    if (factor < 0 || attn_factor <= 0)
+    else if (!yarn && !(type.len == 6 && !memcmp(type.ptr, "linear", 6)))
+        return tl_set_error(TL_ERR_UNSUPPORTED,
+                            "%s '%.*s' (factor %g) is not supported: tinyloop runs linear and yarn RoPE scaling", key,
+                            shown, type.ptr, factor);
+    if (factor < 0 || attn_factor <= 0 || yarn_attn <= 0)
         return tl_set_error(TL_ERR_FORMAT, "RoPE scaling factor %g / attn_factor %g must be >= 0 / > 0", factor,
-                            attn_factor);
+                            attn_factor * yarn_attn);
+    if (log_mul != 0)
+        return tl_set_error(TL_ERR_UNSUPPORTED,
+                            "rope.scaling.yarn_log_multiplier %g (DeepSeek's attention temperature) is not supported",
+                            log_mul);
+    if (yarn && (n_ctx_orig < 1 || !(beta_fast > 0) || !(beta_slow > 0)))
+        return tl_set_error(TL_ERR_FORMAT, "YaRN: original_context_length %d / beta_fast %g / beta_slow %g must be > 0",
+                            n_ctx_orig, beta_fast, beta_slow);
     hp->rope.freq_scale = factor == 0 ? 1.0f : 1.0f / factor;
-    hp->rope.attn_factor = attn_factor;
+    hp->rope.attn_factor = attn_factor * yarn_attn;
+    hp->rope.ext_factor = ext >= 0 ? ext : yarn ? 1.0f : 0.0f;
     hp->rope_swa = hp->rope;
     if (m->arch->rope_base_swa > 0) {
         hp->rope_swa.base = m->arch->rope_base_swa;
         hp->rope_swa.freq_scale = 1.0f;
     }
+    tl_rope_params *both[2] = {&hp->rope, &hp->rope_swa};
+    for (int i = 0; i < 2; i++)
+        if (both[i]->ext_factor != 0.0f) tl_rope_yarn_prepare(both[i], hp->n_rot, n_ctx_orig, beta_fast, beta_slow);
     return TL_OK;
 }
 

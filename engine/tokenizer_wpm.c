@@ -71,7 +71,11 @@ static int is_ascii_symbol(uint32_t cp) { return cp < 0x7F && strchr("$+<=>^`|~"
  * invalid or truncated sequence is one byte of U+FFFD. */
 static size_t utf8_next(const uint8_t *s, size_t n, uint32_t *cp) {
     uint8_t c = s[0];
-    size_t need = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+    size_t need = c < 0x80                 ? 1
+                  : c >= 0xC2 && c <= 0xDF ? 2
+                  : c >= 0xE0 && c <= 0xEF ? 3
+                  : c >= 0xF0 && c <= 0xF4 ? 4
+                                           : 0;
     *cp = 0xFFFD;
     if (need == 0 || need > n) return 1;
     if (need == 1) return *cp = c, 1;
@@ -90,11 +94,10 @@ static size_t utf8_next(const uint8_t *s, size_t n, uint32_t *cp) {
 static size_t utf8_put(uint32_t cp, char *o) {
     if (cp < 0x80) return o[0] = (char)cp, 1;
     if (cp < 0x800) return o[0] = (char)(0xC0 | cp >> 6), o[1] = (char)(0x80 | (cp & 0x3F)), 2;
-    if (cp < 0x10000)
-        return o[0] = (char)(0xE0 | cp >> 12), o[1] = (char)(0x80 | (cp >> 6 & 0x3F)), o[2] = (char)(0x80 | (cp & 0x3F)), 3;
-    o[0] = (char)(0xF0 | cp >> 18), o[1] = (char)(0x80 | (cp >> 12 & 0x3F));
-    o[2] = (char)(0x80 | (cp >> 6 & 0x3F)), o[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
+    size_t n = cp < 0x10000 ? 3 : 4;
+    o[0] = (char)(n == 3 ? 0xE0 | cp >> 12 : 0xF0 | cp >> 18);
+    for (size_t k = 1; k < n; k++) o[k] = (char)(0x80 | (cp >> (6 * (n - 1 - k)) & 0x3F));
+    return n;
 }
 
 /* ---- words ------------------------------------------------------------------ */

@@ -4,7 +4,7 @@
  *                [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]
  *                [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|gemma3] [--head-dim N]
  *                [--bias 0|1|2] [--window N]
- *                [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F] */
+ *                [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F] [--rope-orig-ctx N] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +27,7 @@ int main(int argc, char **argv) {
                         "                    [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]\n"
                         "                    [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|gemma3] [--head-dim N]\n"
                         "                    [--bias 0|1|2] [--window N]\n"
-                        "                    [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F]\n");
+                        "                    [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F] [--rope-orig-ctx N]\n");
         return 2;
     }
     tm_spec s = tm_default_spec();
@@ -65,6 +65,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--rope-scaling") && more) s.rope_scaling = argv[++i];
         else if (!strcmp(a, "--rope-factor") && more) s.rope_factor = strtof(argv[++i], NULL);
         else if (!strcmp(a, "--rope-attn-factor") && more) s.rope_attn_factor = strtof(argv[++i], NULL);
+        else if (!strcmp(a, "--rope-orig-ctx") && more) s.rope_orig_ctx = atoi(argv[++i]);
         else { fprintf(stderr, "tl-gen-model: unknown option '%s'\n", a); return 2; }
 #undef INT_OPT
     }

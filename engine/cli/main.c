@@ -259,7 +259,7 @@ static int cmd_info(opts *o) {
            i.n_layer, i.n_head, i.n_head_kv, i.head_dim, i.n_ff);
     printf("context       %d trained, max_seq_len %d\nrope base     %g", i.n_ctx_train, i.max_seq_len, i.rope_freq_base);
     if (i.rope_freq_scale != 1.0f || i.rope_attn_factor != 1.0f)
-        printf(" (linear scaling x%g, attn_factor %g)", 1.0f / i.rope_freq_scale, i.rope_attn_factor);
+        printf(" (scaled x%g, attn_factor %g)", 1.0f / i.rope_freq_scale, i.rope_attn_factor);
     printf("\nrms eps       %g\n", i.norm_eps);
     if (i.loop_start != i.loop_end)
         printf("loop block    [%d, %d) x %d by default\n", i.loop_start, i.loop_end, i.loop_default);

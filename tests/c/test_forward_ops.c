@@ -10,6 +10,7 @@
  *            scaled and with an attn_factor.
  *   scaling  freq_scale 1/2 at position 2p is position p, attn_factor 2
  *            doubles the rotation (exact, so bitwise).
+ *   yarn     the ramp's ends are the unscaled and the scaled rotations.
  *   rmsnorm  tl_rmsnorm is (x * scale) * w per element with scale from the
  *            double sum of squares, n 1..70, in place and not.
  *   add      tl_add_f32 is x[i] += o[i], n 0..37. */
@@ -37,7 +38,12 @@ static void test_rope(void) {
     float ff[65], cs[130], x[140], y[140];
     for (int i = 0; i < 65; i++) ff[i] = 1.0f + (float)(i % 7) * 0.5f;
     static const int pos[] = {0, 1, 17, 511, 4095, 70000};
-    static const tl_rope_params rps[] = {{10000.0f, 1.0f, 1.0f}, {1e6f, 0.125f, 1.0f}, {500000.0f, 0.3f, 1.1f}};
+    static const tl_rope_params rps[] = {
+        {.base = 10000.0f, .freq_scale = 1.0f, .attn_factor = 1.0f},
+        {.base = 1e6f, .freq_scale = 0.125f, .attn_factor = 1.0f},
+        {.base = 500000.0f, .freq_scale = 0.3f, .attn_factor = 1.1f},
+        {.base = 10000.0f, .freq_scale = 0.25f, .attn_factor = 1.2f, .ext_factor = 1.0f, .corr_lo = 3.0f, .corr_hi = 20.0f},
+    };
     for (size_t r = 0; r < sizeof rps / sizeof rps[0]; r++)
         for (int type = 0; type < 2; type++) {
             const int rt = type ? TL_ROPE_NEOX : TL_ROPE_NORM;
@@ -53,8 +59,8 @@ static void test_rope(void) {
                         tl_rope(y, pos[p], n_rot, &rps[r], rt, f ? ff : NULL);
                         bad += !same(x, y, 140);
                     }
-            CHECK(bad == 0, "rope %s, base %g scale %g attn %g: the table's rotation is bitwise tl_rope's (%d differ)",
-                  type ? "neox" : "norm", rps[r].base, rps[r].freq_scale, rps[r].attn_factor, bad);
+            CHECK(bad == 0, "rope %s, base %g scale %g attn %g ext %g: the table's rotation is bitwise tl_rope's (%d differ)",
+                  type ? "neox" : "norm", rps[r].base, rps[r].freq_scale, rps[r].attn_factor, rps[r].ext_factor, bad);
         }
 }
 
@@ -64,7 +70,9 @@ static void test_rope(void) {
 static void test_rope_scaling(void) {
     float ff[64], x[128], y[128], z[128];
     for (int i = 0; i < 64; i++) ff[i] = 1.0f + (float)(i % 5) * 0.75f;
-    const tl_rope_params plain = {10000.0f, 1.0f, 1.0f}, half = {10000.0f, 0.5f, 1.0f}, twice = {10000.0f, 1.0f, 2.0f};
+    const tl_rope_params plain = {.base = 10000.0f, .freq_scale = 1.0f, .attn_factor = 1.0f},
+                         half = {.base = 10000.0f, .freq_scale = 0.5f, .attn_factor = 1.0f},
+                         twice = {.base = 10000.0f, .freq_scale = 1.0f, .attn_factor = 2.0f};
     int bad_scale = 0, bad_attn = 0, same_plain = 0;
     for (int type = 0; type < 2; type++)
         for (int f = 0; f < 2; f++)
@@ -86,6 +94,36 @@ static void test_rope_scaling(void) {
     CHECK(bad_scale == 0 && same_plain == 0, "freq_scale 1/2 at 2p is bitwise position p (%d differ), and not 2p (%d same)",
           bad_scale, same_plain);
     CHECK(bad_attn == 0, "attn_factor 2 doubles the rotation exactly (%d elements differ)", bad_attn);
+}
+
+/* YaRN's ramp: pairs up to corr_lo turn by the unscaled angle, pairs from
+ * corr_hi on by the linearly scaled one (mix 1 and 0: exact), and the
+ * pairs between by neither. */
+static void test_rope_yarn(void) {
+    const tl_rope_params plain = {.base = 10000.0f, .freq_scale = 1.0f, .attn_factor = 1.0f},
+                         lin = {.base = 10000.0f, .freq_scale = 0.25f, .attn_factor = 1.0f},
+                         yarn = {.base = 10000.0f, .freq_scale = 0.25f, .attn_factor = 1.0f, .ext_factor = 1.0f,
+                                 .corr_lo = 4.0f, .corr_hi = 10.0f};
+    float x[64], a[64], b[64], c[64];
+    int bad = 0, between_same = 0;
+    for (int p = 1; p < 5000; p += 97) {
+        for (int i = 0; i < 64; i++) x[i] = 4.0f * gauss();
+        memcpy(a, x, sizeof x);
+        memcpy(b, x, sizeof x);
+        memcpy(c, x, sizeof x);
+        tl_rope(a, p, 64, &yarn, TL_ROPE_NORM, NULL);
+        tl_rope(b, p, 64, &plain, TL_ROPE_NORM, NULL);
+        tl_rope(c, p, 64, &lin, TL_ROPE_NORM, NULL);
+        for (int i = 0; i < 32; i++) {
+            const float *want = i <= 4 ? b : i >= 10 ? c : NULL;
+            if (want)
+                bad += memcmp(a + 2 * i, want + 2 * i, 2 * sizeof(float)) != 0;
+            else
+                between_same += !memcmp(a + 2 * i, b + 2 * i, 8) || !memcmp(a + 2 * i, c + 2 * i, 8);
+        }
+    }
+    CHECK(bad == 0, "YaRN: pairs <= corr_lo are unscaled, pairs >= corr_hi linearly scaled, bitwise (%d differ)", bad);
+    CHECK(between_same == 0, "YaRN: the pairs between blend the two (%d equal one of them)", between_same);
 }
 
 static void test_rmsnorm(void) {
@@ -115,6 +153,7 @@ int main(void) {
     tl_kernels_init();
     test_rope();
     test_rope_scaling();
+    test_rope_yarn();
     test_rmsnorm();
     test_add();
     return test_summary();

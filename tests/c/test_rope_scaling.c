@@ -1,9 +1,9 @@
 /* test_rope_scaling.c - rope.scaling.* as llama.cpp reads them: linear
- * scaling and attn_factor against ik_llama.cpp's greedy tokens (on the
- * table path and store-h's recompute), the keys that must change nothing
- * (factor 1, type none), Gemma 3's local layers left unscaled, and clear
- * refusals of what tinyloop does not run (YaRN, LongRoPE, other types, a
- * negative factor, scaled RoPE on the CUDA plugin). */
+ * scaling with an attn_factor, and YaRN, against ik_llama.cpp's greedy
+ * tokens (on the table path and store-h's recompute), the keys that must
+ * change nothing (factor 1, type none), Gemma 3's local layers left
+ * unscaled, and clear refusals of what tinyloop does not run (LongRoPE,
+ * other types, a negative factor, scaled RoPE on the CUDA plugin). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -60,58 +60,77 @@ static tm_spec small_llama(void) {
     return s;
 }
 
-static void test_reference(void) {
-    /* tl-gen-model ref.gguf --dim 256 --layers 4 --heads 4 --kv-heads 2
-     * --ff 512 --ctx 2048 --seed 7 --rope-scaling linear --rope-factor 4
-     * --rope-attn-factor 1.3: ik_llama.cpp's llama-simple (greedy) printed
-     * exactly the bytes of these tokens after the prompt (2026-12-06; and
-     * other tokens without the scaling keys, or without the attn_factor). */
-    tm_spec s = tm_default_spec();
-    s.n_embd = 256;
-    s.n_head = 4;
-    s.n_head_kv = 2;
-    s.n_ff = 512;
-    s.n_layer = 4;
-    s.n_ctx = 2048;
-    s.seed = 7;
-    s.rope_scaling = "linear";
-    s.rope_factor = 4.0f;
-    s.rope_attn_factor = 1.3f;
-    const char *path = tmp_path("ref");
-    CHECK(tm_write(&s, path) == 0, "the scaled reference model is written");
-    static const char text[] = "the cat sat on the mat and then it ran";
-    static const int32_t want[24] = {31, 31, 31,  31, 31,  298, 31,  31,  31,  31, 51,  31,
-                                     298, 31, 298, 31, 285, 119, 284, 285, 82, 112, 138, 72};
-    for (int mode = 0; mode < 2; mode++) {
-        tl_model *m = open_f16(path, mode ? "h" : NULL);
-        CHECK(m != NULL, "the model with linear RoPE scaling opens (%s)", m ? "" : tl_last_error());
-        if (!m) continue;
-        tl_model_info info;
-        tl_model_get_info(m, &info);
-        CHECK(info.rope_freq_scale == 0.25f && info.rope_attn_factor == 1.3f, "info reports freq_scale %g, attn_factor %g",
-              info.rope_freq_scale, info.rope_attn_factor);
-        int32_t ids[24], out[24];
-        int n = tl_tokenize(m, text, (int)strlen(text), 1, 0, ids, 24), ng = -1;
-        if (n == 24) {
-            tl_generate_params gp = tl_generate_default_params();
-            gp.max_tokens = 24;
-            gp.ignore_eos = 1;
-            ng = tl_generate(m, ids, 24, gp, out, 24);
-        }
-        CHECK(ng == 24 && !memcmp(out, want, sizeof want), "greedy tokens with linear scaling equal ik_llama.cpp's (%s, %d)",
-              mode ? "store-h KV" : "f16 KV", ng);
-        tl_model_close(m);
-    }
+/* tl-gen-model ref.gguf --dim 256 --layers 4 --heads 4 --kv-heads 2
+ * --ff 512 --ctx 2048 --seed 7, plus each case's scaling options:
+ * ik_llama.cpp's llama-simple (greedy) printed exactly the bytes of these
+ * tokens after the prompt (2026-12-06; unscaled, the two cases and linear
+ * scaling without the attn_factor each gave other tokens). */
+static const struct ref_case {
+    const char *what, *type;
+    float factor, attn;
+    int orig_ctx;
+    int32_t want[24];
+    float freq_scale, attn_factor; /* what info must report */
+} refs[] = {
+    {"linear x4, attn_factor 1.3", "linear", 4.0f, 1.3f, 0,
+     {31, 31, 31, 31, 31, 298, 31, 31, 31, 31, 51, 31, 298, 31, 298, 31, 285, 119, 284, 285, 82, 112, 138, 72},
+     0.25f, 1.3f},
+    {"yarn x4 from 256 positions", "yarn", 4.0f, 0, 256,
+     {116, 170, 213, 219, 308, 310, 71, 284, 219, 123, 51, 285, 131, 266, 175, 317, 82, 112, 31, 285, 213, 285, 216, 219},
+     0.25f, 0},
+};
 
-    /* the CUDA plugin ropes unscaled: forced, it refuses; auto stays on the CPU */
-    setenv("TINYLOOP_BACKEND", "cuda", 1);
-    tl_model *m = NULL;
-    int rc = tl_model_open(path, tl_model_default_params(), &m);
-    unsetenv("TINYLOOP_BACKEND");
-    CHECK(rc == TL_ERR_UNSUPPORTED && !m && strstr(tl_last_error(), "scaled RoPE (freq_scale 0.25, attn_factor 1.3)"),
-          "TINYLOOP_BACKEND=cuda refuses scaled RoPE, saying why (%s)", tl_last_error());
-    tl_model_close(m);
-    remove(path);
+static void test_reference(void) {
+    static const char text[] = "the cat sat on the mat and then it ran";
+    for (size_t r = 0; r < sizeof refs / sizeof refs[0]; r++) {
+        tm_spec s = tm_default_spec();
+        s.n_embd = 256;
+        s.n_head = 4;
+        s.n_head_kv = 2;
+        s.n_ff = 512;
+        s.n_layer = 4;
+        s.n_ctx = 2048;
+        s.seed = 7;
+        s.rope_scaling = refs[r].type;
+        s.rope_factor = refs[r].factor;
+        s.rope_attn_factor = refs[r].attn;
+        s.rope_orig_ctx = refs[r].orig_ctx;
+        const char *path = tmp_path("ref");
+        CHECK(tm_write(&s, path) == 0, "the %s model is written", refs[r].what);
+        for (int mode = 0; mode < 2; mode++) {
+            tl_model *m = open_f16(path, mode ? "h" : NULL);
+            CHECK(m != NULL, "the %s model opens (%s)", refs[r].what, m ? "" : tl_last_error());
+            if (!m) continue;
+            tl_model_info info;
+            tl_model_get_info(m, &info);
+            /* YaRN's attn_factor is 1 + 0.1 ln 4 */
+            float want_attn = refs[r].attn_factor > 0 ? refs[r].attn_factor : 1.0f + 0.1f * logf(4.0f);
+            CHECK(info.rope_freq_scale == refs[r].freq_scale && info.rope_attn_factor == want_attn,
+                  "%s: info reports freq_scale %g, attn_factor %g", refs[r].what, info.rope_freq_scale,
+                  info.rope_attn_factor);
+            int32_t ids[24], out[24];
+            int n = tl_tokenize(m, text, (int)strlen(text), 1, 0, ids, 24), ng = -1;
+            if (n == 24) {
+                tl_generate_params gp = tl_generate_default_params();
+                gp.max_tokens = 24;
+                gp.ignore_eos = 1;
+                ng = tl_generate(m, ids, 24, gp, out, 24);
+            }
+            CHECK(ng == 24 && !memcmp(out, refs[r].want, sizeof out), "%s: greedy tokens equal ik_llama.cpp's (%s, %d)",
+                  refs[r].what, mode ? "store-h KV" : "f16 KV", ng);
+            tl_model_close(m);
+        }
+
+        /* the CUDA plugin ropes unscaled: forced, it refuses; auto stays on the CPU */
+        setenv("TINYLOOP_BACKEND", "cuda", 1);
+        tl_model *m = NULL;
+        int rc = tl_model_open(path, tl_model_default_params(), &m);
+        unsetenv("TINYLOOP_BACKEND");
+        CHECK(rc == TL_ERR_UNSUPPORTED && !m && strstr(tl_last_error(), "scaled RoPE (freq_scale 0.25"),
+              "TINYLOOP_BACKEND=cuda refuses %s, saying why (%s)", refs[r].what, tl_last_error());
+        tl_model_close(m);
+        remove(path);
+    }
 }
 
 /* Keys that must not change a bit, and the scaling that must. */
@@ -166,7 +185,6 @@ static void test_refusals(void) {
         int rc;
         const char *msg;
     } cases[] = {
-        {"yarn", 4.0f, 0, TL_ERR_UNSUPPORTED, "llama.rope.scaling.type 'yarn' (factor 4) is not supported"},
         {"longrope", 0, 0, TL_ERR_UNSUPPORTED, "llama.rope.scaling.type 'longrope' (factor 0) is not supported"},
         {"dynamic", 2.0f, 0, TL_ERR_UNSUPPORTED, "'dynamic' (factor 2)"},
         {"Linear", 2.0f, 0, TL_ERR_UNSUPPORTED, "'Linear' (factor 2)"},

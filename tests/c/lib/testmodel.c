@@ -181,6 +181,7 @@ int tm_write(const tm_spec *s, const char *path) {
     if (s->rope_scaling) gw_set_str(gw, KEY("rope.scaling.type"), s->rope_scaling);
     if (s->rope_factor != 0) gw_set_f32(gw, KEY("rope.scaling.factor"), s->rope_factor);
     if (s->rope_attn_factor != 0) gw_set_f32(gw, KEY("rope.scaling.attn_factor"), s->rope_attn_factor);
+    if (s->rope_orig_ctx > 0) gw_set_u32(gw, KEY("rope.scaling.original_context_length"), (uint32_t)s->rope_orig_ctx);
     if (s->gemma3 || s->head_dim) gw_set_u32(gw, KEY("attention.key_length"), (uint32_t)hd);
     if (s->head_dim) gw_set_u32(gw, KEY("attention.value_length"), (uint32_t)hd);
     if (s->gemma3 && s->sliding_window > 0) gw_set_u32(gw, KEY("attention.sliding_window"), (uint32_t)s->sliding_window);

@@ -23,6 +23,7 @@ typedef struct tm_spec {
     float rope_base;   /* 0: key absent */
     const char *rope_scaling;          /* rope.scaling.type; NULL: key absent */
     float rope_factor, rope_attn_factor; /* rope.scaling.factor / attn_factor; 0: key absent */
+    int rope_orig_ctx;                   /* rope.scaling.original_context_length; 0: key absent */
     int gemma3;        /* 1: gemma3 architecture (q/k norms, post norms, GeGLU, tied output) */
     int sliding_window; /* gemma3: window of the local layers (5 of every 6); 0: key absent */
     int qwen2;         /* 1: qwen2 architecture (NEOX RoPE) */
