@@ -94,6 +94,19 @@ static void prefetch_block(const att_ctx *c, const tl_seq *seq, int b, int kh, i
     tl_prefetch((v ? tl_kv_v(kv, id) : tl_kv_k(kv, id)) + tl_kv_row_off(l, kh, 0, rb), (size_t)kv->block_size * rb);
 }
 
+/* The softmax of a query's n scores, which `scale` multiplies as they are
+ * read (1 when they were scaled already). Gemma 2 first caps each scaled
+ * score, cap * tanh(s / cap), as llama.cpp's ggml_softcap does. */
+static void att_softmax(const att_ctx *c, float *x, int n, float scale) {
+    const float cap = c->m->hp.attn_softcap;
+    if (cap > 0) {
+        const float inv = 1.0f / cap;
+        for (int i = 0; i < n; i++) x[i] = tanhf(x[i] * scale * inv) * cap;
+        scale = 1.0f;
+    }
+    tl_softmax_f32(x, n, scale);
+}
+
 static float dot_small(const float *a, const float *b, int n) {
     if (n >= 32) return tl_dot_f32(a, b, n);
     float s = 0.0f;
@@ -537,7 +550,7 @@ static void decode_heads(const att_ctx *c, const att_where *a, int nh, const att
         }
     }
     for (int i = 0; i < nh * group; i++) {
-        tl_softmax_f32(tb->scores + (size_t)i * msl + j0, pos - j0 + 1, s->k_direct ? c->scale : 1.0f);
+        att_softmax(c, tb->scores + (size_t)i * msl + j0, pos - j0 + 1, s->k_direct ? c->scale : 1.0f);
         memset(out + (size_t)i * hd, 0, (size_t)hd * sizeof(float));
     }
     chunk_queries cq;
@@ -663,7 +676,7 @@ static void att_task(void *p, int ith, int nth) {
             float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
             for (int g = 0; g < group; g++) {
                 float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl;
-                tl_softmax_f32(sc + j0, pos - j0 + 1, s->k_direct ? c->scale : 1.0f);
+                att_softmax(c, sc + j0, pos - j0 + 1, s->k_direct ? c->scale : 1.0f);
                 memset(out + g * hd, 0, (size_t)hd * sizeof(float));
             }
         }
@@ -904,7 +917,7 @@ static void split_pass(void *p, int ith, int nth) {
         for (int p = ith; p < tasks * group; p += nth) {
             split_task k = split_task_of(c, p / group);
             int g = p % group;
-            tl_softmax_f32(k.sc + (size_t)g * c->m->max_seq_len + k.j0, k.pos - k.j0 + 1, 1.0f);
+            att_softmax(c, k.sc + (size_t)g * c->m->max_seq_len + k.j0, k.pos - k.j0 + 1, 1.0f);
             memset(k.out + (size_t)g * hd, 0, (size_t)hd * sizeof(float));
         }
     } else {
@@ -933,7 +946,7 @@ int tl_fwd_attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T,
     tl_scratch *s = m->scratch;
     const tl_hparams *hp = &m->hp;
     att_ctx ac = {.m = m, .seqs = seqs, .vl = vl, .T = T, .layer_window = window,
-                  .scale = 1.0f / sqrtf((float)hp->head_dim), .c0 = 0, .c1 = s->n_chunks};
+                  .scale = hp->attn_scale, .c0 = 0, .c1 = s->n_chunks};
     if (split_decode(m, T)) {
         int nth = tl_threadpool_size(m->tp);
         for (int pass = 0; pass < 3; pass++) {

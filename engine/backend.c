@@ -5,6 +5,7 @@
  * choice; unset, a plugin is used when it loads and finds a device. */
 #include <dlfcn.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,6 +140,13 @@ int tl_backend_select(tl_model *m, int *n_blocks, const tl_kv_layout *kv, int kv
     if (m->arch->nope_every > 0) {
         if (forced)
             return tl_set_error(TL_ERR_UNSUPPORTED, "TINYLOOP_BACKEND=cuda: %s's layers without RoPE run on the CPU only",
+                                m->arch->name);
+        return TL_OK;
+    }
+    if (m->arch->softcap || m->hp.attn_scale != 1.0f / sqrtf((float)m->hp.head_dim)) {
+        if (forced)
+            return tl_set_error(TL_ERR_UNSUPPORTED,
+                                "TINYLOOP_BACKEND=cuda: %s's soft-capping / attention scale runs on the CPU only",
                                 m->arch->name);
         return TL_OK;
     }

@@ -755,6 +755,9 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
             tl_rmsnorm(s->logits_x + (size_t)rows++ * D, s->x + (size_t)(t - 1) * D, m->output_norm, D, hp->norm_eps);
         }
         if (rows) tl_fwd_matmul(m, logits, &m->output, s->logits_x, rows);
+        const float cap = hp->final_softcap; /* Gemma 2: as llama.cpp's ggml_softcap */
+        if (cap > 0)
+            for (size_t i = 0; i < (size_t)rows * hp->n_vocab; i++) logits[i] = tanhf(logits[i] * (1.0f / cap)) * cap;
     }
     if (s->profile) s->prof[2] += tl_now() - t_start;
     return TL_OK;

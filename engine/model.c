@@ -26,9 +26,13 @@ static const tl_arch archs[] = {
     {.name = "qwen3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .qk_norm = 1},
     /* SmolLM3: llama's block, but every 4th layer attends without RoPE. */
     {.name = "smollm3", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .nope_every = 4},
+    /* Gemma 2: Gemma 3's block without Q/K norms, every other layer local
+     * (window 4096 unless the file says), scores and logits soft-capped. */
+    {.name = "gemma2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .post_norms = 1, .embd_scale = 1,
+     .swa_pattern = 2, .softcap = 1, .swa_default = 4096, .big_layers = 46},
     /* Gemma 3: GGUF norm weights already include the +1 (the converter adds it). */
     {.name = "gemma3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .qk_norm = 1, .post_norms = 1,
-     .embd_scale = 1, .swa_pattern = 6, .rope_base_swa = 10000.0f},
+     .embd_scale = 1, .swa_pattern = 6, .rope_base_swa = 10000.0f, .big_layers = 62},
 };
 
 static const tl_arch *find_arch(const char *name, size_t len) {
@@ -161,7 +165,15 @@ static int load_hparams(tl_model *m) {
         return tl_set_error(TL_ERR_UNSUPPORTED, "attention.value_length %d differs from key_length %d", v_dim,
                             hp->head_dim);
     if ((rc = arch_u32(m, "rope.dimension_count", 0, (uint32_t)hp->head_dim, &hp->n_rot))) return rc;
-    if ((rc = arch_u32(m, "attention.sliding_window", 0, 0, &hp->sliding_window))) return rc;
+    if ((rc = arch_u32(m, "attention.sliding_window", 0, (uint32_t)m->arch->swa_default, &hp->sliding_window)))
+        return rc;
+    hp->attn_scale = 1.0f / sqrtf((float)(hp->n_layer == m->arch->big_layers ? hp->n_embd / hp->n_head : hp->head_dim));
+    if (m->arch->softcap &&
+        ((rc = arch_f32(m, "attn_logit_softcapping", 50.0f, &hp->attn_softcap)) ||
+         (rc = arch_f32(m, "final_logit_softcapping", 30.0f, &hp->final_softcap))))
+        return rc;
+    if (hp->attn_softcap < 0 || hp->final_softcap < 0)
+        return tl_set_error(TL_ERR_FORMAT, "soft-capping %g / %g must be >= 0", hp->attn_softcap, hp->final_softcap);
     if (hp->head_dim < 2 || hp->head_dim % 2 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
         return tl_set_error(TL_ERR_FORMAT, "head_dim %d / rope dimension %d unusable", hp->head_dim, hp->n_rot);
     if (hp->norm_eps <= 0) return tl_set_error(TL_ERR_FORMAT, "rms epsilon %g must be > 0", hp->norm_eps);

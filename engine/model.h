@@ -34,6 +34,11 @@ typedef struct tl_arch {
     float rope_base_swa;   /* RoPE base of sliding-window layers (0: the global one) */
     int nope_every;        /* > 0: layers nope_every - 1, 2 * nope_every - 1, ... (0-based) take
                               no RoPE (smollm3: 4) */
+    int softcap;           /* 1: attn_logit_softcapping / final_logit_softcapping apply (gemma2) */
+    int swa_default;       /* attention.sliding_window when the file has none (gemma2: 4096) */
+    int big_layers;        /* n_layer of the size whose attention scale is 1/sqrt(n_embd / n_head)
+                              rather than 1/sqrt(head_dim) (Gemma's 27B: llama.cpp keys it on
+                              the layer count too); 0: none */
 } tl_arch;
 
 typedef struct tl_hparams {
@@ -41,6 +46,9 @@ typedef struct tl_hparams {
     int n_ctx_train;
     int sliding_window;    /* attention window of local layers; 0 = none */
     float norm_eps;
+    float attn_scale;        /* multiplies q.k: 1/sqrt(head_dim) but for tl_arch.big_layers */
+    float attn_softcap;      /* > 0: scores become cap * tanh(score / cap) before the softmax */
+    float final_softcap;     /* > 0: logits become cap * tanh(logit / cap) */
     tl_rope_params rope;     /* the layers' RoPE */
     tl_rope_params rope_swa; /* sliding-window layers' (gemma3: their own base, unscaled) */
 } tl_hparams;

@@ -1,14 +1,19 @@
-/* test_gemma.c - the gemma3 architecture: sliding-window layers compose
- * with the prefix cache (synthetic gemma3-shaped model with a small
- * window), and, when the default model has been fetched, Gemma 3 270M
- * answers sensibly, has a low perplexity on an English paragraph, gives
- * identical greedy tokens cached and uncached, and past its 512-token
- * window keeps the local layers' KV for the window only. */
+/* test_gemma.c - the gemma3 and gemma2 architectures: sliding-window
+ * layers compose with the prefix cache (synthetic models with a small
+ * window); gemma2's soft-capping, alternating windows and attention scale
+ * against ik_llama.cpp and llama.cpp's rules; and, when the default model
+ * has been fetched, Gemma 3 270M answers sensibly, has a low perplexity on
+ * an English paragraph, gives identical greedy tokens cached and uncached,
+ * and past its 512-token window keeps the local layers' KV for the window
+ * only. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <unistd.h>
 
+#include "model.h"
 #include "ref_cases.h"
+#include "shape.h"
 #include "test.h"
 #include "testmodel.h"
 #include "tinyloop.h"
@@ -20,20 +25,25 @@ static tl_generate_params greedy(int n) {
     return gp;
 }
 
-static void test_synthetic_window(void) {
+/* gemma2 0: gemma3 (layers 0-4 and 6 local, 5 global); 1: gemma2 (layers
+ * 0, 2, 4, 6 local). Without the key, gemma3 has no window and gemma2
+ * llama.cpp's 4096, both past the 72 positions here. */
+static void test_synthetic_window(int gemma2) {
     char path[2][128];
     tl_model *m[2] = {0};
+    const char *arch = gemma2 ? "gemma2" : "gemma3";
     for (int i = 0; i < 2; i++) {
         tm_spec s = tm_default_spec();
-        s.gemma3 = 1;
-        s.n_layer = 7; /* layers 0-4 and 6 local, 5 global */
+        s.gemma3 = !gemma2;
+        s.gemma2 = gemma2;
+        s.n_layer = 7;
         s.sliding_window = i == 0 ? 8 : 0;
         snprintf(path[i], sizeof path[i], "/tmp/tl_gemma_%d_%d.gguf", (int)getpid(), i);
-        CHECK(tm_write(&s, path[i]) == 0, "a synthetic gemma3 model is written");
+        CHECK(tm_write(&s, path[i]) == 0, "a synthetic %s model is written", arch);
         tl_model_params mp = tl_model_default_params();
         mp.kv_block_size = 4;
         tl_model_open(path[i], mp, &m[i]);
-        CHECK(m[i] != NULL, "the synthetic gemma3 model opens (%s)", tl_last_error());
+        CHECK(m[i] != NULL, "the synthetic %s model opens (%s)", arch, tl_last_error());
     }
     if (!m[0] || !m[1]) return;
     int32_t prompt[60], a[12], b[72], c[12];
@@ -43,7 +53,7 @@ static void test_synthetic_window(void) {
     gp.no_cache = 1;
     tl_generate(m[0], prompt, 40, gp, a, 12);
     tl_generate(m[1], prompt, 40, gp, c, 12);
-    CHECK(memcmp(a, c, sizeof a) != 0, "a sliding window of 8 changes what a 40-token prompt generates");
+    CHECK(memcmp(a, c, sizeof a) != 0, "%s: a sliding window of 8 changes what a 40-token prompt generates", arch);
     /* a cached prefix much longer than the window: pool and radix paths equal plain */
     tl_pool *pool;
     tl_pool_new(2, &pool);
@@ -55,15 +65,119 @@ static void test_synthetic_window(void) {
         int nb = tl_generate_with_pool(m[0], pool, prompt, n, greedy(12), b, n + 12);
         int nc = tl_generate(m[0], prompt, n, greedy(12), c, 12);
         CHECK(nb == n + 12 && !memcmp(a, b + n, sizeof a) && nc == 12 && !memcmp(a, c, sizeof a),
-              "with a window of 8, a %d-token prompt over a cached 33-token prefix equals plain generation", n);
+              "%s: with a window of 8, a %d-token prompt over a cached 33-token prefix equals plain generation", arch, n);
     }
     tl_cache_stats st;
     tl_model_get_stats(m[0], &st);
-    CHECK(st.hit_tokens >= 5 * 33, "the cached paths were used (%lld hit tokens)", (long long)st.hit_tokens);
+    CHECK(st.hit_tokens >= 5 * 33, "%s: the cached paths were used (%lld hit tokens)", arch, (long long)st.hit_tokens);
     tl_pool_free(pool);
     for (int i = 0; i < 2; i++) {
         tl_model_close(m[i]);
         remove(path[i]);
+    }
+}
+
+static const char *tmp_path(const char *name) {
+    static char buf[256];
+    snprintf(buf, sizeof buf, "/tmp/tl_gemma_%d_%s.gguf", (int)getpid(), name);
+    return buf;
+}
+
+/* Gemma 2: greedy tokens against ik_llama.cpp's on a synthetic model (it
+ * runs gemma2 files of 26, 42 or 46 layers only: 26 here, dims of 128);
+ * the final cap bounds every logit; the attention cap changes them;
+ * layers alternate local / global; the 27B shape's attention scale; and
+ * the CUDA plugin, which caps nothing, refuses it when forced. */
+static void test_gemma2(void) {
+    tm_spec s = tm_default_spec();
+    s.gemma2 = 1;
+    s.n_layer = 26;
+    s.n_embd = 128;
+    s.n_head = 4;
+    s.n_head_kv = 2;
+    s.n_ff = 512;
+    s.n_ctx = 2048;
+    s.sliding_window = 8;
+    s.seed = 6;
+    const char *path = tmp_path("g2");
+    CHECK(tm_write(&s, path) == 0, "a 26-layer gemma2 model is written");
+    tl_model_params mp = tl_model_default_params();
+    mp.kv_type = TL_KV_F16; /* as the reference ran */
+    tl_model *m = NULL;
+    tl_model_open(path, mp, &m);
+    CHECK(m != NULL, "the gemma2 model opens (%s)", m ? "" : tl_last_error());
+    if (m) {
+        /* tl-gen-model g2.gguf --arch gemma2 --layers 26 --dim 128 --heads 4
+         * --kv-heads 2 --ff 512 --ctx 2048 --window 8 --seed 6: llama-simple printed
+         * these tokens' bytes after the prompt (2026-12-06) */
+        static const char text[] = "the cat sat on the mat and then it ran";
+        static const int32_t want[24] = {160, 63, 14,  178, 178, 153, 153, 153, 204, 204, 51,  51,
+                                         51,  51, 179, 179, 179, 179, 179, 179, 179, 179, 179, 179};
+        int32_t ids[24], out[24];
+        int n = tl_tokenize(m, text, (int)strlen(text), 1, 0, ids, 24), ng = -1;
+        if (n == 24) ng = tl_generate(m, ids, 24, greedy(24), out, 24);
+        CHECK(ng == 24 && !memcmp(out, want, sizeof want), "greedy tokens on a gemma2 model equal ik_llama.cpp's (%d)", ng);
+        CHECK(tl_model_layer_window(m, 0) == 8 && tl_model_layer_window(m, 1) == 0 && tl_model_layer_window(m, 24) == 8 &&
+                  tl_model_layer_window(m, 25) == 0,
+              "gemma2's even layers are local (window 8), odd layers global");
+        tl_model_close(m);
+    }
+    setenv("TINYLOOP_BACKEND", "cuda", 1);
+    m = NULL;
+    int rc = tl_model_open(path, tl_model_default_params(), &m);
+    unsetenv("TINYLOOP_BACKEND");
+    CHECK(rc == TL_ERR_UNSUPPORTED && !m && strstr(tl_last_error(), "gemma2's soft-capping / attention scale"),
+          "TINYLOOP_BACKEND=cuda refuses gemma2, saying why (%s)", tl_last_error());
+    remove(path);
+
+    /* caps: the final one bounds the logits, the attention one moves them */
+    float l[3][320];
+    static const float caps[3][2] = {{50, 30}, {50, 2}, {0.5f, 30}};
+    int32_t toks[30];
+    for (int i = 0; i < 30; i++) toks[i] = (int32_t)(3 + (i * 37) % 300);
+    for (int k = 0; k < 3; k++) {
+        tm_spec c = tm_default_spec();
+        c.gemma2 = 1;
+        c.n_layer = 4;
+        c.sliding_window = 8;
+        c.attn_softcap = caps[k][0];
+        c.final_softcap = caps[k][1];
+        path = tmp_path("cap");
+        tm_write(&c, path);
+        m = NULL;
+        tl_model_open(path, tl_model_default_params(), &m);
+        tl_seq *q = NULL;
+        const int32_t *p = toks;
+        int nt = 30;
+        rc = !m || tl_seq_new(m, 0, &q) || tl_batch_forward(m, &q, &p, &nt, 1, l[k]);
+        CHECK(rc == 0, "the gemma2 model with caps %g / %g runs", caps[k][0], caps[k][1]);
+        tl_seq_free(q);
+        tl_model_close(m);
+        remove(path);
+    }
+    float mx[3] = {0};
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 320; i++) mx[k] = fabsf(l[k][i]) > mx[k] ? fabsf(l[k][i]) : mx[k];
+    CHECK(mx[1] <= 2.0f && mx[0] > 2.0f, "a final cap of 2 bounds every logit (max |logit| %g; %g with 30)", mx[1], mx[0]);
+    CHECK(test_nmse(l[2], l[0], 320) > 1e-6, "an attention cap of 0.5 changes the logits (nmse %g)",
+          test_nmse(l[2], l[0], 320));
+
+    /* 46 layers (llama.cpp's 27B): q.k scaled by 1/sqrt(n_embd / n_head),
+     * not by 1/sqrt(head_dim), whatever key_length says */
+    for (int layers = 45; layers <= 46; layers++) {
+        tm_spec b = tm_default_spec();
+        b.gemma2 = 1;
+        b.n_layer = layers;
+        b.head_dim = 32; /* n_embd / n_head is 16 */
+        path = tmp_path("big");
+        tm_write(&b, path);
+        m = NULL;
+        tl_model_open(path, tl_model_default_params(), &m);
+        float want = 1.0f / sqrtf(layers == 46 ? 16.0f : 32.0f);
+        CHECK(m && m->hp.attn_scale == want, "%d gemma2 layers: attention scale %g (want %g)", layers,
+              m ? m->hp.attn_scale : 0.0f, want);
+        tl_model_close(m);
+        remove(path);
     }
 }
 
@@ -196,7 +310,9 @@ static void test_gemma_trim(const char *path) {
 }
 
 int main(void) {
-    test_synthetic_window();
+    test_synthetic_window(0);
+    test_synthetic_window(1);
+    test_gemma2();
     const char *path = ref_default_model();
     if (path) test_gemma_model(path);
     if (path) test_gemma_trim(path);

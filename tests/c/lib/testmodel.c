@@ -160,6 +160,7 @@ int tm_write(const tm_spec *s, const char *path) {
     int core = s->loop_end - s->loop_start;
     int n_written = s->n_layer + (looped && s->unroll > 0 ? core * (s->unroll - 1) : 0);
     const char *arch = s->gemma3    ? "gemma3"
+                       : s->gemma2  ? "gemma2"
                        : s->qwen3   ? "qwen3"
                        : s->qwen2   ? "qwen2"
                        : s->smollm3 ? "smollm3"
@@ -182,9 +183,14 @@ int tm_write(const tm_spec *s, const char *path) {
     if (s->rope_factor != 0) gw_set_f32(gw, KEY("rope.scaling.factor"), s->rope_factor);
     if (s->rope_attn_factor != 0) gw_set_f32(gw, KEY("rope.scaling.attn_factor"), s->rope_attn_factor);
     if (s->rope_orig_ctx > 0) gw_set_u32(gw, KEY("rope.scaling.original_context_length"), (uint32_t)s->rope_orig_ctx);
-    if (s->gemma3 || s->head_dim) gw_set_u32(gw, KEY("attention.key_length"), (uint32_t)hd);
+    const int gemma = s->gemma3 || s->gemma2;
+    if (gemma || s->head_dim) gw_set_u32(gw, KEY("attention.key_length"), (uint32_t)hd);
     if (s->head_dim) gw_set_u32(gw, KEY("attention.value_length"), (uint32_t)hd);
-    if (s->gemma3 && s->sliding_window > 0) gw_set_u32(gw, KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
+    if (gemma && s->sliding_window > 0) gw_set_u32(gw, KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
+    if (s->gemma2) {
+        gw_set_f32(gw, KEY("attn_logit_softcapping"), s->attn_softcap > 0 ? s->attn_softcap : 50.0f);
+        gw_set_f32(gw, KEY("final_logit_softcapping"), s->final_softcap > 0 ? s->final_softcap : 30.0f);
+    }
 #undef KEY
     if (looped && s->unroll <= 0) {
         gw_set_u32(gw, "tinyloop.loop_start", (uint32_t)s->loop_start);
@@ -197,7 +203,7 @@ int tm_write(const tm_spec *s, const char *path) {
     uint64_t seed = s->seed * 1000003ull;
     rc |= add_matrix(gw, s, "token_embd.weight", s->n_embd, s->n_vocab, seed + 1, s->type);
     rc |= add_norm(gw, "output_norm.weight", s->n_embd, seed + 2);
-    if (!s->tied && !s->gemma3) rc |= add_matrix(gw, s, "output.weight", s->n_embd, s->n_vocab, seed + 3, s->type);
+    if (!s->tied && !gemma) rc |= add_matrix(gw, s, "output.weight", s->n_embd, s->n_vocab, seed + 3, s->type);
     for (int l = 0; l < n_written && rc == 0; l++) {
         /* physical layer whose weights written layer l carries */
         int p = l;
@@ -235,7 +241,7 @@ int tm_write(const tm_spec *s, const char *path) {
             rc |= add_norm(gw, NAME("attn_q_norm"), hd, ls + 9);
             rc |= add_norm(gw, NAME("attn_k_norm"), hd, ls + 10);
         }
-        if (s->gemma3) {
+        if (gemma) {
             rc |= add_norm(gw, NAME("post_attention_norm"), s->n_embd, ls + 11);
             rc |= add_norm(gw, NAME("post_ffw_norm"), s->n_embd, ls + 12);
         }

@@ -25,7 +25,10 @@ typedef struct tm_spec {
     float rope_factor, rope_attn_factor; /* rope.scaling.factor / attn_factor; 0: key absent */
     int rope_orig_ctx;                   /* rope.scaling.original_context_length; 0: key absent */
     int gemma3;        /* 1: gemma3 architecture (q/k norms, post norms, GeGLU, tied output) */
-    int sliding_window; /* gemma3: window of the local layers (5 of every 6); 0: key absent */
+    int gemma2;        /* 1: gemma2 architecture (gemma3's block without q/k norms; every other
+                          layer local; attention and final soft-capping) */
+    float attn_softcap, final_softcap; /* gemma2's soft-capping keys; 0: written as 50 and 30 */
+    int sliding_window; /* gemma3 / gemma2: window of the local layers; 0: key absent */
     int qwen2;         /* 1: qwen2 architecture (NEOX RoPE) */
     int qwen3;         /* 1: qwen3 architecture (NEOX RoPE, per-head Q/K norms) */
     int smollm3;       /* 1: smollm3 architecture (llama's tensors; layers 3, 7, ... without RoPE) */
