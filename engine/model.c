@@ -26,6 +26,10 @@ static const tl_arch archs[] = {
     {.name = "qwen3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .qk_norm = 1},
     /* SmolLM3: llama's block, but every 4th layer attends without RoPE. */
     {.name = "smollm3", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .nope_every = 4},
+    /* Phi-3 / Phi-3.5 / Phi-4(-mini): llama's block with Q/K/V in one
+     * attn_qkv and gate/up in one ffn_up, NEOX RoPE (LongRoPE's per-pair
+     * factors for long contexts), every layer over a sliding window. */
+    {.name = "phi3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .swa_all = 1},
     /* Gemma 2: Gemma 3's block without Q/K norms, every other layer local
      * (window 4096 unless the file says), scores and logits soft-capped. */
     {.name = "gemma2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .post_norms = 1, .embd_scale = 1,
@@ -90,7 +94,7 @@ static int load_rope_scaling(tl_model *m) {
     gguf_str type = {.ptr = "linear", .len = 6};
     if (gguf_get_str(m->file, key, &type) < 0) return TL_ERR_FORMAT;
     float factor = 0, attn_factor = 1, yarn_attn = 1, ext = -1, beta_fast = 32, beta_slow = 1, log_mul = 0;
-    int rc, n_ctx_orig;
+    int rc;
     if ((rc = arch_f32(m, "rope.scaling.factor", 0, &factor)) ||
         (rc = arch_f32(m, "rope.scaling.attn_factor", 1, &attn_factor)) ||
         (rc = arch_f32(m, "rope.scaling.yarn_attn_factor", 1, &yarn_attn)) ||
@@ -98,7 +102,7 @@ static int load_rope_scaling(tl_model *m) {
         (rc = arch_f32(m, "rope.scaling.yarn_beta_fast", 32, &beta_fast)) ||
         (rc = arch_f32(m, "rope.scaling.yarn_beta_slow", 1, &beta_slow)) ||
         (rc = arch_f32(m, "rope.scaling.yarn_log_multiplier", 0, &log_mul)) ||
-        (rc = arch_u32(m, "rope.scaling.original_context_length", 0, (uint32_t)hp->n_ctx_train, &n_ctx_orig)))
+        (rc = arch_u32(m, "rope.scaling.original_context_length", 0, (uint32_t)hp->n_ctx_train, &hp->n_ctx_orig)))
         return rc;
     if (factor == 0 && (rc = arch_f32(m, "rope.scale_linear", 0, &factor))) return rc;
     int shown = type.len > 32 ? 32 : (int)type.len, yarn = type.len == 4 && !memcmp(type.ptr, "yarn", 4);
@@ -115,9 +119,9 @@ static int load_rope_scaling(tl_model *m) {
         return tl_set_error(TL_ERR_UNSUPPORTED,
                             "rope.scaling.yarn_log_multiplier %g (DeepSeek's attention temperature) is not supported",
                             log_mul);
-    if (yarn && (n_ctx_orig < 1 || !(beta_fast > 0) || !(beta_slow > 0)))
+    if (yarn && (hp->n_ctx_orig < 1 || !(beta_fast > 0) || !(beta_slow > 0)))
         return tl_set_error(TL_ERR_FORMAT, "YaRN: original_context_length %d / beta_fast %g / beta_slow %g must be > 0",
-                            n_ctx_orig, beta_fast, beta_slow);
+                            hp->n_ctx_orig, beta_fast, beta_slow);
     hp->rope.freq_scale = factor == 0 ? 1.0f : 1.0f / factor;
     hp->rope.attn_factor = attn_factor * yarn_attn;
     hp->rope.ext_factor = ext >= 0 ? ext : yarn ? 1.0f : 0.0f;
@@ -128,7 +132,27 @@ static int load_rope_scaling(tl_model *m) {
     }
     tl_rope_params *both[2] = {&hp->rope, &hp->rope_swa};
     for (int i = 0; i < 2; i++)
-        if (both[i]->ext_factor != 0.0f) tl_rope_yarn_prepare(both[i], hp->n_rot, n_ctx_orig, beta_fast, beta_slow);
+        if (both[i]->ext_factor != 0.0f) tl_rope_yarn_prepare(both[i], hp->n_rot, hp->n_ctx_orig, beta_fast, beta_slow);
+    return TL_OK;
+}
+
+/* Phi-3 files from before the converter wrote attention.sliding_window
+ * get llama.cpp's per-model values; a file with neither is refused, as
+ * llama.cpp refuses it. */
+static int phi3_window(tl_model *m) {
+    tl_hparams *hp = &m->hp;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window", m->arch->name);
+    if (gguf_find_kv(m->file, key)) return TL_OK;
+    if ((hp->n_layer == 32 || hp->n_layer == 40) && hp->n_ctx_train == 4096)
+        hp->sliding_window = 2047; /* Phi-3-mini / -medium 4k */
+    else if (hp->n_layer == 32 && hp->n_head_kv == 32 && hp->n_ctx_train == 131072)
+        hp->sliding_window = 262144; /* Phi-3-mini 128k */
+    else if (hp->n_layer == 40 && hp->n_ctx_train == 131072)
+        hp->sliding_window = 131072; /* Phi-3-medium 128k */
+    else
+        return tl_set_error(TL_ERR_FORMAT, "%s is missing (and %d layers, context %d match no known Phi-3)", key,
+                            hp->n_layer, hp->n_ctx_train);
     return TL_OK;
 }
 
@@ -167,6 +191,7 @@ static int load_hparams(tl_model *m) {
     if ((rc = arch_u32(m, "rope.dimension_count", 0, (uint32_t)hp->head_dim, &hp->n_rot))) return rc;
     if ((rc = arch_u32(m, "attention.sliding_window", 0, (uint32_t)m->arch->swa_default, &hp->sliding_window)))
         return rc;
+    if (m->arch->swa_all && rc == TL_OK && (rc = phi3_window(m))) return rc;
     hp->attn_scale = 1.0f / sqrtf((float)(hp->n_layer == m->arch->big_layers ? hp->n_embd / hp->n_head : hp->head_dim));
     if (m->arch->softcap &&
         ((rc = arch_f32(m, "attn_logit_softcapping", 50.0f, &hp->attn_softcap)) ||
@@ -200,7 +225,27 @@ static int bind_weight(tl_model *m, tl_weight *w, const char *name, int64_t n_in
     w->type = t->type;
     w->n_in = n_in;
     w->n_out = n_out;
+    w->packed = 0;
     m->weight_bytes += t->size;
+    m->tensor_used[t - m->file->tensors] = 1;
+    return TL_OK;
+}
+
+/* Binds consecutive row ranges of one fused tensor (phi3's attn_qkv, and
+ * ffn_up holding gate then up) as k weights: views of its rows, each a
+ * matrix of its own to the matmuls and the weight arena. */
+static int bind_split(tl_model *m, tl_weight *const *ws, const int64_t *rows, int k, const char *name, int64_t n_in) {
+    int64_t total = 0;
+    for (int i = 0; i < k; i++) total += rows[i];
+    tl_weight whole;
+    int rc = bind_weight(m, &whole, name, n_in, total, 0);
+    if (rc) return rc;
+    const size_t rs = tl_row_size(whole.type, n_in);
+    for (int i = 0, r = 0; i < k; r += (int)rows[i++]) {
+        *ws[i] = whole;
+        ws[i]->data = (const uint8_t *)whole.data + (size_t)r * rs;
+        ws[i]->n_out = rows[i];
+    }
     return TL_OK;
 }
 
@@ -223,6 +268,7 @@ static int bind_norm(tl_model *m, float **out, const char *name, int64_t n, int 
         for (int64_t i = 0; i < n; i++) v[i] += 1.0f;
     m->owned_norms[m->n_owned_norms++] = v;
     m->weight_bytes += t->size;
+    m->tensor_used[t - m->file->tensors] = 1;
     *out = v;
     return TL_OK;
 }
@@ -230,14 +276,16 @@ static int bind_norm(tl_model *m, float **out, const char *name, int64_t n, int 
 static int load_weights(tl_model *m) {
     const tl_hparams *hp = &m->hp;
     int q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
-    /* Every layer has at least 9 tensors: a block_count the file cannot back
-     * is refused before anything is sized by it. */
-    if ((uint64_t)hp->n_layer * 9 > m->file->n_tensors)
+    /* Every layer has at least 6 tensors (phi3's fused ones): a block_count
+     * the file cannot back is refused before anything is sized by it. */
+    if ((uint64_t)hp->n_layer * 6 > m->file->n_tensors)
         return tl_set_error(TL_ERR_FORMAT, "block_count %d needs at least %lld tensors; the file has %llu",
-                            hp->n_layer, (long long)hp->n_layer * 9, (unsigned long long)m->file->n_tensors);
+                            hp->n_layer, (long long)hp->n_layer * 6, (unsigned long long)m->file->n_tensors);
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
-    m->owned_norms = calloc((size_t)hp->n_layer * 9 + 2, sizeof(float *));
-    if (!m->layers || !m->owned_norms) return tl_set_error(TL_ERR_NOMEM, "out of memory for %d layers", hp->n_layer);
+    m->owned_norms = calloc((size_t)hp->n_layer * 9 + 4, sizeof(float *));
+    m->tensor_used = calloc(m->file->n_tensors ? m->file->n_tensors : 1, 1);
+    if (!m->layers || !m->owned_norms || !m->tensor_used)
+        return tl_set_error(TL_ERR_NOMEM, "out of memory for %d layers", hp->n_layer);
 
     const gguf_tensor *te = gguf_find_tensor(m->file, "token_embd.weight");
     if (!te) return tl_set_error(TL_ERR_FORMAT, "missing tensor 'token_embd.weight'");
@@ -248,6 +296,14 @@ static int load_weights(tl_model *m) {
     if ((rc = bind_weight(m, &m->tok_embd, "token_embd.weight", hp->n_embd, hp->n_vocab, 0))) return rc;
     if ((rc = bind_norm(m, &m->output_norm, "output_norm.weight", hp->n_embd, 0))) return rc;
     if ((rc = bind_norm(m, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 1)) < 0) return rc;
+    /* LongRoPE (Phi-3 128k): one set of per-pair factors for contexts past
+     * the original one, one up to it, chosen by the context as llama.cpp's
+     * build_rope_factors does (rope_freqs, when present, wins there too) */
+    float *f_long = NULL, *f_short = NULL;
+    if ((rc = bind_norm(m, &f_long, "rope_factors_long.weight", hp->n_rot / 2, 1)) < 0 ||
+        (rc = bind_norm(m, &f_short, "rope_factors_short.weight", hp->n_rot / 2, 1)) < 0)
+        return rc;
+    if (!m->rope_freqs) m->rope_freqs = m->max_seq_len > hp->n_ctx_orig ? f_long : f_short;
     rc = bind_weight(m, &m->output, "output.weight", hp->n_embd, hp->n_vocab, 1);
     if (rc < 0) return rc;
     if (rc == 1) m->output = m->tok_embd; /* tied embeddings */
@@ -257,16 +313,28 @@ static int load_weights(tl_model *m) {
         char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d.%s.weight", l, s), n)
 #define NAME_B(s) (snprintf(n, sizeof n, "blk.%d.%s.bias", l, s), n)
-        if ((rc = bind_norm(m, &L->attn_norm, NAME("attn_norm"), hp->n_embd, 0)) ||
-            (rc = bind_weight(m, &L->wq, NAME("attn_q"), hp->n_embd, q_dim, 0)) ||
-            (rc = bind_weight(m, &L->wk, NAME("attn_k"), hp->n_embd, kv_dim, 0)) ||
-            (rc = bind_weight(m, &L->wv, NAME("attn_v"), hp->n_embd, kv_dim, 0)) ||
-            (rc = bind_weight(m, &L->wo, NAME("attn_output"), q_dim, hp->n_embd, 0)) ||
-            (rc = bind_norm(m, &L->ffn_norm, NAME("ffn_norm"), hp->n_embd, 0)) ||
-            (rc = bind_weight(m, &L->w_gate, NAME("ffn_gate"), hp->n_embd, hp->n_ff, 0)) ||
-            (rc = bind_weight(m, &L->w_up, NAME("ffn_up"), hp->n_embd, hp->n_ff, 0)) ||
-            (rc = bind_weight(m, &L->w_down, NAME("ffn_down"), hp->n_ff, hp->n_embd, 0)))
+        if ((rc = bind_norm(m, &L->attn_norm, NAME("attn_norm"), hp->n_embd, 0))) return rc;
+        if (gguf_find_tensor(m->file, NAME("attn_qkv"))) { /* Q, K, V rows in one tensor */
+            tl_weight *const qkv[3] = {&L->wq, &L->wk, &L->wv};
+            const int64_t rows[3] = {q_dim, kv_dim, kv_dim};
+            rc = bind_split(m, qkv, rows, 3, n, hp->n_embd);
+        } else if (!(rc = bind_weight(m, &L->wq, NAME("attn_q"), hp->n_embd, q_dim, 0)) &&
+                   !(rc = bind_weight(m, &L->wk, NAME("attn_k"), hp->n_embd, kv_dim, 0))) {
+            rc = bind_weight(m, &L->wv, NAME("attn_v"), hp->n_embd, kv_dim, 0);
+        }
+        if (rc || (rc = bind_weight(m, &L->wo, NAME("attn_output"), q_dim, hp->n_embd, 0)) ||
+            (rc = bind_norm(m, &L->ffn_norm, NAME("ffn_norm"), hp->n_embd, 0)))
             return rc;
+        const gguf_tensor *up = gguf_find_tensor(m->file, NAME("ffn_up"));
+        if (!gguf_find_tensor(m->file, NAME("ffn_gate")) && up && up->ne[1] == 2 * (int64_t)hp->n_ff) {
+            /* gate rows then up rows (llama.cpp's SWIGLU: silu of the first half) */
+            tl_weight *const gu[2] = {&L->w_gate, &L->w_up};
+            const int64_t rows[2] = {hp->n_ff, hp->n_ff};
+            rc = bind_split(m, gu, rows, 2, NAME("ffn_up"), hp->n_embd);
+        } else if (!(rc = bind_weight(m, &L->w_gate, NAME("ffn_gate"), hp->n_embd, hp->n_ff, 0))) {
+            rc = bind_weight(m, &L->w_up, NAME("ffn_up"), hp->n_embd, hp->n_ff, 0);
+        }
+        if (rc || (rc = bind_weight(m, &L->w_down, NAME("ffn_down"), hp->n_ff, hp->n_embd, 0))) return rc;
         /* Biases are optional in any architecture (qwen2 files have them). */
         if ((rc = bind_norm(m, &L->bq, NAME_B("attn_q"), q_dim, 1)) < 0 ||
             (rc = bind_norm(m, &L->bk, NAME_B("attn_k"), kv_dim, 1)) < 0 ||
@@ -283,6 +351,13 @@ static int load_weights(tl_model *m) {
 #undef NAME
 #undef NAME_B
     }
+    /* llama.cpp refuses a file with tensors its architecture does not read;
+     * so does tinyloop, rather than run without them (an attn_output.bias,
+     * say, would be silently dropped) */
+    for (uint64_t i = 0; i < m->file->n_tensors; i++)
+        if (!m->tensor_used[i])
+            return tl_set_error(TL_ERR_UNSUPPORTED, "tensor '%s' is not part of a %s model as tinyloop runs it",
+                                m->file->tensors[i].name, m->arch->name);
     return TL_OK;
 }
 
@@ -395,19 +470,27 @@ int tl_model_open(const char *path, tl_model_params params, tl_model **out) {
     }
     m->arch = find_arch(arch.ptr, arch.len);
     if (!m->arch) {
-        rc = tl_set_error(TL_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, smollm3, gemma3)",
-                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+        char names[160] = "";
+        for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", archs[i].name);
+        rc = tl_set_error(TL_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: %s)",
+                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr, names);
         goto fail;
     }
-    if ((rc = load_hparams(m)) || (rc = load_weights(m)) || (rc = load_loops(m))) goto fail;
-    if (m->hp.n_vocab != tl_tokenizer_n_vocab(m->tok)) {
-        rc = tl_set_error(TL_ERR_FORMAT, "tokenizer has %d tokens but token_embd.weight has %d rows",
-                          tl_tokenizer_n_vocab(m->tok), m->hp.n_vocab);
-        goto fail;
-    }
+    if ((rc = load_hparams(m))) goto fail;
+    /* before the weights: LongRoPE's factors depend on it */
     m->max_seq_len = params.max_seq_len > 0 ? params.max_seq_len : m->hp.n_ctx_train;
     if (m->max_seq_len < 1 || m->max_seq_len > (1 << 22)) {
         rc = tl_set_error(TL_ERR_INVALID_ARG, "max_seq_len %d must be in [1, %d]", m->max_seq_len, 1 << 22);
+        goto fail;
+    }
+    rc = load_weights(m);
+    free(m->tensor_used);
+    m->tensor_used = NULL;
+    if (rc || (rc = load_loops(m))) goto fail;
+    if (m->hp.n_vocab != tl_tokenizer_n_vocab(m->tok)) {
+        rc = tl_set_error(TL_ERR_FORMAT, "tokenizer has %d tokens but token_embd.weight has %d rows",
+                          tl_tokenizer_n_vocab(m->tok), m->hp.n_vocab);
         goto fail;
     }
     if ((rc = init_runtime(m))) goto fail;

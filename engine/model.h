@@ -36,6 +36,7 @@ typedef struct tl_arch {
                               no RoPE (smollm3: 4) */
     int softcap;           /* 1: attn_logit_softcapping / final_logit_softcapping apply (gemma2) */
     int swa_default;       /* attention.sliding_window when the file has none (gemma2: 4096) */
+    int swa_all;           /* 1: every layer attends over attention.sliding_window (phi3) */
     int big_layers;        /* n_layer of the size whose attention scale is 1/sqrt(n_embd / n_head)
                               rather than 1/sqrt(head_dim) (Gemma's 27B: llama.cpp keys it on
                               the layer count too); 0: none */
@@ -44,6 +45,7 @@ typedef struct tl_arch {
 typedef struct tl_hparams {
     int n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot;
     int n_ctx_train;
+    int n_ctx_orig;        /* rope.scaling.original_context_length, else n_ctx_train */
     int sliding_window;    /* attention window of local layers; 0 = none */
     float norm_eps;
     float attn_scale;        /* multiplies q.k: 1/sqrt(head_dim) but for tl_arch.big_layers */
@@ -67,6 +69,7 @@ struct tl_model {
     float *output_norm;    /* (n_embd) */
     float *rope_freqs;     /* (n_rot/2) RoPE frequency divisors (Llama 3.1 long context), or NULL */
     tl_layer *layers;      /* (n_layer) */
+    uint8_t *tensor_used;  /* while loading: 1 per file tensor the model reads (all must be) */
     float **owned_norms;   /* norm vectors we converted to f32 */
     int n_owned_norms;
     void *weight_arena;    /* the matmul weights moved off the file's mapping (weights.c), or NULL */

@@ -12,6 +12,7 @@
 
 int tl_model_layer_window(const tl_model *m, int L) {
     int p = m->arch->swa_pattern;
+    if (m->hp.sliding_window && m->arch->swa_all) return m->hp.sliding_window;
     if (!m->hp.sliding_window || p <= 0 || L % p == p - 1) return 0;
     return m->hp.sliding_window;
 }

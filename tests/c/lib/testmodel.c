@@ -161,6 +161,7 @@ int tm_write(const tm_spec *s, const char *path) {
     int n_written = s->n_layer + (looped && s->unroll > 0 ? core * (s->unroll - 1) : 0);
     const char *arch = s->gemma3    ? "gemma3"
                        : s->gemma2  ? "gemma2"
+                       : s->phi3    ? "phi3"
                        : s->qwen3   ? "qwen3"
                        : s->qwen2   ? "qwen2"
                        : s->smollm3 ? "smollm3"
@@ -186,7 +187,7 @@ int tm_write(const tm_spec *s, const char *path) {
     const int gemma = s->gemma3 || s->gemma2;
     if (gemma || s->head_dim) gw_set_u32(gw, KEY("attention.key_length"), (uint32_t)hd);
     if (s->head_dim) gw_set_u32(gw, KEY("attention.value_length"), (uint32_t)hd);
-    if (gemma && s->sliding_window > 0) gw_set_u32(gw, KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
+    if ((gemma || s->phi3) && s->sliding_window > 0) gw_set_u32(gw, KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
     if (s->gemma2) {
         gw_set_f32(gw, KEY("attn_logit_softcapping"), s->attn_softcap > 0 ? s->attn_softcap : 50.0f);
         gw_set_f32(gw, KEY("final_logit_softcapping"), s->final_softcap > 0 ? s->final_softcap : 30.0f);
@@ -203,6 +204,17 @@ int tm_write(const tm_spec *s, const char *path) {
     uint64_t seed = s->seed * 1000003ull;
     rc |= add_matrix(gw, s, "token_embd.weight", s->n_embd, s->n_vocab, seed + 1, s->type);
     rc |= add_norm(gw, "output_norm.weight", s->n_embd, seed + 2);
+    if (s->rope_factors) { /* per-pair divisors, distinct for long and short, 1-4 as LongRoPE's are */
+        float *f = malloc((size_t)hd / 2 * sizeof *f);
+        int64_t ne[1] = {hd / 2};
+        for (int k = 0; k < 2 && f; k++) {
+            for (int i = 0; i < hd / 2; i++) f[i] = 1.0f + (float)i * (k ? 3.0f : 1.0f) / (float)(hd / 2);
+            rc |= gw_add_tensor(gw, k ? "rope_factors_long.weight" : "rope_factors_short.weight", TL_TYPE_F32, 1, ne, f,
+                                (size_t)hd / 2 * sizeof *f) < 0;
+        }
+        rc |= !f;
+        free(f);
+    }
     if (!s->tied && !gemma) rc |= add_matrix(gw, s, "output.weight", s->n_embd, s->n_vocab, seed + 3, s->type);
     for (int l = 0; l < n_written && rc == 0; l++) {
         /* physical layer whose weights written layer l carries */
@@ -215,13 +227,21 @@ int tm_write(const tm_spec *s, const char *path) {
         char n[64];
 #define NAME(x) (snprintf(n, sizeof n, "blk.%d.%s.weight", l, x), n)
         rc |= add_norm(gw, NAME("attn_norm"), s->n_embd, ls + 0);
-        rc |= add_matrix(gw, s, NAME("attn_q"), s->n_embd, q_dim, ls + 1, s->type);
-        rc |= add_matrix(gw, s, NAME("attn_k"), s->n_embd, kv_dim, ls + 2, s->type);
-        rc |= add_matrix(gw, s, NAME("attn_v"), s->n_embd, kv_dim, ls + 3, s->type);
+        if (s->phi3) {
+            rc |= add_matrix(gw, s, NAME("attn_qkv"), s->n_embd, q_dim + 2 * kv_dim, ls + 1, s->type);
+        } else {
+            rc |= add_matrix(gw, s, NAME("attn_q"), s->n_embd, q_dim, ls + 1, s->type);
+            rc |= add_matrix(gw, s, NAME("attn_k"), s->n_embd, kv_dim, ls + 2, s->type);
+            rc |= add_matrix(gw, s, NAME("attn_v"), s->n_embd, kv_dim, ls + 3, s->type);
+        }
         rc |= add_matrix(gw, s, NAME("attn_output"), q_dim, s->n_embd, ls + 4, s->type);
         rc |= add_norm(gw, NAME("ffn_norm"), s->n_embd, ls + 5);
-        rc |= add_matrix(gw, s, NAME("ffn_gate"), s->n_embd, s->n_ff, ls + 6, s->type);
-        rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, s->n_ff, ls + 7, s->type);
+        if (s->phi3) {
+            rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, 2 * s->n_ff, ls + 7, s->type);
+        } else {
+            rc |= add_matrix(gw, s, NAME("ffn_gate"), s->n_embd, s->n_ff, ls + 6, s->type);
+            rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, s->n_ff, ls + 7, s->type);
+        }
         rc |= add_matrix(gw, s, NAME("ffn_down"), s->n_ff, s->n_embd, ls + 8, s->type);
         if (s->bias) {
             float scale = s->bias == 1 ? 1.0f : 0.0f;

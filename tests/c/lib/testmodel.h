@@ -24,6 +24,7 @@ typedef struct tm_spec {
     const char *rope_scaling;          /* rope.scaling.type; NULL: key absent */
     float rope_factor, rope_attn_factor; /* rope.scaling.factor / attn_factor; 0: key absent */
     int rope_orig_ctx;                   /* rope.scaling.original_context_length; 0: key absent */
+    int rope_factors;                    /* 1: LongRoPE's rope_factors_long / _short tensors */
     int gemma3;        /* 1: gemma3 architecture (q/k norms, post norms, GeGLU, tied output) */
     int gemma2;        /* 1: gemma2 architecture (gemma3's block without q/k norms; every other
                           layer local; attention and final soft-capping) */
@@ -32,6 +33,8 @@ typedef struct tm_spec {
     int qwen2;         /* 1: qwen2 architecture (NEOX RoPE) */
     int qwen3;         /* 1: qwen3 architecture (NEOX RoPE, per-head Q/K norms) */
     int smollm3;       /* 1: smollm3 architecture (llama's tensors; layers 3, 7, ... without RoPE) */
+    int phi3;          /* 1: phi3 architecture (Q/K/V in one attn_qkv, gate and up in one ffn_up,
+                          NEOX RoPE, every layer over sliding_window, written when > 0) */
     int head_dim;      /* 0: n_embd / n_head (no key_length key); else written as attention.key_length */
     int bias;          /* qwen2: 1 random Q/K/V biases, 2 all-zero biases, 0 none */
     int expert_count;  /* > 0: written as expert_count (the tensors stay dense) */
