@@ -2,7 +2,8 @@
  *
  * Jinja templates are not interpreted: the model's tokenizer.chat_template
  * is recognised by its markers (Gemma turns, ChatML, Llama 3 headers,
- * Llama 2 [INST]) and rendered by the matching formatter below. A model
+ * Llama 2 [INST], Phi-3 <|role|>, Phi-4's ChatML with <|im_sep|>) as
+ * llama.cpp recognises them, and rendered by the matching formatter below. A model
  * without a template is taken to be a base model: it gets a plain
  * "role: content" transcript, which base models continue sensibly (the
  * Gemma 3 270M base model answers in it, and echoes Gemma turn markers it
@@ -18,7 +19,7 @@
 #include "model.h"
 #include "util.h"
 
-enum { CHAT_PLAIN, CHAT_GEMMA, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2 };
+enum { CHAT_PLAIN, CHAT_GEMMA, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_PHI3, CHAT_PHI4 };
 
 void tl_chat_detect(tl_model *m) {
     gguf_str tmpl = {0};
@@ -27,9 +28,10 @@ void tl_chat_detect(tl_model *m) {
     if (has) {
         char *t = strndup(tmpl.ptr, tmpl.len);
         if (t && strstr(t, "<start_of_turn>")) m->chat_kind = CHAT_GEMMA;
-        else if (t && strstr(t, "<|im_start|>")) m->chat_kind = CHAT_CHATML;
+        else if (t && strstr(t, "<|im_start|>")) m->chat_kind = strstr(t, "<|im_sep|>") ? CHAT_PHI4 : CHAT_CHATML;
         else if (t && strstr(t, "<|start_header_id|>")) m->chat_kind = CHAT_LLAMA3;
         else if (t && strstr(t, "[INST]")) m->chat_kind = CHAT_LLAMA2;
+        else if (t && strstr(t, "<|assistant|>") && strstr(t, "<|end|>")) m->chat_kind = CHAT_PHI3;
         free(t);
     }
     /* End of generation: EOS plus the turn-closing control tokens. Every
@@ -39,7 +41,8 @@ void tl_chat_detect(tl_model *m) {
     static const char *marker_texts[] = {"<start_of_turn>", "<end_of_turn>", "<|im_start|>", "<|im_end|>",
                                          "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                                          "<|begin_of_text|>", "<|end_of_text|>", "<|eom_id|>", "<|endoftext|>",
-                                         "<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<s>", "</s>"};
+                                         "<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|im_sep|>",
+                                         "<s>", "</s>"};
     m->n_eog = 0;
     m->n_chat_markers = 0;
     int eos = tl_tokenizer_eos(m->tok);
@@ -57,7 +60,7 @@ void tl_chat_detect(tl_model *m) {
     }
 }
 
-static const char *kind_names[] = {"plain", "gemma", "chatml", "llama3", "llama2"};
+static const char *kind_names[] = {"plain", "gemma", "chatml", "llama3", "llama2", "phi3", "phi4"};
 
 int tl_model_set_chat_template(tl_model *m, const char *name) {
     if (!m || !name) return tl_set_error(TL_ERR_INVALID_ARG, "model and name must not be NULL");
@@ -66,8 +69,8 @@ int tl_model_set_chat_template(tl_model *m, const char *name) {
             m->chat_kind = k;
             return TL_OK;
         }
-    return tl_set_error(TL_ERR_INVALID_ARG, "chat template '%s' is not one of plain, gemma, chatml, llama3, llama2",
-                        name);
+    return tl_set_error(TL_ERR_INVALID_ARG,
+                        "chat template '%s' is not one of plain, gemma, chatml, llama3, llama2, phi3, phi4", name);
 }
 
 const char *tl_model_chat_template(const tl_model *m) { return m ? kind_names[m->chat_kind] : ""; }
@@ -190,6 +193,20 @@ static void render(int kind, const tl_chat_message *msgs, int n, int add_assista
             put(b, c);
             mark(b, "<|eot_id|>");
             break;
+        case CHAT_PHI3: /* llama.cpp's LLM_CHAT_TEMPLATE_PHI_3 */
+            mark(b, "<|");
+            mark(b, role);
+            mark(b, "|>\n");
+            put(b, c);
+            mark(b, "<|end|>\n");
+            break;
+        case CHAT_PHI4: /* LLM_CHAT_TEMPLATE_PHI_4 */
+            mark(b, "<|im_start|>");
+            mark(b, role);
+            mark(b, "<|im_sep|>");
+            put(b, c);
+            mark(b, "<|im_end|>");
+            break;
         default:
             mark(b, role);
             mark(b, ": ");
@@ -216,6 +233,8 @@ static void render(int kind, const tl_chat_message *msgs, int n, int add_assista
         if (kind == CHAT_GEMMA) mark(b, "<start_of_turn>model\n");
         else if (kind == CHAT_CHATML) mark(b, "<|im_start|>assistant\n");
         else if (kind == CHAT_LLAMA3) mark(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+        else if (kind == CHAT_PHI3) mark(b, "<|assistant|>\n");
+        else if (kind == CHAT_PHI4) mark(b, "<|im_start|>assistant<|im_sep|>");
         else if (kind == CHAT_PLAIN) mark(b, "assistant:");
     }
 }

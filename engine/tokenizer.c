@@ -403,22 +403,40 @@ static size_t partition(const tl_tokenizer *t, const char *text, frag **a, frag 
         const char *st = tok_text(t, id);
         size_t sl = t->len[id], m = 0;
         frag *in = *a, *out = *b;
+        /* A stripping special whose whitespace ran to its fragment's end
+         * eats on into the raw text right after it, as it would in one
+         * unbroken text (a marker's end and the content's start). */
+        size_t eat_at = SIZE_MAX;
         for (size_t i = 0; i < n; i++) {
-            if (in[i].id >= 0 || (in[i].id == FRAG_CONTENT && !in_content)) {
-                out[m++] = in[i];
+            frag f = in[i];
+            if (f.id < 0 && f.off == eat_at) {
+                size_t k = 0;
+                while (k < f.len && is_space(text[f.off + k])) k++;
+                f.off += k;
+                f.len -= k;
+                if (!f.len) {
+                    eat_at = f.off;
+                    continue;
+                }
+            }
+            eat_at = SIZE_MAX;
+            if (f.id >= 0 || (f.id == FRAG_CONTENT && !in_content)) {
+                out[m++] = f;
                 continue;
             }
-            size_t pos = in[i].off, end = in[i].off + in[i].len;
+            size_t pos = f.off, end = f.off + f.len;
             const char *hit;
             while (pos < end && (hit = memmem(text + pos, end - pos, st, sl)) != NULL) {
                 size_t at = (size_t)(hit - text);
-                if (at > pos) out[m++] = (frag){in[i].id, pos, at - pos};
+                if (at > pos) out[m++] = (frag){f.id, pos, at - pos};
                 out[m++] = (frag){id, 0, 0};
                 pos = at + sl;
-                if (t->rstrip[id])
+                if (t->rstrip[id]) {
                     while (pos < end && is_space(text[pos])) pos++;
+                    if (pos == end) eat_at = end;
+                }
             }
-            if (pos < end) out[m++] = (frag){in[i].id, pos, end - pos};
+            if (pos < end) out[m++] = (frag){f.id, pos, end - pos};
         }
         *a = out;
         *b = in;

@@ -117,7 +117,7 @@ function _M.install(Model, deps)
     end
 
 
-    -- chat_template() -> "plain" | "gemma" | "chatml" | "llama3" | "llama2";
+    -- chat_template() -> "plain" | "gemma" | "chatml" | "llama3" | "llama2" | "phi3" | "phi4";
     -- set_chat_template(name) overrides what the model's metadata implies.
     function Model:chat_template()
         local h = self.h or closed("chat_template", 2)

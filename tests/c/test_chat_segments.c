@@ -19,8 +19,8 @@
 
 #include "gguf_writer.h"
 
-static const char *TEMPLATES[] = {"plain", "gemma", "chatml", "llama3", "llama2"};
-#define N_TEMPLATES 5
+static const char *TEMPLATES[] = {"plain", "gemma", "chatml", "llama3", "llama2", "phi3", "phi4"};
+#define N_TEMPLATES 7
 
 /* ---- helpers ------------------------------------------------------------------ */
 

@@ -38,6 +38,15 @@ describe("tinyloop.Model", function()
             assert.same("<|im_start|>user\nHi<|im_end|>\n", text)
         end)
 
+        it("renders Phi-3 and Phi-4 turns as llama.cpp's formatters do", function()
+            local msgs = { { role = "system", content = "Be brief." }, { role = "user", content = "Hi" } }
+            model:set_chat_template("phi3")
+            assert.same("<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\n", model:chat_format(msgs))
+            model:set_chat_template("phi4")
+            assert.same("<|im_start|>system<|im_sep|>Be brief.<|im_end|><|im_start|>user<|im_sep|>Hi<|im_end|>"
+                .. "<|im_start|>assistant<|im_sep|>", model:chat_format(msgs))
+        end)
+
         it("rejects an unknown role naming the message", function()
             assert.has_error(function()
                 model:chat_format({ { role = "robot", content = "x" } })
