@@ -47,21 +47,6 @@ done:
     free(out);
 }
 
-static void test_bert_refused(const char *dir) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/vocab/ggml-vocab-bert-bge.gguf", dir);
-    gguf_file *f = gguf_open(path);
-    if (!f) {
-        printf("skip: %s absent\n", path);
-        return;
-    }
-    tl_tokenizer *t = tl_tokenizer_load(f);
-    CHECK(!t && strcmp(tl_last_error(), "unsupported tokenizer model 'bert'") == 0,
-          "the WordPiece vocab is refused with \"unsupported tokenizer model 'bert'\" (got \"%s\")", tl_last_error());
-    tl_tokenizer_free(t);
-    gguf_close(f);
-}
-
 /* ---- real-vocab details -------------------------------------------------- */
 
 static void test_gpt2_details(const char *dir) {
@@ -635,7 +620,6 @@ int main(void) {
                                    "ggml-vocab-starcoder.gguf", "ggml-vocab-refact.gguf",
                                    "ggml-vocab-mpt.gguf"};
     for (size_t i = 0; i < sizeof vocabs / sizeof *vocabs; i++) test_vocab_vectors(dir, vocabs[i]);
-    test_bert_refused(dir);
     test_gpt2_details(dir);
     test_other_vocab_details(dir);
     for (size_t i = 0; i < sizeof vocabs / sizeof *vocabs; i++) test_random_roundtrip(dir, vocabs[i]);
