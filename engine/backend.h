@@ -37,8 +37,14 @@ typedef struct tl_layer {
     float *q_norm, *k_norm;           /* (head_dim), qk_norm archs, or NULL */
     float *post_attn_norm, *post_ffn_norm; /* (n_embd), post_norms archs, or NULL */
     float *ffn_norm;       /* (n_embd) */
-    tl_weight w_gate, w_up; /* (n_ff, n_embd) */
+    tl_weight w_gate, w_up; /* (n_ff, n_embd); w_gate unbound (data NULL) in a plain FFN */
     tl_weight w_down;      /* (n_embd, n_ff) */
+    /* LayerNorm architectures (gpt2): the norms' biases, and the output
+     * projection's and the FFN's biases; NULL elsewhere */
+    float *attn_norm_b, *ffn_norm_b; /* (n_embd) */
+    float *bo;                       /* (n_embd) */
+    float *b_up;                     /* (n_ff) */
+    float *b_down;                   /* (n_embd) */
 } tl_layer;
 
 /* Everything a backend needs to build its copy of a model (host pointers,

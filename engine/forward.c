@@ -487,6 +487,14 @@ void tl_fwd_matmul_multi(tl_model *m, int n, float *const *outs, const tl_weight
 
 /* ---- one layer ------------------------------------------------------------------ */
 
+/* The architecture's norm of one row: RMSNorm, or LayerNorm with bias b. */
+void tl_fwd_norm(const tl_model *m, float *out, const float *x, const float *w, const float *b) {
+    if (m->arch->layer_norm)
+        tl_layernorm(out, x, w, b, m->hp.n_embd, m->hp.norm_eps);
+    else
+        tl_rmsnorm(out, x, w, m->hp.n_embd, m->hp.norm_eps);
+}
+
 /* A layer's element-wise steps between its matmuls, split over the pool
  * by tokens: each token's arithmetic is the same whichever thread runs it
  * (these ran on the calling thread alone before, 10-15% of a prefill that
@@ -515,7 +523,7 @@ static void tok_task(void *p, int ith, int nth) {
     for (int t = t0; t < t1; t++) {
         float *x = s->x + (size_t)t * D, *xb = s->xb + (size_t)t * D, *o = s->o + (size_t)t * D;
         switch (c->step) {
-        case TOK_ATTN_IN: tl_rmsnorm(xb, x, ly->attn_norm, D, hp->norm_eps); break;
+        case TOK_ATTN_IN: tl_fwd_norm(m, xb, x, ly->attn_norm, ly->attn_norm_b); break;
         case TOK_QK_FINISH: {
             float *cs = s->rope_cs + ((size_t)c->tab * s->cap + t) * hp->n_rot;
             if (!s->rope_ok[c->tab]) tl_rope_table(cs, s->tok_pos[t], hp->n_rot, c->rope, m->rope_freqs);
@@ -533,11 +541,13 @@ static void tok_task(void *p, int ith, int nth) {
         case TOK_ATTN_OUT:
             if (ly->post_attn_norm) tl_rmsnorm(o, o, ly->post_attn_norm, D, hp->norm_eps);
             tl_add_f32(x, o, D);
-            tl_rmsnorm(xb, x, ly->ffn_norm, D, hp->norm_eps);
+            tl_fwd_norm(m, xb, x, ly->ffn_norm, ly->ffn_norm_b);
             break;
         case TOK_FFN_ACT: {
             float *h = s->hb + (size_t)t * hp->n_ff, *g = s->hb2 + (size_t)t * hp->n_ff;
-            if (m->arch->ffn_act == TL_ACT_GELU_TANH)
+            if (!ly->w_gate.data) /* a plain FFN: act(up), in hb */
+                tl_gelu_tanh(h, hp->n_ff);
+            else if (m->arch->ffn_act == TL_ACT_GELU_TANH)
                 tl_gelu_tanh_mul(h, g, hp->n_ff);
             else
                 tl_silu_mul(h, g, hp->n_ff);
@@ -590,14 +600,19 @@ static int layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
     if (s->profile) s->prof[1] += tl_now() - t0;
     if (rc) return rc;
     tl_fwd_matmul(m, s->o, &ly->wo, s->att, T);
+    if (ly->bo) tl_fwd_add_bias(s->o, ly->bo, T, hp->n_embd);
     per_token(m, ly, T, TOK_ATTN_OUT);
-    {
+    if (ly->w_gate.data) {
         float *const outs[2] = {s->hb, s->hb2};
         const tl_weight *const ws[2] = {&ly->w_gate, &ly->w_up};
         tl_fwd_matmul_multi(m, 2, outs, ws, s->xb, T);
+    } else {
+        tl_fwd_matmul(m, s->hb, &ly->w_up, s->xb, T);
     }
+    if (ly->b_up) tl_fwd_add_bias(s->hb, ly->b_up, T, hp->n_ff);
     per_token(m, ly, T, TOK_FFN_ACT);
     tl_fwd_matmul(m, s->o, &ly->w_down, s->hb, T);
+    if (ly->b_down) tl_fwd_add_bias(s->o, ly->b_down, T, hp->n_embd);
     per_token(m, ly, T, TOK_FFN_OUT);
     return TL_OK;
 }
@@ -725,6 +740,14 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
                 tl_dequantize_row(e->type, (const uint8_t *)e->data + (size_t)tokens[i][j] * emb_row, x, D);
             if (emb_scale != 1.0f)
                 for (int d = 0; d < D; d++) x[d] *= emb_scale;
+            if (m->pos_embd.data) { /* learned positions (gpt2), via xb as scratch */
+                float *p = s->xb + (size_t)t * D;
+                tl_dequantize_row(m->pos_embd.type,
+                                  (const uint8_t *)m->pos_embd.data +
+                                      (size_t)s->tok_pos[t] * tl_row_size(m->pos_embd.type, D),
+                                  p, D);
+                tl_add_f32(x, p, D);
+            }
         }
     }
     if (opts->vl_begin > 0) memcpy(s->x, opts->x_in, (size_t)T * D * sizeof(float));
@@ -752,7 +775,7 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
         for (int i = 0; i < n_seq; i++) {
             t += n_tokens[i];
             if (opts->want_logits && !opts->want_logits[i]) continue;
-            tl_rmsnorm(s->logits_x + (size_t)rows++ * D, s->x + (size_t)(t - 1) * D, m->output_norm, D, hp->norm_eps);
+            tl_fwd_norm(m, s->logits_x + (size_t)rows++ * D, s->x + (size_t)(t - 1) * D, m->output_norm, m->output_norm_b);
         }
         if (rows) tl_fwd_matmul(m, logits, &m->output, s->logits_x, rows);
         const float cap = hp->final_softcap; /* Gemma 2: as llama.cpp's ggml_softcap */

@@ -63,6 +63,8 @@ void tl_fwd_add_bias(float *x, const float *b, int T, int n);
  * RoPE of one token's heads in place (cs: its RoPE table, or NULL); the
  * attention of the batch at virtual layer vl into scratch->att. */
 void tl_fwd_store_kv(tl_model *m, tl_seq **seqs, int vl, int t);
+/* The architecture's norm of one n_embd row (RMSNorm, or LayerNorm + bias b). */
+void tl_fwd_norm(const tl_model *m, float *out, const float *x, const float *w, const float *b);
 void tl_fwd_k_finish(const tl_model *m, float *k, int n_heads, const float *norm, int pos, const tl_rope_params *rp,
                      const float *cs, int rope);
 int tl_fwd_attend(tl_model *m, tl_seq **seqs, int vl, const tl_layer *ly, int T, int window,

@@ -28,6 +28,25 @@ void tl_rmsnorm(float *out, const float *x, const float *w, int n, float eps) {
     for (; i < n; i++) out[i] = (x[i] * scale) * w[i];
 }
 
+void tl_layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps) {
+    double sum = 0.0, sum2 = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)x[i];
+    const float mean = (float)(sum / n);
+    for (int i = 0; i < n; i++) {
+        const float v = x[i] - mean;
+        out[i] = v;
+        sum2 += (double)(v * v);
+    }
+    const float scale = 1.0f / sqrtf((float)(sum2 / n) + eps);
+    for (int i = 0; i < n; i++) out[i] = out[i] * scale * w[i] + b[i];
+}
+
+void tl_gelu_tanh(float *x, int n) {
+    float ones[256];
+    for (int i = 0; i < 256; i++) ones[i] = 1.0f;
+    for (int i = 0; i < n; i += 256) tl_gelu_tanh_mul(x + i, ones, n - i < 256 ? n - i : 256);
+}
+
 void tl_add_f32(float *x, const float *o, int n) {
     int i = 0;
     for (; i + 4 <= n; i += 4) st4(x + i, ld4(x + i) + ld4(o + i));

@@ -9,6 +9,13 @@
 /* out = x / rms(x) * w over n elements (out may be x). */
 void tl_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 
+/* LayerNorm as ggml_norm then the weight and bias: out = (x - mean) /
+ * sqrt(var + eps) * w + b, mean and variance summed in double (out may be x). */
+void tl_layernorm(float *out, const float *x, const float *w, const float *b, int n, float eps);
+
+/* x[i] = gelu_tanh(x[i]): the GeGLU kernel's GELU, times 1 (exact). */
+void tl_gelu_tanh(float *x, int n);
+
 /* x[i] += o[i] over n elements. */
 void tl_add_f32(float *x, const float *o, int n);
 

@@ -26,6 +26,10 @@ static const tl_arch archs[] = {
     {.name = "qwen3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .qk_norm = 1},
     /* SmolLM3: llama's block, but every 4th layer attends without RoPE. */
     {.name = "smollm3", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .nope_every = 4},
+    /* GPT-2: LayerNorm with biases, learned positions, Q/K/V in one
+     * attn_qkv with its bias, biases on every matmul, a plain GELU FFN, no
+     * RoPE, tied output. */
+    {.name = "gpt2", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .nope_every = 1},
     /* Phi-3 / Phi-3.5 / Phi-4(-mini): llama's block with Q/K/V in one
      * attn_qkv and gate/up in one ffn_up, NEOX RoPE (LongRoPE's per-pair
      * factors for long contexts), every layer over a sliding window. */
@@ -164,7 +168,8 @@ static int load_hparams(tl_model *m) {
         (rc = arch_u32(m, "feed_forward_length", 1, 0, &hp->n_ff)) ||
         (rc = arch_u32(m, "attention.head_count", 1, 0, &hp->n_head)) ||
         (rc = arch_u32(m, "context_length", 0, 2048, &hp->n_ctx_train)) ||
-        (rc = arch_f32(m, "attention.layer_norm_rms_epsilon", 1e-5f, &hp->norm_eps)) ||
+        (rc = arch_f32(m, m->arch->layer_norm ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon",
+                       1e-5f, &hp->norm_eps)) ||
         (rc = arch_f32(m, "rope.freq_base", 10000.0f, &hp->rope.base)))
         return rc;
     if (hp->n_embd < 1 || hp->n_layer < 1 || hp->n_head < 1 || hp->n_ff < 1)
@@ -296,6 +301,9 @@ static int load_weights(tl_model *m) {
     if ((rc = bind_weight(m, &m->tok_embd, "token_embd.weight", hp->n_embd, hp->n_vocab, 0))) return rc;
     if ((rc = bind_norm(m, &m->output_norm, "output_norm.weight", hp->n_embd, 0))) return rc;
     if ((rc = bind_norm(m, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 1)) < 0) return rc;
+    if (m->arch->layer_norm && ((rc = bind_norm(m, &m->output_norm_b, "output_norm.bias", hp->n_embd, 0)) ||
+                                (rc = bind_weight(m, &m->pos_embd, "position_embd.weight", hp->n_embd, hp->n_ctx_train, 0))))
+        return rc;
     /* LongRoPE (Phi-3 128k): one set of per-pair factors for contexts past
      * the original one, one up to it, chosen by the context as llama.cpp's
      * build_rope_factors does (rope_freqs, when present, wins there too) */
@@ -318,6 +326,9 @@ static int load_weights(tl_model *m) {
             tl_weight *const qkv[3] = {&L->wq, &L->wk, &L->wv};
             const int64_t rows[3] = {q_dim, kv_dim, kv_dim};
             rc = bind_split(m, qkv, rows, 3, n, hp->n_embd);
+            float *b = NULL; /* and their biases in one vector (gpt2) */
+            if (!rc && (rc = bind_norm(m, &b, NAME_B("attn_qkv"), q_dim + 2 * kv_dim, 1)) == 1) rc = TL_OK;
+            if (b) L->bq = b, L->bk = b + q_dim, L->bv = b + q_dim + kv_dim;
         } else if (!(rc = bind_weight(m, &L->wq, NAME("attn_q"), hp->n_embd, q_dim, 0)) &&
                    !(rc = bind_weight(m, &L->wk, NAME("attn_k"), hp->n_embd, kv_dim, 0))) {
             rc = bind_weight(m, &L->wv, NAME("attn_v"), hp->n_embd, kv_dim, 0);
@@ -326,7 +337,9 @@ static int load_weights(tl_model *m) {
             (rc = bind_norm(m, &L->ffn_norm, NAME("ffn_norm"), hp->n_embd, 0)))
             return rc;
         const gguf_tensor *up = gguf_find_tensor(m->file, NAME("ffn_up"));
-        if (!gguf_find_tensor(m->file, NAME("ffn_gate")) && up && up->ne[1] == 2 * (int64_t)hp->n_ff) {
+        if (m->arch->layer_norm) { /* act(up) -> down, no gate */
+            rc = bind_weight(m, &L->w_up, NAME("ffn_up"), hp->n_embd, hp->n_ff, 0);
+        } else if (!gguf_find_tensor(m->file, NAME("ffn_gate")) && up && up->ne[1] == 2 * (int64_t)hp->n_ff) {
             /* gate rows then up rows (llama.cpp's SWIGLU: silu of the first half) */
             tl_weight *const gu[2] = {&L->w_gate, &L->w_up};
             const int64_t rows[2] = {hp->n_ff, hp->n_ff};
@@ -343,6 +356,13 @@ static int load_weights(tl_model *m) {
         if (m->arch->qk_norm &&
             ((rc = bind_norm(m, &L->q_norm, NAME("attn_q_norm"), hp->head_dim, 0)) ||
              (rc = bind_norm(m, &L->k_norm, NAME("attn_k_norm"), hp->head_dim, 0))))
+            return rc;
+        if (m->arch->layer_norm &&
+            ((rc = bind_norm(m, &L->attn_norm_b, NAME_B("attn_norm"), hp->n_embd, 0)) ||
+             (rc = bind_norm(m, &L->ffn_norm_b, NAME_B("ffn_norm"), hp->n_embd, 0)) ||
+             (rc = bind_norm(m, &L->bo, NAME_B("attn_output"), hp->n_embd, 0)) ||
+             (rc = bind_norm(m, &L->b_up, NAME_B("ffn_up"), hp->n_ff, 0)) ||
+             (rc = bind_norm(m, &L->b_down, NAME_B("ffn_down"), hp->n_embd, 0))))
             return rc;
         if (m->arch->post_norms &&
             ((rc = bind_norm(m, &L->post_attn_norm, NAME("post_attention_norm"), hp->n_embd, 0)) ||
@@ -482,6 +502,11 @@ int tl_model_open(const char *path, tl_model_params params, tl_model **out) {
     m->max_seq_len = params.max_seq_len > 0 ? params.max_seq_len : m->hp.n_ctx_train;
     if (m->max_seq_len < 1 || m->max_seq_len > (1 << 22)) {
         rc = tl_set_error(TL_ERR_INVALID_ARG, "max_seq_len %d must be in [1, %d]", m->max_seq_len, 1 << 22);
+        goto fail;
+    }
+    if (m->arch->layer_norm && m->max_seq_len > m->hp.n_ctx_train) { /* no embedding past them */
+        rc = tl_set_error(TL_ERR_INVALID_ARG, "max_seq_len %d exceeds the %d positions %s has learned embeddings for",
+                          m->max_seq_len, m->hp.n_ctx_train, m->arch->name);
         goto fail;
     }
     rc = load_weights(m);

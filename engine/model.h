@@ -37,6 +37,9 @@ typedef struct tl_arch {
     int softcap;           /* 1: attn_logit_softcapping / final_logit_softcapping apply (gemma2) */
     int swa_default;       /* attention.sliding_window when the file has none (gemma2: 4096) */
     int swa_all;           /* 1: every layer attends over attention.sliding_window (phi3) */
+    int layer_norm;        /* 1: LayerNorm (mean and variance, weight and bias) instead of RMSNorm,
+                              biases on every matmul, learned absolute positions, a plain
+                              act(up) FFN, no RoPE (gpt2) */
     int big_layers;        /* n_layer of the size whose attention scale is 1/sqrt(n_embd / n_head)
                               rather than 1/sqrt(head_dim) (Gemma's 27B: llama.cpp keys it on
                               the layer count too); 0: none */
@@ -67,6 +70,8 @@ struct tl_model {
     tl_weight tok_embd;    /* (n_embd, n_vocab) */
     tl_weight output;      /* (n_embd, n_vocab); tok_embd when tied */
     float *output_norm;    /* (n_embd) */
+    float *output_norm_b;  /* (n_embd) LayerNorm archs' bias, else NULL */
+    tl_weight pos_embd;    /* (n_embd, n_ctx_train) learned positions (gpt2), else data NULL */
     float *rope_freqs;     /* (n_rot/2) RoPE frequency divisors (Llama 3.1 long context), or NULL */
     tl_layer *layers;      /* (n_layer) */
     uint8_t *tensor_used;  /* while loading: 1 per file tensor the model reads (all must be) */

@@ -142,7 +142,8 @@ void tl_weights_move(tl_model *m) {
     for (int i = 0; i < m->hp.n_layer; i++) {
         tl_layer *L = &m->layers[i];
         tl_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++) all[n++] = ws[j];
+        for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++)
+            if (ws[j]->data) all[n++] = ws[j]; /* (a plain FFN has no gate) */
     }
     all[n++] = &m->output;
     for (size_t i = 0; i < n; i++) {

@@ -1,8 +1,8 @@
 /* tl-gen-model - writes a synthetic GGUF model (llama, qwen2, qwen3, smollm3,
- * phi3, gemma2 or gemma3; see tests/c/lib/testmodel.h).
+ * phi3, gpt2, gemma2 or gemma3; see tests/c/lib/testmodel.h).
  *   tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]
  *                [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]
- *                [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|phi3|gemma2|gemma3] [--head-dim N]
+ *                [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|phi3|gpt2|gemma2|gemma3] [--head-dim N]
  *                [--bias 0|1|2] [--window N]
  *                [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F] [--rope-orig-ctx N] [--rope-factors]
  *                [--softcap ATTN FINAL] */
@@ -26,7 +26,7 @@ int main(int argc, char **argv) {
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]\n"
                         "                    [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]\n"
-                        "                    [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|phi3|gemma2|gemma3] [--head-dim N]\n"
+                        "                    [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|phi3|gpt2|gemma2|gemma3] [--head-dim N]\n"
                         "                    [--bias 0|1|2] [--window N]\n"
                         "                    [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F] [--rope-orig-ctx N] [--rope-factors]\n"
                         "                    [--softcap ATTN FINAL]\n");
@@ -52,9 +52,11 @@ int main(int argc, char **argv) {
             s.gemma3 = !strcmp(v, "gemma3");
             s.gemma2 = !strcmp(v, "gemma2");
             s.phi3 = !strcmp(v, "phi3");
+            s.gpt2 = !strcmp(v, "gpt2");
             s.smollm3 = !strcmp(v, "smollm3");
-            if (!s.qwen2 && !s.qwen3 && !s.gemma3 && !s.gemma2 && !s.phi3 && !s.smollm3 && strcmp(v, "llama")) {
-                fprintf(stderr, "tl-gen-model: unknown architecture '%s' (llama, qwen2, qwen3, smollm3, phi3, gemma2, gemma3)\n",
+            if (!s.qwen2 && !s.qwen3 && !s.gemma3 && !s.gemma2 && !s.phi3 && !s.gpt2 && !s.smollm3 && strcmp(v, "llama")) {
+                fprintf(stderr,
+                        "tl-gen-model: unknown architecture '%s' (llama, qwen2, qwen3, smollm3, phi3, gpt2, gemma2, gemma3)\n",
                         v);
                 return 2;
             }

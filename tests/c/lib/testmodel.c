@@ -113,6 +113,17 @@ static int add_norm(gguf_writer *gw, const char *name, int64_t n, uint64_t seed)
     return rc < 0 ? -1 : 0;
 }
 
+/* A bias vector: small values around 0. */
+static int add_bias(gguf_writer *gw, const char *name, int64_t n, uint64_t seed) {
+    float *v = malloc((size_t)n * sizeof *v);
+    if (!v) return -1;
+    fill(v, n, seed, 0.1f, 0.0f);
+    int64_t ne[1] = {n};
+    int rc = gw_add_tensor(gw, name, TL_TYPE_F32, 1, ne, v, (size_t)n * sizeof(float));
+    free(v);
+    return rc < 0 ? -1 : 0;
+}
+
 /* A SentencePiece vocab: <unk> <s> </s>, 256 byte tokens, then pieces. */
 static void add_vocab(gguf_writer *gw, int n_vocab) {
     char **toks = calloc((size_t)n_vocab, sizeof *toks);
@@ -162,6 +173,7 @@ int tm_write(const tm_spec *s, const char *path) {
     const char *arch = s->gemma3    ? "gemma3"
                        : s->gemma2  ? "gemma2"
                        : s->phi3    ? "phi3"
+                       : s->gpt2    ? "gpt2"
                        : s->qwen3   ? "qwen3"
                        : s->qwen2   ? "qwen2"
                        : s->smollm3 ? "smollm3"
@@ -177,7 +189,7 @@ int tm_write(const tm_spec *s, const char *path) {
     gw_set_u32(gw, KEY("rope.dimension_count"), (uint32_t)hd);
     gw_set_u32(gw, KEY("attention.head_count"), (uint32_t)s->n_head);
     gw_set_u32(gw, KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
-    gw_set_f32(gw, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+    gw_set_f32(gw, KEY(s->gpt2 ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon"), 1e-5f);
     if (s->rope_base > 0) gw_set_f32(gw, KEY("rope.freq_base"), s->rope_base);
     if (s->expert_count > 0) gw_set_u32(gw, KEY("expert_count"), (uint32_t)s->expert_count);
     if (s->rope_scaling) gw_set_str(gw, KEY("rope.scaling.type"), s->rope_scaling);
@@ -215,6 +227,10 @@ int tm_write(const tm_spec *s, const char *path) {
         rc |= !f;
         free(f);
     }
+    if (s->gpt2) {
+        rc |= add_bias(gw, "output_norm.bias", s->n_embd, seed + 4);
+        rc |= add_matrix(gw, s, "position_embd.weight", s->n_embd, s->n_ctx, seed + 5, s->type);
+    }
     if (!s->tied && !gemma) rc |= add_matrix(gw, s, "output.weight", s->n_embd, s->n_vocab, seed + 3, s->type);
     for (int l = 0; l < n_written && rc == 0; l++) {
         /* physical layer whose weights written layer l carries */
@@ -227,7 +243,7 @@ int tm_write(const tm_spec *s, const char *path) {
         char n[64];
 #define NAME(x) (snprintf(n, sizeof n, "blk.%d.%s.weight", l, x), n)
         rc |= add_norm(gw, NAME("attn_norm"), s->n_embd, ls + 0);
-        if (s->phi3) {
+        if (s->phi3 || s->gpt2) {
             rc |= add_matrix(gw, s, NAME("attn_qkv"), s->n_embd, q_dim + 2 * kv_dim, ls + 1, s->type);
         } else {
             rc |= add_matrix(gw, s, NAME("attn_q"), s->n_embd, q_dim, ls + 1, s->type);
@@ -238,11 +254,23 @@ int tm_write(const tm_spec *s, const char *path) {
         rc |= add_norm(gw, NAME("ffn_norm"), s->n_embd, ls + 5);
         if (s->phi3) {
             rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, 2 * s->n_ff, ls + 7, s->type);
+        } else if (s->gpt2) {
+            rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, s->n_ff, ls + 7, s->type);
         } else {
             rc |= add_matrix(gw, s, NAME("ffn_gate"), s->n_embd, s->n_ff, ls + 6, s->type);
             rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, s->n_ff, ls + 7, s->type);
         }
         rc |= add_matrix(gw, s, NAME("ffn_down"), s->n_ff, s->n_embd, ls + 8, s->type);
+        if (s->gpt2) {
+#define BIAS(x) (snprintf(n, sizeof n, "blk.%d.%s.bias", l, x), n)
+            rc |= add_bias(gw, BIAS("attn_norm"), s->n_embd, ls + 9);
+            rc |= add_bias(gw, BIAS("attn_qkv"), q_dim + 2 * kv_dim, ls + 10);
+            rc |= add_bias(gw, BIAS("attn_output"), s->n_embd, ls + 11);
+            rc |= add_bias(gw, BIAS("ffn_norm"), s->n_embd, ls + 12);
+            rc |= add_bias(gw, BIAS("ffn_up"), s->n_ff, ls + 13);
+            rc |= add_bias(gw, BIAS("ffn_down"), s->n_embd, ls + 14);
+#undef BIAS
+        }
         if (s->bias) {
             float scale = s->bias == 1 ? 1.0f : 0.0f;
             char bn[64];
