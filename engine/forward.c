@@ -775,7 +775,8 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
         for (int i = 0; i < n_seq; i++) {
             t += n_tokens[i];
             if (opts->want_logits && !opts->want_logits[i]) continue;
-            tl_fwd_norm(m, s->logits_x + (size_t)rows++ * D, s->x + (size_t)(t - 1) * D, m->output_norm, m->output_norm_b);
+            tl_fwd_norm(m, s->logits_x + (size_t)rows++ * D, s->x + (size_t)(t - 1) * D, m->output_norm,
+                        m->output_norm_b);
         }
         if (rows) tl_fwd_matmul(m, logits, &m->output, s->logits_x, rows);
         const float cap = hp->final_softcap; /* Gemma 2: as llama.cpp's ggml_softcap */

@@ -105,6 +105,13 @@ struct tl_model {
     pthread_mutex_t pools_mu;
 };
 
+/* model_hparams.c: the architecture named name[0..len) (NULL: none), the
+ * table's names joined by ", " into out, and m's hyperparameters from its
+ * file (m->arch set; TL_OK or an error naming the key and value). */
+const tl_arch *tl_arch_find(const char *name, size_t len);
+void tl_arch_names(char *out, size_t cap);
+int tl_model_load_hparams(tl_model *m);
+
 /* backend.c */
 /* What a backend gets to build its copy of m (layer_window: n_layer ints the
  * caller owns). */

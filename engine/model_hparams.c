@@ -1,0 +1,203 @@
+/* model_hparams.c - the architecture table and a model's hyperparameters
+ * from its GGUF keys: sizes, norms, attention windows and scales,
+ * soft-capping, and RoPE (base, linear / YaRN scaling), as llama.cpp reads
+ * them for each architecture. model.c binds the weights that follow. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "forward_ops.h"
+#include "model.h"
+#include "util.h"
+
+static const tl_arch archs[] = {
+    {.name = "llama", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
+    /* Qwen 2 / 2.5: llama's block with Q/K/V biases and NEOX RoPE. */
+    {.name = "qwen2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU},
+    /* Qwen 3 (dense): qwen2 without the biases, with a per-head RMSNorm of
+     * Q and K before RoPE (as gemma3's), and a head size of its own
+     * (attention.key_length: 128 at every size, n_embd / n_head or not). */
+    {.name = "qwen3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .qk_norm = 1},
+    /* SmolLM3: llama's block, but every 4th layer attends without RoPE. */
+    {.name = "smollm3", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .nope_every = 4},
+    /* GPT-2: LayerNorm with biases, learned positions, Q/K/V in one
+     * attn_qkv with its bias, biases on every matmul, a plain GELU FFN, no
+     * RoPE, tied output. */
+    {.name = "gpt2", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .nope_every = 1},
+    /* Phi-3 / Phi-3.5 / Phi-4(-mini): llama's block with Q/K/V in one
+     * attn_qkv and gate/up in one ffn_up, NEOX RoPE (LongRoPE's per-pair
+     * factors for long contexts), every layer over a sliding window. */
+    {.name = "phi3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .swa_all = 1},
+    /* Gemma 2: Gemma 3's block without Q/K norms, every other layer local
+     * (window 4096 unless the file says), scores and logits soft-capped. */
+    {.name = "gemma2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .post_norms = 1, .embd_scale = 1,
+     .swa_pattern = 2, .softcap = 1, .swa_default = 4096, .big_layers = 46},
+    /* Gemma 3: GGUF norm weights already include the +1 (the converter adds it). */
+    {.name = "gemma3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .qk_norm = 1, .post_norms = 1,
+     .embd_scale = 1, .swa_pattern = 6, .rope_base_swa = 10000.0f, .big_layers = 62},
+};
+
+const tl_arch *tl_arch_find(const char *name, size_t len) {
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (strlen(archs[i].name) == len && memcmp(archs[i].name, name, len) == 0) return &archs[i];
+    return NULL;
+}
+
+void tl_arch_names(char *out, size_t cap) {
+    out[0] = 0;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        snprintf(out + strlen(out), cap - strlen(out), "%s%s", i ? ", " : "", archs[i].name);
+}
+
+/* ---- hyperparameters ---------------------------------------------------- */
+
+/* Reads "<arch>.<suffix>" as u32; required keys fail when absent. */
+static int arch_u32(const tl_model *m, const char *suffix, int required, uint32_t def, int *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->arch->name, suffix);
+    uint32_t v = def;
+    int r = gguf_get_u32(m->file, key, &v);
+    if (r < 0) return TL_ERR_FORMAT;
+    if (r == 0 && required) return tl_set_error(TL_ERR_FORMAT, "missing required key '%s'", key);
+    if (v > (1u << 30)) return tl_set_error(TL_ERR_FORMAT, "key '%s' = %u is out of range", key, v);
+    *out = (int)v;
+    return TL_OK;
+}
+
+static int arch_f32(const tl_model *m, const char *suffix, float def, float *out) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", m->arch->name, suffix);
+    float v = def;
+    if (gguf_get_f32(m->file, key, &v) < 0) return TL_ERR_FORMAT;
+    if (!isfinite(v)) return tl_set_error(TL_ERR_FORMAT, "key '%s' is not finite", key);
+    *out = v;
+    return TL_OK;
+}
+
+/* rope.scaling.* as llama.cpp reads them: the type defaults to linear, so a
+ * factor alone (or the older rope.scale_linear) scales the angles by
+ * 1 / factor; type none ignores the factor; yarn blends scaled and
+ * unscaled angles over a ramp set by original_context_length and
+ * yarn_beta_fast/slow (32, 1) and raises attn_factor by 1 + 0.1 ln(factor).
+ * LongRoPE, DeepSeek's yarn_log_multiplier and other types are refused
+ * rather than run unscaled. Gemma 3's local layers keep their own base
+ * unscaled (llama.cpp's rope_freq_scale_train_swa = 1). */
+static int load_rope_scaling(tl_model *m) {
+    tl_hparams *hp = &m->hp;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch->name);
+    gguf_str type = {.ptr = "linear", .len = 6};
+    if (gguf_get_str(m->file, key, &type) < 0) return TL_ERR_FORMAT;
+    float factor = 0, attn_factor = 1, yarn_attn = 1, ext = -1, beta_fast = 32, beta_slow = 1, log_mul = 0;
+    int rc;
+    if ((rc = arch_f32(m, "rope.scaling.factor", 0, &factor)) ||
+        (rc = arch_f32(m, "rope.scaling.attn_factor", 1, &attn_factor)) ||
+        (rc = arch_f32(m, "rope.scaling.yarn_attn_factor", 1, &yarn_attn)) ||
+        (rc = arch_f32(m, "rope.scaling.yarn_ext_factor", -1, &ext)) ||
+        (rc = arch_f32(m, "rope.scaling.yarn_beta_fast", 32, &beta_fast)) ||
+        (rc = arch_f32(m, "rope.scaling.yarn_beta_slow", 1, &beta_slow)) ||
+        (rc = arch_f32(m, "rope.scaling.yarn_log_multiplier", 0, &log_mul)) ||
+        (rc = arch_u32(m, "rope.scaling.original_context_length", 0, (uint32_t)hp->n_ctx_train, &hp->n_ctx_orig)))
+        return rc;
+    if (factor == 0 && (rc = arch_f32(m, "rope.scale_linear", 0, &factor))) return rc;
+    int shown = type.len > 32 ? 32 : (int)type.len, yarn = type.len == 4 && !memcmp(type.ptr, "yarn", 4);
+    if (type.len == 4 && !memcmp(type.ptr, "none", 4))
+        factor = 0;
+    else if (!yarn && !(type.len == 6 && !memcmp(type.ptr, "linear", 6)))
+        return tl_set_error(TL_ERR_UNSUPPORTED,
+                            "%s '%.*s' (factor %g) is not supported: tinyloop runs linear and yarn RoPE scaling", key,
+                            shown, type.ptr, factor);
+    if (factor < 0 || attn_factor <= 0 || yarn_attn <= 0)
+        return tl_set_error(TL_ERR_FORMAT, "RoPE scaling factor %g / attn_factor %g must be >= 0 / > 0", factor,
+                            attn_factor * yarn_attn);
+    if (log_mul != 0)
+        return tl_set_error(TL_ERR_UNSUPPORTED,
+                            "rope.scaling.yarn_log_multiplier %g (DeepSeek's attention temperature) is not supported",
+                            log_mul);
+    if (yarn && (hp->n_ctx_orig < 1 || !(beta_fast > 0) || !(beta_slow > 0)))
+        return tl_set_error(TL_ERR_FORMAT, "YaRN: original_context_length %d / beta_fast %g / beta_slow %g must be > 0",
+                            hp->n_ctx_orig, beta_fast, beta_slow);
+    hp->rope.freq_scale = factor == 0 ? 1.0f : 1.0f / factor;
+    hp->rope.attn_factor = attn_factor * yarn_attn;
+    hp->rope.ext_factor = ext >= 0 ? ext : yarn ? 1.0f : 0.0f;
+    hp->rope_swa = hp->rope;
+    if (m->arch->rope_base_swa > 0) {
+        hp->rope_swa.base = m->arch->rope_base_swa;
+        hp->rope_swa.freq_scale = 1.0f;
+    }
+    tl_rope_params *both[2] = {&hp->rope, &hp->rope_swa};
+    for (int i = 0; i < 2; i++)
+        if (both[i]->ext_factor != 0.0f) tl_rope_yarn_prepare(both[i], hp->n_rot, hp->n_ctx_orig, beta_fast, beta_slow);
+    return TL_OK;
+}
+
+/* Phi-3 files from before the converter wrote attention.sliding_window
+ * get llama.cpp's per-model values; a file with neither is refused, as
+ * llama.cpp refuses it. */
+static int phi3_window(tl_model *m) {
+    tl_hparams *hp = &m->hp;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window", m->arch->name);
+    if (gguf_find_kv(m->file, key)) return TL_OK;
+    if ((hp->n_layer == 32 || hp->n_layer == 40) && hp->n_ctx_train == 4096)
+        hp->sliding_window = 2047; /* Phi-3-mini / -medium 4k */
+    else if (hp->n_layer == 32 && hp->n_head_kv == 32 && hp->n_ctx_train == 131072)
+        hp->sliding_window = 262144; /* Phi-3-mini 128k */
+    else if (hp->n_layer == 40 && hp->n_ctx_train == 131072)
+        hp->sliding_window = 131072; /* Phi-3-medium 128k */
+    else
+        return tl_set_error(TL_ERR_FORMAT, "%s is missing (and %d layers, context %d match no known Phi-3)", key,
+                            hp->n_layer, hp->n_ctx_train);
+    return TL_OK;
+}
+
+int tl_model_load_hparams(tl_model *m) {
+    tl_hparams *hp = &m->hp;
+    int rc;
+    if ((rc = arch_u32(m, "embedding_length", 1, 0, &hp->n_embd)) ||
+        (rc = arch_u32(m, "block_count", 1, 0, &hp->n_layer)) ||
+        (rc = arch_u32(m, "feed_forward_length", 1, 0, &hp->n_ff)) ||
+        (rc = arch_u32(m, "attention.head_count", 1, 0, &hp->n_head)) ||
+        (rc = arch_u32(m, "context_length", 0, 2048, &hp->n_ctx_train)) ||
+        (rc = arch_f32(m, m->arch->layer_norm ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon",
+                       1e-5f, &hp->norm_eps)) ||
+        (rc = arch_f32(m, "rope.freq_base", 10000.0f, &hp->rope.base)))
+        return rc;
+    if (hp->n_embd < 1 || hp->n_layer < 1 || hp->n_head < 1 || hp->n_ff < 1)
+        return tl_set_error(TL_ERR_FORMAT, "hyperparameters must be >= 1 (n_embd %d, n_layer %d, n_head %d, n_ff %d)",
+                            hp->n_embd, hp->n_layer, hp->n_head, hp->n_ff);
+    /* Mixtral-style files keep the llama name but route each token through
+     * experts (ffn_*_exps tensors): say so, not "missing ffn_gate" */
+    int n_expert;
+    if ((rc = arch_u32(m, "expert_count", 0, 0, &n_expert))) return rc;
+    if (n_expert > 0)
+        return tl_set_error(TL_ERR_UNSUPPORTED, "%s.expert_count %d: mixture-of-experts models are not supported",
+                            m->arch->name, n_expert);
+    if ((rc = arch_u32(m, "attention.head_count_kv", 0, (uint32_t)hp->n_head, &hp->n_head_kv))) return rc;
+    if (hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv)
+        return tl_set_error(TL_ERR_FORMAT, "head_count %d is not a multiple of head_count_kv %d", hp->n_head,
+                            hp->n_head_kv);
+    int def_hd = hp->n_embd / hp->n_head;
+    if ((rc = arch_u32(m, "attention.key_length", 0, (uint32_t)def_hd, &hp->head_dim))) return rc;
+    int v_dim;
+    if ((rc = arch_u32(m, "attention.value_length", 0, (uint32_t)hp->head_dim, &v_dim))) return rc;
+    if (v_dim != hp->head_dim)
+        return tl_set_error(TL_ERR_UNSUPPORTED, "attention.value_length %d differs from key_length %d", v_dim,
+                            hp->head_dim);
+    if ((rc = arch_u32(m, "rope.dimension_count", 0, (uint32_t)hp->head_dim, &hp->n_rot))) return rc;
+    if ((rc = arch_u32(m, "attention.sliding_window", 0, (uint32_t)m->arch->swa_default, &hp->sliding_window)))
+        return rc;
+    if (m->arch->swa_all && rc == TL_OK && (rc = phi3_window(m))) return rc;
+    hp->attn_scale = 1.0f / sqrtf((float)(hp->n_layer == m->arch->big_layers ? hp->n_embd / hp->n_head : hp->head_dim));
+    if (m->arch->softcap &&
+        ((rc = arch_f32(m, "attn_logit_softcapping", 50.0f, &hp->attn_softcap)) ||
+         (rc = arch_f32(m, "final_logit_softcapping", 30.0f, &hp->final_softcap))))
+        return rc;
+    if (hp->attn_softcap < 0 || hp->final_softcap < 0)
+        return tl_set_error(TL_ERR_FORMAT, "soft-capping %g / %g must be >= 0", hp->attn_softcap, hp->final_softcap);
+    if (hp->head_dim < 2 || hp->head_dim % 2 || hp->n_rot > hp->head_dim || hp->n_rot % 2)
+        return tl_set_error(TL_ERR_FORMAT, "head_dim %d / rope dimension %d unusable", hp->head_dim, hp->n_rot);
+    if (hp->norm_eps <= 0) return tl_set_error(TL_ERR_FORMAT, "rms epsilon %g must be > 0", hp->norm_eps);
+    if (hp->rope.base <= 0) return tl_set_error(TL_ERR_FORMAT, "rope.freq_base %g must be > 0", hp->rope.base);
+    return load_rope_scaling(m);
+}
