@@ -4,7 +4,9 @@
  * binding code, not only the parser; a model that opens also generates two
  * tokens and is closed. Seeds (TL_FUZZ_WRITE_SEEDS=DIR): tiny synthetic
  * llama, looped, quantized, qwen2, gemma3 and qwen3 (heads wider than
- * n_embd / n_head) models, and 256-wide K-quant (and iq4_xs) ones. */
+ * n_embd / n_head) models, gemma2 (soft-capping), phi3 (fused tensors,
+ * LongRoPE factors), gpt2 (LayerNorm, biases, learned positions) and a
+ * YaRN-scaled llama, and 256-wide K-quant (and iq4_xs) ones. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,11 +40,19 @@ static void write_seeds(const char *dir) {
         snprintf(path, sizeof path, "%s/model-%d.gguf", dir, k);
         tm_write(&s, path);
     }
-    tm_spec q3 = tm_default_spec();
-    q3.qwen3 = 1, q3.head_dim = 32, q3.n_layer = 1, q3.n_vocab = 260, q3.n_ctx = 64;
-    char path[512];
-    snprintf(path, sizeof path, "%s/model-qwen3.gguf", dir);
-    tm_write(&q3, path);
+    static const char *const names[] = {"qwen3", "gemma2", "phi3", "gpt2", "yarn"};
+    for (int k = 0; k < 5; k++) {
+        tm_spec s = tm_default_spec();
+        s.n_layer = 1, s.n_vocab = 260, s.n_ctx = 64;
+        if (k == 0) s.qwen3 = 1, s.head_dim = 32;
+        if (k == 1) s.gemma2 = 1, s.sliding_window = 4;
+        if (k == 2) s.phi3 = 1, s.sliding_window = 8, s.rope_factors = 1, s.rope_orig_ctx = 32;
+        if (k == 3) s.gpt2 = 1;
+        if (k == 4) s.rope_scaling = "yarn", s.rope_factor = 4, s.rope_orig_ctx = 16;
+        char path[512];
+        snprintf(path, sizeof path, "%s/model-%s.gguf", dir, names[k]);
+        tm_write(&s, path);
+    }
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
