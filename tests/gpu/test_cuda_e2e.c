@@ -167,9 +167,17 @@ static void cache_equivalence(tl_model *gpu, tl_model *cpu, int exact, const cha
 }
 
 static void test_synthetic(void) {
-    tm_spec specs[TM_ARCH_CASES];
-    const char *names[TM_ARCH_CASES];
+    tm_spec specs[TM_ARCH_CASES + 1];
+    const char *names[TM_ARCH_CASES + 1];
     int n = tm_arch_cases(specs, names);
+    /* phi3 runs on the plugin too: fused Q/K/V and gate/up bound as row
+     * views, every layer over a window of 8 */
+    specs[n] = tm_default_spec();
+    specs[n].phi3 = 1;
+    specs[n].sliding_window = 8;
+    specs[n].type = TL_TYPE_Q8_0;
+    specs[n].seed = 9;
+    names[n++] = "phi3 swa q8_0";
     for (int c = 0; c < n; c++) {
         specs[c].n_ctx = 512;
         char path[128];
