@@ -103,25 +103,23 @@ static int add_matrix(gguf_writer *gw, const tm_spec *s, const char *name, int64
     return rc < 0 ? -1 : 0;
 }
 
-static int add_norm(gguf_writer *gw, const char *name, int64_t n, uint64_t seed) {
+/* An f32 vector of n values offset +- scale. */
+static int add_vector(gguf_writer *gw, const char *name, int64_t n, uint64_t seed, float scale, float offset) {
     float *v = malloc((size_t)n * sizeof *v);
     if (!v) return -1;
-    fill(v, n, seed, 0.2f, 1.0f);
+    fill(v, n, seed, scale, offset);
     int64_t ne[1] = {n};
     int rc = gw_add_tensor(gw, name, TL_TYPE_F32, 1, ne, v, (size_t)n * sizeof(float));
     free(v);
     return rc < 0 ? -1 : 0;
 }
 
-/* A bias vector: small values around 0. */
+/* A norm weight around 1, and a bias around 0. */
+static int add_norm(gguf_writer *gw, const char *name, int64_t n, uint64_t seed) {
+    return add_vector(gw, name, n, seed, 0.2f, 1.0f);
+}
 static int add_bias(gguf_writer *gw, const char *name, int64_t n, uint64_t seed) {
-    float *v = malloc((size_t)n * sizeof *v);
-    if (!v) return -1;
-    fill(v, n, seed, 0.1f, 0.0f);
-    int64_t ne[1] = {n};
-    int rc = gw_add_tensor(gw, name, TL_TYPE_F32, 1, ne, v, (size_t)n * sizeof(float));
-    free(v);
-    return rc < 0 ? -1 : 0;
+    return add_vector(gw, name, n, seed, 0.1f, 0.0f);
 }
 
 /* A SentencePiece vocab: <unk> <s> </s>, 256 byte tokens, then pieces. */
