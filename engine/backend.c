@@ -143,13 +143,21 @@ int tl_backend_select(tl_model *m, int *n_blocks, const tl_kv_layout *kv, int kv
                                 m->arch->name);
         return TL_OK;
     }
-    if (m->arch->softcap || m->hp.attn_scale != 1.0f / sqrtf((float)m->hp.head_dim)) {
+    if (m->arch->softcap || m->arch->layer_norm || m->hp.attn_scale != 1.0f / sqrtf((float)m->hp.head_dim)) {
         if (forced)
             return tl_set_error(TL_ERR_UNSUPPORTED,
-                                "TINYLOOP_BACKEND=cuda: %s's soft-capping / attention scale runs on the CPU only",
+                                "TINYLOOP_BACKEND=cuda: %s's soft-capping / LayerNorm / attention scale runs on the CPU "
+                                "only",
                                 m->arch->name);
         return TL_OK;
     }
+    for (int l = 0; l < m->hp.n_layer; l++) /* the plugin adds no output-projection or FFN bias */
+        if (m->layers[l].bo || m->layers[l].b_up || m->layers[l].b_down) {
+            if (forced)
+                return tl_set_error(TL_ERR_UNSUPPORTED,
+                                    "TINYLOOP_BACKEND=cuda: the output / FFN biases of layer %d run on the CPU only", l);
+            return TL_OK;
+        }
     if (m->hp.rope.freq_scale != 1.0f || m->hp.rope.attn_factor != 1.0f || m->hp.rope.ext_factor != 0.0f) {
         if (forced)
             return tl_set_error(TL_ERR_UNSUPPORTED,

@@ -116,8 +116,8 @@ static int load_weights(tl_model *m) {
     if ((rc = bind_weight(m, &m->tok_embd, "token_embd.weight", hp->n_embd, hp->n_vocab, 0))) return rc;
     if ((rc = bind_norm(m, &m->output_norm, "output_norm.weight", hp->n_embd, 0))) return rc;
     if ((rc = bind_norm(m, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 1)) < 0) return rc;
-    if (m->arch->layer_norm &&
-        ((rc = bind_norm(m, &m->output_norm_b, "output_norm.bias", hp->n_embd, 0)) ||
+    if ((m->arch->layer_norm && (rc = bind_norm(m, &m->output_norm_b, "output_norm.bias", hp->n_embd, 0))) ||
+        (m->arch->learned_pos &&
          (rc = bind_weight(m, &m->pos_embd, "position_embd.weight", hp->n_embd, hp->n_ctx_train, 0))))
         return rc;
     /* LongRoPE (Phi-3 128k): one set of per-pair factors for contexts past
@@ -153,7 +153,7 @@ static int load_weights(tl_model *m) {
             (rc = bind_norm(m, &L->ffn_norm, NAME("ffn_norm"), hp->n_embd, 0)))
             return rc;
         const gguf_tensor *up = gguf_find_tensor(m->file, NAME("ffn_up"));
-        if (m->arch->layer_norm) { /* act(up) -> down, no gate */
+        if (m->arch->plain_ffn) { /* act(up) -> down, no gate */
             rc = bind_weight(m, &L->w_up, NAME("ffn_up"), hp->n_embd, hp->n_ff, 0);
         } else if (!gguf_find_tensor(m->file, NAME("ffn_gate")) && up && up->ne[1] == 2 * (int64_t)hp->n_ff) {
             /* gate rows then up rows (llama.cpp's SWIGLU: silu of the first half) */
@@ -175,10 +175,12 @@ static int load_weights(tl_model *m) {
             return rc;
         if (m->arch->layer_norm &&
             ((rc = bind_norm(m, &L->attn_norm_b, NAME_B("attn_norm"), hp->n_embd, 0)) ||
-             (rc = bind_norm(m, &L->ffn_norm_b, NAME_B("ffn_norm"), hp->n_embd, 0)) ||
-             (rc = bind_norm(m, &L->bo, NAME_B("attn_output"), hp->n_embd, 0)) ||
-             (rc = bind_norm(m, &L->b_up, NAME_B("ffn_up"), hp->n_ff, 0)) ||
-             (rc = bind_norm(m, &L->b_down, NAME_B("ffn_down"), hp->n_embd, 0))))
+             (rc = bind_norm(m, &L->ffn_norm_b, NAME_B("ffn_norm"), hp->n_embd, 0))))
+            return rc;
+        /* the output projection's and the FFN's biases, where a file has them (gpt2) */
+        if ((rc = bind_norm(m, &L->bo, NAME_B("attn_output"), hp->n_embd, 1)) < 0 ||
+            (rc = bind_norm(m, &L->b_up, NAME_B("ffn_up"), hp->n_ff, 1)) < 0 ||
+            (rc = bind_norm(m, &L->b_down, NAME_B("ffn_down"), hp->n_embd, 1)) < 0)
             return rc;
         if (m->arch->post_norms &&
             ((rc = bind_norm(m, &L->post_attn_norm, NAME("post_attention_norm"), hp->n_embd, 0)) ||
@@ -319,7 +321,7 @@ int tl_model_open(const char *path, tl_model_params params, tl_model **out) {
         rc = tl_set_error(TL_ERR_INVALID_ARG, "max_seq_len %d must be in [1, %d]", m->max_seq_len, 1 << 22);
         goto fail;
     }
-    if (m->arch->layer_norm && m->max_seq_len > m->hp.n_ctx_train) { /* no embedding past them */
+    if (m->arch->learned_pos && m->max_seq_len > m->hp.n_ctx_train) { /* no embedding past them */
         rc = tl_set_error(TL_ERR_INVALID_ARG, "max_seq_len %d exceeds the %d positions %s has learned embeddings for",
                           m->max_seq_len, m->hp.n_ctx_train, m->arch->name);
         goto fail;

@@ -37,9 +37,10 @@ typedef struct tl_arch {
     int softcap;           /* 1: attn_logit_softcapping / final_logit_softcapping apply (gemma2) */
     int swa_default;       /* attention.sliding_window when the file has none (gemma2: 4096) */
     int swa_all;           /* 1: every layer attends over attention.sliding_window (phi3) */
-    int layer_norm;        /* 1: LayerNorm (mean and variance, weight and bias) instead of RMSNorm,
-                              biases on every matmul, learned absolute positions, a plain
-                              act(up) FFN, no RoPE (gpt2) */
+    int layer_norm;        /* 1: LayerNorm (mean and variance, weight and bias) instead of RMSNorm
+                              (gpt2, stablelm) */
+    int learned_pos;       /* 1: learned absolute position embeddings (gpt2) */
+    int plain_ffn;         /* 1: act(up) -> down, no gate (gpt2) */
     int big_layers;        /* n_layer of the size whose attention scale is 1/sqrt(n_embd / n_head)
                               rather than 1/sqrt(head_dim) (Gemma's 27B: llama.cpp keys it on
                               the layer count too); 0: none */

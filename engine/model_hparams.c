@@ -23,7 +23,12 @@ static const tl_arch archs[] = {
     /* GPT-2: LayerNorm with biases, learned positions, Q/K/V in one
      * attn_qkv with its bias, biases on every matmul, a plain GELU FFN, no
      * RoPE, tied output. */
-    {.name = "gpt2", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .nope_every = 1},
+    {.name = "gpt2", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .learned_pos = 1,
+     .plain_ffn = 1, .nope_every = 1},
+    /* StableLM 2 (1.6B, Zephyr) / StableCode: llama's gated FFN under
+     * LayerNorms with biases, Q/K/V biases, partial NEOX RoPE
+     * (rope.dimension_count: a quarter of the head). */
+    {.name = "stablelm", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .layer_norm = 1},
     /* Phi-3 / Phi-3.5 / Phi-4(-mini): llama's block with Q/K/V in one
      * attn_qkv and gate/up in one ffn_up, NEOX RoPE (LongRoPE's per-pair
      * factors for long contexts), every layer over a sliding window. */

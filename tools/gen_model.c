@@ -1,9 +1,9 @@
 /* tl-gen-model - writes a synthetic GGUF model (llama, qwen2, qwen3, smollm3,
- * phi3, gpt2, gemma2 or gemma3; see tests/c/lib/testmodel.h).
+ * phi3, gpt2, stablelm, gemma2 or gemma3; see tests/c/lib/testmodel.h).
  *   tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]
  *                [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]
- *                [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|phi3|gpt2|gemma2|gemma3] [--head-dim N]
- *                [--bias 0|1|2] [--window N]
+ *                [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|phi3|gpt2|stablelm|gemma2|gemma3] [--head-dim N]
+ *                [--bias 0|1|2] [--window N] [--rope-dims N]
  *                [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F] [--rope-orig-ctx N] [--rope-factors]
  *                [--softcap ATTN FINAL] */
 #include <stdio.h>
@@ -26,8 +26,8 @@ int main(int argc, char **argv) {
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]\n"
                         "                    [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]\n"
-                        "                    [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|phi3|gpt2|gemma2|gemma3] [--head-dim N]\n"
-                        "                    [--bias 0|1|2] [--window N]\n"
+                        "                    [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|phi3|gpt2|stablelm|gemma2|gemma3] [--head-dim N]\n"
+                        "                    [--bias 0|1|2] [--window N] [--rope-dims N]\n"
                         "                    [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F] [--rope-orig-ctx N] [--rope-factors]\n"
                         "                    [--softcap ATTN FINAL]\n");
         return 2;
@@ -44,7 +44,7 @@ int main(int argc, char **argv) {
         INT_OPT("--vocab", n_vocab) INT_OPT("--dim", n_embd) INT_OPT("--layers", n_layer)
         INT_OPT("--heads", n_head) INT_OPT("--kv-heads", n_head_kv) INT_OPT("--ff", n_ff)
         INT_OPT("--ctx", n_ctx) INT_OPT("--unroll", unroll) INT_OPT("--head-dim", head_dim)
-        INT_OPT("--bias", bias) INT_OPT("--window", sliding_window)
+        INT_OPT("--bias", bias) INT_OPT("--window", sliding_window) INT_OPT("--rope-dims", rope_dims)
         else if (!strcmp(a, "--arch") && more) {
             const char *v = argv[++i];
             s.qwen2 = !strcmp(v, "qwen2");
@@ -53,10 +53,13 @@ int main(int argc, char **argv) {
             s.gemma2 = !strcmp(v, "gemma2");
             s.phi3 = !strcmp(v, "phi3");
             s.gpt2 = !strcmp(v, "gpt2");
+            s.stablelm = !strcmp(v, "stablelm");
             s.smollm3 = !strcmp(v, "smollm3");
-            if (!s.qwen2 && !s.qwen3 && !s.gemma3 && !s.gemma2 && !s.phi3 && !s.gpt2 && !s.smollm3 && strcmp(v, "llama")) {
+            if (!s.qwen2 && !s.qwen3 && !s.gemma3 && !s.gemma2 && !s.phi3 && !s.gpt2 && !s.stablelm && !s.smollm3 &&
+                strcmp(v, "llama")) {
                 fprintf(stderr,
-                        "tl-gen-model: unknown architecture '%s' (llama, qwen2, qwen3, smollm3, phi3, gpt2, gemma2, gemma3)\n",
+                        "tl-gen-model: unknown architecture '%s' (llama, qwen2, qwen3, smollm3, phi3, gpt2, stablelm, gemma2, "
+                        "gemma3)\n",
                         v);
                 return 2;
             }

@@ -1,8 +1,10 @@
-/* test_gpt2.c - the gpt2 architecture (LayerNorm with biases, learned
- * positions, fused attn_qkv with its bias, biases on every matmul, a plain
- * GELU FFN, no RoPE): logits against an independent reference, batch ==
- * alone, thread counts, the learned-position limit, and the CUDA plugin's
- * refusal.
+/* test_gpt2.c - the LayerNorm architectures. gpt2 (LayerNorm with
+ * biases, learned positions, fused attn_qkv with its bias, biases on every
+ * matmul, a plain GELU FFN, no RoPE): logits against an independent
+ * reference, batch == alone, thread counts, the learned-position limit,
+ * and the CUDA plugin's refusal. stablelm (LayerNorms with biases over
+ * llama's block, partial NEOX RoPE): greedy tokens against ik_llama.cpp's,
+ * also through store-h.
  *
  * The reference: tools/ref_gpt2.py, a plain-Python GPT-2 forward pass
  * (float64 arithmetic, the GPT-2 equations with ggml's tanh GELU) over the
@@ -115,7 +117,61 @@ static void test_reference(void) {
     remove(path);
 }
 
+/* tl-gen-model ref.gguf --arch stablelm --dim 256 --layers 4 --heads 4
+ * --kv-heads K --ff 512 --ctx 2048 --rope-dims R --seed S [--bias 1]:
+ * ik_llama.cpp's llama-simple printed exactly these tokens' bytes after
+ * the prompt (2026-12-07). */
+static void test_stablelm(void) {
+    static const struct {
+        int kv_heads, rope_dims, seed, bias;
+        int32_t want[24];
+    } refs[] = {
+        {2, 32, 3, 0,
+         {42, 42, 42, 42, 42, 42, 42, 42, 42, 42, 42, 42, 38, 177, 5, 173, 253, 129, 301, 308, 308, 308, 308, 89}},
+        {4, 16, 1, 1,
+         {167, 178, 178, 178, 178, 178, 178, 178, 178, 178, 178, 178, 178, 178, 178, 178, 178, 178, 178, 178, 178, 178,
+          178, 178}},
+    };
+    static const char text[] = "the cat sat on the mat and then it ran";
+    for (size_t r = 0; r < sizeof refs / sizeof refs[0]; r++) {
+        tm_spec s = tm_default_spec();
+        s.stablelm = 1;
+        s.n_embd = 256;
+        s.n_head = 4;
+        s.n_head_kv = refs[r].kv_heads;
+        s.n_ff = 512;
+        s.n_layer = 4;
+        s.n_ctx = 2048;
+        s.rope_dims = refs[r].rope_dims;
+        s.seed = (uint64_t)refs[r].seed;
+        s.bias = refs[r].bias;
+        const char *path = tmp_path("stablelm");
+        CHECK(tm_write(&s, path) == 0, "stablelm model %zu is written", r);
+        for (int h = 0; h < 2; h++) {
+            tl_model_params p = tl_model_default_params();
+            p.kv_type = TL_KV_F16; /* as the reference ran */
+            p.kv_mode = h ? "h" : NULL;
+            tl_model *m = NULL;
+            tl_model_open(path, p, &m);
+            int32_t ids[24], out[24];
+            int ng = -1;
+            if (m && tl_tokenize(m, text, (int)strlen(text), 1, 0, ids, 24) == 24) {
+                tl_generate_params gp = tl_generate_default_params();
+                gp.max_tokens = 24;
+                gp.ignore_eos = 1;
+                ng = tl_generate(m, ids, 24, gp, out, 24);
+            }
+            CHECK(ng == 24 && !memcmp(out, refs[r].want, sizeof out),
+                  "stablelm %zu (rope over %d of 64, %s): greedy tokens equal ik_llama.cpp's (%s, %d)", r,
+                  refs[r].rope_dims, refs[r].bias ? "Q/K/V biases" : "no biases", h ? "store-h KV" : "f16 KV", ng);
+            tl_model_close(m);
+        }
+        remove(path);
+    }
+}
+
 int main(void) {
     test_reference();
+    test_stablelm();
     return test_summary();
 }

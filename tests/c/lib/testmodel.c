@@ -172,6 +172,7 @@ int tm_write(const tm_spec *s, const char *path) {
                        : s->gemma2  ? "gemma2"
                        : s->phi3    ? "phi3"
                        : s->gpt2    ? "gpt2"
+                       : s->stablelm ? "stablelm"
                        : s->qwen3   ? "qwen3"
                        : s->qwen2   ? "qwen2"
                        : s->smollm3 ? "smollm3"
@@ -184,10 +185,11 @@ int tm_write(const tm_spec *s, const char *path) {
     gw_set_u32(gw, KEY("embedding_length"), (uint32_t)s->n_embd);
     gw_set_u32(gw, KEY("block_count"), (uint32_t)n_written);
     gw_set_u32(gw, KEY("feed_forward_length"), (uint32_t)s->n_ff);
-    gw_set_u32(gw, KEY("rope.dimension_count"), (uint32_t)hd);
+    gw_set_u32(gw, KEY("rope.dimension_count"), (uint32_t)(s->rope_dims > 0 ? s->rope_dims : hd));
     gw_set_u32(gw, KEY("attention.head_count"), (uint32_t)s->n_head);
     gw_set_u32(gw, KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
-    gw_set_f32(gw, KEY(s->gpt2 ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon"), 1e-5f);
+    const int ln = s->gpt2 || s->stablelm; /* LayerNorm architectures */
+    gw_set_f32(gw, KEY(ln ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon"), 1e-5f);
     if (s->rope_base > 0) gw_set_f32(gw, KEY("rope.freq_base"), s->rope_base);
     if (s->expert_count > 0) gw_set_u32(gw, KEY("expert_count"), (uint32_t)s->expert_count);
     if (s->rope_scaling) gw_set_str(gw, KEY("rope.scaling.type"), s->rope_scaling);
@@ -225,10 +227,8 @@ int tm_write(const tm_spec *s, const char *path) {
         rc |= !f;
         free(f);
     }
-    if (s->gpt2) {
-        rc |= add_bias(gw, "output_norm.bias", s->n_embd, seed + 4);
-        rc |= add_matrix(gw, s, "position_embd.weight", s->n_embd, s->n_ctx, seed + 5, s->type);
-    }
+    if (ln) rc |= add_bias(gw, "output_norm.bias", s->n_embd, seed + 4);
+    if (s->gpt2) rc |= add_matrix(gw, s, "position_embd.weight", s->n_embd, s->n_ctx, seed + 5, s->type);
     if (!s->tied && !gemma) rc |= add_matrix(gw, s, "output.weight", s->n_embd, s->n_vocab, seed + 3, s->type);
     for (int l = 0; l < n_written && rc == 0; l++) {
         /* physical layer whose weights written layer l carries */
@@ -259,16 +259,20 @@ int tm_write(const tm_spec *s, const char *path) {
             rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, s->n_ff, ls + 7, s->type);
         }
         rc |= add_matrix(gw, s, NAME("ffn_down"), s->n_ff, s->n_embd, ls + 8, s->type);
-        if (s->gpt2) {
 #define BIAS(x) (snprintf(n, sizeof n, "blk.%d.%s.bias", l, x), n)
+        if (s->stablelm) {
+            rc |= add_bias(gw, BIAS("attn_norm"), s->n_embd, ls + 9);
+            rc |= add_bias(gw, BIAS("ffn_norm"), s->n_embd, ls + 12);
+        }
+        if (s->gpt2) {
             rc |= add_bias(gw, BIAS("attn_norm"), s->n_embd, ls + 9);
             rc |= add_bias(gw, BIAS("attn_qkv"), q_dim + 2 * kv_dim, ls + 10);
             rc |= add_bias(gw, BIAS("attn_output"), s->n_embd, ls + 11);
             rc |= add_bias(gw, BIAS("ffn_norm"), s->n_embd, ls + 12);
             rc |= add_bias(gw, BIAS("ffn_up"), s->n_ff, ls + 13);
             rc |= add_bias(gw, BIAS("ffn_down"), s->n_embd, ls + 14);
-#undef BIAS
         }
+#undef BIAS
         if (s->bias) {
             float scale = s->bias == 1 ? 1.0f : 0.0f;
             char bn[64];

@@ -33,6 +33,9 @@ typedef struct tm_spec {
     int qwen2;         /* 1: qwen2 architecture (NEOX RoPE) */
     int qwen3;         /* 1: qwen3 architecture (NEOX RoPE, per-head Q/K norms) */
     int smollm3;       /* 1: smollm3 architecture (llama's tensors; layers 3, 7, ... without RoPE) */
+    int stablelm;      /* 1: stablelm architecture (LayerNorms with biases, llama's tensors,
+                          NEOX RoPE over rope_dims) */
+    int rope_dims;     /* > 0: rope.dimension_count (partial rotary); 0: the head size */
     int gpt2;          /* 1: gpt2 architecture (LayerNorm with biases, learned positions for
                           n_ctx, attn_qkv and every matmul with a bias, plain GELU FFN, tied) */
     int phi3;          /* 1: phi3 architecture (Q/K/V in one attn_qkv, gate and up in one ffn_up,
