@@ -129,40 +129,38 @@ int tl_backend_max_tokens(const tl_model *m) { return m->backend ? m->backend->d
 
 int tl_backend_sample_k(const tl_model *m) { return m->backend ? m->backend->ops->max_sample_k : 0; }
 
+/* 1, with what into why, when the model needs something the plugin does
+ * not compute: it applies unscaled RoPE on every layer, RMSNorm, q.k by
+ * 1/sqrt(head_dim), no soft-capping and no output-projection or FFN bias. */
+static int cpu_only(const tl_model *m, char *why, size_t cap) {
+    const tl_rope_params *r = &m->hp.rope;
+    if (m->arch->nope_every > 0)
+        snprintf(why, cap, "%s's layers without RoPE", m->arch->name);
+    else if (m->arch->softcap || m->arch->layer_norm || m->hp.attn_scale != 1.0f / sqrtf((float)m->hp.head_dim))
+        snprintf(why, cap, "%s's soft-capping / LayerNorm / attention scale", m->arch->name);
+    else if (r->freq_scale != 1.0f || r->attn_factor != 1.0f || r->ext_factor != 0.0f)
+        snprintf(why, cap, "scaled RoPE (freq_scale %g, attn_factor %g, ext_factor %g)", r->freq_scale, r->attn_factor,
+                 r->ext_factor);
+    else {
+        for (int l = 0; l < m->hp.n_layer; l++)
+            if (m->layers[l].bo || m->layers[l].b_up || m->layers[l].b_down) {
+                snprintf(why, cap, "the output / FFN biases of layer %d", l);
+                return 1;
+            }
+        return 0;
+    }
+    return 1;
+}
+
 int tl_backend_select(tl_model *m, int *n_blocks, const tl_kv_layout *kv, int kv_auto, int kv_blocks_max) {
     const char *want = getenv("TINYLOOP_BACKEND");
     if (want && (!strcmp(want, "cpu") || !*want)) return TL_OK;
     int forced = want && !strcmp(want, "cuda");
     if (want && !forced && strcmp(want, "auto"))
         return tl_set_error(TL_ERR_INVALID_ARG, "TINYLOOP_BACKEND='%s' is not cpu, cuda or auto", want);
-    /* the plugin applies unscaled RoPE on every layer: NoPE layers (smollm3)
-     * and scaled RoPE stay on the CPU */
-    if (m->arch->nope_every > 0) {
-        if (forced)
-            return tl_set_error(TL_ERR_UNSUPPORTED, "TINYLOOP_BACKEND=cuda: %s's layers without RoPE run on the CPU only",
-                                m->arch->name);
-        return TL_OK;
-    }
-    if (m->arch->softcap || m->arch->layer_norm || m->hp.attn_scale != 1.0f / sqrtf((float)m->hp.head_dim)) {
-        if (forced)
-            return tl_set_error(TL_ERR_UNSUPPORTED,
-                                "TINYLOOP_BACKEND=cuda: %s's soft-capping / LayerNorm / attention scale runs on the CPU "
-                                "only",
-                                m->arch->name);
-        return TL_OK;
-    }
-    for (int l = 0; l < m->hp.n_layer; l++) /* the plugin adds no output-projection or FFN bias */
-        if (m->layers[l].bo || m->layers[l].b_up || m->layers[l].b_down) {
-            if (forced)
-                return tl_set_error(TL_ERR_UNSUPPORTED,
-                                    "TINYLOOP_BACKEND=cuda: the output / FFN biases of layer %d run on the CPU only", l);
-            return TL_OK;
-        }
-    if (m->hp.rope.freq_scale != 1.0f || m->hp.rope.attn_factor != 1.0f || m->hp.rope.ext_factor != 0.0f) {
-        if (forced)
-            return tl_set_error(TL_ERR_UNSUPPORTED,
-                                "TINYLOOP_BACKEND=cuda: scaled RoPE (freq_scale %g, attn_factor %g, ext_factor %g) runs on the CPU only",
-                                m->hp.rope.freq_scale, m->hp.rope.attn_factor, m->hp.rope.ext_factor);
+    char why[160];
+    if (cpu_only(m, why, sizeof why)) {
+        if (forced) return tl_set_error(TL_ERR_UNSUPPORTED, "TINYLOOP_BACKEND=cuda: %s run on the CPU only", why);
         return TL_OK;
     }
     const char *lib = getenv("TINYLOOP_CUDA_LIB");
