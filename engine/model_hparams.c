@@ -84,8 +84,8 @@ static int arch_f32(const tl_model *m, const char *suffix, float def, float *out
  * 1 / factor; type none ignores the factor; yarn blends scaled and
  * unscaled angles over a ramp set by original_context_length and
  * yarn_beta_fast/slow (32, 1) and raises attn_factor by 1 + 0.1 ln(factor).
- * LongRoPE, DeepSeek's yarn_log_multiplier and other types are refused
- * rather than run unscaled. Gemma 3's local layers keep their own base
+ * A longrope type (LongRoPE's factor tensors are model.c's), DeepSeek's
+ * yarn_log_multiplier and other types are refused rather than run unscaled. Gemma 3's local layers keep their own base
  * unscaled (llama.cpp's rope_freq_scale_train_swa = 1). */
 static int load_rope_scaling(tl_model *m) {
     tl_hparams *hp = &m->hp;

@@ -290,7 +290,7 @@ static size_t utf8_need(uint8_t c) {
 }
 
 /* Length of the valid UTF-8 sequence at s[0..n) (n >= 1), 0 when none starts there. */
-static size_t utf8_seq(const uint8_t *s, size_t n) {
+size_t tok_utf8_seq(const uint8_t *s, size_t n) {
     size_t need = utf8_need(s[0]);
     if (need <= 1) return need;
     if (n < need) return 0;
@@ -379,7 +379,7 @@ static const char *sanitize(tok_bpe_work *w, const char *s, size_t *n) {
     const uint8_t *u = (const uint8_t *)s;
     size_t len = *n, i = 0;
     while (i < len) {
-        size_t k = u[i] < 0x80 ? 1 : utf8_seq(u + i, len - i);
+        size_t k = u[i] < 0x80 ? 1 : tok_utf8_seq(u + i, len - i);
         if (!k) break;
         i += k;
     }
@@ -388,7 +388,7 @@ static const char *sanitize(tok_bpe_work *w, const char *s, size_t *n) {
     memcpy(w->clean, s, i);
     size_t o = i;
     while (i < len) {
-        size_t k = utf8_seq(u + i, len - i);
+        size_t k = tok_utf8_seq(u + i, len - i);
         if (k) {
             memcpy(w->clean + o, s + i, k);
             o += k;
@@ -423,7 +423,7 @@ static long split(const pcre2_code *re, pcre2_match_data *md, const char *text, 
             const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
             size_t ms = ov[0], me = ov[1];
             if (me <= ms) { /* an empty match (none of our patterns has one): step over a character */
-                size_t k = utf8_seq(subj + ms, sl - ms);
+                size_t k = tok_utf8_seq(subj + ms, sl - ms);
                 pos = ms + (k ? k : 1);
                 continue;
             }
@@ -591,7 +591,7 @@ size_t tok_bpe_piece(const tl_tokenizer *t, int id, char *dst) {
     const uint8_t *s = (const uint8_t *)tok_text(t, id);
     size_t n = t->len[id], w = 0;
     for (size_t i = 0; i < n;) {
-        size_t k = utf8_seq(s + i, n - i);
+        size_t k = tok_utf8_seq(s + i, n - i);
         if (k == 1 || k == 2) {
             unsigned cp = k == 1 ? s[i] : (unsigned)(s[i] & 0x1F) << 6 | (s[i + 1] & 0x3F);
             if (cp < 0x144 && b->dec[cp] >= 0) {

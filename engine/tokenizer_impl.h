@@ -75,6 +75,10 @@ int tok_bpe_encode(const tl_tokenizer *t, tok_bpe_work **w, const char *s, size_
  * of each word to ends (at most cap). Returns the word count or an error. */
 long tok_bpe_split(const tl_tokenizer *t, const char *s, size_t len, size_t *ends, size_t cap);
 
+/* Length of the valid UTF-8 sequence at s[0..n) (n >= 1; RFC 3629: no
+ * overlongs, surrogates or values past U+10FFFF), 0 when none starts there. */
+size_t tok_utf8_seq(const uint8_t *s, size_t n);
+
 /* Writes the raw bytes of NORMAL token `id` to dst (when not NULL); returns their count. */
 size_t tok_bpe_piece(const tl_tokenizer *t, int id, char *dst);
 

@@ -68,27 +68,15 @@ static int is_ascii_symbol(uint32_t cp) { return cp < 0x7F && strchr("$+<=>^`|~"
 /* ---- UTF-8 ----------------------------------------------------------------- */
 
 /* Decodes the codepoint at s[0..n) into *cp and returns its length; an
- * invalid or truncated sequence is one byte of U+FFFD. */
+ * invalid or truncated sequence (tok_utf8_seq's rules) is one byte of
+ * U+FFFD. */
 static size_t utf8_next(const uint8_t *s, size_t n, uint32_t *cp) {
-    uint8_t c = s[0];
-    size_t need = c < 0x80                 ? 1
-                  : c >= 0xC2 && c <= 0xDF ? 2
-                  : c >= 0xE0 && c <= 0xEF ? 3
-                  : c >= 0xF0 && c <= 0xF4 ? 4
-                                           : 0;
-    *cp = 0xFFFD;
-    if (need == 0 || need > n) return 1;
-    if (need == 1) return *cp = c, 1;
-    uint32_t v = c & (0x7F >> need);
-    for (size_t k = 1; k < need; k++) {
-        if ((s[k] & 0xC0) != 0x80) return 1;
-        v = v << 6 | (s[k] & 0x3F);
-    }
-    /* overlongs, surrogates and values past U+10FFFF are invalid too */
-    static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (v < min[need] || (v >= 0xD800 && v <= 0xDFFF) || v > 0x10FFFF) return 1;
+    const size_t k = tok_utf8_seq(s, n);
+    if (k <= 1) return *cp = k ? s[0] : 0xFFFD, 1;
+    uint32_t v = s[0] & (0x7F >> k);
+    for (size_t i = 1; i < k; i++) v = v << 6 | (s[i] & 0x3F);
     *cp = v;
-    return need;
+    return k;
 }
 
 static size_t utf8_put(uint32_t cp, char *o) {
