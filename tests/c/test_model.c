@@ -407,17 +407,8 @@ static int patch_u32_key(const char *path, const char *key, uint32_t value) {
     return patch_file(path, key, strlen(key) + 4, &value, 4, 0); /* past the key and its u32 type */
 }
 
-/* The prompt of the cross-engine references below (24 ids with BOS on the
- * synthetic vocab) and their greedy 24 tokens after it; -1 when the
- * prompt does not tokenize to 24 ids. */
-static const char ref_text[] = "the cat sat on the mat and then it ran";
-static int greedy24(tl_model *m, int32_t ids[24], int32_t out[24]) {
-    if (tl_tokenize(m, ref_text, (int)strlen(ref_text), 1, 0, ids, 24) != 24) return -1;
-    tl_generate_params gp = tl_generate_default_params();
-    gp.max_tokens = 24;
-    gp.ignore_eos = 1;
-    return tl_generate(m, ids, 24, gp, out, 24);
-}
+/* The cross-engine references' prompt and their greedy 24 tokens after it. */
+static int greedy24(tl_model *m, int32_t ids[24], int32_t out[24]) { return tm_greedy_ref(m, 24, ids, out); }
 
 /* qwen3: per-head Q/K norms before RoPE, a head size of its own. The
  * reference: ik_llama.cpp's llama-simple (greedy) printed, on this

@@ -27,15 +27,8 @@ static int greedy(const char *path, const char *kv_mode, int max_seq_len, int n,
     p.max_seq_len = max_seq_len;
     tl_model *m = NULL;
     if (tl_model_open(path, p, &m)) return -1;
-    static const char text[] = "the cat sat on the mat and then it ran";
     int32_t ids[24];
-    int ng = -1;
-    if (tl_tokenize(m, text, (int)strlen(text), 1, 0, ids, 24) == 24) {
-        tl_generate_params gp = tl_generate_default_params();
-        gp.max_tokens = n;
-        gp.ignore_eos = 1;
-        ng = tl_generate(m, ids, 24, gp, out, n);
-    }
+    int ng = tm_greedy_ref(m, n, ids, out);
     tl_model_close(m);
     return ng;
 }

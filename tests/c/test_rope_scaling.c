@@ -81,7 +81,6 @@ static const struct ref_case {
 };
 
 static void test_reference(void) {
-    static const char text[] = "the cat sat on the mat and then it ran";
     for (size_t r = 0; r < sizeof refs / sizeof refs[0]; r++) {
         tm_spec s = tm_default_spec();
         s.n_embd = 256;
@@ -109,13 +108,7 @@ static void test_reference(void) {
                   "%s: info reports freq_scale %g, attn_factor %g", refs[r].what, info.rope_freq_scale,
                   info.rope_attn_factor);
             int32_t ids[24], out[24];
-            int n = tl_tokenize(m, text, (int)strlen(text), 1, 0, ids, 24), ng = -1;
-            if (n == 24) {
-                tl_generate_params gp = tl_generate_default_params();
-                gp.max_tokens = 24;
-                gp.ignore_eos = 1;
-                ng = tl_generate(m, ids, 24, gp, out, 24);
-            }
+            int ng = tm_greedy_ref(m, 24, ids, out);
             CHECK(ng == 24 && !memcmp(out, refs[r].want, sizeof out), "%s: greedy tokens equal ik_llama.cpp's (%s, %d)",
                   refs[r].what, mode ? "store-h KV" : "f16 KV", ng);
             tl_model_close(m);

@@ -8,6 +8,7 @@
 #include "gguf.h"
 #include "gguf_writer.h"
 #include "quants.h"
+#include "tinyloop.h"
 
 int tm_arch_cases(tm_spec *c, const char **names) {
     static const char *const n[TM_ARCH_CASES] = {"llama f32", "llama loop q4_0", "qwen2 bias q8_0", "gemma3 swa q4_k",
@@ -303,4 +304,13 @@ int tm_write(const tm_spec *s, const char *path) {
     }
     gw_free(gw);
     return rc ? -1 : 0;
+}
+
+int tm_greedy_ref(tl_model *m, int n, int32_t ids[24], int32_t *out) {
+    static const char text[] = "the cat sat on the mat and then it ran";
+    if (tl_tokenize(m, text, (int)strlen(text), 1, 0, ids, 24) != 24) return -1;
+    tl_generate_params gp = tl_generate_default_params();
+    gp.max_tokens = n;
+    gp.ignore_eos = 1;
+    return tl_generate(m, ids, 24, gp, out, n);
 }

@@ -57,4 +57,12 @@ int tm_arch_cases(tm_spec *specs, const char **names);
 /* Returns 0 on success, -1 on failure (message on stderr). */
 int tm_write(const tm_spec *spec, const char *path);
 
+/* The cross-engine references' run (ik_llama.cpp's llama-simple on the same
+ * file): the prompt "the cat sat on the mat and then it ran" (24 ids with
+ * BOS on the synthetic vocab) into ids, then n <= 24 greedy tokens after it
+ * (EOS ignored) into out. Returns how many were generated, or -1 when the
+ * prompt is not 24 ids. */
+struct tl_model;
+int tm_greedy_ref(struct tl_model *m, int n, int32_t ids[24], int32_t *out);
+
 #endif
