@@ -17,25 +17,16 @@
 /* ---- llama.cpp test vectors --------------------------------------------- */
 
 static void test_vocab_vectors(const char *dir, const char *name) {
-    char path[512], pin[600], pout[600];
+    char path[512];
     snprintf(path, sizeof path, "%s/vocab/%s", dir, name);
-    snprintf(pin, sizeof pin, "%s.inp", path);
-    snprintf(pout, sizeof pout, "%s.out", path);
-    size_t nin, nout;
-    char *inp = read_all(pin, &nin), *out = read_all(pout, &nout);
     tl_tokenizer *t = load_tok_path(path);
-    CHECK(inp && out && t, "%s and its .inp/.out test vectors load", name);
-    if (!inp || !out || !t) goto done;
-    CHECK(tl_tokenizer_n_vocab(t) >= 32000, "%s has its 32000+ tokens (%d)", name, tl_tokenizer_n_vocab(t));
-
-    vocab_vectors vv;
-    vv_init(&vv, inp, nin, out, nout);
-    int n_tests = check_vocab_vectors(name, t, &vv);
-    CHECK(n_tests == 46, "%s: all 46 test strings were read (%d)", name, n_tests);
-done:
+    int n_tests = t ? check_vocab_file(path, name, t, NULL) : -1;
+    CHECK(t && n_tests >= 0, "%s and its .inp/.out test vectors load", name);
+    if (t && n_tests >= 0) {
+        CHECK(tl_tokenizer_n_vocab(t) >= 32000, "%s has its 32000+ tokens (%d)", name, tl_tokenizer_n_vocab(t));
+        CHECK(n_tests == 46, "%s: all 46 test strings were read (%d)", name, n_tests);
+    }
     tl_tokenizer_free(t);
-    free(inp);
-    free(out);
 }
 
 /* The generated tables (checked once against Python's unicodedata for
@@ -66,19 +57,8 @@ static void test_wordpiece(const char *dir) {
     tl_tokenizer *t = load_tok_path(path);
     CHECK(t != NULL, "the WordPiece vocab bert-bge loads (%s)", t ? "" : tl_last_error());
     if (!t) return;
-    char pin[600], pout[600];
-    snprintf(pin, sizeof pin, "%s.inp", path);
-    snprintf(pout, sizeof pout, "%s.out", path);
-    size_t nin, nout;
-    char *inp = read_all(pin, &nin), *out = read_all(pout, &nout);
-    if (inp && out) {
-        vocab_vectors vv;
-        vv_init(&vv, inp, nin, out, nout);
-        int n = check_vocab_vectors("ggml-vocab-bert-bge.gguf", t, &vv);
-        CHECK(n == 46, "bert-bge: all 46 test strings were read (%d)", n);
-    }
-    free(inp);
-    free(out);
+    int n = check_vocab_file(path, "ggml-vocab-bert-bge.gguf", t, NULL);
+    if (n >= 0) CHECK(n == 46, "bert-bge: all 46 test strings were read (%d)", n);
 
     int32_t *a, *b;
     int na = encode(t, "Hello world", 11, 1, 0, &a), nb;

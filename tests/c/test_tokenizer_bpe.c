@@ -28,23 +28,14 @@ static int ids_eq(const int32_t *a, int na, const int32_t *b, int nb) {
 /* ---- llama.cpp test vectors --------------------------------------------- */
 
 static void test_vocab_vectors(const char *dir, const char *name) {
-    char pin[600], pout[600];
-    snprintf(pin, sizeof pin, "%s/vocab/%s.inp", dir, name);
-    snprintf(pout, sizeof pout, "%s/vocab/%s.out", dir, name);
-    size_t nin, nout;
-    char *inp = read_all(pin, &nin), *out = read_all(pout, &nout);
+    char path[600];
+    snprintf(path, sizeof path, "%s/vocab/%s", dir, name);
     tl_tokenizer *t = load_tok(dir, name);
-    CHECK(inp && out && t, "%s and its .inp/.out test vectors load", name);
-    if (!inp || !out || !t) goto done;
-
-    vocab_vectors vv;
-    vv_init(&vv, inp, nin, out, nout);
-    int n_tests = check_vocab_vectors(name, t, &vv);
-    CHECK(n_tests >= 40 && vv.op == vv.oend, "%s: every test string was read, one .out line each (%d)", name, n_tests);
-done:
+    int done = 0, n_tests = t ? check_vocab_file(path, name, t, &done) : -1;
+    CHECK(t && n_tests >= 0, "%s and its .inp/.out test vectors load", name);
+    if (t && n_tests >= 0)
+        CHECK(n_tests >= 40 && done, "%s: every test string was read, one .out line each (%d)", name, n_tests);
     tl_tokenizer_free(t);
-    free(inp);
-    free(out);
 }
 
 /* ---- real-vocab details -------------------------------------------------- */

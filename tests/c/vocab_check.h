@@ -43,4 +43,25 @@ static int check_vocab_vectors(const char *name, const tl_tokenizer *t, vocab_ve
     return n_tests;
 }
 
+/* check_vocab_vectors over the vectors beside vocab `path` (PATH.inp and
+ * PATH.out). Returns the strings read, or -1 (nothing checked) when either
+ * file is missing; *out_done (when given): 1 when .out had no line left. */
+static int check_vocab_file(const char *path, const char *name, const tl_tokenizer *t, int *out_done) {
+    char pin[1100], pout[1100];
+    snprintf(pin, sizeof pin, "%s.inp", path);
+    snprintf(pout, sizeof pout, "%s.out", path);
+    size_t nin, nout;
+    char *inp = read_all(pin, &nin), *out = read_all(pout, &nout);
+    int n = -1;
+    if (inp && out) {
+        vocab_vectors vv;
+        vv_init(&vv, inp, nin, out, nout);
+        n = check_vocab_vectors(name, t, &vv);
+        if (out_done) *out_done = vv.op == vv.oend;
+    }
+    free(inp);
+    free(out);
+    return n;
+}
+
 #endif
