@@ -381,32 +381,6 @@ static void test_qwen2(void) {
     CHECK(test_nmse(l[1], l[0], 320) > 1e-6, "random Q/K/V biases change the logits (nmse %g)", test_nmse(l[1], l[0], 320));
 }
 
-/* Writes the n bytes `with` at `skip` past the first (all: every)
- * occurrence of `find` in the first 1 MiB of a file; returns how many. */
-static int patch_file(const char *path, const char *find, size_t skip, const void *with, size_t n, int all) {
-    static uint8_t buf[1 << 20];
-    FILE *f = fopen(path, "r+b");
-    if (!f) return 0;
-    size_t len = fread(buf, 1, sizeof buf, f), k = strlen(find);
-    int hits = 0;
-    for (uint8_t *at = buf; (hits == 0 || all) && (at = memmem(at, len - (size_t)(at - buf), find, k)); at += k, hits++) {
-        fseek(f, (long)(at - buf + skip), SEEK_SET);
-        fwrite(with, 1, n, f);
-    }
-    fclose(f);
-    return hits;
-}
-
-/* Every `from` in the file's head becomes `to` (the same length). */
-static int patch_bytes(const char *path, const char *from, const char *to) {
-    return patch_file(path, from, 0, to, strlen(from), 1);
-}
-
-/* Sets the u32 value of metadata key `key`; 0 when the key is absent. */
-static int patch_u32_key(const char *path, const char *key, uint32_t value) {
-    return patch_file(path, key, strlen(key) + 4, &value, 4, 0); /* past the key and its u32 type */
-}
-
 /* The cross-engine references' prompt and their greedy 24 tokens after it. */
 static int greedy24(tl_model *m, int32_t ids[24], int32_t out[24]) { return tm_greedy_ref(m, 24, ids, out); }
 
@@ -451,7 +425,7 @@ static void test_qwen3(void) {
     q2.qwen2 = 1;
     path = tmp_path("qwen3_nonorm");
     tm_write(&q2, path);
-    CHECK(patch_bytes(path, "qwen2", "qwen3") > 3, "a qwen2 file is renamed qwen3");
+    CHECK(tm_patch_bytes(path, "qwen2", "qwen3") > 3, "a qwen2 file is renamed qwen3");
     m = NULL;
     int rc = tl_model_open(path, tl_model_default_params(), &m);
     CHECK(rc == TL_ERR_FORMAT && !m && strstr(tl_last_error(), "blk.0.attn_q_norm.weight"),
@@ -462,7 +436,7 @@ static void test_qwen3(void) {
     s.n_layer = 1;
     path = tmp_path("qwen3_vlen");
     tm_write(&s, path);
-    CHECK(patch_u32_key(path, "qwen3.attention.value_length", 64), "the file has a value_length key");
+    CHECK(tm_patch_u32_key(path, "qwen3.attention.value_length", 64), "the file has a value_length key");
     m = NULL;
     rc = tl_model_open(path, tl_model_default_params(), &m);
     CHECK(rc == TL_ERR_UNSUPPORTED && !m && strstr(tl_last_error(), "value_length 64 differs from key_length 96"),
@@ -554,7 +528,7 @@ static void test_hostile_block_count(void) {
     tm_spec s = tm_default_spec();
     const char *path = tmp_path("blocks");
     tm_write(&s, path);
-    CHECK(patch_u32_key(path, "llama.block_count", 67174401), "the model has a block_count key");
+    CHECK(tm_patch_u32_key(path, "llama.block_count", 67174401), "the model has a block_count key");
     tl_model *m = NULL;
     int rc = tl_model_open(path, tl_model_default_params(), &m);
     CHECK(rc == TL_ERR_FORMAT && m == NULL && strstr(tl_last_error(), "block_count 67174401"),

@@ -114,27 +114,6 @@ static void test_window_defaults(void) {
     }
 }
 
-/* Replaces every occurrence of `from` in the file by `to` (same length). */
-static int rename_in_file(const char *path, const char *from, const char *to) {
-    FILE *f = fopen(path, "r+b");
-    if (!f) return -1;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    char *b = malloc((size_t)n);
-    int hits = 0;
-    fseek(f, 0, SEEK_SET);
-    if (b && fread(b, 1, (size_t)n, f) == (size_t)n) {
-        size_t l = strlen(from);
-        for (long i = 0; i + (long)l <= n; i++)
-            if (!memcmp(b + i, from, l)) memcpy(b + i, to, l), hits++;
-        fseek(f, 0, SEEK_SET);
-        fwrite(b, 1, (size_t)n, f);
-    }
-    free(b);
-    fclose(f);
-    return hits;
-}
-
 /* A qwen3 file relabelled qwen2 keeps Q/K norm tensors qwen2 has no use
  * for: refused, naming the first, as llama.cpp refuses such a file. */
 static void test_unused_tensor(void) {
@@ -142,7 +121,7 @@ static void test_unused_tensor(void) {
     s.qwen3 = 1;
     const char *path = tmp_path("unused");
     tm_write(&s, path);
-    CHECK(rename_in_file(path, "qwen3", "qwen2") > 3, "a qwen3 file is relabelled qwen2");
+    CHECK(tm_patch_bytes(path, "qwen3", "qwen2") > 3, "a qwen3 file is relabelled qwen2");
     tl_model *m = NULL;
     int rc = tl_model_open(path, tl_model_default_params(), &m);
     CHECK(rc == TL_ERR_UNSUPPORTED && !m &&

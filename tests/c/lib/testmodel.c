@@ -314,3 +314,27 @@ int tm_greedy_ref(tl_model *m, int n, int32_t ids[24], int32_t *out) {
     gp.ignore_eos = 1;
     return tl_generate(m, ids, 24, gp, out, n);
 }
+
+/* Writes the n bytes `with` at `skip` past the first (all: every)
+ * occurrence of `find` in the first 1 MiB of a file; returns how many. */
+static int patch_file(const char *path, const char *find, size_t skip, const void *with, size_t n, int all) {
+    static uint8_t buf[1 << 20];
+    FILE *f = fopen(path, "r+b");
+    if (!f) return 0;
+    size_t len = fread(buf, 1, sizeof buf, f), k = strlen(find);
+    int hits = 0;
+    for (uint8_t *at = buf; (hits == 0 || all) && (at = memmem(at, len - (size_t)(at - buf), find, k)); at += k, hits++) {
+        fseek(f, (long)(at - buf + skip), SEEK_SET);
+        fwrite(with, 1, n, f);
+    }
+    fclose(f);
+    return hits;
+}
+
+int tm_patch_bytes(const char *path, const char *from, const char *to) {
+    return patch_file(path, from, 0, to, strlen(from), 1);
+}
+
+int tm_patch_u32_key(const char *path, const char *key, uint32_t value) {
+    return patch_file(path, key, strlen(key) + 4, &value, 4, 0); /* past the key and its u32 type */
+}

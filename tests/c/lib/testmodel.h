@@ -62,6 +62,12 @@ int tm_write(const tm_spec *spec, const char *path);
  * BOS on the synthetic vocab) into ids, then n <= 24 greedy tokens after it
  * (EOS ignored) into out. Returns how many were generated, or -1 when the
  * prompt is not 24 ids. */
+/* Hostile-file patches of a written model, in its first 1 MiB: every
+ * `from` becomes `to` (the same length; returns how many), or the u32
+ * value of metadata key `key` is set (0 when the key is absent). */
+int tm_patch_bytes(const char *path, const char *from, const char *to);
+int tm_patch_u32_key(const char *path, const char *key, uint32_t value);
+
 struct tl_model;
 int tm_greedy_ref(struct tl_model *m, int n, int32_t ids[24], int32_t *out);
 
