@@ -59,7 +59,18 @@ function _M.read(path)
 end
 
 
+-- A fresh directory. Under tests/spec/run.sh it lies inside the run's own
+-- TL_SPEC_TMP, which the runner deletes when busted exits, so specs that
+-- write models or packages there leave nothing behind in /tmp.
 function _M.tmpdir()
+    local root = os.getenv("TL_SPEC_TMP")
+    if root and root ~= "" then
+        local f = assert(io.popen("mktemp -d '" .. root .. "/d.XXXXXX'"))
+        local p = f:read("*l")
+        f:close()
+        assert(p and p ~= "", "mktemp -d failed under " .. root)
+        return p
+    end
     local p = os.tmpname()
     os.remove(p)
     assert(os.execute("mkdir -p '" .. p .. "'"))

@@ -9,6 +9,12 @@ if [ ! -f lua/tinyloop/cdef.lua ] || [ engine/tinyloop.h -nt lua/tinyloop/cdef.l
     luajit bindings/gen_cdef.lua engine/tinyloop.h lua/tinyloop/cdef.lua || exit 1
 fi
 
+# Every spec's helpers.tmpdir() lies under this one directory, removed on exit.
+TL_SPEC_TMP=$(mktemp -d "${TMPDIR:-/tmp}/tinyloop-spec.XXXXXX") || exit 1
+export TL_SPEC_TMP
+trap 'rm -rf "$TL_SPEC_TMP"' EXIT
+trap 'exit 130' INT TERM
+
 out=$(busted --lua=luajit -o utfTerminal tests/spec 2>&1); rc=$?
 printf '%s\n' "$out" | grep -v -E '^[0-9]+ success(es)? / '
 line=$(printf '%s\n' "$out" | grep -E '^[0-9]+ success(es)? / [0-9]+ failures? / [0-9]+ errors? / [0-9]+ pending' | tail -n 1)
