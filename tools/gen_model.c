@@ -1,17 +1,20 @@
-/* tl-gen-model - writes a synthetic GGUF model (llama, qwen2, qwen3, smollm3,
- * phi3, gpt2, stablelm, gemma2 or gemma3; see tests/c/lib/testmodel.h).
+/* tl-gen-model - writes a synthetic GGUF model of one of the architectures
+ * ARCHS names (see tests/c/lib/testmodel.h).
  *   tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]
  *                [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]
- *                [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|phi3|gpt2|stablelm|gemma2|gemma3] [--head-dim N]
+ *                [--twin-f32] [--tied] [--seed N] [--arch A] [--head-dim N]
  *                [--bias 0|1|2] [--window N] [--rope-dims N]
  *                [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F] [--rope-orig-ctx N] [--rope-factors]
- *                [--softcap ATTN FINAL] */
+ *                [--softcap ATTN FINAL] [--sequential] [--embd-gain F]
+ *                [--matmul-bias] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "quants.h"
 #include "testmodel.h"
+
+#define ARCHS "llama, qwen2, qwen3, smollm3, gemma, gemma2, gemma3, phi3, gpt2, stablelm, starcoder2, gptneox, phi2"
 
 static int type_by_name(const char *name) {
     for (int t = 0; t < TL_TYPE_COUNT; t++) {
@@ -26,10 +29,11 @@ int main(int argc, char **argv) {
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: tl-gen-model OUT.gguf [--type q4_0] [--vocab N] [--dim N] [--layers N] [--heads N]\n"
                         "                    [--kv-heads N] [--ff N] [--ctx N] [--loop S E D] [--unroll K]\n"
-                        "                    [--twin-f32] [--tied] [--seed N] [--arch llama|qwen2|qwen3|smollm3|phi3|gpt2|stablelm|gemma2|gemma3] [--head-dim N]\n"
+                        "                    [--twin-f32] [--tied] [--seed N] [--arch A] [--head-dim N]\n"
                         "                    [--bias 0|1|2] [--window N] [--rope-dims N]\n"
                         "                    [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F] [--rope-orig-ctx N] [--rope-factors]\n"
-                        "                    [--softcap ATTN FINAL]\n");
+                        "                    [--softcap ATTN FINAL] [--sequential] [--embd-gain F] [--matmul-bias]\n"
+                        "  architectures: " ARCHS "\n");
         return 2;
     }
     tm_spec s = tm_default_spec();
@@ -47,24 +51,12 @@ int main(int argc, char **argv) {
         INT_OPT("--bias", bias) INT_OPT("--window", sliding_window) INT_OPT("--rope-dims", rope_dims)
         else if (!strcmp(a, "--arch") && more) {
             const char *v = argv[++i];
-            s.qwen2 = !strcmp(v, "qwen2");
-            s.qwen3 = !strcmp(v, "qwen3");
-            s.gemma3 = !strcmp(v, "gemma3");
-            s.gemma2 = !strcmp(v, "gemma2");
-            s.phi3 = !strcmp(v, "phi3");
-            s.gpt2 = !strcmp(v, "gpt2");
-            s.stablelm = !strcmp(v, "stablelm");
-            s.smollm3 = !strcmp(v, "smollm3");
-            if (!s.qwen2 && !s.qwen3 && !s.gemma3 && !s.gemma2 && !s.phi3 && !s.gpt2 && !s.stablelm && !s.smollm3 &&
-                strcmp(v, "llama")) {
-                fprintf(stderr,
-                        "tl-gen-model: unknown architecture '%s' (llama, qwen2, qwen3, smollm3, phi3, gpt2, stablelm, gemma2, "
-                        "gemma3)\n",
-                        v);
+            if (!tm_arch_known(v)) {
+                fprintf(stderr, "tl-gen-model: unknown architecture '%s' (" ARCHS ")\n", v);
                 return 2;
             }
-        }
-        else if (!strcmp(a, "--loop") && i + 3 < argc) {
+            s.arch = v;
+        } else if (!strcmp(a, "--loop") && i + 3 < argc) {
             s.loop_start = atoi(argv[++i]);
             s.loop_end = atoi(argv[++i]);
             s.loop_default = atoi(argv[++i]);
@@ -77,6 +69,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--rope-attn-factor") && more) s.rope_attn_factor = strtof(argv[++i], NULL);
         else if (!strcmp(a, "--rope-orig-ctx") && more) s.rope_orig_ctx = atoi(argv[++i]);
         else if (!strcmp(a, "--rope-factors")) s.rope_factors = 1;
+        else if (!strcmp(a, "--sequential")) s.sequential = 1;
+        else if (!strcmp(a, "--matmul-bias")) s.matmul_bias = 1;
+        else if (!strcmp(a, "--embd-gain") && more) s.embd_gain = strtof(argv[++i], NULL);
         else if (!strcmp(a, "--softcap") && i + 2 < argc) {
             s.attn_softcap = strtof(argv[++i], NULL);
             s.final_softcap = strtof(argv[++i], NULL);

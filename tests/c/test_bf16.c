@@ -101,7 +101,7 @@ static void test_forward(void) {
     specs[1].type = TL_TYPE_F16;
     specs[1].seed = 9;
     specs[2] = tm_default_spec();
-    specs[2].gemma3 = 1;
+    specs[2].arch = "gemma3";
     specs[2].sliding_window = 8;
     specs[2].n_layer = 6;
     specs[2].type = TL_TYPE_F16;
@@ -134,7 +134,7 @@ static void test_forward(void) {
             tl_model_close(exact);
             continue;
         }
-        const int tied = specs[ci].gemma3;
+        const int tied = tm_spec_tied(&specs[ci]);
         CHECK(m->layers[0].wq.type == TL_TYPE_BF16 && m->layers[0].w_down.type == TL_TYPE_BF16 &&
                   m->output.type == TL_TYPE_BF16 && (m->tok_embd.type == TL_TYPE_BF16) == tied,
               "%s: the matrices are BF16 (the embeddings only when tied)", names[ci]);

@@ -34,8 +34,7 @@ static void test_synthetic_window(int gemma2) {
     const char *arch = gemma2 ? "gemma2" : "gemma3";
     for (int i = 0; i < 2; i++) {
         tm_spec s = tm_default_spec();
-        s.gemma3 = !gemma2;
-        s.gemma2 = gemma2;
+        s.arch = arch;
         s.n_layer = 7;
         s.sliding_window = i == 0 ? 8 : 0;
         snprintf(path[i], sizeof path[i], "/tmp/tl_gemma_%d_%d.gguf", (int)getpid(), i);
@@ -90,7 +89,7 @@ static const char *tmp_path(const char *name) {
  * the CUDA plugin, which caps nothing, refuses it when forced. */
 static void test_gemma2(void) {
     tm_spec s = tm_default_spec();
-    s.gemma2 = 1;
+    s.arch = "gemma2";
     s.n_layer = 26;
     s.n_embd = 128;
     s.n_head = 4;
@@ -135,7 +134,7 @@ static void test_gemma2(void) {
     for (int i = 0; i < 30; i++) toks[i] = (int32_t)(3 + (i * 37) % 300);
     for (int k = 0; k < 3; k++) {
         tm_spec c = tm_default_spec();
-        c.gemma2 = 1;
+        c.arch = "gemma2";
         c.n_layer = 4;
         c.sliding_window = 8;
         c.attn_softcap = caps[k][0];
@@ -164,7 +163,7 @@ static void test_gemma2(void) {
      * not by 1/sqrt(head_dim), whatever key_length says */
     for (int layers = 45; layers <= 46; layers++) {
         tm_spec b = tm_default_spec();
-        b.gemma2 = 1;
+        b.arch = "gemma2";
         b.n_layer = layers;
         b.head_dim = 32; /* n_embd / n_head is 16 */
         path = tmp_path("big");

@@ -31,7 +31,7 @@ static const char *tmp_path(const char *name) {
  * --ff 256 --vocab 320 --ctx 64 --seed 4 */
 static tm_spec ref_spec(void) {
     tm_spec s = tm_default_spec();
-    s.gpt2 = 1;
+    s.arch = "gpt2";
     s.n_ff = 256;
     s.n_ctx = 64;
     s.seed = 4;
@@ -134,7 +134,7 @@ static void test_stablelm(void) {
     };
     for (size_t r = 0; r < sizeof refs / sizeof refs[0]; r++) {
         tm_spec s = tm_default_spec();
-        s.stablelm = 1;
+        s.arch = "stablelm";
         s.n_embd = 256;
         s.n_head = 4;
         s.n_head_kv = refs[r].kv_heads;

@@ -366,7 +366,7 @@ static void test_qwen2(void) {
     for (int i = 0; i < 17; i++) toks[i] = (int32_t)((i * 19 + 4) % 320);
     for (int k = 0; k < 3; k++) {
         tm_spec s = tm_default_spec();
-        s.qwen2 = 1;
+        s.arch = "qwen2";
         s.bias = k; /* none, random, zero */
         const char *path = tmp_path("qwen2");
         tm_write(&s, path);
@@ -391,7 +391,7 @@ static int greedy24(tl_model *m, int32_t ids[24], int32_t out[24]) { return tm_g
  * the smallest top-2 logit gap over these steps is far above it). */
 static void test_qwen3(void) {
     tm_spec s = tm_default_spec();
-    s.qwen3 = 1;
+    s.arch = "qwen3";
     s.n_embd = 256;
     s.n_head = 4;
     s.n_head_kv = 2;
@@ -422,7 +422,7 @@ static void test_qwen3(void) {
 
     /* a qwen3 file without the Q/K norms (a qwen2 model renamed) is refused, naming the tensor */
     tm_spec q2 = tm_default_spec();
-    q2.qwen2 = 1;
+    q2.arch = "qwen2";
     path = tmp_path("qwen3_nonorm");
     tm_write(&q2, path);
     CHECK(tm_patch_bytes(path, "qwen2", "qwen3") > 3, "a qwen2 file is renamed qwen3");
@@ -456,7 +456,7 @@ static void test_smollm3(void) {
     for (int layers = 3; layers <= 4; layers++)
         for (int a = 0; a < 2; a++) {
             tm_spec s = tm_default_spec();
-            s.smollm3 = a;
+            s.arch = a ? "smollm3" : NULL;
             s.n_layer = layers;
             const char *path = tmp_path("smollm3");
             tm_write(&s, path);
@@ -472,7 +472,7 @@ static void test_smollm3(void) {
           test_nmse(l[1][1], l[1][0], 320));
 
     tm_spec s = tm_default_spec();
-    s.smollm3 = 1;
+    s.arch = "smollm3";
     s.n_embd = 256;
     s.n_head = 4;
     s.n_head_kv = 2;

@@ -56,7 +56,7 @@ static void test_references(void) {
     };
     for (size_t r = 0; r < sizeof refs / sizeof refs[0]; r++) {
         tm_spec s = tm_default_spec();
-        s.phi3 = 1;
+        s.arch = "phi3";
         s.n_embd = 256;
         s.n_head = 4;
         s.n_head_kv = 2;
@@ -90,7 +90,7 @@ static void test_references(void) {
 static void test_window_defaults(void) {
     for (int k = 0; k < 2; k++) {
         tm_spec s = tm_default_spec();
-        s.phi3 = 1;
+        s.arch = "phi3";
         s.n_embd = 32;
         s.n_ff = 32;
         s.n_layer = k ? 32 : 3;
@@ -118,7 +118,7 @@ static void test_window_defaults(void) {
  * for: refused, naming the first, as llama.cpp refuses such a file. */
 static void test_unused_tensor(void) {
     tm_spec s = tm_default_spec();
-    s.qwen3 = 1;
+    s.arch = "qwen3";
     const char *path = tmp_path("unused");
     tm_write(&s, path);
     CHECK(tm_patch_bytes(path, "qwen3", "qwen2") > 3, "a qwen3 file is relabelled qwen2");

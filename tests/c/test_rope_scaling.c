@@ -151,7 +151,7 @@ static void test_neutral_and_effective(void) {
      * first global one, so 5 layers ignore the factor and 6 do not */
     for (int layers = 5; layers <= 6; layers++) {
         tm_spec g = tm_default_spec();
-        g.gemma3 = 1;
+        g.arch = "gemma3";
         g.n_embd = 256;
         g.n_head = 4;
         g.n_head_kv = 2;

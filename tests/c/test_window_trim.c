@@ -29,7 +29,7 @@ static char model_path[128];
 
 static tl_model *open_model(const config *c, size_t kv_mem) {
     tm_spec s = tm_default_spec();
-    s.gemma3 = 1;
+    s.arch = "gemma3";
     s.n_layer = N_LOCAL + N_GLOBAL;
     s.sliding_window = c->window;
     s.n_ctx = 512;

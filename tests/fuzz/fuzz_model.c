@@ -33,8 +33,8 @@ static void write_seeds(const char *dir) {
         s.n_ctx = 64;
         if (k == 1) s.loop_start = 1, s.loop_end = 2, s.loop_default = 2;
         if (k == 2) s.type = 8; /* q8_0 */
-        if (k == 3) s.qwen2 = 1, s.bias = 1;
-        if (k == 4) s.gemma3 = 1, s.sliding_window = 4;
+        if (k == 3) s.arch = "qwen2", s.bias = 1;
+        if (k == 4) s.arch = "gemma3", s.sliding_window = 4;
         if (k >= 5) s.n_embd = 256, s.n_ff = 256, s.n_head = 4, s.type = k_types[k - 5];
         char path[512];
         snprintf(path, sizeof path, "%s/model-%d.gguf", dir, k);
@@ -44,10 +44,10 @@ static void write_seeds(const char *dir) {
     for (int k = 0; k < 5; k++) {
         tm_spec s = tm_default_spec();
         s.n_layer = 1, s.n_vocab = 260, s.n_ctx = 64;
-        if (k == 0) s.qwen3 = 1, s.head_dim = 32;
-        if (k == 1) s.gemma2 = 1, s.sliding_window = 4;
-        if (k == 2) s.phi3 = 1, s.sliding_window = 8, s.rope_factors = 1, s.rope_orig_ctx = 32;
-        if (k == 3) s.gpt2 = 1;
+        if (k == 0) s.arch = "qwen3", s.head_dim = 32;
+        if (k == 1) s.arch = "gemma2", s.sliding_window = 4;
+        if (k == 2) s.arch = "phi3", s.sliding_window = 8, s.rope_factors = 1, s.rope_orig_ctx = 32;
+        if (k == 3) s.arch = "gpt2";
         if (k == 4) s.rope_scaling = "yarn", s.rope_factor = 4, s.rope_orig_ctx = 16;
         char path[512];
         snprintf(path, sizeof path, "%s/model-%s.gguf", dir, names[k]);

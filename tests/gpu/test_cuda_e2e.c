@@ -173,7 +173,7 @@ static void test_synthetic(void) {
     /* phi3 runs on the plugin too: fused Q/K/V and gate/up bound as row
      * views, every layer over a window of 8 */
     specs[n] = tm_default_spec();
-    specs[n].phi3 = 1;
+    specs[n].arch = "phi3";
     specs[n].sliding_window = 8;
     specs[n].type = TL_TYPE_Q8_0;
     specs[n].seed = 9;

@@ -402,7 +402,7 @@ int main(void) {
         {.name = "gemma3 q4_k/kv q4", .spec = arch[3], .kv_mode = "q4", .tol = 3e-2, .kv_tol = 5e-2, .tie = 5e-2f},
     };
     cases[1].spec.type = TL_TYPE_F16;
-    cases[5].spec.gemma3 = 1;
+    cases[5].spec.arch = "gemma3";
     cases[5].spec.sliding_window = 8;
     cases[5].spec.n_layer = 6;
     cases[5].spec.seed = 9;

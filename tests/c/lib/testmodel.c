@@ -23,11 +23,11 @@ int tm_arch_cases(tm_spec *c, const char **names) {
     c[1].loop_end = 3;
     c[1].loop_default = 2;
     c[1].seed = 7;
-    c[2].qwen2 = 1;
+    c[2].arch = "qwen2";
     c[2].bias = 1;
     c[2].type = TL_TYPE_Q8_0;
     c[2].seed = 3;
-    c[3].gemma3 = 1;
+    c[3].arch = "gemma3";
     c[3].sliding_window = 8;
     c[3].n_layer = 6;
     c[3].n_embd = 256;
@@ -36,11 +36,62 @@ int tm_arch_cases(tm_spec *c, const char **names) {
     c[3].n_ff = 512;
     c[3].type = TL_TYPE_Q4_K;
     c[3].seed = 5;
-    c[4].qwen3 = 1; /* Q/K norms; heads of 32 on a width of 64 (q_dim 128) */
+    c[4].arch = "qwen3"; /* Q/K norms; heads of 32 on a width of 64 (q_dim 128) */
     c[4].head_dim = 32;
     c[4].type = TL_TYPE_Q8_0;
     c[4].seed = 6;
     return TM_ARCH_CASES;
+}
+
+/* What each architecture's files hold, as llama.cpp's converter writes them. */
+typedef struct {
+    const char *name;
+    unsigned layer_norm : 1;  /* LayerNorm: its epsilon key, norm biases */
+    unsigned qkv_fused : 1;   /* attn_qkv (and its bias with matmul_bias) */
+    unsigned qkv_split : 1;   /* attn_q/k/v (and biases) drawn as one fused attn_qkv, then split by
+                                 rows: the same network as the fused recipe with the same seed */
+    unsigned gate_up : 1;     /* gate and up rows in one ffn_up (phi3) */
+    unsigned plain_ffn : 1;   /* ffn_up, ffn_down; no gate */
+    unsigned qk_norm : 1;     /* attn_q_norm / attn_k_norm */
+    unsigned post_norms : 1;  /* post_attention_norm / post_ffw_norm */
+    unsigned gemma : 1;       /* tied, key_length written */
+    unsigned window : 1;      /* attention.sliding_window written when set */
+    unsigned softcap : 1;     /* gemma2's soft-capping keys */
+    unsigned learned_pos : 1; /* position_embd */
+    unsigned matmul_bias : 1; /* attn_output, ffn_up and ffn_down biases (and a fused QKV's) */
+    unsigned one_norm : 1;    /* no ffn_norm: the FFN reads the attention's norm (phi2) */
+    unsigned output_bias : 1; /* output.bias */
+    unsigned par_key : 1;     /* use_parallel_residual (gptneox) */
+} tm_recipe;
+
+static const tm_recipe recipes[] = {
+    {.name = "llama"},
+    {.name = "qwen2"},
+    {.name = "qwen3", .qk_norm = 1},
+    {.name = "smollm3"},
+    {.name = "gemma", .gemma = 1},
+    {.name = "gemma2", .gemma = 1, .post_norms = 1, .window = 1, .softcap = 1},
+    {.name = "gemma3", .gemma = 1, .post_norms = 1, .window = 1, .qk_norm = 1},
+    {.name = "phi3", .qkv_fused = 1, .gate_up = 1, .window = 1},
+    {.name = "gpt2", .layer_norm = 1, .qkv_fused = 1, .plain_ffn = 1, .learned_pos = 1, .matmul_bias = 1},
+    {.name = "stablelm", .layer_norm = 1},
+    {.name = "starcoder2", .layer_norm = 1, .qkv_split = 1, .plain_ffn = 1, .matmul_bias = 1},
+    {.name = "gptneox", .layer_norm = 1, .qkv_fused = 1, .plain_ffn = 1, .matmul_bias = 1, .par_key = 1},
+    {.name = "phi2", .layer_norm = 1, .qkv_fused = 1, .plain_ffn = 1, .matmul_bias = 1, .one_norm = 1,
+     .output_bias = 1},
+};
+
+static const tm_recipe *recipe(const char *name) {
+    for (size_t i = 0; i < sizeof recipes / sizeof recipes[0]; i++)
+        if (!strcmp(recipes[i].name, name ? name : "llama")) return &recipes[i];
+    return NULL;
+}
+
+int tm_arch_known(const char *name) { return recipe(name) != NULL; }
+
+int tm_spec_tied(const tm_spec *s) {
+    const tm_recipe *r = recipe(s->arch);
+    return s->tied || (r && r->gemma);
 }
 
 tm_spec tm_default_spec(void) {
@@ -74,16 +125,20 @@ static void fill(float *v, int64_t n, uint64_t seed, float scale, float offset) 
     }
 }
 
-/* Adds one tensor of `n_out` rows of `n_in`, in the spec's weight type. */
-static int add_matrix(gguf_writer *gw, const tm_spec *s, const char *name, int64_t n_in, int64_t n_out,
-                      uint64_t seed, int type) {
+/* One matrix of n_in columns drawn from the seed, in the spec's weight
+ * type, written as k tensors of rows[i] consecutive rows each (k = 1: the
+ * whole matrix; starcoder2's Q, K and V: the rows of one fused QKV). */
+static int add_matrix_parts(gguf_writer *gw, const tm_spec *s, const char *const *names, const int64_t *rows,
+                            int k, int64_t n_in, uint64_t seed, int type, float gain) {
+    int64_t n_out = 0;
+    for (int i = 0; i < k; i++) n_out += rows[i];
     int64_t n = n_in * n_out;
     float *v = malloc((size_t)n * sizeof *v);
     if (!v) return -1;
-    fill(v, n, seed, 1.0f / sqrtf((float)n_in) * 1.7f, 0.0f);
+    fill(v, n, seed, 1.0f / sqrtf((float)n_in) * 1.7f * gain, 0.0f);
     size_t row = tl_row_size(type, n_in);
     if (!row) {
-        fprintf(stderr, "testmodel: %s: row of %lld is not a multiple of the %s block\n", name, (long long)n_in,
+        fprintf(stderr, "testmodel: %s: row of %lld is not a multiple of the %s block\n", names[0], (long long)n_in,
                 tl_type_info(type)->name);
         free(v);
         return -1;
@@ -91,28 +146,47 @@ static int add_matrix(gguf_writer *gw, const tm_spec *s, const char *name, int64
     uint8_t *q = malloc(row * (size_t)n_out);
     if (!q) { free(v); return -1; }
     for (int64_t r = 0; r < n_out; r++) tl_quantize_row(type, v + r * n_in, q + r * row, n_in);
-    int64_t ne[2] = {n_in, n_out};
-    int rc;
-    if (s->twin_f32 && type != TL_TYPE_F32) {
+    const int twin = s->twin_f32 && type != TL_TYPE_F32;
+    if (twin)
         for (int64_t r = 0; r < n_out; r++) tl_dequantize_row(type, q + r * row, v + r * n_in, n_in);
-        rc = gw_add_tensor(gw, name, TL_TYPE_F32, 2, ne, v, (size_t)n * sizeof(float));
-    } else {
-        rc = gw_add_tensor(gw, name, type, 2, ne, q, row * (size_t)n_out);
+    int rc = 0;
+    for (int i = 0, r0 = 0; i < k; r0 += (int)rows[i++]) {
+        int64_t ne[2] = {n_in, rows[i]};
+        if (twin)
+            rc |= gw_add_tensor(gw, names[i], TL_TYPE_F32, 2, ne, v + (size_t)r0 * n_in,
+                                (size_t)(rows[i] * n_in) * sizeof(float)) < 0;
+        else
+            rc |= gw_add_tensor(gw, names[i], type, 2, ne, q + (size_t)r0 * row, row * (size_t)rows[i]) < 0;
     }
     free(q);
     free(v);
-    return rc < 0 ? -1 : 0;
+    return rc ? -1 : 0;
 }
 
-/* An f32 vector of n values offset +- scale. */
-static int add_vector(gguf_writer *gw, const char *name, int64_t n, uint64_t seed, float scale, float offset) {
+/* Adds one tensor of `n_out` rows of `n_in`, in the spec's weight type. */
+static int add_matrix(gguf_writer *gw, const tm_spec *s, const char *name, int64_t n_in, int64_t n_out,
+                      uint64_t seed, int type) {
+    return add_matrix_parts(gw, s, &name, &n_out, 1, n_in, seed, type, 1.0f);
+}
+
+/* An f32 vector of values offset +- scale, written as k tensors of lens[i]
+ * consecutive values each. */
+static int add_vector_parts(gguf_writer *gw, const char *const *names, const int64_t *lens, int k, uint64_t seed,
+                            float scale, float offset) {
+    int64_t n = 0;
+    for (int i = 0; i < k; i++) n += lens[i];
     float *v = malloc((size_t)n * sizeof *v);
     if (!v) return -1;
     fill(v, n, seed, scale, offset);
-    int64_t ne[1] = {n};
-    int rc = gw_add_tensor(gw, name, TL_TYPE_F32, 1, ne, v, (size_t)n * sizeof(float));
+    int rc = 0;
+    for (int i = 0, at = 0; i < k; at += (int)lens[i++])
+        rc |= gw_add_tensor(gw, names[i], TL_TYPE_F32, 1, &lens[i], v + at, (size_t)lens[i] * sizeof(float)) < 0;
     free(v);
-    return rc < 0 ? -1 : 0;
+    return rc ? -1 : 0;
+}
+
+static int add_vector(gguf_writer *gw, const char *name, int64_t n, uint64_t seed, float scale, float offset) {
+    return add_vector_parts(gw, &name, &n, 1, seed, scale, offset);
 }
 
 /* A norm weight around 1, and a bias around 0. */
@@ -164,20 +238,19 @@ int tm_write(const tm_spec *s, const char *path) {
         fprintf(stderr, "testmodel: n_vocab %d < 4 (unk, bos, eos and one word)\n", s->n_vocab);
         return -1;
     }
+    const tm_recipe *found = recipe(s->arch);
+    if (!found) {
+        fprintf(stderr, "testmodel: unknown architecture '%s'\n", s->arch);
+        return -1;
+    }
+    tm_recipe r = *found;
+    if (s->matmul_bias) r.matmul_bias = 1;
     gguf_writer *gw = gw_new();
     int hd = s->head_dim ? s->head_dim : s->n_embd / s->n_head;
     int looped = s->loop_end > s->loop_start;
     int core = s->loop_end - s->loop_start;
     int n_written = s->n_layer + (looped && s->unroll > 0 ? core * (s->unroll - 1) : 0);
-    const char *arch = s->gemma3    ? "gemma3"
-                       : s->gemma2  ? "gemma2"
-                       : s->phi3    ? "phi3"
-                       : s->gpt2    ? "gpt2"
-                       : s->stablelm ? "stablelm"
-                       : s->qwen3   ? "qwen3"
-                       : s->qwen2   ? "qwen2"
-                       : s->smollm3 ? "smollm3"
-                                    : "llama";
+    const char *arch = r.name;
     char key[96];
 #define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
     gw_set_str(gw, "general.architecture", arch);
@@ -189,19 +262,18 @@ int tm_write(const tm_spec *s, const char *path) {
     gw_set_u32(gw, KEY("rope.dimension_count"), (uint32_t)(s->rope_dims > 0 ? s->rope_dims : hd));
     gw_set_u32(gw, KEY("attention.head_count"), (uint32_t)s->n_head);
     gw_set_u32(gw, KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
-    const int ln = s->gpt2 || s->stablelm; /* LayerNorm architectures */
-    gw_set_f32(gw, KEY(ln ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon"), 1e-5f);
+    gw_set_f32(gw, KEY(r.layer_norm ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon"), 1e-5f);
     if (s->rope_base > 0) gw_set_f32(gw, KEY("rope.freq_base"), s->rope_base);
     if (s->expert_count > 0) gw_set_u32(gw, KEY("expert_count"), (uint32_t)s->expert_count);
     if (s->rope_scaling) gw_set_str(gw, KEY("rope.scaling.type"), s->rope_scaling);
     if (s->rope_factor != 0) gw_set_f32(gw, KEY("rope.scaling.factor"), s->rope_factor);
     if (s->rope_attn_factor != 0) gw_set_f32(gw, KEY("rope.scaling.attn_factor"), s->rope_attn_factor);
     if (s->rope_orig_ctx > 0) gw_set_u32(gw, KEY("rope.scaling.original_context_length"), (uint32_t)s->rope_orig_ctx);
-    const int gemma = s->gemma3 || s->gemma2;
-    if (gemma || s->head_dim) gw_set_u32(gw, KEY("attention.key_length"), (uint32_t)hd);
+    if (r.gemma || s->head_dim) gw_set_u32(gw, KEY("attention.key_length"), (uint32_t)hd);
     if (s->head_dim) gw_set_u32(gw, KEY("attention.value_length"), (uint32_t)hd);
-    if ((gemma || s->phi3) && s->sliding_window > 0) gw_set_u32(gw, KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
-    if (s->gemma2) {
+    if (r.window && s->sliding_window > 0) gw_set_u32(gw, KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
+    if (r.par_key) gw_set_bool(gw, KEY("use_parallel_residual"), !s->sequential);
+    if (r.softcap) {
         gw_set_f32(gw, KEY("attn_logit_softcapping"), s->attn_softcap > 0 ? s->attn_softcap : 50.0f);
         gw_set_f32(gw, KEY("final_logit_softcapping"), s->final_softcap > 0 ? s->final_softcap : 30.0f);
     }
@@ -215,7 +287,10 @@ int tm_write(const tm_spec *s, const char *path) {
 
     int rc = 0, q_dim = hd * s->n_head, kv_dim = hd * s->n_head_kv;
     uint64_t seed = s->seed * 1000003ull;
-    rc |= add_matrix(gw, s, "token_embd.weight", s->n_embd, s->n_vocab, seed + 1, s->type);
+    const char *embd = "token_embd.weight";
+    const int64_t n_vocab = s->n_vocab;
+    rc |= add_matrix_parts(gw, s, &embd, &n_vocab, 1, s->n_embd, seed + 1, s->type,
+                           s->embd_gain > 0 ? s->embd_gain : 1.0f);
     rc |= add_norm(gw, "output_norm.weight", s->n_embd, seed + 2);
     if (s->rope_factors) { /* per-pair divisors, distinct for long and short, 1-4 as LongRoPE's are */
         float *f = malloc((size_t)hd / 2 * sizeof *f);
@@ -228,9 +303,10 @@ int tm_write(const tm_spec *s, const char *path) {
         rc |= !f;
         free(f);
     }
-    if (ln) rc |= add_bias(gw, "output_norm.bias", s->n_embd, seed + 4);
-    if (s->gpt2) rc |= add_matrix(gw, s, "position_embd.weight", s->n_embd, s->n_ctx, seed + 5, s->type);
-    if (!s->tied && !gemma) rc |= add_matrix(gw, s, "output.weight", s->n_embd, s->n_vocab, seed + 3, s->type);
+    if (r.layer_norm) rc |= add_bias(gw, "output_norm.bias", s->n_embd, seed + 4);
+    if (r.learned_pos) rc |= add_matrix(gw, s, "position_embd.weight", s->n_embd, s->n_ctx, seed + 5, s->type);
+    if (!tm_spec_tied(s)) rc |= add_matrix(gw, s, "output.weight", s->n_embd, s->n_vocab, seed + 3, s->type);
+    if (r.output_bias) rc |= add_bias(gw, "output.bias", s->n_vocab, seed + 6);
     for (int l = 0; l < n_written && rc == 0; l++) {
         /* physical layer whose weights written layer l carries */
         int p = l;
@@ -239,10 +315,18 @@ int tm_write(const tm_spec *s, const char *path) {
             p = l < s->loop_start + span ? s->loop_start + (l - s->loop_start) % core : l - span + core;
         }
         uint64_t ls = seed + 100 + (uint64_t)p * 16;
-        char n[64];
+        char n[64], qkv_names[6][64];
+        const char *qkv_w[3] = {qkv_names[0], qkv_names[1], qkv_names[2]};
+        const char *qkv_b[3] = {qkv_names[3], qkv_names[4], qkv_names[5]};
+        const int64_t qkv_rows[3] = {q_dim, kv_dim, kv_dim};
+        for (int i = 0; i < 6; i++) /* starcoder2's split Q, K, V weights and biases */
+            snprintf(qkv_names[i], sizeof qkv_names[i], "blk.%d.attn_%c.%s", l, "qkv"[i % 3],
+                     i < 3 ? "weight" : "bias");
 #define NAME(x) (snprintf(n, sizeof n, "blk.%d.%s.weight", l, x), n)
         rc |= add_norm(gw, NAME("attn_norm"), s->n_embd, ls + 0);
-        if (s->phi3 || s->gpt2) {
+        if (r.qkv_split) {
+            rc |= add_matrix_parts(gw, s, qkv_w, qkv_rows, 3, s->n_embd, ls + 1, s->type, 1.0f);
+        } else if (r.qkv_fused) {
             rc |= add_matrix(gw, s, NAME("attn_qkv"), s->n_embd, q_dim + 2 * kv_dim, ls + 1, s->type);
         } else {
             rc |= add_matrix(gw, s, NAME("attn_q"), s->n_embd, q_dim, ls + 1, s->type);
@@ -250,10 +334,10 @@ int tm_write(const tm_spec *s, const char *path) {
             rc |= add_matrix(gw, s, NAME("attn_v"), s->n_embd, kv_dim, ls + 3, s->type);
         }
         rc |= add_matrix(gw, s, NAME("attn_output"), q_dim, s->n_embd, ls + 4, s->type);
-        rc |= add_norm(gw, NAME("ffn_norm"), s->n_embd, ls + 5);
-        if (s->phi3) {
+        if (!r.one_norm) rc |= add_norm(gw, NAME("ffn_norm"), s->n_embd, ls + 5);
+        if (r.gate_up) {
             rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, 2 * s->n_ff, ls + 7, s->type);
-        } else if (s->gpt2) {
+        } else if (r.plain_ffn) {
             rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, s->n_ff, ls + 7, s->type);
         } else {
             rc |= add_matrix(gw, s, NAME("ffn_gate"), s->n_embd, s->n_ff, ls + 6, s->type);
@@ -261,15 +345,12 @@ int tm_write(const tm_spec *s, const char *path) {
         }
         rc |= add_matrix(gw, s, NAME("ffn_down"), s->n_ff, s->n_embd, ls + 8, s->type);
 #define BIAS(x) (snprintf(n, sizeof n, "blk.%d.%s.bias", l, x), n)
-        if (s->stablelm) {
-            rc |= add_bias(gw, BIAS("attn_norm"), s->n_embd, ls + 9);
-            rc |= add_bias(gw, BIAS("ffn_norm"), s->n_embd, ls + 12);
-        }
-        if (s->gpt2) {
-            rc |= add_bias(gw, BIAS("attn_norm"), s->n_embd, ls + 9);
-            rc |= add_bias(gw, BIAS("attn_qkv"), q_dim + 2 * kv_dim, ls + 10);
-            rc |= add_bias(gw, BIAS("attn_output"), s->n_embd, ls + 11);
-            rc |= add_bias(gw, BIAS("ffn_norm"), s->n_embd, ls + 12);
+        if (r.layer_norm) rc |= add_bias(gw, BIAS("attn_norm"), s->n_embd, ls + 9);
+        if (r.matmul_bias && r.qkv_fused) rc |= add_bias(gw, BIAS("attn_qkv"), q_dim + 2 * kv_dim, ls + 10);
+        if (r.matmul_bias && r.qkv_split) rc |= add_vector_parts(gw, qkv_b, qkv_rows, 3, ls + 10, 0.1f, 0.0f);
+        if (r.matmul_bias) rc |= add_bias(gw, BIAS("attn_output"), s->n_embd, ls + 11);
+        if (r.layer_norm && !r.one_norm) rc |= add_bias(gw, BIAS("ffn_norm"), s->n_embd, ls + 12);
+        if (r.matmul_bias) {
             rc |= add_bias(gw, BIAS("ffn_up"), s->n_ff, ls + 13);
             rc |= add_bias(gw, BIAS("ffn_down"), s->n_embd, ls + 14);
         }
@@ -288,11 +369,11 @@ int tm_write(const tm_spec *s, const char *path) {
                 free(v);
             }
         }
-        if (s->gemma3 || s->qwen3) {
+        if (r.qk_norm) {
             rc |= add_norm(gw, NAME("attn_q_norm"), hd, ls + 9);
             rc |= add_norm(gw, NAME("attn_k_norm"), hd, ls + 10);
         }
-        if (gemma) {
+        if (r.post_norms) {
             rc |= add_norm(gw, NAME("post_attention_norm"), s->n_embd, ls + 11);
             rc |= add_norm(gw, NAME("post_ffw_norm"), s->n_embd, ls + 12);
         }

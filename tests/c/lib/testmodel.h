@@ -25,27 +25,35 @@ typedef struct tm_spec {
     float rope_factor, rope_attn_factor; /* rope.scaling.factor / attn_factor; 0: key absent */
     int rope_orig_ctx;                   /* rope.scaling.original_context_length; 0: key absent */
     int rope_factors;                    /* 1: LongRoPE's rope_factors_long / _short tensors */
-    int gemma3;        /* 1: gemma3 architecture (q/k norms, post norms, GeGLU, tied output) */
-    int gemma2;        /* 1: gemma2 architecture (gemma3's block without q/k norms; every other
-                          layer local; attention and final soft-capping) */
+    const char *arch;  /* general.architecture, NULL: llama. Its tensors and keys as
+                          llama.cpp's converter writes them (tm_write's recipe table):
+                          qwen2 (NEOX RoPE), qwen3 (per-head Q/K norms), smollm3 (layers
+                          3, 7, ... without RoPE), gemma / gemma2 / gemma3 (tied; gemma2/3
+                          post norms and a window, gemma2 soft-capping, gemma3 Q/K
+                          norms), phi3 (fused attn_qkv and gate/up ffn_up, a window),
+                          gpt2 (LayerNorms with biases, learned positions, fused QKV and
+                          every matmul with a bias, plain GELU FFN), stablelm (LayerNorms
+                          with biases), starcoder2 (LayerNorms, biased matmuls, plain FFN),
+                          gptneox (gpt2's tensors with RoPE, parallel residual unless
+                          `sequential`), phi2 (gptneox's with one norm a layer and an
+                          output bias) */
+    int sequential;    /* gptneox: use_parallel_residual false */
+    float embd_gain;   /* > 0: token embeddings this much smaller or larger (a gemma's tied
+                          output otherwise echoes the sqrt(n_embd)-scaled input token) */
     float attn_softcap, final_softcap; /* gemma2's soft-capping keys; 0: written as 50 and 30 */
-    int sliding_window; /* gemma3 / gemma2: window of the local layers; 0: key absent */
-    int qwen2;         /* 1: qwen2 architecture (NEOX RoPE) */
-    int qwen3;         /* 1: qwen3 architecture (NEOX RoPE, per-head Q/K norms) */
-    int smollm3;       /* 1: smollm3 architecture (llama's tensors; layers 3, 7, ... without RoPE) */
-    int stablelm;      /* 1: stablelm architecture (LayerNorms with biases, llama's tensors,
-                          NEOX RoPE over rope_dims) */
+    int sliding_window; /* gemma3 / gemma2 / phi3: window of the local layers; 0: key absent */
     int rope_dims;     /* > 0: rope.dimension_count (partial rotary); 0: the head size */
-    int gpt2;          /* 1: gpt2 architecture (LayerNorm with biases, learned positions for
-                          n_ctx, attn_qkv and every matmul with a bias, plain GELU FFN, tied) */
-    int phi3;          /* 1: phi3 architecture (Q/K/V in one attn_qkv, gate and up in one ffn_up,
-                          NEOX RoPE, every layer over sliding_window, written when > 0) */
     int head_dim;      /* 0: n_embd / n_head (no key_length key); else written as attention.key_length */
-    int bias;          /* qwen2: 1 random Q/K/V biases, 2 all-zero biases, 0 none */
+    int bias;          /* separate Q/K/V biases: 1 random, 2 all zero, 0 none */
+    int matmul_bias;   /* 1: attn_output / ffn_up / ffn_down biases whatever the architecture */
     int expert_count;  /* > 0: written as expert_count (the tensors stay dense) */
 } tm_spec;
 
-tm_spec tm_default_spec(void); /* small: vocab 320, dim 64, 2 layers, 4 heads (2 kv), ff 128, f32 */
+tm_spec tm_default_spec(void);
+/* 1 when the spec's model has no output.weight (tied, or a gemma). */
+int tm_spec_tied(const tm_spec *s);
+/* 1 when tm_write knows the architecture name. */
+int tm_arch_known(const char *name); /* small: vocab 320, dim 64, 2 layers, 4 heads (2 kv), ff 128, f32 */
 /* The architectures a backend is checked on, small, into specs/names
  * (room for TM_ARCH_CASES): llama f32; llama with a loop block (layers 1-2
  * run twice, Q4_0); qwen2 with Q/K/V biases and NEOX RoPE (Q8_0); gemma3
