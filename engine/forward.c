@@ -609,7 +609,7 @@ static int layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
     } else {
         tl_fwd_matmul(m, s->hb, &ly->w_up, s->xb, T);
     }
-    if (ly->b_up) tl_fwd_add_bias(s->hb, ly->b_up, T, hp->n_ff);
+    if (ly->b_up) tl_fwd_add_bias(ly->w_gate.data ? s->hb2 : s->hb, ly->b_up, T, hp->n_ff); /* on up, not gate */
     per_token(m, ly, T, TOK_FFN_ACT);
     tl_fwd_matmul(m, s->o, &ly->w_down, s->hb, T);
     if (ly->b_down) tl_fwd_add_bias(s->o, ly->b_down, T, hp->n_embd);

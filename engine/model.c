@@ -4,6 +4,7 @@
  * model_hparams.c's. */
 #include "model.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +82,9 @@ static int bind_norm(tl_model *m, float **out, const char *name, int64_t n, int 
                             (long long)t->n_elements, (long long)n);
     if (!tl_type_info(t->type)->supported)
         return tl_set_error(TL_ERR_UNSUPPORTED, "tensor '%s' has unsupported type %d", name, t->type);
+    /* every vector bound is a tensor of its own; a file cannot bind more */
+    if (m->n_owned_norms >= m->owned_cap)
+        return tl_set_error(TL_ERR_FORMAT, "tensor '%s': more vectors bound than the file has tensors", name);
     float *v = tl_alloc_aligned((size_t)n * sizeof(float));
     if (!v) return tl_set_error(TL_ERR_NOMEM, "out of memory for tensor '%s'", name);
     tl_dequantize_row(t->type, t->data, v, n);
@@ -102,7 +106,10 @@ static int load_weights(tl_model *m) {
         return tl_set_error(TL_ERR_FORMAT, "block_count %d needs at least %lld tensors; the file has %llu",
                             hp->n_layer, (long long)hp->n_layer * 6, (unsigned long long)m->file->n_tensors);
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
-    m->owned_norms = calloc((size_t)hp->n_layer * 9 + 4, sizeof(float *));
+    /* Norms and biases: a layer reads up to 12 of them (gemma3 with every
+     * bias), so size by the file's tensors, each bound at most once. */
+    m->owned_cap = m->file->n_tensors < INT_MAX ? (int)m->file->n_tensors + 1 : INT_MAX;
+    m->owned_norms = calloc((size_t)m->owned_cap, sizeof(float *));
     m->tensor_used = calloc(m->file->n_tensors ? m->file->n_tensors : 1, 1);
     if (!m->layers || !m->owned_norms || !m->tensor_used)
         return tl_set_error(TL_ERR_NOMEM, "out of memory for %d layers", hp->n_layer);
@@ -138,7 +145,8 @@ static int load_weights(tl_model *m) {
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d.%s.weight", l, s), n)
 #define NAME_B(s) (snprintf(n, sizeof n, "blk.%d.%s.bias", l, s), n)
         if ((rc = bind_norm(m, &L->attn_norm, NAME("attn_norm"), hp->n_embd, 0))) return rc;
-        if (gguf_find_tensor(m->file, NAME("attn_qkv"))) { /* Q, K, V rows in one tensor */
+        const int fused = gguf_find_tensor(m->file, NAME("attn_qkv")) != NULL;
+        if (fused) { /* Q, K, V rows in one tensor */
             tl_weight *const qkv[3] = {&L->wq, &L->wk, &L->wv};
             const int64_t rows[3] = {q_dim, kv_dim, kv_dim};
             rc = bind_split(m, qkv, rows, 3, n, hp->n_embd);
@@ -164,10 +172,12 @@ static int load_weights(tl_model *m) {
             rc = bind_weight(m, &L->w_up, NAME("ffn_up"), hp->n_embd, hp->n_ff, 0);
         }
         if (rc || (rc = bind_weight(m, &L->w_down, NAME("ffn_down"), hp->n_ff, hp->n_embd, 0))) return rc;
-        /* Biases are optional in any architecture (qwen2 files have them). */
-        if ((rc = bind_norm(m, &L->bq, NAME_B("attn_q"), q_dim, 1)) < 0 ||
+        /* Biases are optional in any architecture (qwen2 files have them);
+         * a fused QKV's are attn_qkv.bias, and separate ones beside it stay
+         * unread (refused below) rather than replace it */
+        if (!fused && ((rc = bind_norm(m, &L->bq, NAME_B("attn_q"), q_dim, 1)) < 0 ||
             (rc = bind_norm(m, &L->bk, NAME_B("attn_k"), kv_dim, 1)) < 0 ||
-            (rc = bind_norm(m, &L->bv, NAME_B("attn_v"), kv_dim, 1)) < 0)
+            (rc = bind_norm(m, &L->bv, NAME_B("attn_v"), kv_dim, 1)) < 0))
             return rc;
         if (m->arch->qk_norm &&
             ((rc = bind_norm(m, &L->q_norm, NAME("attn_q_norm"), hp->head_dim, 0)) ||

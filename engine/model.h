@@ -77,7 +77,7 @@ struct tl_model {
     tl_layer *layers;      /* (n_layer) */
     uint8_t *tensor_used;  /* while loading: 1 per file tensor the model reads (all must be) */
     float **owned_norms;   /* norm vectors we converted to f32 */
-    int n_owned_norms;
+    int n_owned_norms, owned_cap;
     void *weight_arena;    /* the matmul weights moved off the file's mapping (weights.c), or NULL */
     int repack_mode;       /* weights.c: on, off or bf16 */
     int bf16_act;          /* repack "bf16": BF16 matmuls round their activations to BF16 (tl_bf16dot_tile) */
