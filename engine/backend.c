@@ -131,13 +131,16 @@ int tl_backend_sample_k(const tl_model *m) { return m->backend ? m->backend->ops
 
 /* 1, with what into why, when the model needs something the plugin does
  * not compute: it applies unscaled RoPE on every layer, RMSNorm, q.k by
- * 1/sqrt(head_dim), no soft-capping and no output-projection or FFN bias. */
+ * 1/sqrt(head_dim), no soft-capping, attention then FFN, and no
+ * output-projection, FFN or logits bias. */
 static int cpu_only(const tl_model *m, char *why, size_t cap) {
     const tl_rope_params *r = &m->hp.rope;
     if (m->arch->nope_every > 0)
         snprintf(why, cap, "%s's layers without RoPE", m->arch->name);
     else if (m->arch->softcap || m->arch->layer_norm || m->hp.attn_scale != 1.0f / sqrtf((float)m->hp.head_dim))
         snprintf(why, cap, "%s's soft-capping / LayerNorm / attention scale", m->arch->name);
+    else if (m->hp.parallel || m->output_b)
+        snprintf(why, cap, "%s's parallel attention and FFN / output bias", m->arch->name);
     else if (r->freq_scale != 1.0f || r->attn_factor != 1.0f || r->ext_factor != 0.0f)
         snprintf(why, cap, "scaled RoPE (freq_scale %g, attn_factor %g, ext_factor %g)", r->freq_scale, r->attn_factor,
                  r->ext_factor);

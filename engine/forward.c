@@ -24,7 +24,8 @@
 
 
 static void scratch_free_bufs(tl_scratch *s) {
-    float **bufs[] = {&s->x, &s->xb, &s->q, &s->k, &s->v, &s->att, &s->hb, &s->hb2, &s->o, &s->logits_x, &s->rope_cs};
+    float **bufs[] = {&s->x,  &s->xb,  &s->q, &s->k,      &s->v,        &s->att,
+                      &s->hb, &s->hb2, &s->o, &s->o_attn, &s->logits_x, &s->rope_cs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         tl_free_aligned(*bufs[i]);
         *bufs[i] = NULL;
@@ -73,6 +74,7 @@ static int scratch_reserve(tl_model *m, int T, int n_seq) {
     s->hb = tl_alloc_aligned(n * hp->n_ff * sizeof(float));
     s->hb2 = tl_alloc_aligned(n * hp->n_ff * sizeof(float));
     s->o = tl_alloc_aligned(n * wide * sizeof(float));
+    if (hp->parallel) s->o_attn = tl_alloc_aligned(n * hp->n_embd * sizeof(float));
     s->logits_x = tl_alloc_aligned(n * hp->n_embd * sizeof(float));
     s->rope_cs = tl_alloc_aligned(2 * n * (size_t)hp->n_rot * sizeof(float) + 64);
     s->xq_stride = max_xq_row(m);
@@ -81,7 +83,7 @@ static int scratch_reserve(tl_model *m, int T, int n_seq) {
     s->tok_pos = malloc(n * sizeof(int32_t));
     s->chunk_t0 = malloc((n + 1) * sizeof(int32_t));
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->o || !s->logits_x || !s->rope_cs ||
-        !s->xq || !s->tok_seq || !s->tok_pos || !s->chunk_t0) {
+        (hp->parallel && !s->o_attn) || !s->xq || !s->tok_seq || !s->tok_pos || !s->chunk_t0) {
         scratch_free_bufs(s);
         return tl_set_error(TL_ERR_NOMEM, "out of memory for a batch of %d tokens", T);
     }
@@ -539,6 +541,11 @@ static void tok_task(void *p, int ith, int nth) {
             break;
         }
         case TOK_ATTN_OUT:
+            if (hp->parallel == TL_PAR_SHARED) break; /* the FFN reads xb as attention did */
+            if (hp->parallel) { /* the FFN's own norm of the layer's input */
+                tl_fwd_norm(m, xb, x, ly->ffn_norm, ly->ffn_norm_b);
+                break;
+            }
             if (ly->post_attn_norm) tl_rmsnorm(o, o, ly->post_attn_norm, D, hp->norm_eps);
             tl_add_f32(x, o, D);
             tl_fwd_norm(m, xb, x, ly->ffn_norm, ly->ffn_norm_b);
@@ -553,10 +560,15 @@ static void tok_task(void *p, int ith, int nth) {
                 tl_silu_mul(h, g, hp->n_ff);
             break;
         }
-        case TOK_FFN_OUT:
+        case TOK_FFN_OUT: {
             if (ly->post_ffn_norm) tl_rmsnorm(o, o, ly->post_ffn_norm, D, hp->norm_eps);
+            /* the parallel branches add up in llama.cpp's order: phi2
+             * (attn + ffn) + x, gptneox (ffn + x) + attn */
+            if (hp->parallel == TL_PAR_SHARED) tl_add_f32(o, s->o_attn + (size_t)t * D, D);
             tl_add_f32(x, o, D);
+            if (hp->parallel == TL_PAR_KEY) tl_add_f32(x, s->o_attn + (size_t)t * D, D);
             break;
+        }
         }
     }
 }
@@ -599,8 +611,9 @@ static int layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
     int rc = tl_fwd_attend(m, seqs, vl, ly, T, window, rope);
     if (s->profile) s->prof[1] += tl_now() - t0;
     if (rc) return rc;
-    tl_fwd_matmul(m, s->o, &ly->wo, s->att, T);
-    if (ly->bo) tl_fwd_add_bias(s->o, ly->bo, T, hp->n_embd);
+    float *attn_out = hp->parallel ? s->o_attn : s->o; /* kept apart while the FFN runs */
+    tl_fwd_matmul(m, attn_out, &ly->wo, s->att, T);
+    if (ly->bo) tl_fwd_add_bias(attn_out, ly->bo, T, hp->n_embd);
     per_token(m, ly, T, TOK_ATTN_OUT);
     if (ly->w_gate.data) {
         float *const outs[2] = {s->hb, s->hb2};
@@ -779,6 +792,7 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
                         m->output_norm_b);
         }
         if (rows) tl_fwd_matmul(m, logits, &m->output, s->logits_x, rows);
+        if (rows && m->output_b) tl_fwd_add_bias(logits, m->output_b, rows, hp->n_vocab);
         const float cap = hp->final_softcap; /* Gemma 2: as llama.cpp's ggml_softcap */
         if (cap > 0)
             for (size_t i = 0; i < (size_t)rows * hp->n_vocab; i++) logits[i] = tanhf(logits[i] * (1.0f / cap)) * cap;

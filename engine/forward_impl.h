@@ -20,6 +20,8 @@ typedef struct tl_scratch {
     float *att;              /* (cap, q_dim) attention output */
     float *hb, *hb2;         /* (cap, n_ff) */
     float *o;                /* (cap, max(n_embd, ...)) projection output */
+    float *o_attn;           /* (cap, n_embd) parallel-residual archs: the attention branch's
+                                output while the FFN runs, else NULL */
     void *xq;                /* (cap, quantized row of the widest input) */
     size_t xq_stride;
     int32_t *tok_seq, *tok_pos;

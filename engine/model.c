@@ -138,6 +138,7 @@ static int load_weights(tl_model *m) {
     rc = bind_weight(m, &m->output, "output.weight", hp->n_embd, hp->n_vocab, 1);
     if (rc < 0) return rc;
     if (rc == 1) m->output = m->tok_embd; /* tied embeddings */
+    if ((rc = bind_norm(m, &m->output_b, "output.bias", hp->n_vocab, 1)) < 0) return rc;
 
     for (int l = 0; l < hp->n_layer; l++) {
         tl_layer *L = &m->layers[l];
@@ -157,8 +158,10 @@ static int load_weights(tl_model *m) {
                    !(rc = bind_weight(m, &L->wk, NAME("attn_k"), hp->n_embd, kv_dim, 0))) {
             rc = bind_weight(m, &L->wv, NAME("attn_v"), hp->n_embd, kv_dim, 0);
         }
+        /* phi2's FFN reads the attention's norm: it has no ffn_norm */
+        const int ffn_norm = hp->parallel != TL_PAR_SHARED;
         if (rc || (rc = bind_weight(m, &L->wo, NAME("attn_output"), q_dim, hp->n_embd, 0)) ||
-            (rc = bind_norm(m, &L->ffn_norm, NAME("ffn_norm"), hp->n_embd, 0)))
+            (ffn_norm && (rc = bind_norm(m, &L->ffn_norm, NAME("ffn_norm"), hp->n_embd, 0))))
             return rc;
         const gguf_tensor *up = gguf_find_tensor(m->file, NAME("ffn_up"));
         if (m->arch->plain_ffn) { /* act(up) -> down, no gate */
@@ -185,7 +188,7 @@ static int load_weights(tl_model *m) {
             return rc;
         if (m->arch->layer_norm &&
             ((rc = bind_norm(m, &L->attn_norm_b, NAME_B("attn_norm"), hp->n_embd, 0)) ||
-             (rc = bind_norm(m, &L->ffn_norm_b, NAME_B("ffn_norm"), hp->n_embd, 0))))
+             (ffn_norm && (rc = bind_norm(m, &L->ffn_norm_b, NAME_B("ffn_norm"), hp->n_embd, 0)))))
             return rc;
         /* the output projection's and the FFN's biases, where a file has them (gpt2) */
         if ((rc = bind_norm(m, &L->bo, NAME_B("attn_output"), hp->n_embd, 1)) < 0 ||

@@ -19,6 +19,7 @@
 
 enum tl_rope_type { TL_ROPE_NORM = 0 /* adjacent pairs (llama) */, TL_ROPE_NEOX = 2 /* halves */ };
 enum tl_ffn_act { TL_ACT_SILU = 0, TL_ACT_GELU_TANH = 1 };
+enum tl_parallel { TL_PAR_NONE = 0, TL_PAR_KEY = 1, TL_PAR_SHARED = 2 };
 
 /* Block recipe and naming of one architecture. */
 typedef struct tl_arch {
@@ -41,6 +42,10 @@ typedef struct tl_arch {
                               (gpt2, stablelm) */
     int learned_pos;       /* 1: learned absolute position embeddings (gpt2) */
     int plain_ffn;         /* 1: act(up) -> down, no gate (gpt2) */
+    int parallel;          /* attention and FFN both read the layer's input, x + attn + ffn:
+                              TL_PAR_KEY as use_parallel_residual says (gptneox, each with
+                              its own norm), TL_PAR_SHARED always, the FFN reading the
+                              attention's norm (phi2) */
     int big_layers;        /* n_layer of the size whose attention scale is 1/sqrt(n_embd / n_head)
                               rather than 1/sqrt(head_dim) (Gemma's 27B: llama.cpp keys it on
                               the layer count too); 0: none */
@@ -55,6 +60,8 @@ typedef struct tl_hparams {
     float attn_scale;        /* multiplies q.k: 1/sqrt(head_dim) but for tl_arch.big_layers */
     float attn_softcap;      /* > 0: scores become cap * tanh(score / cap) before the softmax */
     float final_softcap;     /* > 0: logits become cap * tanh(logit / cap) */
+    int parallel;            /* TL_PAR_NONE: x += attn, then x += ffn; TL_PAR_KEY: x + attn(norm(x))
+                                + ffn(ffn_norm(x)); TL_PAR_SHARED: x + attn(n) + ffn(n), n = norm(x) */
     tl_rope_params rope;     /* the layers' RoPE */
     tl_rope_params rope_swa; /* sliding-window layers' (gemma3: their own base, unscaled) */
 } tl_hparams;
@@ -72,6 +79,7 @@ struct tl_model {
     tl_weight output;      /* (n_embd, n_vocab); tok_embd when tied */
     float *output_norm;    /* (n_embd) */
     float *output_norm_b;  /* (n_embd) LayerNorm archs' bias, else NULL */
+    float *output_b;       /* (n_vocab) output.bias (phi2), else NULL */
     tl_weight pos_embd;    /* (n_embd, n_ctx_train) learned positions (gpt2), else data NULL */
     float *rope_freqs;     /* (n_rot/2) RoPE frequency divisors (Llama 3.1 long context), or NULL */
     tl_layer *layers;      /* (n_layer) */

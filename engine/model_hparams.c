@@ -29,10 +29,25 @@ static const tl_arch archs[] = {
      * LayerNorms with biases, Q/K/V biases, partial NEOX RoPE
      * (rope.dimension_count: a quarter of the head). */
     {.name = "stablelm", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .layer_norm = 1},
+    /* StarCoder 2: LayerNorms with biases, biases on every matmul, a plain
+     * GELU FFN, NEOX RoPE. */
+    {.name = "starcoder2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .plain_ffn = 1},
+    /* GPT-NeoX / Pythia: gpt2's tensors (fused QKV, biases everywhere, plain
+     * GELU FFN) with partial NEOX RoPE instead of learned positions, and
+     * attention and FFN side by side when use_parallel_residual says. */
+    {.name = "gptneox", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .plain_ffn = 1,
+     .parallel = TL_PAR_KEY},
+    /* Phi-2 / Phi-1.5: gptneox's block with one LayerNorm a layer that
+     * attention and FFN share, and a bias on the output matrix. */
+    {.name = "phi2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .plain_ffn = 1,
+     .parallel = TL_PAR_SHARED},
     /* Phi-3 / Phi-3.5 / Phi-4(-mini): llama's block with Q/K/V in one
      * attn_qkv and gate/up in one ffn_up, NEOX RoPE (LongRoPE's per-pair
      * factors for long contexts), every layer over a sliding window. */
     {.name = "phi3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .swa_all = 1},
+    /* Gemma (1, 1.1, CodeGemma): llama's block with GeGLU, NEOX RoPE,
+     * embeddings times sqrt(n_embd), tied output. */
+    {.name = "gemma", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .embd_scale = 1},
     /* Gemma 2: Gemma 3's block without Q/K norms, every other layer local
      * (window 4096 unless the file says), scores and logits soft-capped. */
     {.name = "gemma2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .post_norms = 1, .embd_scale = 1,
@@ -198,6 +213,14 @@ int tl_model_load_hparams(tl_model *m) {
         ((rc = arch_f32(m, "attn_logit_softcapping", 50.0f, &hp->attn_softcap)) ||
          (rc = arch_f32(m, "final_logit_softcapping", 30.0f, &hp->final_softcap))))
         return rc;
+    hp->parallel = m->arch->parallel;
+    if (m->arch->parallel == TL_PAR_KEY) { /* llama.cpp requires the key; Hugging Face's default is true */
+        char key[96];
+        int par = 1;
+        snprintf(key, sizeof key, "%s.use_parallel_residual", m->arch->name);
+        if (gguf_get_bool(m->file, key, &par) < 0) return TL_ERR_FORMAT; /* named by the reader */
+        hp->parallel = par ? TL_PAR_KEY : TL_PAR_NONE;
+    }
     if (hp->attn_softcap < 0 || hp->final_softcap < 0)
         return tl_set_error(TL_ERR_FORMAT, "soft-capping %g / %g must be >= 0", hp->attn_softcap, hp->final_softcap);
     if (hp->head_dim < 2 || hp->head_dim % 2 || hp->n_rot > hp->head_dim || hp->n_rot % 2)

@@ -167,8 +167,8 @@ static void cache_equivalence(tl_model *gpu, tl_model *cpu, int exact, const cha
 }
 
 static void test_synthetic(void) {
-    tm_spec specs[TM_ARCH_CASES + 1];
-    const char *names[TM_ARCH_CASES + 1];
+    tm_spec specs[TM_ARCH_CASES + 2];
+    const char *names[TM_ARCH_CASES + 2];
     int n = tm_arch_cases(specs, names);
     /* phi3 runs on the plugin too: fused Q/K/V and gate/up bound as row
      * views, every layer over a window of 8 */
@@ -178,6 +178,13 @@ static void test_synthetic(void) {
     specs[n].type = TL_TYPE_Q8_0;
     specs[n].seed = 9;
     names[n++] = "phi3 swa q8_0";
+    /* and Gemma 1: scaled embeddings, GeGLU, no Q/K or post norms */
+    specs[n] = tm_default_spec();
+    specs[n].arch = "gemma";
+    specs[n].embd_gain = 0.125f;
+    specs[n].type = TL_TYPE_Q4_0;
+    specs[n].seed = 10;
+    names[n++] = "gemma q4_0";
     for (int c = 0; c < n; c++) {
         specs[c].n_ctx = 512;
         char path[128];

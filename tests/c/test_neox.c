@@ -1,0 +1,233 @@
+/* test_neox.c - the GPT-NeoX family and Gemma 1. gptneox (gpt2's fused,
+ * biased tensors with partial NEOX RoPE; attention and FFN side by side
+ * when use_parallel_residual says), phi2 (the same with one LayerNorm a
+ * layer and an output bias) and gemma (llama's block with GeGLU and
+ * sqrt(n_embd)-scaled embeddings): greedy tokens against ik_llama.cpp's,
+ * also through store-h. starcoder2 (LayerNorms, biased separate Q/K/V, a
+ * plain FFN): bitwise the sequential gptneox of the same weights, since
+ * ik_llama.cpp's starcoder2 graph norms the FFN input with RMSNorm and so
+ * cannot serve as its reference. Then batch == alone and thread counts on
+ * quantized parallel models, the key's default, and the CUDA plugin's
+ * refusal. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "quants.h"
+#include "test.h"
+#include "testmodel.h"
+#include "tinyloop.h"
+
+static const char *tmp_path(const char *name) {
+    static char buf[256];
+    snprintf(buf, sizeof buf, "/tmp/tl_test_%d_neox_%s.gguf", (int)getpid(), name);
+    return buf;
+}
+
+static tm_spec ref_spec(const char *arch, int kv_heads, int rope_dims, int seed) {
+    tm_spec s = tm_default_spec();
+    s.arch = arch;
+    s.n_embd = 256;
+    s.n_layer = 4;
+    s.n_head = 4;
+    s.n_head_kv = kv_heads;
+    s.n_ff = 512;
+    s.n_ctx = 2048;
+    s.rope_dims = rope_dims;
+    s.seed = (uint64_t)seed;
+    return s;
+}
+
+static tl_model *open_model(const char *path, int kv_type, const char *kv_mode, int threads) {
+    tl_model_params p = tl_model_default_params();
+    p.kv_type = kv_type;
+    p.kv_mode = kv_mode;
+    p.n_threads = threads;
+    p.max_seq_len = 256;
+    tl_model *m = NULL;
+    tl_model_open(path, p, &m);
+    return m;
+}
+
+/* tl-gen-model ref.gguf --arch A --dim 256 --layers 4 --heads 4 --kv-heads
+ * K --ff 512 --ctx 2048 --rope-dims R --seed S [--sequential] [--embd-gain
+ * G]: ik_llama.cpp's llama-simple printed exactly these tokens' bytes after
+ * the prompt (f16 KV, 2026-12-07). */
+static void test_references(void) {
+    static const struct {
+        const char *arch;
+        int kv_heads, rope_dims, seed, sequential;
+        float embd_gain;
+        int32_t want[24];
+    } refs[] = {
+        {"gptneox", 4, 16, 1, 0, 0,
+         {20, 240, 267, 239, 268, 116, 75, 268, 236, 268, 236, 268, 236, 268, 236, 268, 236, 268, 236, 268, 236, 268,
+          249, 240}},
+        {"gptneox", 4, 64, 3, 1, 0,
+         {201, 219, 218, 218, 218, 218, 218, 218, 218, 292, 218, 278, 292, 298, 310, 278, 218, 278, 218, 278, 218, 278,
+          218, 165}},
+        {"phi2", 4, 32, 1, 0, 0,
+         {20, 240, 267, 116, 75, 268, 200, 302, 184, 20, 240, 267, 116, 262, 39, 267, 116, 8, 54, 167, 177, 240, 267,
+          184}},
+        {"phi2", 4, 16, 3, 0, 0,
+         {134, 19, 44, 206, 110, 36, 110, 36, 110, 36, 110, 36, 110, 36, 110, 110, 110, 110, 110, 110, 110, 110, 110,
+          110}},
+        {"gemma", 2, 0, 1, 0, 0.0625f,
+         {99, 78, 78, 78, 78, 232, 270, 64, 99, 136, 76, 290, 249, 84, 99, 290, 153, 99, 59, 99, 59, 99, 264, 153}},
+    };
+    for (size_t r = 0; r < sizeof refs / sizeof refs[0]; r++) {
+        tm_spec s = ref_spec(refs[r].arch, refs[r].kv_heads, refs[r].rope_dims, refs[r].seed);
+        s.sequential = refs[r].sequential;
+        s.embd_gain = refs[r].embd_gain;
+        const char *path = tmp_path("ref");
+        CHECK(tm_write(&s, path) == 0, "%s reference %zu is written", refs[r].arch, r);
+        for (int h = 0; h < 2; h++) {
+            tl_model *m = open_model(path, TL_KV_F16, h ? "h" : NULL, 1);
+            int32_t ids[24], out[24];
+            int ng = m ? tm_greedy_ref(m, 24, ids, out) : -1;
+            CHECK(ng == 24 && !memcmp(out, refs[r].want, sizeof out),
+                  "%s %zu (%s, rope over %d): greedy tokens equal ik_llama.cpp's (%s, %d; %s)", refs[r].arch, r,
+                  refs[r].sequential ? "sequential" : "parallel", refs[r].rope_dims ? refs[r].rope_dims : 64,
+                  h ? "store-h KV" : "f16 KV", ng, m ? "" : tl_last_error());
+            tl_model_close(m);
+        }
+        remove(path);
+    }
+}
+
+/* The last position's logits of a 30-token prompt. */
+static int prompt_logits(const char *path, int kv_type, float *out) {
+    tl_model *m = open_model(path, kv_type, NULL, 1);
+    if (!m) return -1;
+    int32_t ids[30];
+    for (int i = 0; i < 30; i++) ids[i] = (int32_t)((i * 37 + 11) % 320);
+    tl_seq *q = NULL;
+    const int32_t *p = ids;
+    int n = 30, rc = tl_seq_new(m, 0, &q) || tl_batch_forward(m, &q, &p, &n, 1, out);
+    tl_seq_free(q);
+    tl_model_close(m);
+    return rc ? -1 : 0;
+}
+
+/* starcoder2's specs draw Q/K/V as gptneox's fused rows, split: with RoPE
+ * over the whole head and use_parallel_residual false the two files are
+ * one network, and the logits must agree bit for bit. */
+static void test_starcoder2(void) {
+    static const int types[2] = {TL_TYPE_F32, TL_TYPE_Q8_0};
+    for (int t = 0; t < 2; t++) {
+        tm_spec a = ref_spec("starcoder2", 4, 0, 3), b = ref_spec("gptneox", 4, 0, 3);
+        a.type = b.type = types[t];
+        b.sequential = 1;
+        char pa[256], pb[256];
+        snprintf(pa, sizeof pa, "%s", tmp_path("starcoder2"));
+        snprintf(pb, sizeof pb, "%s", tmp_path("seq"));
+        CHECK(tm_write(&a, pa) == 0 && tm_write(&b, pb) == 0, "starcoder2 and gptneox files are written");
+        static float la[320], lb[320];
+        int ra = prompt_logits(pa, TL_KV_F32, la), rb = prompt_logits(pb, TL_KV_F32, lb);
+        CHECK(ra == 0 && rb == 0 && !memcmp(la, lb, sizeof la),
+              "%s: starcoder2 logits equal the sequential gptneox's bitwise (%d %d; %s)", t ? "q8_0" : "f32", ra,
+              rb, tl_last_error());
+        /* sabotage: the parallel gptneox of the same weights differs */
+        b.sequential = 0;
+        CHECK(tm_write(&b, pb) == 0 && prompt_logits(pb, TL_KV_F32, lb) == 0 && memcmp(la, lb, sizeof la),
+              "%s: ... and the parallel one's do not", t ? "q8_0" : "f32");
+        remove(pa);
+        remove(pb);
+    }
+    /* grouped-query attention (two K/V heads) and Q/K/V without biases load too */
+    tm_spec g = ref_spec("starcoder2", 2, 0, 4);
+    const char *path = tmp_path("starcoder2_gqa");
+    tm_write(&g, path);
+    tl_model *m = open_model(path, TL_KV_F16, NULL, 1);
+    int32_t ids[24], out[8];
+    int ng = m ? tm_greedy_ref(m, 8, ids, out) : -1;
+    CHECK(ng == 8, "starcoder2 with 2 K/V heads generates (%d; %s)", ng, m ? "" : tl_last_error());
+    tl_model_info info;
+    CHECK(m && tl_model_get_info(m, &info) == 0 && !strcmp(info.arch, "starcoder2"), "info names starcoder2");
+    tl_model_close(m);
+    remove(path);
+}
+
+/* Quantized parallel models: two sequences in one batch give their logits
+ * alone, bitwise, and greedy tokens are the same at 1 and 2 threads. */
+static void test_batch_threads(void) {
+    static const char *const archs[2] = {"phi2", "gptneox"};
+    static const int types[2] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0};
+    for (int c = 0; c < 2; c++) {
+        tm_spec s = ref_spec(archs[c], 4, 32, 5 + c);
+        s.type = types[c];
+        const char *path = tmp_path("batch");
+        tm_write(&s, path);
+        tl_model *m = open_model(path, TL_KV_F16, NULL, 2);
+        CHECK(m != NULL, "%s opens (%s)", archs[c], m ? "" : tl_last_error());
+        if (!m) continue;
+        int32_t ids[40];
+        for (int i = 0; i < 40; i++) ids[i] = (int32_t)((i * 53 + 7) % 320);
+        static float a[2][320], b[2][320];
+        const int32_t *ps[2] = {ids, ids + 9};
+        int ns[2] = {31, 17};
+        tl_seq *qs[2] = {NULL, NULL};
+        int rc = tl_seq_new(m, 0, &qs[0]) || tl_seq_new(m, 0, &qs[1]) || tl_batch_forward(m, qs, ps, ns, 2, &a[0][0]);
+        tl_seq_free(qs[0]);
+        tl_seq_free(qs[1]);
+        for (int k = 0; k < 2 && !rc; k++) {
+            tl_seq *one = NULL;
+            rc = tl_seq_new(m, 0, &one) || tl_batch_forward(m, &one, &ps[k], &ns[k], 1, b[k]);
+            tl_seq_free(one);
+        }
+        CHECK(rc == 0 && !memcmp(a, b, sizeof a), "%s: two sequences in one batch give their logits alone, bitwise",
+              archs[c]);
+        tl_model_close(m);
+
+        int32_t out[2][16];
+        for (int th = 1; th <= 2; th++) {
+            m = open_model(path, TL_KV_F16, NULL, th);
+            tl_generate_params gp = tl_generate_default_params();
+            gp.max_tokens = 16;
+            gp.ignore_eos = 1;
+            int ng = m ? tl_generate(m, ids, 20, gp, out[th - 1], 16) : -1;
+            CHECK(ng == 16, "%s generates 16 tokens at %d thread(s) (%d)", archs[c], th, ng);
+            tl_model_close(m);
+        }
+        CHECK(!memcmp(out[0], out[1], sizeof out[0]), "%s: ... the same ones", archs[c]);
+        remove(path);
+    }
+}
+
+/* A gptneox file without use_parallel_residual runs in parallel (Hugging
+ * Face's default); the CUDA plugin refuses gptneox and phi2, saying why. */
+static void test_keys_and_refusals(void) {
+    tm_spec s = ref_spec("gptneox", 4, 16, 1);
+    const char *path = tmp_path("key");
+    static float want[320], got[320];
+    tm_write(&s, path);
+    int rw = prompt_logits(path, TL_KV_F32, want);
+    CHECK(tm_patch_bytes(path, "use_parallel_residual", "use_parallel_residuaX") == 1,
+          "the key is renamed away");
+    int rg = prompt_logits(path, TL_KV_F32, got);
+    CHECK(rw == 0 && rg == 0 && !memcmp(want, got, sizeof want),
+          "gptneox without use_parallel_residual runs in parallel, as with the key true");
+    remove(path);
+
+    static const char *const archs[2] = {"phi2", "gptneox"};
+    for (int c = 0; c < 2; c++) {
+        tm_spec p = ref_spec(archs[c], 4, 16, 2);
+        tm_write(&p, path);
+        tl_model *m = NULL;
+        setenv("TINYLOOP_BACKEND", "cuda", 1);
+        int rc = tl_model_open(path, tl_model_default_params(), &m);
+        unsetenv("TINYLOOP_BACKEND");
+        CHECK(rc == TL_ERR_UNSUPPORTED && !m && strstr(tl_last_error(), "run on the CPU only"),
+              "TINYLOOP_BACKEND=cuda refuses %s, saying why (%s)", archs[c], tl_last_error());
+        tl_model_close(m);
+        remove(path);
+    }
+}
+
+int main(void) {
+    test_references();
+    test_starcoder2();
+    test_batch_threads();
+    test_keys_and_refusals();
+    return test_summary();
+}
