@@ -12,6 +12,14 @@
 
 static const tl_arch archs[] = {
     {.name = "llama", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
+    /* llama's block under other names (llama.cpp's converters write the
+     * same tensors): InternLM 2 / 2.5 (its wqkv split at conversion),
+     * XVERSE, ERNIE 4.5 dense (0.3B; optional Q/K/V biases), Mistral 3
+     * (Ministral; its attention temperature scaling is refused below). */
+    {.name = "internlm2", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
+    {.name = "xverse", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
+    {.name = "ernie4_5", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
+    {.name = "mistral3", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
     /* Qwen 2 / 2.5: llama's block with Q/K/V biases and NEOX RoPE. */
     {.name = "qwen2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU},
     /* Qwen 3 (dense): qwen2 without the biases, with a per-head RMSNorm of
@@ -213,6 +221,11 @@ int tl_model_load_hparams(tl_model *m) {
         ((rc = arch_f32(m, "attn_logit_softcapping", 50.0f, &hp->attn_softcap)) ||
          (rc = arch_f32(m, "final_logit_softcapping", 30.0f, &hp->final_softcap))))
         return rc;
+    float temp_scale; /* Llama 4 / Mistral 3's attention temperature: scales Q by position */
+    if ((rc = arch_f32(m, "attention.temperature_scale", 0, &temp_scale))) return rc;
+    if (temp_scale != 0)
+        return tl_set_error(TL_ERR_UNSUPPORTED, "%s.attention.temperature_scale %g is not supported", m->arch->name,
+                            temp_scale);
     hp->parallel = m->arch->parallel;
     if (m->arch->parallel == TL_PAR_KEY) { /* llama.cpp requires the key; Hugging Face's default is true */
         char key[96];

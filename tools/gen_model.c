@@ -14,7 +14,9 @@
 #include "quants.h"
 #include "testmodel.h"
 
-#define ARCHS "llama, qwen2, qwen3, smollm3, gemma, gemma2, gemma3, phi3, gpt2, stablelm, starcoder2, gptneox, phi2"
+#define ARCHS                                                                                                   \
+    "llama, internlm2, xverse, ernie4_5, mistral3, qwen2, qwen3, smollm3, gemma, gemma2, gemma3, phi3, " \
+    "gpt2, stablelm, starcoder2, gptneox, phi2"
 
 static int type_by_name(const char *name) {
     for (int t = 0; t < TL_TYPE_COUNT; t++) {

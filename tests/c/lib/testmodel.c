@@ -66,6 +66,10 @@ typedef struct {
 
 static const tm_recipe recipes[] = {
     {.name = "llama"},
+    {.name = "internlm2"},
+    {.name = "xverse"},
+    {.name = "ernie4_5"},
+    {.name = "mistral3"},
     {.name = "qwen2"},
     {.name = "qwen3", .qk_norm = 1},
     {.name = "smollm3"},
@@ -272,6 +276,7 @@ int tm_write(const tm_spec *s, const char *path) {
     if (r.gemma || s->head_dim) gw_set_u32(gw, KEY("attention.key_length"), (uint32_t)hd);
     if (s->head_dim) gw_set_u32(gw, KEY("attention.value_length"), (uint32_t)hd);
     if (r.window && s->sliding_window > 0) gw_set_u32(gw, KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
+    if (s->extra_key) gw_set_f32(gw, KEY(s->extra_key), s->extra_value);
     if (r.par_key) gw_set_bool(gw, KEY("use_parallel_residual"), !s->sequential);
     if (r.softcap) {
         gw_set_f32(gw, KEY("attn_logit_softcapping"), s->attn_softcap > 0 ? s->attn_softcap : 50.0f);

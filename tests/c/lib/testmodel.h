@@ -46,6 +46,8 @@ typedef struct tm_spec {
     int head_dim;      /* 0: n_embd / n_head (no key_length key); else written as attention.key_length */
     int bias;          /* separate Q/K/V biases: 1 random, 2 all zero, 0 none */
     int matmul_bias;   /* 1: attn_output / ffn_up / ffn_down biases whatever the architecture */
+    const char *extra_key; /* "<arch>.<extra_key>" written as extra_value (f32); NULL: none */
+    float extra_value;
     int expert_count;  /* > 0: written as expert_count (the tensors stay dense) */
 } tm_spec;
 

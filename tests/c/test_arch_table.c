@@ -1,4 +1,9 @@
-/* test_neox.c - the GPT-NeoX family and Gemma 1. gptneox (gpt2's fused,
+/* test_arch_table.c - the architectures that are entries of the table in
+ * engine/model_hparams.c with no test file of their own. Llama's block
+ * under other names (internlm2, xverse, ernie4_5, mistral3): bitwise the
+ * llama file of the same weights, and greedy tokens against
+ * ik_llama.cpp's; Mistral 3's attention temperature refused. The GPT-NeoX
+ * family and Gemma 1: gptneox (gpt2's fused,
  * biased tensors with partial NEOX RoPE; attention and FFN side by side
  * when use_parallel_residual says), phi2 (the same with one LayerNorm a
  * layer and an output bias) and gemma (llama's block with GeGLU and
@@ -20,7 +25,7 @@
 
 static const char *tmp_path(const char *name) {
     static char buf[256];
-    snprintf(buf, sizeof buf, "/tmp/tl_test_%d_neox_%s.gguf", (int)getpid(), name);
+    snprintf(buf, sizeof buf, "/tmp/tl_test_%d_archs_%s.gguf", (int)getpid(), name);
     return buf;
 }
 
@@ -49,52 +54,6 @@ static tl_model *open_model(const char *path, int kv_type, const char *kv_mode, 
     return m;
 }
 
-/* tl-gen-model ref.gguf --arch A --dim 256 --layers 4 --heads 4 --kv-heads
- * K --ff 512 --ctx 2048 --rope-dims R --seed S [--sequential] [--embd-gain
- * G]: ik_llama.cpp's llama-simple printed exactly these tokens' bytes after
- * the prompt (f16 KV, 2026-12-07). */
-static void test_references(void) {
-    static const struct {
-        const char *arch;
-        int kv_heads, rope_dims, seed, sequential;
-        float embd_gain;
-        int32_t want[24];
-    } refs[] = {
-        {"gptneox", 4, 16, 1, 0, 0,
-         {20, 240, 267, 239, 268, 116, 75, 268, 236, 268, 236, 268, 236, 268, 236, 268, 236, 268, 236, 268, 236, 268,
-          249, 240}},
-        {"gptneox", 4, 64, 3, 1, 0,
-         {201, 219, 218, 218, 218, 218, 218, 218, 218, 292, 218, 278, 292, 298, 310, 278, 218, 278, 218, 278, 218, 278,
-          218, 165}},
-        {"phi2", 4, 32, 1, 0, 0,
-         {20, 240, 267, 116, 75, 268, 200, 302, 184, 20, 240, 267, 116, 262, 39, 267, 116, 8, 54, 167, 177, 240, 267,
-          184}},
-        {"phi2", 4, 16, 3, 0, 0,
-         {134, 19, 44, 206, 110, 36, 110, 36, 110, 36, 110, 36, 110, 36, 110, 110, 110, 110, 110, 110, 110, 110, 110,
-          110}},
-        {"gemma", 2, 0, 1, 0, 0.0625f,
-         {99, 78, 78, 78, 78, 232, 270, 64, 99, 136, 76, 290, 249, 84, 99, 290, 153, 99, 59, 99, 59, 99, 264, 153}},
-    };
-    for (size_t r = 0; r < sizeof refs / sizeof refs[0]; r++) {
-        tm_spec s = ref_spec(refs[r].arch, refs[r].kv_heads, refs[r].rope_dims, refs[r].seed);
-        s.sequential = refs[r].sequential;
-        s.embd_gain = refs[r].embd_gain;
-        const char *path = tmp_path("ref");
-        CHECK(tm_write(&s, path) == 0, "%s reference %zu is written", refs[r].arch, r);
-        for (int h = 0; h < 2; h++) {
-            tl_model *m = open_model(path, TL_KV_F16, h ? "h" : NULL, 1);
-            int32_t ids[24], out[24];
-            int ng = m ? tm_greedy_ref(m, 24, ids, out) : -1;
-            CHECK(ng == 24 && !memcmp(out, refs[r].want, sizeof out),
-                  "%s %zu (%s, rope over %d): greedy tokens equal ik_llama.cpp's (%s, %d; %s)", refs[r].arch, r,
-                  refs[r].sequential ? "sequential" : "parallel", refs[r].rope_dims ? refs[r].rope_dims : 64,
-                  h ? "store-h KV" : "f16 KV", ng, m ? "" : tl_last_error());
-            tl_model_close(m);
-        }
-        remove(path);
-    }
-}
-
 /* The last position's logits of a 30-token prompt. */
 static int prompt_logits(const char *path, int kv_type, float *out) {
     tl_model *m = open_model(path, kv_type, NULL, 1);
@@ -107,6 +66,92 @@ static int prompt_logits(const char *path, int kv_type, float *out) {
     tl_seq_free(q);
     tl_model_close(m);
     return rc ? -1 : 0;
+}
+
+/* tl-gen-model ref.gguf --arch A --dim 256 --layers 4 --heads 4 --kv-heads
+ * K --ff 512 --ctx 2048 --rope-dims R --seed S [--sequential] [--embd-gain
+ * G] [--bias 1]: ik_llama.cpp's llama-simple printed exactly these tokens' bytes after
+ * the prompt (f16 KV, 2026-12-07). */
+static void test_references(void) {
+    static const struct {
+        const char *arch;
+        int kv_heads, rope_dims, seed, sequential;
+        float embd_gain;
+        int bias;
+        int32_t want[24];
+    } refs[] = {
+        {"gptneox", 4, 16, 1, 0, 0, 0,
+         {20, 240, 267, 239, 268, 116, 75, 268, 236, 268, 236, 268, 236, 268, 236, 268, 236, 268, 236, 268, 236, 268,
+          249, 240}},
+        {"gptneox", 4, 64, 3, 1, 0, 0,
+         {201, 219, 218, 218, 218, 218, 218, 218, 218, 292, 218, 278, 292, 298, 310, 278, 218, 278, 218, 278, 218, 278,
+          218, 165}},
+        {"phi2", 4, 32, 1, 0, 0, 0,
+         {20, 240, 267, 116, 75, 268, 200, 302, 184, 20, 240, 267, 116, 262, 39, 267, 116, 8, 54, 167, 177, 240, 267,
+          184}},
+        {"phi2", 4, 16, 3, 0, 0, 0,
+         {134, 19, 44, 206, 110, 36, 110, 36, 110, 36, 110, 36, 110, 36, 110, 110, 110, 110, 110, 110, 110, 110, 110,
+          110}},
+        {"gemma", 2, 0, 1, 0, 0.0625f, 0,
+         {99, 78, 78, 78, 78, 232, 270, 64, 99, 136, 76, 290, 249, 84, 99, 290, 153, 99, 59, 99, 59, 99, 264, 153}},
+        {"internlm2", 2, 0, 1, 0, 0, 0,
+         {38, 102, 38, 102, 79, 286, 265, 38, 102, 191, 249, 38, 35, 231, 83, 38, 35, 231, 38, 235, 38, 38, 38, 235}},
+        {"ernie4_5", 2, 0, 3, 0, 0, 1,
+         {42, 42, 42, 180, 42, 42, 42, 42, 42, 42, 6, 6, 6, 6, 93, 260, 93, 164, 164, 164, 164, 164, 164, 164}},
+    };
+    for (size_t r = 0; r < sizeof refs / sizeof refs[0]; r++) {
+        tm_spec s = ref_spec(refs[r].arch, refs[r].kv_heads, refs[r].rope_dims, refs[r].seed);
+        s.sequential = refs[r].sequential;
+        s.embd_gain = refs[r].embd_gain;
+        s.bias = refs[r].bias;
+        const char *path = tmp_path("ref");
+        CHECK(tm_write(&s, path) == 0, "%s reference %zu is written", refs[r].arch, r);
+        for (int h = 0; h < 2; h++) {
+            tl_model *m = open_model(path, TL_KV_F16, h ? "h" : NULL, 1);
+            int32_t ids[24], out[24];
+            int ng = m ? tm_greedy_ref(m, 24, ids, out) : -1;
+            CHECK(ng == 24 && !memcmp(out, refs[r].want, sizeof out),
+                  "%s %zu (rope over %d%s): greedy tokens equal ik_llama.cpp's (%s, %d; %s)", refs[r].arch, r,
+                  refs[r].rope_dims ? refs[r].rope_dims : 64, refs[r].sequential ? ", sequential" : "",
+                  h ? "store-h KV" : "f16 KV", ng, m ? "" : tl_last_error());
+            tl_model_close(m);
+        }
+        remove(path);
+    }
+}
+
+/* internlm2, xverse, ernie4_5 (here with Q/K/V biases) and mistral3 are
+ * llama under other names: their logits equal the llama file's bitwise
+ * (internlm2 and ernie4_5 are also in the references above; xverse and
+ * mistral3's greedy tokens equalled ik_llama.cpp's on such files too,
+ * 2026-12-07). Mistral 3's attention temperature scaling is refused. */
+static void test_llama_names(void) {
+    static const char *const names[4] = {"internlm2", "xverse", "ernie4_5", "mistral3"};
+    for (int c = 0; c < 4; c++) {
+        tm_spec a = ref_spec(names[c], 2, 0, 11 + c), b = a;
+        b.arch = "llama";
+        a.bias = b.bias = c == 2;
+        a.type = b.type = c % 2 ? TL_TYPE_Q8_0 : TL_TYPE_F32;
+        char pa[256], pb[256];
+        snprintf(pa, sizeof pa, "%s", tmp_path("name"));
+        snprintf(pb, sizeof pb, "%s", tmp_path("llama"));
+        static float la[320], lb[320];
+        int ra = tm_write(&a, pa) || prompt_logits(pa, TL_KV_F32, la);
+        int rb = tm_write(&b, pb) || prompt_logits(pb, TL_KV_F32, lb);
+        CHECK(ra == 0 && rb == 0 && !memcmp(la, lb, sizeof la), "%s: logits equal the llama file's bitwise (%s)",
+              names[c], tl_last_error());
+        remove(pb);
+        if (c == 3) { /* Mistral 3 / Llama 4's attention temperature: refused, naming it */
+            a.extra_key = "attention.temperature_scale";
+            a.extra_value = 0.1f;
+            tm_write(&a, pa);
+            tl_model *m = open_model(pa, TL_KV_F16, NULL, 1);
+            CHECK(!m && strstr(tl_last_error(), "mistral3.attention.temperature_scale 0.1 is not supported"),
+                  "mistral3's attention temperature scaling is refused (%s)", tl_last_error());
+            tl_model_close(m);
+        }
+        remove(pa);
+    }
 }
 
 /* starcoder2's specs draw Q/K/V as gptneox's fused rows, split: with RoPE
@@ -226,6 +271,7 @@ static void test_keys_and_refusals(void) {
 
 int main(void) {
     test_references();
+    test_llama_names();
     test_starcoder2();
     test_batch_threads();
     test_keys_and_refusals();
