@@ -804,8 +804,8 @@ static int h_recompute(tl_model *m, const tl_seq *seq, int vl, const tl_layer *l
         tl_fwd_matmul(m, s->hk + (size_t)i * kv_dim, &ly->wk, s->hx + (size_t)i * D, len);
         tl_fwd_matmul_after(m, s->hv + (size_t)i * kv_dim, &ly->wv, s->hx + (size_t)i * D, len, &ly->wk);
     }
-    if (ly->bk) tl_fwd_add_bias(s->hk, ly->bk, n, kv_dim);
-    if (ly->bv) tl_fwd_add_bias(s->hv, ly->bv, n, kv_dim);
+    tl_fwd_qkv_finish(m, s->hk, ly->bk, n, kv_dim);
+    tl_fwd_qkv_finish(m, s->hv, ly->bv, n, kv_dim);
     for (int t = 0; t < n; t++)
         tl_fwd_k_finish(m, s->hk + (size_t)t * kv_dim, hp->n_head_kv, ly->k_norm, p0 + t, rope, NULL,
                         tl_model_layer_rope(m, (int)(ly - m->layers)));

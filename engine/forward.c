@@ -82,8 +82,8 @@ static int scratch_reserve(tl_model *m, int T, int n_seq) {
     s->tok_seq = malloc(n * sizeof(int32_t));
     s->tok_pos = malloc(n * sizeof(int32_t));
     s->chunk_t0 = malloc((n + 1) * sizeof(int32_t));
-    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->o || !s->logits_x || !s->rope_cs ||
-        (hp->parallel && !s->o_attn) || !s->xq || !s->tok_seq || !s->tok_pos || !s->chunk_t0) {
+    if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->o || !s->logits_x ||
+        !s->rope_cs || (hp->parallel && !s->o_attn) || !s->xq || !s->tok_seq || !s->tok_pos || !s->chunk_t0) {
         scratch_free_bufs(s);
         return tl_set_error(TL_ERR_NOMEM, "out of memory for a batch of %d tokens", T);
     }
@@ -146,6 +146,13 @@ void tl_forward_free(tl_model *m) {
 
 void tl_fwd_add_bias(float *x, const float *b, int T, int n) {
     for (int t = 0; t < T; t++) tl_add_f32(x + (size_t)t * n, b, n);
+}
+
+void tl_fwd_qkv_finish(const tl_model *m, float *x, const float *b, int T, int n) {
+    if (b) tl_fwd_add_bias(x, b, T, n);
+    const float c = m->hp.clamp_kqv;
+    if (c > 0)
+        for (size_t i = 0; i < (size_t)T * n; i++) x[i] = x[i] < -c ? -c : x[i] > c ? c : x[i];
 }
 
 /* ---- matmul: out (T, n_out) = x (T, n_in) . W^T ------------------------------ */
@@ -600,10 +607,10 @@ static int layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
         const tl_weight *const ws[3] = {&ly->wq, &ly->wk, &ly->wv};
         tl_fwd_matmul_multi(m, store_h ? 1 : 3, outs, ws, s->xb, T);
     }
-    if (ly->bq) tl_fwd_add_bias(s->q, ly->bq, T, q_dim);
+    tl_fwd_qkv_finish(m, s->q, ly->bq, T, q_dim);
     if (!store_h) {
-        if (ly->bk) tl_fwd_add_bias(s->k, ly->bk, T, kv_dim);
-        if (ly->bv) tl_fwd_add_bias(s->v, ly->bv, T, kv_dim);
+        tl_fwd_qkv_finish(m, s->k, ly->bk, T, kv_dim);
+        tl_fwd_qkv_finish(m, s->v, ly->bv, T, kv_dim);
     }
     per_token_kv(m, ly, T, TOK_QK_FINISH, rope, tab, seqs, vl); /* and the K/V stores */
     s->rope_ok[tab] = 1; /* filled for every token of the batch */

@@ -60,6 +60,9 @@ void tl_fwd_matmul_after(tl_model *m, float *out, const tl_weight *w, const floa
  * (the threads share out all their rows at once), the rest in turn. */
 void tl_fwd_matmul_multi(tl_model *m, int n, float *const *outs, const tl_weight *const *ws, const float *x, int T);
 void tl_fwd_add_bias(float *x, const float *b, int T, int n);
+/* Q, K or V rows (T, n) fresh from their matmul: plus the bias b (NULL:
+ * none), then clipped to +-clamp_kqv where the model sets it (olmo). */
+void tl_fwd_qkv_finish(const tl_model *m, float *x, const float *b, int T, int n);
 
 /* attention.c: token t's new K/V rows into its block; q/k norm and
  * RoPE of one token's heads in place (cs: its RoPE table, or NULL); the

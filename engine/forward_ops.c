@@ -38,6 +38,10 @@ void tl_layernorm(float *out, const float *x, const float *w, const float *b, in
         sum2 += (double)(v * v);
     }
     const float scale = 1.0f / sqrtf((float)(sum2 / n) + eps);
+    if (!w) { /* non-parametric (olmo) */
+        for (int i = 0; i < n; i++) out[i] = out[i] * scale;
+        return;
+    }
     for (int i = 0; i < n; i++) out[i] = out[i] * scale * w[i] + b[i];
 }
 

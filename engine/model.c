@@ -121,9 +121,10 @@ static int load_weights(tl_model *m) {
     m->hp.n_vocab = (int)te->ne[1];
     int rc;
     if ((rc = bind_weight(m, &m->tok_embd, "token_embd.weight", hp->n_embd, hp->n_vocab, 0))) return rc;
-    if ((rc = bind_norm(m, &m->output_norm, "output_norm.weight", hp->n_embd, 0))) return rc;
+    const int norms = !m->arch->norm_free; /* olmo's LayerNorms have no tensors */
+    if (norms && (rc = bind_norm(m, &m->output_norm, "output_norm.weight", hp->n_embd, 0))) return rc;
     if ((rc = bind_norm(m, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 1)) < 0) return rc;
-    if ((m->arch->layer_norm && (rc = bind_norm(m, &m->output_norm_b, "output_norm.bias", hp->n_embd, 0))) ||
+    if ((norms && m->arch->layer_norm && (rc = bind_norm(m, &m->output_norm_b, "output_norm.bias", hp->n_embd, 0))) ||
         (m->arch->learned_pos &&
          (rc = bind_weight(m, &m->pos_embd, "position_embd.weight", hp->n_embd, hp->n_ctx_train, 0))))
         return rc;
@@ -145,7 +146,7 @@ static int load_weights(tl_model *m) {
         char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d.%s.weight", l, s), n)
 #define NAME_B(s) (snprintf(n, sizeof n, "blk.%d.%s.bias", l, s), n)
-        if ((rc = bind_norm(m, &L->attn_norm, NAME("attn_norm"), hp->n_embd, 0))) return rc;
+        if (norms && (rc = bind_norm(m, &L->attn_norm, NAME("attn_norm"), hp->n_embd, 0))) return rc;
         const int fused = gguf_find_tensor(m->file, NAME("attn_qkv")) != NULL;
         if (fused) { /* Q, K, V rows in one tensor */
             tl_weight *const qkv[3] = {&L->wq, &L->wk, &L->wv};
@@ -159,7 +160,7 @@ static int load_weights(tl_model *m) {
             rc = bind_weight(m, &L->wv, NAME("attn_v"), hp->n_embd, kv_dim, 0);
         }
         /* phi2's FFN reads the attention's norm: it has no ffn_norm */
-        const int ffn_norm = hp->parallel != TL_PAR_SHARED;
+        const int ffn_norm = norms && hp->parallel != TL_PAR_SHARED;
         if (rc || (rc = bind_weight(m, &L->wo, NAME("attn_output"), q_dim, hp->n_embd, 0)) ||
             (ffn_norm && (rc = bind_norm(m, &L->ffn_norm, NAME("ffn_norm"), hp->n_embd, 0))))
             return rc;
@@ -186,7 +187,7 @@ static int load_weights(tl_model *m) {
             ((rc = bind_norm(m, &L->q_norm, NAME("attn_q_norm"), hp->head_dim, 0)) ||
              (rc = bind_norm(m, &L->k_norm, NAME("attn_k_norm"), hp->head_dim, 0))))
             return rc;
-        if (m->arch->layer_norm &&
+        if (norms && m->arch->layer_norm &&
             ((rc = bind_norm(m, &L->attn_norm_b, NAME_B("attn_norm"), hp->n_embd, 0)) ||
              (ffn_norm && (rc = bind_norm(m, &L->ffn_norm_b, NAME_B("ffn_norm"), hp->n_embd, 0)))))
             return rc;

@@ -42,6 +42,8 @@ typedef struct tl_arch {
                               (gpt2, stablelm) */
     int learned_pos;       /* 1: learned absolute position embeddings (gpt2) */
     int plain_ffn;         /* 1: act(up) -> down, no gate (gpt2) */
+    int norm_free;         /* 1: LayerNorms without weight or bias, no norm tensors (olmo) */
+    int clamp_kqv;         /* 1: attention.clamp_kqv clips Q, K and V when the file sets it (olmo) */
     int parallel;          /* attention and FFN both read the layer's input, x + attn + ffn:
                               TL_PAR_KEY as use_parallel_residual says (gptneox, each with
                               its own norm), TL_PAR_SHARED always, the FFN reading the
@@ -60,6 +62,7 @@ typedef struct tl_hparams {
     float attn_scale;        /* multiplies q.k: 1/sqrt(head_dim) but for tl_arch.big_layers */
     float attn_softcap;      /* > 0: scores become cap * tanh(score / cap) before the softmax */
     float final_softcap;     /* > 0: logits become cap * tanh(logit / cap) */
+    float clamp_kqv;         /* > 0: Q, K and V clipped to [-clamp_kqv, clamp_kqv] after their biases */
     int parallel;            /* TL_PAR_NONE: x += attn, then x += ffn; TL_PAR_KEY: x + attn(norm(x))
                                 + ffn(ffn_norm(x)); TL_PAR_SHARED: x + attn(n) + ffn(n), n = norm(x) */
     tl_rope_params rope;     /* the layers' RoPE */

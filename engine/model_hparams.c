@@ -49,6 +49,10 @@ static const tl_arch archs[] = {
      * attention and FFN share, and a bias on the output matrix. */
     {.name = "phi2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .plain_ffn = 1,
      .parallel = TL_PAR_SHARED},
+    /* OLMo (1): llama's block under LayerNorms with no weight or bias, Q/K/V
+     * optionally clipped (attention.clamp_kqv). */
+    {.name = "olmo", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .layer_norm = 1, .norm_free = 1,
+     .clamp_kqv = 1},
     /* Phi-3 / Phi-3.5 / Phi-4(-mini): llama's block with Q/K/V in one
      * attn_qkv and gate/up in one ffn_up, NEOX RoPE (LongRoPE's per-pair
      * factors for long contexts), every layer over a sliding window. */
@@ -226,6 +230,8 @@ int tl_model_load_hparams(tl_model *m) {
     if (temp_scale != 0)
         return tl_set_error(TL_ERR_UNSUPPORTED, "%s.attention.temperature_scale %g is not supported", m->arch->name,
                             temp_scale);
+    if (m->arch->clamp_kqv && (rc = arch_f32(m, "attention.clamp_kqv", 0, &hp->clamp_kqv))) return rc;
+    if (hp->clamp_kqv < 0) return tl_set_error(TL_ERR_FORMAT, "attention.clamp_kqv %g must be >= 0", hp->clamp_kqv);
     hp->parallel = m->arch->parallel;
     if (m->arch->parallel == TL_PAR_KEY) { /* llama.cpp requires the key; Hugging Face's default is true */
         char key[96];

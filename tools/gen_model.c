@@ -6,7 +6,7 @@
  *                [--bias 0|1|2] [--window N] [--rope-dims N]
  *                [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F] [--rope-orig-ctx N] [--rope-factors]
  *                [--softcap ATTN FINAL] [--sequential] [--embd-gain F]
- *                [--matmul-bias] */
+ *                [--matmul-bias] [--extra-f32 KEY F] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +15,7 @@
 #include "testmodel.h"
 
 #define ARCHS                                                                                                   \
-    "llama, internlm2, xverse, ernie4_5, mistral3, qwen2, qwen3, smollm3, gemma, gemma2, gemma3, phi3, " \
+    "llama, internlm2, xverse, ernie4_5, mistral3, olmo, qwen2, qwen3, smollm3, gemma, gemma2, gemma3, phi3, " \
     "gpt2, stablelm, starcoder2, gptneox, phi2"
 
 static int type_by_name(const char *name) {
@@ -35,6 +35,7 @@ int main(int argc, char **argv) {
                         "                    [--bias 0|1|2] [--window N] [--rope-dims N]\n"
                         "                    [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F] [--rope-orig-ctx N] [--rope-factors]\n"
                         "                    [--softcap ATTN FINAL] [--sequential] [--embd-gain F] [--matmul-bias]\n"
+                        "                    [--extra-f32 KEY F]\n"
                         "  architectures: " ARCHS "\n");
         return 2;
     }
@@ -73,6 +74,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--rope-factors")) s.rope_factors = 1;
         else if (!strcmp(a, "--sequential")) s.sequential = 1;
         else if (!strcmp(a, "--matmul-bias")) s.matmul_bias = 1;
+        else if (!strcmp(a, "--extra-f32") && i + 2 < argc) {
+            s.extra_key = argv[++i];
+            s.extra_value = strtof(argv[++i], NULL);
+        }
         else if (!strcmp(a, "--embd-gain") && more) s.embd_gain = strtof(argv[++i], NULL);
         else if (!strcmp(a, "--softcap") && i + 2 < argc) {
             s.attn_softcap = strtof(argv[++i], NULL);

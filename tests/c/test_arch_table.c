@@ -1,19 +1,22 @@
 /* test_arch_table.c - the architectures that are entries of the table in
- * engine/model_hparams.c with no test file of their own. Llama's block
- * under other names (internlm2, xverse, ernie4_5, mistral3): bitwise the
- * llama file of the same weights, and greedy tokens against
- * ik_llama.cpp's; Mistral 3's attention temperature refused. The GPT-NeoX
- * family and Gemma 1: gptneox (gpt2's fused,
- * biased tensors with partial NEOX RoPE; attention and FFN side by side
- * when use_parallel_residual says), phi2 (the same with one LayerNorm a
- * layer and an output bias) and gemma (llama's block with GeGLU and
- * sqrt(n_embd)-scaled embeddings): greedy tokens against ik_llama.cpp's,
- * also through store-h. starcoder2 (LayerNorms, biased separate Q/K/V, a
- * plain FFN): bitwise the sequential gptneox of the same weights, since
- * ik_llama.cpp's starcoder2 graph norms the FFN input with RMSNorm and so
- * cannot serve as its reference. Then batch == alone and thread counts on
- * quantized parallel models, the key's default, and the CUDA plugin's
- * refusal. */
+ * engine/model_hparams.c with no test file of their own.
+ * - llama's block under other names (internlm2, xverse, ernie4_5,
+ *   mistral3): bitwise the llama file of the same weights, and greedy
+ *   tokens against ik_llama.cpp's; Mistral 3's attention temperature
+ *   refused.
+ * - gptneox (gpt2's fused, biased tensors with partial NEOX RoPE; attention
+ *   and FFN side by side when use_parallel_residual says), phi2 (the same
+ *   with one LayerNorm a layer and an output bias) and gemma (llama's block
+ *   with GeGLU and sqrt(n_embd)-scaled embeddings): greedy tokens against
+ *   ik_llama.cpp's, also through store-h.
+ * - olmo (LayerNorms without parameters, clipped Q/K/V): logits against an
+ *   independent forward pass (ik's olmo graph ropes K twice).
+ * - starcoder2 (LayerNorms, biased separate Q/K/V, a plain FFN): bitwise
+ *   the sequential gptneox of the same weights (ik's starcoder2 graph norms
+ *   the FFN input with RMSNorm).
+ * - batch == alone and thread counts on quantized parallel models, the
+ *   parallel key's default, and the CUDA plugin's refusal. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -154,6 +157,58 @@ static void test_llama_names(void) {
     }
 }
 
+/* olmo: LayerNorms without weight or bias, Q/K/V clipped to +-0.3. The
+ * reference is tools/ref_forward.py (float64 plain Python) on this spec,
+ * 2026-12-07 (tinyloop's logits agreed to 1e-5 everywhere, with and
+ * without the clip): ik_llama.cpp's olmo graph ropes K twice (with that
+ * emulated, tinyloop's greedy tokens equalled ik's on three such files).
+ * The recomputed K/V of store-h are clipped too: its greedy tokens equal
+ * the f16 KV's. */
+static void test_olmo(void) {
+    tm_spec s = tm_default_spec();
+    s.arch = "olmo";
+    s.n_ctx = 64;
+    s.seed = 5;
+    s.extra_key = "attention.clamp_kqv";
+    s.extra_value = 0.3f;
+    const char *path = tmp_path("olmo");
+    CHECK(tm_write(&s, path) == 0, "the olmo model is written");
+    static const int32_t ids[25] = {1,   5,  77, 300, 12, 9,  140, 33, 2,  45, 67, 89, 101,
+                                    200, 17, 18, 19,  20, 21, 22,  23, 24, 25, 26, 27};
+    static const float want[8] = {0.820419f, 0.0163524f, -0.264025f, 0.74679f,
+                                  0.358345f, 0.332367f,  0.802436f,  -0.0658007f};
+    tl_model_params p = tl_model_default_params();
+    p.kv_type = TL_KV_F32;
+    p.max_seq_len = 64;
+    tl_model *m = NULL;
+    tl_model_open(path, p, &m);
+    CHECK(m != NULL, "olmo opens (%s)", m ? "" : tl_last_error());
+    float l[320];
+    tl_seq *q = NULL;
+    const int32_t *ip = ids;
+    int n = 25, rc = m ? tl_seq_new(m, 0, &q) || tl_batch_forward(m, &q, &ip, &n, 1, l) : -1;
+    tl_seq_free(q);
+    tl_model_close(m);
+    float err = 0;
+    int best = 0;
+    for (int i = 0; i < 8 && rc == 0; i++) err = fmaxf(err, fabsf(l[100 + i] - want[i]));
+    for (int i = 1; i < 320 && rc == 0; i++) best = l[i] > l[best] ? i : best;
+    CHECK(rc == 0 && err < 1e-4f && best == 280 && fabsf(l[280] - 2.37628f) < 1e-4f,
+          "olmo logits equal the independent reference (max error %g over 8, argmax %d, want 280)", err, best);
+    int32_t out[2][16];
+    for (int h = 0; h < 2; h++) {
+        m = open_model(path, TL_KV_F16, h ? "h" : NULL, 1);
+        tl_generate_params gp = tl_generate_default_params();
+        gp.max_tokens = 16;
+        gp.ignore_eos = 1;
+        int ng = m ? tl_generate(m, ids, 20, gp, out[h], 16) : -1;
+        CHECK(ng == 16, "olmo generates 16 tokens (%s, %d)", h ? "store-h" : "f16 KV", ng);
+        tl_model_close(m);
+    }
+    CHECK(!memcmp(out[0], out[1], sizeof out[0]), "... the same through store-h's recomputed, clipped K/V");
+    remove(path);
+}
+
 /* starcoder2's specs draw Q/K/V as gptneox's fused rows, split: with RoPE
  * over the whole head and use_parallel_residual false the two files are
  * one network, and the logits must agree bit for bit. */
@@ -272,6 +327,7 @@ static void test_keys_and_refusals(void) {
 int main(void) {
     test_references();
     test_llama_names();
+    test_olmo();
     test_starcoder2();
     test_batch_threads();
     test_keys_and_refusals();

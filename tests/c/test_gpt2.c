@@ -6,7 +6,7 @@
  * llama's block, partial NEOX RoPE): greedy tokens against ik_llama.cpp's,
  * also through store-h.
  *
- * The reference: tools/ref_gpt2.py, a plain-Python GPT-2 forward pass
+ * The reference: tools/ref_forward.py, a plain-Python GPT-2 forward pass
  * (float64 arithmetic, the GPT-2 equations with ggml's tanh GELU) over the
  * f32 GGUF that tl-gen-model writes for the spec below, 2026-12-07; its
  * logits agreed with tinyloop's to 1e-5 everywhere. ik_llama.cpp cannot

@@ -62,6 +62,7 @@ typedef struct {
     unsigned one_norm : 1;    /* no ffn_norm: the FFN reads the attention's norm (phi2) */
     unsigned output_bias : 1; /* output.bias */
     unsigned par_key : 1;     /* use_parallel_residual (gptneox) */
+    unsigned norm_free : 1;   /* no norm tensors at all: LayerNorms without weight or bias (olmo) */
 } tm_recipe;
 
 static const tm_recipe recipes[] = {
@@ -70,6 +71,7 @@ static const tm_recipe recipes[] = {
     {.name = "xverse"},
     {.name = "ernie4_5"},
     {.name = "mistral3"},
+    {.name = "olmo", .layer_norm = 1, .norm_free = 1},
     {.name = "qwen2"},
     {.name = "qwen3", .qk_norm = 1},
     {.name = "smollm3"},
@@ -296,7 +298,7 @@ int tm_write(const tm_spec *s, const char *path) {
     const int64_t n_vocab = s->n_vocab;
     rc |= add_matrix_parts(gw, s, &embd, &n_vocab, 1, s->n_embd, seed + 1, s->type,
                            s->embd_gain > 0 ? s->embd_gain : 1.0f);
-    rc |= add_norm(gw, "output_norm.weight", s->n_embd, seed + 2);
+    if (!r.norm_free) rc |= add_norm(gw, "output_norm.weight", s->n_embd, seed + 2);
     if (s->rope_factors) { /* per-pair divisors, distinct for long and short, 1-4 as LongRoPE's are */
         float *f = malloc((size_t)hd / 2 * sizeof *f);
         int64_t ne[1] = {hd / 2};
@@ -308,7 +310,7 @@ int tm_write(const tm_spec *s, const char *path) {
         rc |= !f;
         free(f);
     }
-    if (r.layer_norm) rc |= add_bias(gw, "output_norm.bias", s->n_embd, seed + 4);
+    if (r.layer_norm && !r.norm_free) rc |= add_bias(gw, "output_norm.bias", s->n_embd, seed + 4);
     if (r.learned_pos) rc |= add_matrix(gw, s, "position_embd.weight", s->n_embd, s->n_ctx, seed + 5, s->type);
     if (!tm_spec_tied(s)) rc |= add_matrix(gw, s, "output.weight", s->n_embd, s->n_vocab, seed + 3, s->type);
     if (r.output_bias) rc |= add_bias(gw, "output.bias", s->n_vocab, seed + 6);
@@ -328,7 +330,7 @@ int tm_write(const tm_spec *s, const char *path) {
             snprintf(qkv_names[i], sizeof qkv_names[i], "blk.%d.attn_%c.%s", l, "qkv"[i % 3],
                      i < 3 ? "weight" : "bias");
 #define NAME(x) (snprintf(n, sizeof n, "blk.%d.%s.weight", l, x), n)
-        rc |= add_norm(gw, NAME("attn_norm"), s->n_embd, ls + 0);
+        if (!r.norm_free) rc |= add_norm(gw, NAME("attn_norm"), s->n_embd, ls + 0);
         if (r.qkv_split) {
             rc |= add_matrix_parts(gw, s, qkv_w, qkv_rows, 3, s->n_embd, ls + 1, s->type, 1.0f);
         } else if (r.qkv_fused) {
@@ -339,7 +341,7 @@ int tm_write(const tm_spec *s, const char *path) {
             rc |= add_matrix(gw, s, NAME("attn_v"), s->n_embd, kv_dim, ls + 3, s->type);
         }
         rc |= add_matrix(gw, s, NAME("attn_output"), q_dim, s->n_embd, ls + 4, s->type);
-        if (!r.one_norm) rc |= add_norm(gw, NAME("ffn_norm"), s->n_embd, ls + 5);
+        if (!r.one_norm && !r.norm_free) rc |= add_norm(gw, NAME("ffn_norm"), s->n_embd, ls + 5);
         if (r.gate_up) {
             rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, 2 * s->n_ff, ls + 7, s->type);
         } else if (r.plain_ffn) {
@@ -350,11 +352,11 @@ int tm_write(const tm_spec *s, const char *path) {
         }
         rc |= add_matrix(gw, s, NAME("ffn_down"), s->n_ff, s->n_embd, ls + 8, s->type);
 #define BIAS(x) (snprintf(n, sizeof n, "blk.%d.%s.bias", l, x), n)
-        if (r.layer_norm) rc |= add_bias(gw, BIAS("attn_norm"), s->n_embd, ls + 9);
+        if (r.layer_norm && !r.norm_free) rc |= add_bias(gw, BIAS("attn_norm"), s->n_embd, ls + 9);
         if (r.matmul_bias && r.qkv_fused) rc |= add_bias(gw, BIAS("attn_qkv"), q_dim + 2 * kv_dim, ls + 10);
         if (r.matmul_bias && r.qkv_split) rc |= add_vector_parts(gw, qkv_b, qkv_rows, 3, ls + 10, 0.1f, 0.0f);
         if (r.matmul_bias) rc |= add_bias(gw, BIAS("attn_output"), s->n_embd, ls + 11);
-        if (r.layer_norm && !r.one_norm) rc |= add_bias(gw, BIAS("ffn_norm"), s->n_embd, ls + 12);
+        if (r.layer_norm && !r.one_norm && !r.norm_free) rc |= add_bias(gw, BIAS("ffn_norm"), s->n_embd, ls + 12);
         if (r.matmul_bias) {
             rc |= add_bias(gw, BIAS("ffn_up"), s->n_ff, ls + 13);
             rc |= add_bias(gw, BIAS("ffn_down"), s->n_embd, ls + 14);

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+# Independent forward passes in plain Python (float64) over an f32 GGUF, for
+# the architectures ik_llama.cpp cannot be the reference for: prints the
+# last token's logits for the given ids.
+#   gpt2: its FFN norm is RMSNorm without the bias in ik's graph (test_gpt2).
+#   olmo: ik's graph applies RoPE to K twice (test_arch_table).
+#   python3 tools/ref_forward.py MODEL.gguf 1,5,77,...
+import struct, sys, math
+def rd(f, fmt): return struct.unpack('<' + fmt, f.read(struct.calcsize('<' + fmt)))
+def rstr(f): n, = rd(f, 'Q'); return f.read(n)
+T = {0:'B',1:'b',2:'H',3:'h',4:'I',5:'i',6:'f',7:'?',10:'Q',11:'q',12:'d'}
+def val(f, t):
+    if t == 8: return rstr(f)
+    if t == 9:
+        et, = rd(f, 'I'); n, = rd(f, 'Q'); return [val(f, et) for _ in range(n)]
+    return rd(f, T[t])[0]
+def load(p):
+    f = open(p, 'rb'); f.read(4); rd(f, 'I'); nt, nkv = rd(f, 'QQ')
+    kv = {}
+    for _ in range(nkv):
+        k = rstr(f).decode(); t, = rd(f, 'I'); kv[k] = val(f, t)
+    infos = []
+    for _ in range(nt):
+        name = rstr(f).decode(); nd, = rd(f, 'I'); dims = rd(f, 'Q' * nd); ty, = rd(f, 'I'); off, = rd(f, 'Q')
+        infos.append((name, dims, ty, off))
+    al = kv.get('general.alignment', 32); pos = f.tell(); base = (pos + al - 1) // al * al
+    ts = {}
+    for name, dims, ty, off in infos:
+        assert ty == 0, name
+        n = 1
+        for d in dims: n *= d
+        f.seek(base + off); data = struct.unpack('<%df' % n, f.read(4 * n))
+        if len(dims) == 2: ts[name] = [list(data[r * dims[0]:(r + 1) * dims[0]]) for r in range(dims[1])]
+        else: ts[name] = list(data)
+    return kv, ts
+kv, W = load(sys.argv[1]); ids = [int(x) for x in sys.argv[2].split(',')]
+A = kv['general.architecture'].decode()
+def key(k, d=None): return kv.get(A + '.' + k, d)
+D = key('embedding_length'); L = key('block_count'); H = key('attention.head_count')
+HKV = key('attention.head_count_kv', H); eps = key('attention.layer_norm_epsilon'); hd = D // H
+base = key('rope.freq_base', 10000.0); clamp = key('attention.clamp_kqv', 0.0)
+def mv(M, x): return [sum(a * b for a, b in zip(row, x)) for row in M]
+def add(a, b): return [u + v for u, v in zip(a, b)]
+def ln(x, w=None, b=None):  # w None: olmo's LayerNorm without parameters
+    mu = sum(x) / len(x); var = sum((v - mu) ** 2 for v in x) / len(x); s = 1 / math.sqrt(var + eps)
+    if w is None: return [(v - mu) * s for v in x]
+    return [(v - mu) * s * wi + bi for v, wi, bi in zip(x, w, b)]
+def gelu(v): return 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * v * (1 + 0.044715 * v * v)))
+def silu(v): return v / (1 + math.exp(-v))
+def clip(x): return [min(max(v, -clamp), clamp) for v in x] if clamp > 0 else x
+def rope(x, n, pos):  # llama's adjacent pairs over each head
+    y = list(x)
+    for h0 in range(0, n * hd, hd):
+        for i in range(hd // 2):
+            th = pos * base ** (-2.0 * i / hd); c, s = math.cos(th), math.sin(th)
+            a, b = x[h0 + 2 * i], x[h0 + 2 * i + 1]
+            y[h0 + 2 * i], y[h0 + 2 * i + 1] = a * c - b * s, a * s + b * c
+    return y
+def attend(qs, ks, vs, i):
+    att = []
+    for hh in range(H):
+        kh = hh // (H // HKV)
+        q = qs[i][hh * hd:(hh + 1) * hd]
+        sc = [sum(a * b for a, b in zip(q, ks[j][kh * hd:(kh + 1) * hd])) / math.sqrt(hd) for j in range(i + 1)]
+        m = max(sc); e = [math.exp(s - m) for s in sc]; z = sum(e)
+        att += [sum(e[j] / z * vs[j][kh * hd + d] for j in range(i + 1)) for d in range(hd)]
+    return att
+def gpt2_layer(xs, p):
+    qs, ks, vs = [], [], []
+    for x in xs:
+        h = ln(x, W[p + 'attn_norm.weight'], W[p + 'attn_norm.bias'])
+        qkv = add(mv(W[p + 'attn_qkv.weight'], h), W[p + 'attn_qkv.bias'])
+        qs.append(qkv[:D]); ks.append(qkv[D:D + HKV * hd]); vs.append(qkv[D + HKV * hd:])
+    out = []
+    for i, x in enumerate(xs):
+        x = add(x, add(mv(W[p + 'attn_output.weight'], attend(qs, ks, vs, i)), W[p + 'attn_output.bias']))
+        h = ln(x, W[p + 'ffn_norm.weight'], W[p + 'ffn_norm.bias'])
+        u = [gelu(a) for a in add(mv(W[p + 'ffn_up.weight'], h), W[p + 'ffn_up.bias'])]
+        out.append(add(x, add(mv(W[p + 'ffn_down.weight'], u), W[p + 'ffn_down.bias'])))
+    return out
+def olmo_layer(xs, p):
+    hs = [ln(x) for x in xs]
+    qs = [rope(clip(mv(W[p + 'attn_q.weight'], h)), H, i) for i, h in enumerate(hs)]
+    ks = [rope(clip(mv(W[p + 'attn_k.weight'], h)), HKV, i) for i, h in enumerate(hs)]
+    vs = [clip(mv(W[p + 'attn_v.weight'], h)) for h in hs]
+    out = []
+    for i, x in enumerate(xs):
+        x = add(x, mv(W[p + 'attn_output.weight'], attend(qs, ks, vs, i)))
+        h = ln(x)
+        g = [silu(a) * b for a, b in zip(mv(W[p + 'ffn_gate.weight'], h), mv(W[p + 'ffn_up.weight'], h))]
+        out.append(add(x, mv(W[p + 'ffn_down.weight'], g)))
+    return out
+if A == 'gpt2':
+    xs = [add(W['token_embd.weight'][t], W['position_embd.weight'][p]) for p, t in enumerate(ids)]
+    layer, final = gpt2_layer, lambda x: ln(x, W['output_norm.weight'], W['output_norm.bias'])
+elif A == 'olmo':
+    xs = [list(W['token_embd.weight'][t]) for t in ids]
+    layer, final = olmo_layer, ln
+else:
+    sys.exit('ref_forward: architecture %s is not one of gpt2, olmo' % A)
+for l in range(L): xs = layer(xs, 'blk.%d.' % l)
+logits = mv(W.get('output.weight', W['token_embd.weight']), final(xs[-1]))
+print(' '.join('%.6g' % v for v in logits))
