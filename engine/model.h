@@ -42,6 +42,8 @@ typedef struct tl_arch {
                               (gpt2, stablelm) */
     int learned_pos;       /* 1: learned absolute position embeddings (gpt2) */
     int plain_ffn;         /* 1: act(up) -> down, no gate (gpt2) */
+    int ff_half;           /* 1: feed_forward_length is twice the FFN's width (qwen's converter
+                              writes Hugging Face's intermediate_size) */
     int norm_free;         /* 1: LayerNorms without weight or bias, no norm tensors (olmo) */
     int clamp_kqv;         /* 1: attention.clamp_kqv clips Q, K and V when the file sets it (olmo) */
     int parallel;          /* attention and FFN both read the layer's input, x + attn + ffn:

@@ -20,6 +20,8 @@ static const tl_arch archs[] = {
     {.name = "xverse", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
     {.name = "ernie4_5", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
     {.name = "mistral3", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
+    /* Qwen (1): llama's block with Q/K/V and their bias fused, NEOX RoPE. */
+    {.name = "qwen", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .ff_half = 1},
     /* Qwen 2 / 2.5: llama's block with Q/K/V biases and NEOX RoPE. */
     {.name = "qwen2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU},
     /* Qwen 3 (dense): qwen2 without the biases, with a per-head RMSNorm of
@@ -32,6 +34,9 @@ static const tl_arch archs[] = {
      * attn_qkv with its bias, biases on every matmul, a plain GELU FFN, no
      * RoPE, tied output. */
     {.name = "gpt2", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .learned_pos = 1,
+     .plain_ffn = 1, .nope_every = 1},
+    /* StarCoder (GPT-BigCode): gpt2's block, usually with one K/V head. */
+    {.name = "starcoder", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .learned_pos = 1,
      .plain_ffn = 1, .nope_every = 1},
     /* StableLM 2 (1.6B, Zephyr) / StableCode: llama's gated FFN under
      * LayerNorms with biases, Q/K/V biases, partial NEOX RoPE
@@ -195,6 +200,12 @@ int tl_model_load_hparams(tl_model *m) {
                        1e-5f, &hp->norm_eps)) ||
         (rc = arch_f32(m, "rope.freq_base", 10000.0f, &hp->rope.base)))
         return rc;
+    if (m->arch->ff_half) {
+        if (hp->n_ff % 2)
+            return tl_set_error(TL_ERR_FORMAT, "%s.feed_forward_length %d is odd (the FFN is half of it)",
+                                m->arch->name, hp->n_ff);
+        hp->n_ff /= 2;
+    }
     if (hp->n_embd < 1 || hp->n_layer < 1 || hp->n_head < 1 || hp->n_ff < 1)
         return tl_set_error(TL_ERR_FORMAT, "hyperparameters must be >= 1 (n_embd %d, n_layer %d, n_head %d, n_ff %d)",
                             hp->n_embd, hp->n_layer, hp->n_head, hp->n_ff);

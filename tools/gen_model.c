@@ -15,8 +15,8 @@
 #include "testmodel.h"
 
 #define ARCHS                                                                                                   \
-    "llama, internlm2, xverse, ernie4_5, mistral3, olmo, qwen2, qwen3, smollm3, gemma, gemma2, gemma3, phi3, " \
-    "gpt2, stablelm, starcoder2, gptneox, phi2"
+    "llama, internlm2, xverse, ernie4_5, mistral3, olmo, qwen, qwen2, qwen3, smollm3, gemma, gemma2, gemma3, phi3, " \
+    "gpt2, starcoder, stablelm, starcoder2, gptneox, phi2"
 
 static int type_by_name(const char *name) {
     for (int t = 0; t < TL_TYPE_COUNT; t++) {

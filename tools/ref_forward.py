@@ -90,14 +90,14 @@ def olmo_layer(xs, p):
         g = [silu(a) * b for a, b in zip(mv(W[p + 'ffn_gate.weight'], h), mv(W[p + 'ffn_up.weight'], h))]
         out.append(add(x, mv(W[p + 'ffn_down.weight'], g)))
     return out
-if A == 'gpt2':
+if A in ('gpt2', 'starcoder'):  # starcoder: gpt2's graph in llama.cpp
     xs = [add(W['token_embd.weight'][t], W['position_embd.weight'][p]) for p, t in enumerate(ids)]
     layer, final = gpt2_layer, lambda x: ln(x, W['output_norm.weight'], W['output_norm.bias'])
 elif A == 'olmo':
     xs = [list(W['token_embd.weight'][t]) for t in ids]
     layer, final = olmo_layer, ln
 else:
-    sys.exit('ref_forward: architecture %s is not one of gpt2, olmo' % A)
+    sys.exit('ref_forward: architecture %s is not one of gpt2, starcoder, olmo' % A)
 for l in range(L): xs = layer(xs, 'blk.%d.' % l)
 logits = mv(W.get('output.weight', W['token_embd.weight']), final(xs[-1]))
 print(' '.join('%.6g' % v for v in logits))

@@ -9,8 +9,11 @@
  *   with one LayerNorm a layer and an output bias) and gemma (llama's block
  *   with GeGLU and sqrt(n_embd)-scaled embeddings): greedy tokens against
  *   ik_llama.cpp's, also through store-h.
- * - olmo (LayerNorms without parameters, clipped Q/K/V): logits against an
- *   independent forward pass (ik's olmo graph ropes K twice).
+ * - qwen (fused Q/K/V with their bias, the FFN half of feed_forward_length):
+ *   greedy tokens against ik_llama.cpp's.
+ * - olmo (LayerNorms without parameters, clipped Q/K/V) and starcoder
+ *   (gpt2's graph with one K/V head): logits against an independent
+ *   forward pass (ik's olmo graph ropes K twice).
  * - starcoder2 (LayerNorms, biased separate Q/K/V, a plain FFN): bitwise
  *   the sequential gptneox of the same weights (ik's starcoder2 graph norms
  *   the FFN input with RMSNorm).
@@ -101,6 +104,9 @@ static void test_references(void) {
          {38, 102, 38, 102, 79, 286, 265, 38, 102, 191, 249, 38, 35, 231, 83, 38, 35, 231, 38, 235, 38, 38, 38, 235}},
         {"ernie4_5", 2, 0, 3, 0, 0, 1,
          {42, 42, 42, 180, 42, 42, 42, 42, 42, 42, 6, 6, 6, 6, 93, 260, 93, 164, 164, 164, 164, 164, 164, 164}},
+        {"qwen", 4, 0, 1, 0, 0, 0, /* fused Q/K/V with their bias; feed_forward_length twice the FFN */
+         {206, 206, 206, 206, 206, 206, 206, 206, 206, 307, 206, 81, 174, 206, 81, 174, 206, 81, 174, 213, 213, 213, 213,
+          213}},
     };
     for (size_t r = 0; r < sizeof refs / sizeof refs[0]; r++) {
         tm_spec s = ref_spec(refs[r].arch, refs[r].kv_heads, refs[r].rope_dims, refs[r].seed);
@@ -157,13 +163,41 @@ static void test_llama_names(void) {
     }
 }
 
-/* olmo: LayerNorms without weight or bias, Q/K/V clipped to +-0.3. The
- * reference is tools/ref_forward.py (float64 plain Python) on this spec,
- * 2026-12-07 (tinyloop's logits agreed to 1e-5 everywhere, with and
- * without the clip): ik_llama.cpp's olmo graph ropes K twice (with that
- * emulated, tinyloop's greedy tokens equalled ik's on three such files).
- * The recomputed K/V of store-h are clipped too: its greedy tokens equal
- * the f16 KV's. */
+/* The first 25 ids of a small spec, its logits against values from
+ * tools/ref_forward.py (float64 plain Python) on the same file: positions
+ * 100-107 and the argmax within 1e-4. */
+static const int32_t ref_ids[25] = {1, 5, 77, 300, 12, 9, 140, 33, 2, 45, 67, 89, 101, 200, 17, 18, 19, 20, 21, 22,
+                                    23, 24, 25, 26, 27};
+
+static void check_ref_logits(const char *what, const char *path, const float want[8], int best_want,
+                             float best_value) {
+    tl_model_params p = tl_model_default_params();
+    p.kv_type = TL_KV_F32;
+    p.max_seq_len = 64;
+    tl_model *m = NULL;
+    tl_model_open(path, p, &m);
+    CHECK(m != NULL, "%s opens (%s)", what, m ? "" : tl_last_error());
+    float l[320];
+    tl_seq *q = NULL;
+    const int32_t *ip = ref_ids;
+    int n = 25, rc = m ? tl_seq_new(m, 0, &q) || tl_batch_forward(m, &q, &ip, &n, 1, l) : -1;
+    tl_seq_free(q);
+    tl_model_close(m);
+    float err = 0;
+    int best = 0;
+    for (int i = 0; i < 8 && rc == 0; i++) err = fmaxf(err, fabsf(l[100 + i] - want[i]));
+    for (int i = 1; i < 320 && rc == 0; i++) best = l[i] > l[best] ? i : best;
+    CHECK(rc == 0 && err < 1e-4f && best == best_want && fabsf(l[best_want] - best_value) < 1e-4f,
+          "%s logits equal the independent reference (max error %g over 8, argmax %d, want %d)", what, err, best,
+          best_want);
+}
+
+/* olmo: LayerNorms without weight or bias, Q/K/V clipped to +-0.3, against
+ * tools/ref_forward.py (2026-12-07; tinyloop's logits agreed to 1e-5
+ * everywhere, with and without the clip): ik_llama.cpp's olmo graph ropes
+ * K twice (with that emulated, tinyloop's greedy tokens equalled ik's on
+ * three such files). The recomputed K/V of store-h are clipped too: its
+ * greedy tokens equal the f16 KV's. */
 static void test_olmo(void) {
     tm_spec s = tm_default_spec();
     s.arch = "olmo";
@@ -173,39 +207,36 @@ static void test_olmo(void) {
     s.extra_value = 0.3f;
     const char *path = tmp_path("olmo");
     CHECK(tm_write(&s, path) == 0, "the olmo model is written");
-    static const int32_t ids[25] = {1,   5,  77, 300, 12, 9,  140, 33, 2,  45, 67, 89, 101,
-                                    200, 17, 18, 19,  20, 21, 22,  23, 24, 25, 26, 27};
     static const float want[8] = {0.820419f, 0.0163524f, -0.264025f, 0.74679f,
                                   0.358345f, 0.332367f,  0.802436f,  -0.0658007f};
-    tl_model_params p = tl_model_default_params();
-    p.kv_type = TL_KV_F32;
-    p.max_seq_len = 64;
-    tl_model *m = NULL;
-    tl_model_open(path, p, &m);
-    CHECK(m != NULL, "olmo opens (%s)", m ? "" : tl_last_error());
-    float l[320];
-    tl_seq *q = NULL;
-    const int32_t *ip = ids;
-    int n = 25, rc = m ? tl_seq_new(m, 0, &q) || tl_batch_forward(m, &q, &ip, &n, 1, l) : -1;
-    tl_seq_free(q);
-    tl_model_close(m);
-    float err = 0;
-    int best = 0;
-    for (int i = 0; i < 8 && rc == 0; i++) err = fmaxf(err, fabsf(l[100 + i] - want[i]));
-    for (int i = 1; i < 320 && rc == 0; i++) best = l[i] > l[best] ? i : best;
-    CHECK(rc == 0 && err < 1e-4f && best == 280 && fabsf(l[280] - 2.37628f) < 1e-4f,
-          "olmo logits equal the independent reference (max error %g over 8, argmax %d, want 280)", err, best);
+    check_ref_logits("olmo", path, want, 280, 2.37628f);
     int32_t out[2][16];
     for (int h = 0; h < 2; h++) {
-        m = open_model(path, TL_KV_F16, h ? "h" : NULL, 1);
+        tl_model *m = open_model(path, TL_KV_F16, h ? "h" : NULL, 1);
         tl_generate_params gp = tl_generate_default_params();
         gp.max_tokens = 16;
         gp.ignore_eos = 1;
-        int ng = m ? tl_generate(m, ids, 20, gp, out[h], 16) : -1;
+        int ng = m ? tl_generate(m, ref_ids, 20, gp, out[h], 16) : -1;
         CHECK(ng == 16, "olmo generates 16 tokens (%s, %d)", h ? "store-h" : "f16 KV", ng);
         tl_model_close(m);
     }
     CHECK(!memcmp(out[0], out[1], sizeof out[0]), "... the same through store-h's recomputed, clipped K/V");
+    remove(path);
+}
+
+/* starcoder (GPT-BigCode) runs gpt2's graph in llama.cpp, here with one
+ * K/V head, against tools/ref_forward.py (2026-12-07, agreed to 1e-5). */
+static void test_starcoder(void) {
+    tm_spec s = tm_default_spec();
+    s.arch = "starcoder";
+    s.n_head_kv = 1;
+    s.n_ctx = 64;
+    s.seed = 7;
+    const char *path = tmp_path("starcoder");
+    CHECK(tm_write(&s, path) == 0, "the starcoder model is written");
+    static const float want[8] = {-0.751879f, 0.0657546f, -2.12413f, 1.91347f,
+                                  -0.115344f, 0.54601f,   -0.315959f, 1.91933f};
+    check_ref_logits("starcoder (one K/V head)", path, want, 305, 3.28476f);
     remove(path);
 }
 
@@ -295,7 +326,8 @@ static void test_batch_threads(void) {
 }
 
 /* A gptneox file without use_parallel_residual runs in parallel (Hugging
- * Face's default); the CUDA plugin refuses gptneox and phi2, saying why. */
+ * Face's default); qwen's odd feed_forward_length is refused; the CUDA
+ * plugin refuses gptneox and phi2, saying why. */
 static void test_keys_and_refusals(void) {
     tm_spec s = ref_spec("gptneox", 4, 16, 1);
     const char *path = tmp_path("key");
@@ -307,6 +339,16 @@ static void test_keys_and_refusals(void) {
     int rg = prompt_logits(path, TL_KV_F32, got);
     CHECK(rw == 0 && rg == 0 && !memcmp(want, got, sizeof want),
           "gptneox without use_parallel_residual runs in parallel, as with the key true");
+    remove(path);
+
+    /* qwen's FFN is half of feed_forward_length: an odd one is refused */
+    tm_spec q = ref_spec("qwen", 4, 0, 1);
+    tm_write(&q, path);
+    CHECK(tm_patch_u32_key(path, "qwen.feed_forward_length", 1023) == 1, "qwen's feed_forward_length is patched");
+    tl_model *qm = open_model(path, TL_KV_F16, NULL, 1);
+    CHECK(!qm && strstr(tl_last_error(), "qwen.feed_forward_length 1023 is odd"), "an odd one is refused (%s)",
+          tl_last_error());
+    tl_model_close(qm);
     remove(path);
 
     static const char *const archs[2] = {"phi2", "gptneox"};
@@ -328,6 +370,7 @@ int main(void) {
     test_references();
     test_llama_names();
     test_olmo();
+    test_starcoder();
     test_starcoder2();
     test_batch_threads();
     test_keys_and_refusals();

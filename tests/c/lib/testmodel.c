@@ -47,7 +47,9 @@ int tm_arch_cases(tm_spec *c, const char **names) {
 typedef struct {
     const char *name;
     unsigned layer_norm : 1;  /* LayerNorm: its epsilon key, norm biases */
-    unsigned qkv_fused : 1;   /* attn_qkv (and its bias with matmul_bias) */
+    unsigned qkv_fused : 1;   /* attn_qkv (and its bias with matmul_bias or qkv_bias) */
+    unsigned qkv_bias : 1;    /* a fused QKV's bias without the other matmuls' (qwen) */
+    unsigned ff_twice : 1;    /* feed_forward_length written as twice n_ff (qwen) */
     unsigned qkv_split : 1;   /* attn_q/k/v (and biases) drawn as one fused attn_qkv, then split by
                                  rows: the same network as the fused recipe with the same seed */
     unsigned gate_up : 1;     /* gate and up rows in one ffn_up (phi3) */
@@ -72,6 +74,7 @@ static const tm_recipe recipes[] = {
     {.name = "ernie4_5"},
     {.name = "mistral3"},
     {.name = "olmo", .layer_norm = 1, .norm_free = 1},
+    {.name = "qwen", .qkv_fused = 1, .qkv_bias = 1, .ff_twice = 1},
     {.name = "qwen2"},
     {.name = "qwen3", .qk_norm = 1},
     {.name = "smollm3"},
@@ -80,6 +83,7 @@ static const tm_recipe recipes[] = {
     {.name = "gemma3", .gemma = 1, .post_norms = 1, .window = 1, .qk_norm = 1},
     {.name = "phi3", .qkv_fused = 1, .gate_up = 1, .window = 1},
     {.name = "gpt2", .layer_norm = 1, .qkv_fused = 1, .plain_ffn = 1, .learned_pos = 1, .matmul_bias = 1},
+    {.name = "starcoder", .layer_norm = 1, .qkv_fused = 1, .plain_ffn = 1, .learned_pos = 1, .matmul_bias = 1},
     {.name = "stablelm", .layer_norm = 1},
     {.name = "starcoder2", .layer_norm = 1, .qkv_split = 1, .plain_ffn = 1, .matmul_bias = 1},
     {.name = "gptneox", .layer_norm = 1, .qkv_fused = 1, .plain_ffn = 1, .matmul_bias = 1, .par_key = 1},
@@ -264,7 +268,7 @@ int tm_write(const tm_spec *s, const char *path) {
     gw_set_u32(gw, KEY("context_length"), (uint32_t)s->n_ctx);
     gw_set_u32(gw, KEY("embedding_length"), (uint32_t)s->n_embd);
     gw_set_u32(gw, KEY("block_count"), (uint32_t)n_written);
-    gw_set_u32(gw, KEY("feed_forward_length"), (uint32_t)s->n_ff);
+    gw_set_u32(gw, KEY("feed_forward_length"), (uint32_t)(r.ff_twice ? 2 * s->n_ff : s->n_ff));
     gw_set_u32(gw, KEY("rope.dimension_count"), (uint32_t)(s->rope_dims > 0 ? s->rope_dims : hd));
     gw_set_u32(gw, KEY("attention.head_count"), (uint32_t)s->n_head);
     gw_set_u32(gw, KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
@@ -353,7 +357,7 @@ int tm_write(const tm_spec *s, const char *path) {
         rc |= add_matrix(gw, s, NAME("ffn_down"), s->n_ff, s->n_embd, ls + 8, s->type);
 #define BIAS(x) (snprintf(n, sizeof n, "blk.%d.%s.bias", l, x), n)
         if (r.layer_norm && !r.norm_free) rc |= add_bias(gw, BIAS("attn_norm"), s->n_embd, ls + 9);
-        if (r.matmul_bias && r.qkv_fused) rc |= add_bias(gw, BIAS("attn_qkv"), q_dim + 2 * kv_dim, ls + 10);
+        if ((r.matmul_bias || r.qkv_bias) && r.qkv_fused) rc |= add_bias(gw, BIAS("attn_qkv"), q_dim + 2 * kv_dim, ls + 10);
         if (r.matmul_bias && r.qkv_split) rc |= add_vector_parts(gw, qkv_b, qkv_rows, 3, ls + 10, 0.1f, 0.0f);
         if (r.matmul_bias) rc |= add_bias(gw, BIAS("attn_output"), s->n_embd, ls + 11);
         if (r.layer_norm && !r.one_norm && !r.norm_free) rc |= add_bias(gw, BIAS("ffn_norm"), s->n_embd, ls + 12);
