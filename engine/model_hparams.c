@@ -58,6 +58,11 @@ static const tl_arch archs[] = {
      * optionally clipped (attention.clamp_kqv). */
     {.name = "olmo", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .layer_norm = 1, .norm_free = 1,
      .clamp_kqv = 1},
+    /* Falcon (7B): phi2's parallel block without biases, Q/K/V fused, usually
+     * one K/V head. Falcon-40B's second norm (attn_norm_2) is refused as an
+     * unread tensor. */
+    {.name = "falcon", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .plain_ffn = 1,
+     .parallel = TL_PAR_SHARED},
     /* Phi-3 / Phi-3.5 / Phi-4(-mini): llama's block with Q/K/V in one
      * attn_qkv and gate/up in one ffn_up, NEOX RoPE (LongRoPE's per-pair
      * factors for long contexts), every layer over a sliding window. */

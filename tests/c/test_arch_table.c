@@ -6,8 +6,9 @@
  *   refused.
  * - gptneox (gpt2's fused, biased tensors with partial NEOX RoPE; attention
  *   and FFN side by side when use_parallel_residual says), phi2 (the same
- *   with one LayerNorm a layer and an output bias) and gemma (llama's block
- *   with GeGLU and sqrt(n_embd)-scaled embeddings): greedy tokens against
+ *   with one LayerNorm a layer and an output bias), falcon (phi2's block
+ *   without biases, grouped K/V heads) and gemma (llama's block with GeGLU
+ *   and sqrt(n_embd)-scaled embeddings): greedy tokens against
  *   ik_llama.cpp's, also through store-h.
  * - qwen (fused Q/K/V with their bias, the FFN half of feed_forward_length):
  *   greedy tokens against ik_llama.cpp's.
@@ -104,6 +105,11 @@ static void test_references(void) {
          {38, 102, 38, 102, 79, 286, 265, 38, 102, 191, 249, 38, 35, 231, 83, 38, 35, 231, 38, 235, 38, 38, 38, 235}},
         {"ernie4_5", 2, 0, 3, 0, 0, 1,
          {42, 42, 42, 180, 42, 42, 42, 42, 42, 42, 6, 6, 6, 6, 93, 260, 93, 164, 164, 164, 164, 164, 164, 164}},
+        {"falcon", 4, 0, 2, 0, 0, 0,
+         {98, 88, 152, 134, 134, 134, 134, 134, 254, 220, 254, 220, 254, 220, 254, 220, 254, 220, 97, 290, 220, 97, 290,
+          220}},
+        {"falcon", 2, 0, 3, 0, 0, 0,
+         {72, 72, 72, 72, 236, 18, 72, 72, 72, 72, 72, 72, 72, 72, 72, 72, 229, 72, 229, 72, 72, 72, 72, 72}},
         {"qwen", 4, 0, 1, 0, 0, 0, /* fused Q/K/V with their bias; feed_forward_length twice the FFN */
          {206, 206, 206, 206, 206, 206, 206, 206, 206, 307, 206, 81, 174, 206, 81, 174, 206, 81, 174, 213, 213, 213, 213,
           213}},

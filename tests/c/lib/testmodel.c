@@ -87,6 +87,7 @@ static const tm_recipe recipes[] = {
     {.name = "stablelm", .layer_norm = 1},
     {.name = "starcoder2", .layer_norm = 1, .qkv_split = 1, .plain_ffn = 1, .matmul_bias = 1},
     {.name = "gptneox", .layer_norm = 1, .qkv_fused = 1, .plain_ffn = 1, .matmul_bias = 1, .par_key = 1},
+    {.name = "falcon", .layer_norm = 1, .qkv_fused = 1, .plain_ffn = 1, .one_norm = 1},
     {.name = "phi2", .layer_norm = 1, .qkv_fused = 1, .plain_ffn = 1, .matmul_bias = 1, .one_norm = 1,
      .output_bias = 1},
 };
