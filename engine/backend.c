@@ -141,6 +141,8 @@ static int cpu_only(const tl_model *m, char *why, size_t cap) {
         snprintf(why, cap, "%s's soft-capping / LayerNorm / attention scale", m->arch->name);
     else if (m->hp.parallel || m->output_b)
         snprintf(why, cap, "%s's parallel attention and FFN / output bias", m->arch->name);
+    else if (m->arch->multipliers)
+        snprintf(why, cap, "%s's embedding / residual / logit multipliers", m->arch->name);
     else if (r->freq_scale != 1.0f || r->attn_factor != 1.0f || r->ext_factor != 0.0f)
         snprintf(why, cap, "scaled RoPE (freq_scale %g, attn_factor %g, ext_factor %g)", r->freq_scale, r->attn_factor,
                  r->ext_factor);

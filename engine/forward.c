@@ -554,6 +554,7 @@ static void tok_task(void *p, int ith, int nth) {
                 break;
             }
             if (ly->post_attn_norm) tl_rmsnorm(o, o, ly->post_attn_norm, D, hp->norm_eps);
+            if (hp->residual_mul != 1.0f) tl_scale_f32(o, hp->residual_mul, D);
             tl_add_f32(x, o, D);
             tl_fwd_norm(m, xb, x, ly->ffn_norm, ly->ffn_norm_b);
             break;
@@ -569,6 +570,7 @@ static void tok_task(void *p, int ith, int nth) {
         }
         case TOK_FFN_OUT: {
             if (ly->post_ffn_norm) tl_rmsnorm(o, o, ly->post_ffn_norm, D, hp->norm_eps);
+            if (hp->residual_mul != 1.0f) tl_scale_f32(o, hp->residual_mul, D);
             /* the parallel branches add up in llama.cpp's order: phi2
              * (attn + ffn) + x, gptneox (ffn + x) + attn */
             if (hp->parallel == TL_PAR_SHARED) tl_add_f32(o, s->o_attn + (size_t)t * D, D);
@@ -745,7 +747,7 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
     double t_start = s->profile ? tl_now() : 0;
     int D = hp->n_embd;
     size_t emb_row = tl_row_size(m->tok_embd.type, D);
-    float emb_scale = m->arch->embd_scale ? sqrtf((float)D) : 1.0f;
+    const float emb_scale = hp->embd_mul;
     int t = 0;
     for (int i = 0; i < n_seq; i++) {
         for (int j = 0; j < n_tokens[i]; j++, t++) {
@@ -800,6 +802,8 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
         }
         if (rows) tl_fwd_matmul(m, logits, &m->output, s->logits_x, rows);
         if (rows && m->output_b) tl_fwd_add_bias(logits, m->output_b, rows, hp->n_vocab);
+        if (hp->logit_div != 1.0f) /* granite: as llama.cpp's ggml_scale by 1 / logit_scale */
+            tl_scale_f32(logits, 1.0f / hp->logit_div, (size_t)rows * hp->n_vocab);
         const float cap = hp->final_softcap; /* Gemma 2: as llama.cpp's ggml_softcap */
         if (cap > 0)
             for (size_t i = 0; i < (size_t)rows * hp->n_vocab; i++) logits[i] = tanhf(logits[i] * (1.0f / cap)) * cap;

@@ -51,6 +51,10 @@ void tl_gelu_tanh(float *x, int n) {
     for (int i = 0; i < n; i += 256) tl_gelu_tanh_mul(x + i, ones, n - i < 256 ? n - i : 256);
 }
 
+void tl_scale_f32(float *x, float s, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
 void tl_add_f32(float *x, const float *o, int n) {
     int i = 0;
     for (; i + 4 <= n; i += 4) st4(x + i, ld4(x + i) + ld4(o + i));

@@ -6,6 +6,8 @@
 #ifndef TL_FORWARD_OPS_H
 #define TL_FORWARD_OPS_H
 
+#include <stddef.h>
+
 /* out = x / rms(x) * w over n elements (out may be x). */
 void tl_rmsnorm(float *out, const float *x, const float *w, int n, float eps);
 
@@ -18,6 +20,8 @@ void tl_gelu_tanh(float *x, int n);
 
 /* x[i] += o[i] over n elements. */
 void tl_add_f32(float *x, const float *o, int n);
+/* x *= s over n elements (ggml_scale's rounding: one product each). */
+void tl_scale_f32(float *x, float s, size_t n);
 
 /* RoPE's angles for one kind of layer, as ggml's rope_yarn computes them:
  * pair i's unscaled angle is e = pos * base^(-2i/n_rot) / freq_factors[i];

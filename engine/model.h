@@ -44,6 +44,8 @@ typedef struct tl_arch {
     int plain_ffn;         /* 1: act(up) -> down, no gate (gpt2) */
     int ff_half;           /* 1: feed_forward_length is twice the FFN's width (qwen's converter
                               writes Hugging Face's intermediate_size) */
+    int multipliers;       /* 1: embedding_scale, residual_scale, attention.scale and
+                              logit_scale as the file sets them (granite) */
     int norm_free;         /* 1: LayerNorms without weight or bias, no norm tensors (olmo) */
     int clamp_kqv;         /* 1: attention.clamp_kqv clips Q, K and V when the file sets it (olmo) */
     int parallel;          /* attention and FFN both read the layer's input, x + attn + ffn:
@@ -64,6 +66,9 @@ typedef struct tl_hparams {
     float attn_scale;        /* multiplies q.k: 1/sqrt(head_dim) but for tl_arch.big_layers */
     float attn_softcap;      /* > 0: scores become cap * tanh(score / cap) before the softmax */
     float final_softcap;     /* > 0: logits become cap * tanh(logit / cap) */
+    float embd_mul;          /* 1: none; embeddings times it (gemma: sqrt(n_embd), granite's key) */
+    float residual_mul;      /* 1: none; each branch's output times it before the residual add (granite) */
+    float logit_div;         /* 1: none; logits times 1/logit_div (granite) */
     float clamp_kqv;         /* > 0: Q, K and V clipped to [-clamp_kqv, clamp_kqv] after their biases */
     int parallel;            /* TL_PAR_NONE: x += attn, then x += ffn; TL_PAR_KEY: x + attn(norm(x))
                                 + ffn(ffn_norm(x)); TL_PAR_SHARED: x + attn(n) + ffn(n), n = norm(x) */

@@ -20,6 +20,10 @@ static const tl_arch archs[] = {
     {.name = "xverse", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
     {.name = "ernie4_5", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
     {.name = "mistral3", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
+    /* Granite (3.x dense): llama's block with four multipliers from the
+     * file: embeddings, each branch before its residual add, q.k (instead
+     * of 1/sqrt(head_dim)) and logits (divided). */
+    {.name = "granite", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .multipliers = 1},
     /* Qwen (1): llama's block with Q/K/V and their bias fused, NEOX RoPE. */
     {.name = "qwen", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .ff_half = 1},
     /* Qwen 2 / 2.5: llama's block with Q/K/V biases and NEOX RoPE. */
@@ -193,6 +197,29 @@ static int phi3_window(tl_model *m) {
     return TL_OK;
 }
 
+/* Embedding, residual, attention and logit multipliers: gemma's sqrt(n_embd)
+ * on the embeddings, granite's four keys (0 or absent: none, as in
+ * llama.cpp's graph). */
+static int load_multipliers(tl_model *m) {
+    tl_hparams *hp = &m->hp;
+    hp->embd_mul = m->arch->embd_scale ? sqrtf((float)hp->n_embd) : 1.0f;
+    hp->residual_mul = hp->logit_div = 1.0f;
+    if (!m->arch->multipliers) return TL_OK;
+    float embd, res, attn, logit;
+    int rc;
+    if ((rc = arch_f32(m, "embedding_scale", 0, &embd)) || (rc = arch_f32(m, "residual_scale", 0, &res)) ||
+        (rc = arch_f32(m, "attention.scale", 0, &attn)) || (rc = arch_f32(m, "logit_scale", 0, &logit)))
+        return rc;
+    if (embd < 0 || res < 0 || attn < 0 || logit < 0)
+        return tl_set_error(TL_ERR_FORMAT, "%s multipliers must be >= 0 (embedding %g, residual %g, attention %g, "
+                            "logit %g)", m->arch->name, embd, res, attn, logit);
+    if (embd > 0) hp->embd_mul = embd;
+    if (res > 0) hp->residual_mul = res;
+    if (attn > 0) hp->attn_scale = attn;
+    if (logit > 0) hp->logit_div = logit;
+    return TL_OK;
+}
+
 int tl_model_load_hparams(tl_model *m) {
     tl_hparams *hp = &m->hp;
     int rc;
@@ -246,6 +273,7 @@ int tl_model_load_hparams(tl_model *m) {
     if (temp_scale != 0)
         return tl_set_error(TL_ERR_UNSUPPORTED, "%s.attention.temperature_scale %g is not supported", m->arch->name,
                             temp_scale);
+    if ((rc = load_multipliers(m))) return rc;
     if (m->arch->clamp_kqv && (rc = arch_f32(m, "attention.clamp_kqv", 0, &hp->clamp_kqv))) return rc;
     if (hp->clamp_kqv < 0) return tl_set_error(TL_ERR_FORMAT, "attention.clamp_kqv %g must be >= 0", hp->clamp_kqv);
     hp->parallel = m->arch->parallel;

@@ -15,7 +15,7 @@
 #include "testmodel.h"
 
 #define ARCHS                                                                                                   \
-    "llama, internlm2, xverse, ernie4_5, mistral3, olmo, qwen, qwen2, qwen3, smollm3, gemma, gemma2, gemma3, phi3, " \
+    "llama, internlm2, xverse, ernie4_5, mistral3, olmo, granite, qwen, qwen2, qwen3, smollm3, gemma, gemma2, gemma3, phi3, " \
     "gpt2, starcoder, stablelm, starcoder2, gptneox, phi2, falcon"
 
 static int type_by_name(const char *name) {

@@ -4,6 +4,8 @@
 # last token's logits for the given ids.
 #   gpt2: its FFN norm is RMSNorm without the bias in ik's graph (test_gpt2).
 #   olmo: ik's graph applies RoPE to K twice (test_arch_table).
+#   granite: ik's graph scales the residual sum, not the branch (test_arch_table).
+#   llama: the same pass as granite, without the multipliers.
 #   python3 tools/ref_forward.py MODEL.gguf 1,5,77,...
 import struct, sys, math
 def rd(f, fmt): return struct.unpack('<' + fmt, f.read(struct.calcsize('<' + fmt)))
@@ -37,7 +39,10 @@ kv, W = load(sys.argv[1]); ids = [int(x) for x in sys.argv[2].split(',')]
 A = kv['general.architecture'].decode()
 def key(k, d=None): return kv.get(A + '.' + k, d)
 D = key('embedding_length'); L = key('block_count'); H = key('attention.head_count')
-HKV = key('attention.head_count_kv', H); eps = key('attention.layer_norm_epsilon'); hd = D // H
+HKV = key('attention.head_count_kv', H); hd = D // H
+eps = key('attention.layer_norm_epsilon', key('attention.layer_norm_rms_epsilon'))
+emb_mul = key('embedding_scale', 0.0) or 1.0; res_mul = key('residual_scale', 0.0) or 1.0
+att_scale = key('attention.scale', 0.0) or 1 / math.sqrt(hd); logit_div = key('logit_scale', 0.0) or 1.0
 base = key('rope.freq_base', 10000.0); clamp = key('attention.clamp_kqv', 0.0)
 def mv(M, x): return [sum(a * b for a, b in zip(row, x)) for row in M]
 def add(a, b): return [u + v for u, v in zip(a, b)]
@@ -45,6 +50,9 @@ def ln(x, w=None, b=None):  # w None: olmo's LayerNorm without parameters
     mu = sum(x) / len(x); var = sum((v - mu) ** 2 for v in x) / len(x); s = 1 / math.sqrt(var + eps)
     if w is None: return [(v - mu) * s for v in x]
     return [(v - mu) * s * wi + bi for v, wi, bi in zip(x, w, b)]
+def rms(x, w):
+    s = 1 / math.sqrt(sum(v * v for v in x) / len(x) + eps)
+    return [v * s * wi for v, wi in zip(x, w)]
 def gelu(v): return 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * v * (1 + 0.044715 * v * v)))
 def silu(v): return v / (1 + math.exp(-v))
 def clip(x): return [min(max(v, -clamp), clamp) for v in x] if clamp > 0 else x
@@ -56,12 +64,13 @@ def rope(x, n, pos):  # llama's adjacent pairs over each head
             a, b = x[h0 + 2 * i], x[h0 + 2 * i + 1]
             y[h0 + 2 * i], y[h0 + 2 * i + 1] = a * c - b * s, a * s + b * c
     return y
-def attend(qs, ks, vs, i):
+def attend(qs, ks, vs, i, scale=None):
+    scale = scale or 1 / math.sqrt(hd)
     att = []
     for hh in range(H):
         kh = hh // (H // HKV)
         q = qs[i][hh * hd:(hh + 1) * hd]
-        sc = [sum(a * b for a, b in zip(q, ks[j][kh * hd:(kh + 1) * hd])) / math.sqrt(hd) for j in range(i + 1)]
+        sc = [sum(a * b for a, b in zip(q, ks[j][kh * hd:(kh + 1) * hd])) * scale for j in range(i + 1)]
         m = max(sc); e = [math.exp(s - m) for s in sc]; z = sum(e)
         att += [sum(e[j] / z * vs[j][kh * hd + d] for j in range(i + 1)) for d in range(hd)]
     return att
@@ -90,14 +99,29 @@ def olmo_layer(xs, p):
         g = [silu(a) * b for a, b in zip(mv(W[p + 'ffn_gate.weight'], h), mv(W[p + 'ffn_up.weight'], h))]
         out.append(add(x, mv(W[p + 'ffn_down.weight'], g)))
     return out
+def llama_layer(xs, p):  # granite's multipliers are 1 for llama
+    hs = [rms(x, W[p + 'attn_norm.weight']) for x in xs]
+    qs = [rope(mv(W[p + 'attn_q.weight'], h), H, i) for i, h in enumerate(hs)]
+    ks = [rope(mv(W[p + 'attn_k.weight'], h), HKV, i) for i, h in enumerate(hs)]
+    vs = [mv(W[p + 'attn_v.weight'], h) for h in hs]
+    out = []
+    for i, x in enumerate(xs):
+        x = add(x, [v * res_mul for v in mv(W[p + 'attn_output.weight'], attend(qs, ks, vs, i, att_scale))])
+        h = rms(x, W[p + 'ffn_norm.weight'])
+        g = [silu(a) * b for a, b in zip(mv(W[p + 'ffn_gate.weight'], h), mv(W[p + 'ffn_up.weight'], h))]
+        out.append(add(x, [v * res_mul for v in mv(W[p + 'ffn_down.weight'], g)]))
+    return out
 if A in ('gpt2', 'starcoder'):  # starcoder: gpt2's graph in llama.cpp
     xs = [add(W['token_embd.weight'][t], W['position_embd.weight'][p]) for p, t in enumerate(ids)]
     layer, final = gpt2_layer, lambda x: ln(x, W['output_norm.weight'], W['output_norm.bias'])
 elif A == 'olmo':
     xs = [list(W['token_embd.weight'][t]) for t in ids]
     layer, final = olmo_layer, ln
+elif A in ('llama', 'granite'):
+    xs = [[v * emb_mul for v in W['token_embd.weight'][t]] for t in ids]
+    layer, final = llama_layer, lambda x: rms(x, W['output_norm.weight'])
 else:
-    sys.exit('ref_forward: architecture %s is not one of gpt2, starcoder, olmo' % A)
+    sys.exit('ref_forward: architecture %s is not one of gpt2, starcoder, olmo, llama, granite' % A)
 for l in range(L): xs = layer(xs, 'blk.%d.' % l)
-logits = mv(W.get('output.weight', W['token_embd.weight']), final(xs[-1]))
+logits = [v / logit_div for v in mv(W.get('output.weight', W['token_embd.weight']), final(xs[-1]))]
 print(' '.join('%.6g' % v for v in logits))

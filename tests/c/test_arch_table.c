@@ -12,9 +12,11 @@
  *   ik_llama.cpp's, also through store-h.
  * - qwen (fused Q/K/V with their bias, the FFN half of feed_forward_length):
  *   greedy tokens against ik_llama.cpp's.
- * - olmo (LayerNorms without parameters, clipped Q/K/V) and starcoder
- *   (gpt2's graph with one K/V head): logits against an independent
- *   forward pass (ik's olmo graph ropes K twice).
+ * - olmo (LayerNorms without parameters, clipped Q/K/V), starcoder (gpt2's
+ *   graph with one K/V head) and granite (embedding, residual, attention
+ *   and logit multipliers): logits against an independent forward pass
+ *   (ik's olmo graph ropes K twice, its granite graph scales the residual
+ *   sum).
  * - starcoder2 (LayerNorms, biased separate Q/K/V, a plain FFN): bitwise
  *   the sequential gptneox of the same weights (ik's starcoder2 graph norms
  *   the FFN input with RMSNorm).
@@ -230,6 +232,25 @@ static void test_olmo(void) {
     remove(path);
 }
 
+/* granite: llama's block with embeddings x12, each branch x0.22 before its
+ * residual add, q.k x0.2 and logits / 4 (the recipe's keys), embeddings
+ * drawn 10x smaller so the scaled ones do not drown the layers; against
+ * tools/ref_forward.py (2026-12-07, agreed to 1e-6), since ik_llama.cpp's
+ * graph scales the residual sum instead of the branch. */
+static void test_granite(void) {
+    tm_spec s = tm_default_spec();
+    s.arch = "granite";
+    s.n_ctx = 64;
+    s.seed = 9;
+    s.embd_gain = 0.1f;
+    const char *path = tmp_path("granite");
+    CHECK(tm_write(&s, path) == 0, "the granite model is written");
+    static const float want[8] = {0.531774f,  0.483382f,  -0.031692f, 0.0253852f,
+                                  -0.0426154f, -0.453058f, 0.135138f,  0.0310475f};
+    check_ref_logits("granite", path, want, 63, 0.897031f);
+    remove(path);
+}
+
 /* starcoder (GPT-BigCode) runs gpt2's graph in llama.cpp, here with one
  * K/V head, against tools/ref_forward.py (2026-12-07, agreed to 1e-5). */
 static void test_starcoder(void) {
@@ -333,7 +354,7 @@ static void test_batch_threads(void) {
 
 /* A gptneox file without use_parallel_residual runs in parallel (Hugging
  * Face's default); qwen's odd feed_forward_length is refused; the CUDA
- * plugin refuses gptneox and phi2, saying why. */
+ * plugin refuses gptneox, phi2 and granite, saying why. */
 static void test_keys_and_refusals(void) {
     tm_spec s = ref_spec("gptneox", 4, 16, 1);
     const char *path = tmp_path("key");
@@ -357,8 +378,8 @@ static void test_keys_and_refusals(void) {
     tl_model_close(qm);
     remove(path);
 
-    static const char *const archs[2] = {"phi2", "gptneox"};
-    for (int c = 0; c < 2; c++) {
+    static const char *const archs[3] = {"phi2", "gptneox", "granite"};
+    for (int c = 0; c < 3; c++) {
         tm_spec p = ref_spec(archs[c], 4, 16, 2);
         tm_write(&p, path);
         tl_model *m = NULL;
@@ -377,6 +398,7 @@ int main(void) {
     test_llama_names();
     test_olmo();
     test_starcoder();
+    test_granite();
     test_starcoder2();
     test_batch_threads();
     test_keys_and_refusals();

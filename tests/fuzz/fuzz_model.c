@@ -41,8 +41,8 @@ static void write_seeds(const char *dir) {
         tm_write(&s, path);
     }
     static const char *const names[] = {"qwen3", "gemma2",     "phi3", "gpt2", "yarn",      "gptneox",
-                                        "phi2",  "starcoder2", "olmo", "qwen", "starcoder", "falcon"};
-    for (int k = 0; k < 12; k++) {
+                                        "phi2",  "starcoder2", "olmo", "qwen", "starcoder", "falcon", "granite"};
+    for (int k = 0; k < 13; k++) {
         tm_spec s = tm_default_spec();
         s.n_layer = 1, s.n_vocab = 260, s.n_ctx = 64;
         if (k == 0) s.arch = "qwen3", s.head_dim = 32;

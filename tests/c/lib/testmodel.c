@@ -65,6 +65,7 @@ typedef struct {
     unsigned output_bias : 1; /* output.bias */
     unsigned par_key : 1;     /* use_parallel_residual (gptneox) */
     unsigned norm_free : 1;   /* no norm tensors at all: LayerNorms without weight or bias (olmo) */
+    unsigned multipliers : 1; /* granite's four keys, with values like Granite 3's */
 } tm_recipe;
 
 static const tm_recipe recipes[] = {
@@ -74,6 +75,7 @@ static const tm_recipe recipes[] = {
     {.name = "ernie4_5"},
     {.name = "mistral3"},
     {.name = "olmo", .layer_norm = 1, .norm_free = 1},
+    {.name = "granite", .multipliers = 1},
     {.name = "qwen", .qkv_fused = 1, .qkv_bias = 1, .ff_twice = 1},
     {.name = "qwen2"},
     {.name = "qwen3", .qk_norm = 1},
@@ -284,6 +286,12 @@ int tm_write(const tm_spec *s, const char *path) {
     if (s->head_dim) gw_set_u32(gw, KEY("attention.value_length"), (uint32_t)hd);
     if (r.window && s->sliding_window > 0) gw_set_u32(gw, KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
     if (s->extra_key) gw_set_f32(gw, KEY(s->extra_key), s->extra_value);
+    if (r.multipliers) {
+        gw_set_f32(gw, KEY("embedding_scale"), 12.0f);
+        gw_set_f32(gw, KEY("residual_scale"), 0.22f);
+        gw_set_f32(gw, KEY("attention.scale"), 0.2f);
+        gw_set_f32(gw, KEY("logit_scale"), 4.0f);
+    }
     if (r.par_key) gw_set_bool(gw, KEY("use_parallel_residual"), !s->sequential);
     if (r.softcap) {
         gw_set_f32(gw, KEY("attn_logit_softcapping"), s->attn_softcap > 0 ? s->attn_softcap : 50.0f);
