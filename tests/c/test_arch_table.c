@@ -200,71 +200,59 @@ static void check_ref_logits(const char *what, const char *path, const float wan
           best_want);
 }
 
-/* olmo: LayerNorms without weight or bias, Q/K/V clipped to +-0.3, against
- * tools/ref_forward.py (2026-12-07; tinyloop's logits agreed to 1e-5
- * everywhere, with and without the clip): ik_llama.cpp's olmo graph ropes
- * K twice (with that emulated, tinyloop's greedy tokens equalled ik's on
- * three such files). The recomputed K/V of store-h are clipped too: its
- * greedy tokens equal the f16 KV's. */
-static void test_olmo(void) {
-    tm_spec s = tm_default_spec();
-    s.arch = "olmo";
-    s.n_ctx = 64;
-    s.seed = 5;
-    s.extra_key = "attention.clamp_kqv";
-    s.extra_value = 0.3f;
-    const char *path = tmp_path("olmo");
-    CHECK(tm_write(&s, path) == 0, "the olmo model is written");
-    static const float want[8] = {0.820419f, 0.0163524f, -0.264025f, 0.74679f,
-                                  0.358345f, 0.332367f,  0.802436f,  -0.0658007f};
-    check_ref_logits("olmo", path, want, 280, 2.37628f);
-    int32_t out[2][16];
-    for (int h = 0; h < 2; h++) {
-        tl_model *m = open_model(path, TL_KV_F16, h ? "h" : NULL, 1);
-        tl_generate_params gp = tl_generate_default_params();
-        gp.max_tokens = 16;
-        gp.ignore_eos = 1;
-        int ng = m ? tl_generate(m, ref_ids, 20, gp, out[h], 16) : -1;
-        CHECK(ng == 16, "olmo generates 16 tokens (%s, %d)", h ? "store-h" : "f16 KV", ng);
-        tl_model_close(m);
+/* Small specs (width 64, 2 layers) against tools/ref_forward.py's logits
+ * on the same files (2026-12-07; tinyloop agreed to 1e-5 everywhere):
+ * - olmo: LayerNorms without weight or bias, Q/K/V clipped to +-0.3
+ *   (ik_llama.cpp's olmo graph ropes K twice; with that emulated,
+ *   tinyloop's greedy tokens equalled ik's on three such files);
+ * - starcoder (GPT-BigCode): gpt2's graph, here with one K/V head;
+ * - granite: embeddings x12, each branch x0.22 before its residual add,
+ *   q.k x0.2 and logits / 4 (the recipe's keys), embeddings drawn 10x
+ *   smaller so the scaled ones do not drown the layers (ik's graph scales
+ *   the residual sum instead of the branch).
+ * olmo's store-h recomputes clipped K/V too: its greedy tokens equal the
+ * f16 KV's. */
+static void test_reference_logits(void) {
+    static const struct {
+        const char *arch;
+        int kv_heads, seed;
+        float embd_gain, clamp;
+        float want[8];
+        int best;
+        float best_value;
+    } cases[] = {
+        {"olmo", 2, 5, 0, 0.3f, {0.820419f, 0.0163524f, -0.264025f, 0.74679f, 0.358345f, 0.332367f, 0.802436f,
+                                 -0.0658007f}, 280, 2.37628f},
+        {"starcoder", 1, 7, 0, 0, {-0.751879f, 0.0657546f, -2.12413f, 1.91347f, -0.115344f, 0.54601f, -0.315959f,
+                                   1.91933f}, 305, 3.28476f},
+        {"granite", 2, 9, 0.1f, 0, {0.531774f, 0.483382f, -0.031692f, 0.0253852f, -0.0426154f, -0.453058f, 0.135138f,
+                                    0.0310475f}, 63, 0.897031f},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        tm_spec s = tm_default_spec();
+        s.arch = cases[c].arch;
+        s.n_head_kv = cases[c].kv_heads;
+        s.n_ctx = 64;
+        s.seed = (uint64_t)cases[c].seed;
+        s.embd_gain = cases[c].embd_gain;
+        if (cases[c].clamp > 0) s.extra_key = "attention.clamp_kqv", s.extra_value = cases[c].clamp;
+        const char *path = tmp_path("ref_logits");
+        CHECK(tm_write(&s, path) == 0, "the %s model is written", s.arch);
+        check_ref_logits(s.arch, path, cases[c].want, cases[c].best, cases[c].best_value);
+        int32_t out[2][16];
+        for (int h = 0; h < 2 && cases[c].clamp > 0; h++) {
+            tl_model *m = open_model(path, TL_KV_F16, h ? "h" : NULL, 1);
+            tl_generate_params gp = tl_generate_default_params();
+            gp.max_tokens = 16;
+            gp.ignore_eos = 1;
+            int ng = m ? tl_generate(m, ref_ids, 20, gp, out[h], 16) : -1;
+            CHECK(ng == 16, "%s generates 16 tokens (%s, %d)", s.arch, h ? "store-h" : "f16 KV", ng);
+            tl_model_close(m);
+        }
+        if (cases[c].clamp > 0)
+            CHECK(!memcmp(out[0], out[1], sizeof out[0]), "... the same through store-h's recomputed, clipped K/V");
+        remove(path);
     }
-    CHECK(!memcmp(out[0], out[1], sizeof out[0]), "... the same through store-h's recomputed, clipped K/V");
-    remove(path);
-}
-
-/* granite: llama's block with embeddings x12, each branch x0.22 before its
- * residual add, q.k x0.2 and logits / 4 (the recipe's keys), embeddings
- * drawn 10x smaller so the scaled ones do not drown the layers; against
- * tools/ref_forward.py (2026-12-07, agreed to 1e-6), since ik_llama.cpp's
- * graph scales the residual sum instead of the branch. */
-static void test_granite(void) {
-    tm_spec s = tm_default_spec();
-    s.arch = "granite";
-    s.n_ctx = 64;
-    s.seed = 9;
-    s.embd_gain = 0.1f;
-    const char *path = tmp_path("granite");
-    CHECK(tm_write(&s, path) == 0, "the granite model is written");
-    static const float want[8] = {0.531774f,  0.483382f,  -0.031692f, 0.0253852f,
-                                  -0.0426154f, -0.453058f, 0.135138f,  0.0310475f};
-    check_ref_logits("granite", path, want, 63, 0.897031f);
-    remove(path);
-}
-
-/* starcoder (GPT-BigCode) runs gpt2's graph in llama.cpp, here with one
- * K/V head, against tools/ref_forward.py (2026-12-07, agreed to 1e-5). */
-static void test_starcoder(void) {
-    tm_spec s = tm_default_spec();
-    s.arch = "starcoder";
-    s.n_head_kv = 1;
-    s.n_ctx = 64;
-    s.seed = 7;
-    const char *path = tmp_path("starcoder");
-    CHECK(tm_write(&s, path) == 0, "the starcoder model is written");
-    static const float want[8] = {-0.751879f, 0.0657546f, -2.12413f, 1.91347f,
-                                  -0.115344f, 0.54601f,   -0.315959f, 1.91933f};
-    check_ref_logits("starcoder (one K/V head)", path, want, 305, 3.28476f);
-    remove(path);
 }
 
 /* starcoder2's specs draw Q/K/V as gptneox's fused rows, split: with RoPE
@@ -396,9 +384,7 @@ static void test_keys_and_refusals(void) {
 int main(void) {
     test_references();
     test_llama_names();
-    test_olmo();
-    test_starcoder();
-    test_granite();
+    test_reference_logits();
     test_starcoder2();
     test_batch_threads();
     test_keys_and_refusals();
