@@ -36,7 +36,11 @@ typedef struct tm_spec {
                           with biases), starcoder2 (LayerNorms, biased matmuls, plain FFN),
                           gptneox (gpt2's tensors with RoPE, parallel residual unless
                           `sequential`), phi2 (gptneox's with one norm a layer and an
-                          output bias) */
+                          output bias), falcon (phi2's without biases), starcoder
+                          (gpt2's), qwen (fused QKV with its bias, feed_forward_length
+                          twice n_ff), olmo (no norm tensors), granite (llama's with its
+                          four multiplier keys); internlm2, xverse, ernie4_5 and
+                          mistral3 are llama's under their names */
     int sequential;    /* gptneox: use_parallel_residual false */
     float embd_gain;   /* > 0: token embeddings this much smaller or larger (a gemma's tied
                           output otherwise echoes the sqrt(n_embd)-scaled input token) */
