@@ -61,6 +61,16 @@ struct tok_bpe {
 #define RE_LLAMA3_LIKE(NUM)                                                                        \
     RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|" NUM "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n]*|" SP \
                     "*[\\r\\n]+|" SP "+(?!" NSP ")|" SP "+"
+/* Mistral's tekken and OpenAI's o200k ("gpt-4o"): runs of capitals then
+ * lower-case letters, in llama.cpp's rewrite for std::regex (any letter but
+ * a-z, then any letter but A-Z: non-ASCII letters count as both, as there),
+ * NUM digits at a time, CONTR an optional contraction after a word. */
+#define RE_NOT_LOWER "[^\\P{L}a-z]"
+#define RE_NOT_UPPER "[^\\P{L}A-Z]"
+#define RE_CASED_WORDS(NUM, CONTR)                                                                               \
+    "[^\\r\\n\\p{L}\\p{N}]?" RE_NOT_LOWER "*" RE_NOT_UPPER "+" CONTR "|[^\\r\\n\\p{L}\\p{N}]?" RE_NOT_LOWER \
+    "+" RE_NOT_UPPER "*" CONTR "|" NUM "| ?[^" WS "\\p{L}\\p{N}]+[\\r\\n/]*|" SP "*[\\r\\n]+|" SP "+(?!" NSP     \
+    ")|" SP "+"
 #define RE_CJK "[\\x{4e00}-\\x{9fa5}\\x{800}-\\x{4e00}\\x{ac00}-\\x{d7ff}]+"
 #define RE_PORO " ?[^(" WS "|.,!?\\x{2026}\\x{3002}\\x{ff0c}\\x{3001}\\x{964}\\x{6d4}\\x{60c})]+"
 
@@ -98,6 +108,22 @@ static const char *const re_ds_llm[] = {
     "\\p{N}+",
     NULL};
 static const char *const re_poro[] = {RE_PORO, NULL};
+static const char *const re_tekken[] = {RE_CASED_WORDS("\\p{N}", ""), NULL};
+static const char *const re_gpt4o[] = {RE_CASED_WORDS("\\p{N}{1,3}", RE_CONTRACTIONS "?"), NULL};
+static const char *const re_seed_coder[] = {RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^" WS
+                                                            "\\p{L}\\p{N}\\r\\n]+|" SP "*[\\r\\n]+|" SP
+                                                            "+(?!" NSP ")|" SP "+",
+                                            NULL};
+static const char *const re_qwen35[] = {RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^" WS
+                                                        "\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|" SP "*[\\r\\n]+|" SP
+                                                        "+(?!" NSP ")|" SP "+",
+                                        NULL};
+/* deepseek-v3: digits by three, kana and CJK runs, then words */
+static const char *const re_ds3[] = {
+    "\\p{N}{1,3}", "[\\x{4e00}-\\x{9fa5}\\x{3040}-\\x{309f}\\x{30a0}-\\x{30ff}]+",
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
+    "?[\\p{P}\\p{S}]+[\\r\\n]*|" SP "*[\\r\\n]+|" SP "+(?!" NSP ")|" SP "+",
+    NULL};
 static const char *const re_viking[] = {RE_PORO, "\\p{N}", NULL};
 
 /* llama.cpp's flags per pre-tokenizer name (llama_vocab::impl::load); a
@@ -117,6 +143,21 @@ static const struct pre_def {
     {"smollm", re_starcoder, 0, 0},     {"codeshell", re_starcoder, 0, 0},  {"exaone", re_starcoder, 0, 0},
     {"minerva-7b", re_starcoder, 0, 0}, {"poro-chat", re_poro, 0, 0},       {"bloom", re_poro, 0, 0},
     {"gpt3-finnish", re_poro, 0, 0},    {"viking", re_viking, 0, 0},
+    /* names llama.cpp maps to the same lists */
+    {"pixtral", re_llama3, 1, 1},       {"midm-2.0", re_llama3, 1, 1},      {"laguna", re_llama3, 1, 1},
+    {"falcon-h1", re_llama3, 1, 1},     {"lfm2", re_llama3, 1, 1},          {"jina-v5-nano", re_llama3, 1, 1},
+    {"a.x-4.0", re_gpt2, 0, 0},         {"mellum", re_gpt2, 0, 0},          {"gigachat", re_gpt2, 0, 0},
+    {"exaone4", re_gpt2, 0, 0},         {"trillion", re_gpt2, 0, 0},        {"granite-docling", re_gpt2, 0, 0},
+    {"modern-bert", re_gpt2, 0, 0},     {"jina-es", re_gpt2, 0, 0},         {"jina-de", re_gpt2, 0, 0},
+    {"jina-v2-es", re_gpt2, 0, 0},      {"jina-v2-de", re_gpt2, 0, 0},      {"mellum2", re_starcoder, 0, 0},
+    {"cohere2_moe", re_starcoder, 0, 0}, {"kormo", re_qwen2, 0, 0},         {"openpangu", re_qwen2, 0, 0},
+    {"f2llmv2", re_qwen2, 0, 0},        {"megrez", re_qwen2, 0, 0},         {"hunyuan", re_qwen2, 0, 0},
+    {"solar-open", re_qwen2, 0, 0},     {"grok-2", re_qwen2, 0, 0},
+    /* and lists of their own */
+    {"tekken", re_tekken, 1, 1},        {"gpt-4o", re_gpt4o, 0, 0},         {"llama4", re_gpt4o, 0, 0},
+    {"kanana2", re_gpt4o, 0, 0},        {"minimax-m2", re_gpt4o, 0, 0},     {"seed-coder", re_seed_coder, 0, 0},
+    {"qwen35", re_qwen35, 0, 0},        {"deepseek-v3", re_ds3, 0, 0},      {"hunyuan-dense", re_ds3, 0, 0},
+    {"joyai-llm", re_ds3, 0, 0},
 };
 
 static int compile_pre(struct tok_bpe *b, const struct pre_def *d) {

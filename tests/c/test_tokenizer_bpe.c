@@ -555,6 +555,121 @@ static void test_speed(const char *dir) {
     free(text);
 }
 
+/* The gpt-2 vocab's tokens and merges under another tokenizer.ggml.pre. */
+static tl_tokenizer *gpt2_vocab_with_pre(const char *dir, const char *pre) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/vocab/ggml-vocab-gpt-2.gguf", dir);
+    gguf_file *f = gguf_open(path);
+    const gguf_value *toks = NULL, *types = NULL, *merges = NULL;
+    uint32_t bos = 0, eos = 0;
+    if (!f || gguf_get_arr(f, "tokenizer.ggml.tokens", GGUF_T_STRING, &toks) != 1 ||
+        gguf_get_arr(f, "tokenizer.ggml.token_type", GGUF_T_INT32, &types) != 1 ||
+        gguf_get_arr(f, "tokenizer.ggml.merges", GGUF_T_STRING, &merges) != 1 ||
+        gguf_get_u32(f, "tokenizer.ggml.bos_token_id", &bos) != 1 || gguf_get_u32(f, "tokenizer.ggml.eos_token_id", &eos) != 1) {
+        gguf_close(f);
+        return NULL;
+    }
+    const gguf_value *arrs[2] = {toks, merges};
+    char **strs[2];
+    for (int a = 0; a < 2; a++) {
+        strs[a] = malloc(arrs[a]->v.arr.n * sizeof *strs[a]);
+        for (uint64_t i = 0; i < arrs[a]->v.arr.n; i++) {
+            const gguf_str *g = &arrs[a]->v.arr.items[i].v.str;
+            strs[a][i] = strndup(g->ptr, (size_t)g->len);
+        }
+    }
+    gguf_writer *gw = gw_new();
+    gw_set_str(gw, "general.architecture", "gpt2");
+    gw_set_str(gw, "tokenizer.ggml.model", "gpt2");
+    gw_set_str(gw, "tokenizer.ggml.pre", pre);
+    gw_set_arr_str(gw, "tokenizer.ggml.tokens", (const char *const *)strs[0], toks->v.arr.n);
+    gw_set_arr_i32(gw, "tokenizer.ggml.token_type", types->v.arr.data, types->v.arr.n);
+    gw_set_arr_str(gw, "tokenizer.ggml.merges", (const char *const *)strs[1], merges->v.arr.n);
+    gw_set_u32(gw, "tokenizer.ggml.bos_token_id", bos);
+    gw_set_u32(gw, "tokenizer.ggml.eos_token_id", eos);
+    for (int a = 0; a < 2; a++) {
+        for (uint64_t i = 0; i < arrs[a]->v.arr.n; i++) free(strs[a][i]);
+        free(strs[a]);
+    }
+    gguf_close(f);
+    uint8_t *buf;
+    size_t len;
+    tl_tokenizer *t = NULL;
+    if (gw_write_mem(gw, &buf, &len) == 0) {
+        gguf_file *g = gguf_open_buffer(buf, len);
+        if (g) t = tl_tokenizer_load(g);
+        gguf_close(g);
+        free(buf);
+    }
+    gw_free(gw);
+    return t;
+}
+
+/* Pre-tokenizers with lists of their own, on the gpt-2 vocab's tokens and
+ * merges: ik_llama.cpp's llama-tokenize gave exactly these ids for the
+ * same vocab with tokenizer.ggml.pre rewritten (2026-12-07; on llama-bpe's
+ * tokens and merges, 77 strings, llama.cpp's vocab inputs and more, gave
+ * its ids for each of these and pixtral, trillion and grok-2 too). The
+ * strings pick what each list does its own way: capitals starting a word
+ * (tekken, gpt-4o), digits one or three at a time, newline runs kept
+ * whole, kana / CJK runs (deepseek-v3). */
+static void test_pretokenizer_lists(const char *dir) {
+    static const char *const text[4] = {"HelloWorld iPhone McDonald's XMLHttpRequest", "1234567 89 3,141,592",
+                                        "/usr/bin\n\n/a/b.txt",
+                                        "\xe4\xb8\xad\xe6\x96\x87 \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae"
+                                        "\xe3\x83\x86\xe3\x82\xad\xe3\x82\xb9\xe3\x83\x88"};
+    static const struct {
+        const char *pre;
+        int32_t want[4][20];
+        int n[4];
+    } lists[] = {
+        {"tekken",
+         {{15496, 10603, 1312, 6132, 1982, 7371, 338, 23735, 43481, 18453},
+          {16, 17, 18, 19, 20, 21, 22, 220, 23, 24, 220, 18, 11, 16, 19, 16, 11, 20, 24, 17},
+          {14, 14629, 14, 8800, 628, 14, 64, 14, 65, 13, 14116},
+          {40792, 23877, 229, 10545, 245, 98, 17312, 105, 45739, 252, 5641, 24336, 25084, 43302}},
+         {10, 20, 11, 14}},
+        {"gpt-4o",
+         {{15496, 10603, 1312, 6132, 1982, 7371, 338, 23735, 43481, 18453},
+          {10163, 29228, 22, 220, 4531, 220, 18, 11, 23756, 11, 45839},
+          {14, 14629, 14, 8800, 628, 14, 64, 14, 65, 13, 14116},
+          {40792, 23877, 229, 10545, 245, 98, 17312, 105, 45739, 252, 5641, 24336, 25084, 43302}},
+         {10, 11, 11, 14}},
+        {"seed-coder",
+         {{15496, 10603, 7133, 14115, 338, 23735, 43481, 18453},
+          {16, 17, 18, 19, 20, 21, 22, 220, 23, 24, 220, 18, 11, 16, 19, 16, 11, 20, 24, 17},
+          {14, 14629, 14, 8800, 628, 14, 64, 14, 65, 13, 14116},
+          {40792, 23877, 229, 10545, 245, 98, 17312, 105, 45739, 252, 5641, 24336, 25084, 43302}},
+         {8, 20, 11, 14}},
+        {"qwen35",
+         {{15496, 10603, 7133, 14115, 338, 23735, 43481, 18453},
+          {16, 17, 18, 19, 20, 21, 22, 220, 23, 24, 220, 18, 11, 16, 19, 16, 11, 20, 24, 17},
+          {14, 14629, 14, 8800, 628, 14, 64, 14, 65, 13, 14116},
+          {40792, 23877, 229, 10545, 245, 98, 17312, 105, 45739, 252, 5641, 24336, 25084, 43302}},
+         {8, 20, 11, 14}},
+        {"deepseek-v3",
+         {{15496, 10603, 7133, 14115, 338, 23735, 43481, 18453},
+          {10163, 29228, 22, 220, 4531, 220, 18, 11, 23756, 11, 45839},
+          {14, 14629, 14, 8800, 628, 14, 64, 14, 65, 13, 14116},
+          {40792, 23877, 229, 220, 33768, 98, 17312, 105, 45739, 252, 5641, 24336, 25084, 43302}},
+         {8, 11, 11, 14}},
+    };
+    for (size_t l = 0; l < sizeof lists / sizeof *lists; l++) {
+        tl_tokenizer *t = gpt2_vocab_with_pre(dir, lists[l].pre);
+        CHECK(t != NULL, "the gpt-2 vocab loads as '%s' (%s)", lists[l].pre, t ? "ok" : tl_last_error());
+        for (int i = 0; i < 4 && t; i++) {
+            int32_t *ids = NULL;
+            int n = encode(t, text[i], strlen(text[i]), 0, 0, &ids);
+            CHECK(n == lists[l].n[i] && !memcmp(ids, lists[l].want[i], (size_t)n * sizeof *ids),
+                  "'%s' tokenizes string %d as ik_llama.cpp does (%d ids, want %d)", lists[l].pre, i, n,
+                  lists[l].n[i]);
+            if (n != lists[l].n[i]) print_ids("  got", ids, n);
+            free(ids);
+        }
+        tl_tokenizer_free(t);
+    }
+}
+
 /* Every pre-tokenizer name loads, and long uniform runs (one huge piece for
  * some regex) split in linear time without regex-engine errors. */
 static void test_all_pretokenizers_long_runs(void) {
@@ -562,7 +677,8 @@ static void test_all_pretokenizers_long_runs(void) {
                                   "llama-bpe", "falcon3", "dbrx", "smaug-bpe", "qwen2", "deepseek-r1-qwen",
                                   "stablelm2", "deepseek-llm", "deepseek-coder", "falcon", "starcoder", "refact",
                                   "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "poro-chat", "bloom",
-                                  "gpt3-finnish", "viking"};
+                                  "gpt3-finnish", "viking", "tekken", "gpt-4o", "seed-coder", "qwen35",
+                                  "deepseek-v3", "pixtral", "trillion", "grok-2"};
     static const char *units[] = {" ", "\n", "a", "7", ".", "\xe4\xb8\xad", " \n", "\xc2\xa0", "'s", "a1.", "\xff"};
     enum { RUN = 64 << 10 };
     char *text = malloc(RUN + 8);
@@ -612,6 +728,7 @@ int main(void) {
                                    "ggml-vocab-mpt.gguf"};
     for (size_t i = 0; i < sizeof vocabs / sizeof *vocabs; i++) test_vocab_vectors(dir, vocabs[i]);
     test_gpt2_details(dir);
+    test_pretokenizer_lists(dir);
     test_other_vocab_details(dir);
     for (size_t i = 0; i < sizeof vocabs / sizeof *vocabs; i++) test_random_roundtrip(dir, vocabs[i]);
     test_invalid_utf8(dir);
