@@ -19,7 +19,19 @@
 #include "model.h"
 #include "util.h"
 
-enum { CHAT_PLAIN, CHAT_GEMMA, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_PHI3, CHAT_PHI4 };
+enum {
+    CHAT_PLAIN, CHAT_GEMMA, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_PHI3, CHAT_PHI4,
+    CHAT_MISTRAL_V7, CHAT_MISTRAL_V1, CHAT_MISTRAL_V3, CHAT_MISTRAL_V3_TEKKEN
+};
+
+/* Mistral's [INST] templates as llama.cpp tells them apart; any other
+ * [INST] template is Llama 2's. */
+static int inst_kind(const char *t) {
+    if (strstr(t, "[SYSTEM_PROMPT]")) return CHAT_MISTRAL_V7;
+    if (!strstr(t, "' [INST] ' + system_message") && !strstr(t, "[AVAILABLE_TOOLS]")) return CHAT_LLAMA2;
+    if (strstr(t, " [INST]")) return CHAT_MISTRAL_V1;
+    return strstr(t, "\"[INST]\"") ? CHAT_MISTRAL_V3_TEKKEN : CHAT_MISTRAL_V3;
+}
 
 void tl_chat_detect(tl_model *m) {
     gguf_str tmpl = {0};
@@ -30,7 +42,7 @@ void tl_chat_detect(tl_model *m) {
         if (t && strstr(t, "<start_of_turn>")) m->chat_kind = CHAT_GEMMA;
         else if (t && strstr(t, "<|im_start|>")) m->chat_kind = strstr(t, "<|im_sep|>") ? CHAT_PHI4 : CHAT_CHATML;
         else if (t && strstr(t, "<|start_header_id|>")) m->chat_kind = CHAT_LLAMA3;
-        else if (t && strstr(t, "[INST]")) m->chat_kind = CHAT_LLAMA2;
+        else if (t && strstr(t, "[INST]")) m->chat_kind = inst_kind(t);
         else if (t && strstr(t, "<|assistant|>") && strstr(t, "<|end|>")) m->chat_kind = CHAT_PHI3;
         free(t);
     }
@@ -42,7 +54,8 @@ void tl_chat_detect(tl_model *m) {
                                          "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                                          "<|begin_of_text|>", "<|end_of_text|>", "<|eom_id|>", "<|endoftext|>",
                                          "<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|im_sep|>",
-                                         "<s>", "</s>"};
+                                         "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]",
+                                         "[/SYSTEM_PROMPT]"};
     m->n_eog = 0;
     m->n_chat_markers = 0;
     int eos = tl_tokenizer_eos(m->tok);
@@ -60,7 +73,9 @@ void tl_chat_detect(tl_model *m) {
     }
 }
 
-static const char *kind_names[] = {"plain", "gemma", "chatml", "llama3", "llama2", "phi3", "phi4"};
+static const char *kind_names[] = {"plain", "gemma", "chatml",     "llama3",     "llama2",
+                                   "phi3",  "phi4",  "mistral-v7", "mistral-v1", "mistral-v3",
+                                   "mistral-v3-tekken"};
 
 int tl_model_set_chat_template(tl_model *m, const char *name) {
     if (!m || !name) return tl_set_error(TL_ERR_INVALID_ARG, "model and name must not be NULL");
@@ -70,7 +85,9 @@ int tl_model_set_chat_template(tl_model *m, const char *name) {
             return TL_OK;
         }
     return tl_set_error(TL_ERR_INVALID_ARG,
-                        "chat template '%s' is not one of plain, gemma, chatml, llama3, llama2, phi3, phi4", name);
+                        "chat template '%s' is not one of plain, gemma, chatml, llama3, llama2, phi3, phi4, "
+                        "mistral-v7, mistral-v1, mistral-v3, mistral-v3-tekken",
+                        name);
 }
 
 const char *tl_model_chat_template(const tl_model *m) { return m ? kind_names[m->chat_kind] : ""; }
@@ -141,7 +158,47 @@ static int check_messages(const tl_chat_message *msgs, int n) {
     return TL_OK;
 }
 
+/* llama.cpp's Mistral v1 / v3 / v3-tekken: one [INST] opens a turn that
+ * system and user messages fill and an assistant message closes; v1 puts
+ * a space before [INST] and [/INST], v3 after [INST] and before the
+ * answer, which it trims; tekken neither. */
+static void render_mistral(int kind, const tl_chat_message *msgs, int n, sbuf *b) {
+    const char *lead = kind == CHAT_MISTRAL_V1 ? " " : "", *trail = kind == CHAT_MISTRAL_V3_TEKKEN ? "" : " ";
+    int inside = 0;
+    for (int i = 0; i < n; i++) {
+        const char *role = msgs[i].role, *c = msgs[i].content;
+        if (!inside) {
+            mark(b, lead);
+            mark(b, "[INST]");
+            mark(b, trail);
+            inside = 1;
+        }
+        if (!strcmp(role, "system")) {
+            put(b, c);
+            mark(b, "\n\n");
+        } else if (!strcmp(role, "user")) {
+            put(b, c);
+            mark(b, lead);
+            mark(b, "[/INST]");
+        } else {
+            mark(b, trail);
+            size_t len = strlen(c), at = 0;
+            if (kind == CHAT_MISTRAL_V3) { /* as llama.cpp's trim: " \t\n\r\f\v" */
+                while (at < len && strchr(" \t\n\r\f\v", c[at])) at++;
+                while (len > at && strchr(" \t\n\r\f\v", c[len - 1])) len--;
+            }
+            put_n(b, c + at, (int)(len - at), 0);
+            mark(b, "</s>");
+            inside = 0;
+        }
+    }
+}
+
 static void render(int kind, const tl_chat_message *msgs, int n, int add_assistant, sbuf *b) {
+    if (kind == CHAT_MISTRAL_V1 || kind == CHAT_MISTRAL_V3 || kind == CHAT_MISTRAL_V3_TEKKEN) {
+        render_mistral(kind, msgs, n, b); /* no assistant opening: the turn's [/INST] is it */
+        return;
+    }
     int pending = -1; /* first unwritten system message (Gemma, Llama 2) */
     for (int i = 0; i < n; i++) {
         const char *role = msgs[i].role, *c = msgs[i].content;
@@ -199,6 +256,21 @@ static void render(int kind, const tl_chat_message *msgs, int n, int add_assista
             mark(b, "|>\n");
             put(b, c);
             mark(b, "<|end|>\n");
+            break;
+        case CHAT_MISTRAL_V7: /* LLM_CHAT_TEMPLATE_MISTRAL_V7; no assistant opening either */
+            if (!strcmp(role, "system")) {
+                mark(b, "[SYSTEM_PROMPT] ");
+                put(b, c);
+                mark(b, "[/SYSTEM_PROMPT]");
+            } else if (!strcmp(role, "user")) {
+                mark(b, "[INST] ");
+                put(b, c);
+                mark(b, "[/INST]");
+            } else {
+                mark(b, " ");
+                put(b, c);
+                mark(b, "</s>");
+            }
             break;
         case CHAT_PHI4: /* LLM_CHAT_TEMPLATE_PHI_4 */
             mark(b, "<|im_start|>");

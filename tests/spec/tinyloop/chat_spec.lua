@@ -47,6 +47,22 @@ describe("tinyloop.Model", function()
                 .. "<|im_start|>assistant<|im_sep|>", model:chat_format(msgs))
         end)
 
+        it("renders Mistral's v7, v1, v3 and v3-tekken turns as llama.cpp's formatters do", function()
+            local msgs = { { role = "system", content = "Be brief." }, { role = "user", content = "Hi" },
+                { role = "assistant", content = "Hello " }, { role = "user", content = "Bye" } }
+            local want = {
+                ["mistral-v7"] = "[SYSTEM_PROMPT] Be brief.[/SYSTEM_PROMPT][INST] Hi[/INST] Hello </s>[INST] Bye[/INST]",
+                ["mistral-v1"] = " [INST] Be brief.\n\nHi [/INST] Hello </s> [INST] Bye [/INST]",
+                ["mistral-v3"] = "[INST] Be brief.\n\nHi[/INST] Hello</s>[INST] Bye[/INST]",
+                ["mistral-v3-tekken"] = "[INST]Be brief.\n\nHi[/INST]Hello </s>[INST]Bye[/INST]",
+            }
+            for name, text in pairs(want) do
+                model:set_chat_template(name)
+                assert.same(name, model:chat_template())
+                assert.same(text, model:chat_format(msgs))
+            end
+        end)
+
         it("rejects an unknown role naming the message", function()
             assert.has_error(function()
                 model:chat_format({ { role = "robot", content = "x" } })
