@@ -21,7 +21,7 @@
 
 enum {
     CHAT_PLAIN, CHAT_GEMMA, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_PHI3, CHAT_PHI4,
-    CHAT_MISTRAL_V7, CHAT_MISTRAL_V1, CHAT_MISTRAL_V3, CHAT_MISTRAL_V3_TEKKEN
+    CHAT_MISTRAL_V7, CHAT_MISTRAL_V1, CHAT_MISTRAL_V3, CHAT_MISTRAL_V3_TEKKEN, CHAT_FALCON3, CHAT_GRANITE
 };
 
 /* Mistral's [INST] templates as llama.cpp tells them apart; any other
@@ -44,6 +44,8 @@ void tl_chat_detect(tl_model *m) {
         else if (t && strstr(t, "<|start_header_id|>")) m->chat_kind = CHAT_LLAMA3;
         else if (t && strstr(t, "[INST]")) m->chat_kind = inst_kind(t);
         else if (t && strstr(t, "<|assistant|>") && strstr(t, "<|end|>")) m->chat_kind = CHAT_PHI3;
+        else if (t && strstr(t, "<|assistant|>") && strstr(t, "<|user|>")) m->chat_kind = CHAT_FALCON3;
+        else if (t && strstr(t, "<|start_of_role|>")) m->chat_kind = CHAT_GRANITE;
         free(t);
     }
     /* End of generation: EOS plus the turn-closing control tokens. Every
@@ -55,7 +57,7 @@ void tl_chat_detect(tl_model *m) {
                                          "<|begin_of_text|>", "<|end_of_text|>", "<|eom_id|>", "<|endoftext|>",
                                          "<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|im_sep|>",
                                          "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]",
-                                         "[/SYSTEM_PROMPT]"};
+                                         "[/SYSTEM_PROMPT]", "<|start_of_role|>", "<|end_of_role|>"};
     m->n_eog = 0;
     m->n_chat_markers = 0;
     int eos = tl_tokenizer_eos(m->tok);
@@ -75,7 +77,7 @@ void tl_chat_detect(tl_model *m) {
 
 static const char *kind_names[] = {"plain", "gemma", "chatml",     "llama3",     "llama2",
                                    "phi3",  "phi4",  "mistral-v7", "mistral-v1", "mistral-v3",
-                                   "mistral-v3-tekken"};
+                                   "mistral-v3-tekken", "falcon3", "granite"};
 
 int tl_model_set_chat_template(tl_model *m, const char *name) {
     if (!m || !name) return tl_set_error(TL_ERR_INVALID_ARG, "model and name must not be NULL");
@@ -86,7 +88,7 @@ int tl_model_set_chat_template(tl_model *m, const char *name) {
         }
     return tl_set_error(TL_ERR_INVALID_ARG,
                         "chat template '%s' is not one of plain, gemma, chatml, llama3, llama2, phi3, phi4, "
-                        "mistral-v7, mistral-v1, mistral-v3, mistral-v3-tekken",
+                        "mistral-v7, mistral-v1, mistral-v3, mistral-v3-tekken, falcon3, granite",
                         name);
 }
 
@@ -272,6 +274,20 @@ static void render(int kind, const tl_chat_message *msgs, int n, int add_assista
                 mark(b, "</s>");
             }
             break;
+        case CHAT_FALCON3: /* LLM_CHAT_TEMPLATE_FALCON_3 */
+            mark(b, "<|");
+            mark(b, role);
+            mark(b, "|>\n");
+            put(b, c);
+            mark(b, "\n");
+            break;
+        case CHAT_GRANITE: /* LLM_CHAT_TEMPLATE_GRANITE */
+            mark(b, "<|start_of_role|>");
+            mark(b, role);
+            mark(b, "<|end_of_role|>");
+            put(b, c);
+            mark(b, "<|end_of_text|>\n");
+            break;
         case CHAT_PHI4: /* LLM_CHAT_TEMPLATE_PHI_4 */
             mark(b, "<|im_start|>");
             mark(b, role);
@@ -305,7 +321,8 @@ static void render(int kind, const tl_chat_message *msgs, int n, int add_assista
         if (kind == CHAT_GEMMA) mark(b, "<start_of_turn>model\n");
         else if (kind == CHAT_CHATML) mark(b, "<|im_start|>assistant\n");
         else if (kind == CHAT_LLAMA3) mark(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-        else if (kind == CHAT_PHI3) mark(b, "<|assistant|>\n");
+        else if (kind == CHAT_PHI3 || kind == CHAT_FALCON3) mark(b, "<|assistant|>\n");
+        else if (kind == CHAT_GRANITE) mark(b, "<|start_of_role|>assistant<|end_of_role|>\n");
         else if (kind == CHAT_PHI4) mark(b, "<|im_start|>assistant<|im_sep|>");
         else if (kind == CHAT_PLAIN) mark(b, "assistant:");
     }

@@ -63,6 +63,16 @@ describe("tinyloop.Model", function()
             end
         end)
 
+        it("renders Falcon 3 and Granite turns as llama.cpp's formatters do", function()
+            local msgs = { { role = "system", content = "Be brief." }, { role = "user", content = "Hi" } }
+            model:set_chat_template("falcon3")
+            assert.same("<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n", model:chat_format(msgs))
+            model:set_chat_template("granite")
+            assert.same("<|start_of_role|>system<|end_of_role|>Be brief.<|end_of_text|>\n"
+                .. "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>\n"
+                .. "<|start_of_role|>assistant<|end_of_role|>\n", model:chat_format(msgs))
+        end)
+
         it("rejects an unknown role naming the message", function()
             assert.has_error(function()
                 model:chat_format({ { role = "robot", content = "x" } })
