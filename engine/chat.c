@@ -21,8 +21,18 @@
 
 enum {
     CHAT_PLAIN, CHAT_GEMMA, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_PHI3, CHAT_PHI4,
-    CHAT_MISTRAL_V7, CHAT_MISTRAL_V1, CHAT_MISTRAL_V3, CHAT_MISTRAL_V3_TEKKEN, CHAT_FALCON3, CHAT_GRANITE
+    CHAT_MISTRAL_V7, CHAT_MISTRAL_V1, CHAT_MISTRAL_V3, CHAT_MISTRAL_V3_TEKKEN, CHAT_FALCON3, CHAT_GRANITE,
+    CHAT_DEEPSEEK3
 };
+
+/* DeepSeek V3 / R1 (and its Qwen / Llama distills) spell their markers
+ * with U+FF5C (fullwidth |) and U+2581 (the SentencePiece space). */
+#define FW_BAR "\xef\xbd\x9c"  /* U+FF5C */
+#define SP_MARK "\xe2\x96\x81" /* U+2581 */
+#define DS_USER "<" FW_BAR "User" FW_BAR ">"
+#define DS_ASSISTANT "<" FW_BAR "Assistant" FW_BAR ">"
+#define DS_EOS "<" FW_BAR "end" SP_MARK "of" SP_MARK "sentence" FW_BAR ">"
+#define DS_BOS "<" FW_BAR "begin" SP_MARK "of" SP_MARK "sentence" FW_BAR ">"
 
 /* Mistral's [INST] templates as llama.cpp tells them apart; any other
  * [INST] template is Llama 2's. */
@@ -46,6 +56,7 @@ void tl_chat_detect(tl_model *m) {
         else if (t && strstr(t, "<|assistant|>") && strstr(t, "<|end|>")) m->chat_kind = CHAT_PHI3;
         else if (t && strstr(t, "<|assistant|>") && strstr(t, "<|user|>")) m->chat_kind = CHAT_FALCON3;
         else if (t && strstr(t, "<|start_of_role|>")) m->chat_kind = CHAT_GRANITE;
+        else if (t && strstr(t, DS_ASSISTANT) && strstr(t, DS_USER) && strstr(t, DS_EOS)) m->chat_kind = CHAT_DEEPSEEK3;
         free(t);
     }
     /* End of generation: EOS plus the turn-closing control tokens. Every
@@ -57,7 +68,8 @@ void tl_chat_detect(tl_model *m) {
                                          "<|begin_of_text|>", "<|end_of_text|>", "<|eom_id|>", "<|endoftext|>",
                                          "<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|im_sep|>",
                                          "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]",
-                                         "[/SYSTEM_PROMPT]", "<|start_of_role|>", "<|end_of_role|>"};
+                                         "[/SYSTEM_PROMPT]", "<|start_of_role|>", "<|end_of_role|>", DS_USER,
+                                         DS_ASSISTANT, DS_EOS, DS_BOS};
     m->n_eog = 0;
     m->n_chat_markers = 0;
     int eos = tl_tokenizer_eos(m->tok);
@@ -77,7 +89,7 @@ void tl_chat_detect(tl_model *m) {
 
 static const char *kind_names[] = {"plain", "gemma", "chatml",     "llama3",     "llama2",
                                    "phi3",  "phi4",  "mistral-v7", "mistral-v1", "mistral-v3",
-                                   "mistral-v3-tekken", "falcon3", "granite"};
+                                   "mistral-v3-tekken", "falcon3", "granite", "deepseek3"};
 
 int tl_model_set_chat_template(tl_model *m, const char *name) {
     if (!m || !name) return tl_set_error(TL_ERR_INVALID_ARG, "model and name must not be NULL");
@@ -88,7 +100,7 @@ int tl_model_set_chat_template(tl_model *m, const char *name) {
         }
     return tl_set_error(TL_ERR_INVALID_ARG,
                         "chat template '%s' is not one of plain, gemma, chatml, llama3, llama2, phi3, phi4, "
-                        "mistral-v7, mistral-v1, mistral-v3, mistral-v3-tekken, falcon3, granite",
+                        "mistral-v7, mistral-v1, mistral-v3, mistral-v3-tekken, falcon3, granite, deepseek3",
                         name);
 }
 
@@ -288,6 +300,19 @@ static void render(int kind, const tl_chat_message *msgs, int n, int add_assista
             put(b, c);
             mark(b, "<|end_of_text|>\n");
             break;
+        case CHAT_DEEPSEEK3: /* LLM_CHAT_TEMPLATE_DEEPSEEK_3: system text first, then the turns */
+            if (!strcmp(role, "system")) {
+                put(b, c);
+                mark(b, "\n\n");
+            } else if (!strcmp(role, "user")) {
+                mark(b, DS_USER);
+                put(b, c);
+            } else {
+                mark(b, DS_ASSISTANT);
+                put(b, c);
+                mark(b, DS_EOS);
+            }
+            break;
         case CHAT_PHI4: /* LLM_CHAT_TEMPLATE_PHI_4 */
             mark(b, "<|im_start|>");
             mark(b, role);
@@ -323,6 +348,7 @@ static void render(int kind, const tl_chat_message *msgs, int n, int add_assista
         else if (kind == CHAT_LLAMA3) mark(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
         else if (kind == CHAT_PHI3 || kind == CHAT_FALCON3) mark(b, "<|assistant|>\n");
         else if (kind == CHAT_GRANITE) mark(b, "<|start_of_role|>assistant<|end_of_role|>\n");
+        else if (kind == CHAT_DEEPSEEK3) mark(b, DS_ASSISTANT);
         else if (kind == CHAT_PHI4) mark(b, "<|im_start|>assistant<|im_sep|>");
         else if (kind == CHAT_PLAIN) mark(b, "assistant:");
     }

@@ -162,8 +162,8 @@ typedef struct tl_chat_message {
 
 /* Renders messages with the model's chat template (recognised from
  * tokenizer.chat_template: Gemma, ChatML, Llama 3, Llama 2, Phi-3, Phi-4,
- * Mistral v7 / v1 / v3 / v3-tekken, Falcon 3, Granite; else "role: content"
- * lines). add_assistant appends the
+ * Mistral v7 / v1 / v3 / v3-tekken, Falcon 3, Granite, DeepSeek V3 / R1;
+ * else "role: content" lines). add_assistant appends the
  * opening of the assistant's turn. Several system messages are joined by a
  * blank line where the template folds them into the first user turn
  * (Gemma, Llama 2); system messages at the end render as that user turn
@@ -210,7 +210,7 @@ int tl_tokenize_take(tl_model *model, int64_t id, int32_t *out, int cap, int *n_
 int tl_tokenize_release(tl_model *model, int64_t id);
 /* The format in use ("plain", "gemma", "chatml", "llama3", "llama2", "phi3",
  * "phi4", "mistral-v7", "mistral-v1", "mistral-v3", "mistral-v3-tekken",
- * "falcon3", "granite")
+ * "falcon3", "granite", "deepseek3")
  * and an override by name (TL_ERR_INVALID_ARG for an unknown name). */
 const char *tl_model_chat_template(const tl_model *model);
 int tl_model_set_chat_template(tl_model *model, const char *name);

@@ -73,6 +73,15 @@ describe("tinyloop.Model", function()
                 .. "<|start_of_role|>assistant<|end_of_role|>\n", model:chat_format(msgs))
         end)
 
+        it("renders DeepSeek V3 / R1 turns as llama.cpp's formatter does", function()
+            local U, A, E = "<\u{FF5C}User\u{FF5C}>", "<\u{FF5C}Assistant\u{FF5C}>",
+                "<\u{FF5C}end\u{2581}of\u{2581}sentence\u{FF5C}>"
+            model:set_chat_template("deepseek3")
+            assert.same("Be brief.\n\n" .. U .. "Hi" .. A .. "Hello" .. E .. U .. "Bye" .. A,
+                model:chat_format({ { role = "system", content = "Be brief." }, { role = "user", content = "Hi" },
+                    { role = "assistant", content = "Hello" }, { role = "user", content = "Bye" } }))
+        end)
+
         it("rejects an unknown role naming the message", function()
             assert.has_error(function()
                 model:chat_format({ { role = "robot", content = "x" } })
