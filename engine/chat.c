@@ -143,6 +143,17 @@ static void put(sbuf *b, const char *s) { put_n(b, s, (int)strlen(s), 0); }
 /* The template's own text (turn markers, role headers). */
 static void mark(sbuf *b, const char *s) { put_n(b, s, (int)strlen(s), 1); }
 
+/* One turn of the role-tagged formats: open, the role, after it, the
+ * content, close (the template's text all but the content). */
+static void role_turn(sbuf *b, const char *open, const char *role, const char *mid, const char *c,
+                      const char *close) {
+    mark(b, open);
+    mark(b, role);
+    mark(b, mid);
+    put(b, c);
+    mark(b, close);
+}
+
 static const char *role_name(int kind, const char *role) {
     if (kind == CHAT_GEMMA && !strcmp(role, "assistant")) return "model";
     return role;
@@ -250,26 +261,11 @@ static void render(int kind, const tl_chat_message *msgs, int n, int add_assista
                 mark(b, " </s>");
             }
             break;
-        case CHAT_CHATML:
-            mark(b, "<|im_start|>");
-            mark(b, role);
-            mark(b, "\n");
-            put(b, c);
-            mark(b, "<|im_end|>\n");
-            break;
-        case CHAT_LLAMA3:
-            mark(b, "<|start_header_id|>");
-            mark(b, role);
-            mark(b, "<|end_header_id|>\n\n");
-            put(b, c);
-            mark(b, "<|eot_id|>");
-            break;
-        case CHAT_PHI3: /* llama.cpp's LLM_CHAT_TEMPLATE_PHI_3 */
-            mark(b, "<|");
-            mark(b, role);
-            mark(b, "|>\n");
-            put(b, c);
-            mark(b, "<|end|>\n");
+        case CHAT_CHATML: role_turn(b, "<|im_start|>", role, "\n", c, "<|im_end|>\n"); break;
+        case CHAT_LLAMA3: role_turn(b, "<|start_header_id|>", role, "<|end_header_id|>\n\n", c, "<|eot_id|>"); break;
+        case CHAT_PHI3:    /* llama.cpp's LLM_CHAT_TEMPLATE_PHI_3 */
+        case CHAT_FALCON3: /* LLM_CHAT_TEMPLATE_FALCON_3: the same without <|end|> */
+            role_turn(b, "<|", role, "|>\n", c, kind == CHAT_PHI3 ? "<|end|>\n" : "\n");
             break;
         case CHAT_MISTRAL_V7: /* LLM_CHAT_TEMPLATE_MISTRAL_V7; no assistant opening either */
             if (!strcmp(role, "system")) {
@@ -286,19 +282,8 @@ static void render(int kind, const tl_chat_message *msgs, int n, int add_assista
                 mark(b, "</s>");
             }
             break;
-        case CHAT_FALCON3: /* LLM_CHAT_TEMPLATE_FALCON_3 */
-            mark(b, "<|");
-            mark(b, role);
-            mark(b, "|>\n");
-            put(b, c);
-            mark(b, "\n");
-            break;
         case CHAT_GRANITE: /* LLM_CHAT_TEMPLATE_GRANITE */
-            mark(b, "<|start_of_role|>");
-            mark(b, role);
-            mark(b, "<|end_of_role|>");
-            put(b, c);
-            mark(b, "<|end_of_text|>\n");
+            role_turn(b, "<|start_of_role|>", role, "<|end_of_role|>", c, "<|end_of_text|>\n");
             break;
         case CHAT_DEEPSEEK3: /* LLM_CHAT_TEMPLATE_DEEPSEEK_3: system text first, then the turns */
             if (!strcmp(role, "system")) {
@@ -313,18 +298,8 @@ static void render(int kind, const tl_chat_message *msgs, int n, int add_assista
                 mark(b, DS_EOS);
             }
             break;
-        case CHAT_PHI4: /* LLM_CHAT_TEMPLATE_PHI_4 */
-            mark(b, "<|im_start|>");
-            mark(b, role);
-            mark(b, "<|im_sep|>");
-            put(b, c);
-            mark(b, "<|im_end|>");
-            break;
-        default:
-            mark(b, role);
-            mark(b, ": ");
-            put(b, c);
-            mark(b, "\n");
+        case CHAT_PHI4: role_turn(b, "<|im_start|>", role, "<|im_sep|>", c, "<|im_end|>"); break; /* PHI_4 */
+        default: role_turn(b, "", role, ": ", c, "\n");
         }
     }
     if (pending >= 0) {

@@ -760,8 +760,7 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
                 tl_packed_row_dequantize(e->type, e->packed, e->data, tokens[i][j], D, x);
             else
                 tl_dequantize_row(e->type, (const uint8_t *)e->data + (size_t)tokens[i][j] * emb_row, x, D);
-            if (emb_scale != 1.0f)
-                for (int d = 0; d < D; d++) x[d] *= emb_scale;
+            if (emb_scale != 1.0f) tl_scale_f32(x, emb_scale, (size_t)D);
             if (m->pos_embd.data) { /* learned positions (gpt2), via xb as scratch */
                 float *p = s->xb + (size_t)t * D;
                 tl_dequantize_row(m->pos_embd.type,
