@@ -279,6 +279,25 @@ typedef struct syn {
     int merges_as_int; /* write merges as an int32 array instead */
 } syn;
 
+/* The tokenizer of a vocab-only file built in memory (NULL when it does
+ * not load); frees the writer. */
+static tl_tokenizer *load_written(gguf_writer *gw) {
+    uint8_t *buf;
+    size_t len;
+    tl_tokenizer *t = NULL;
+    if (gw_write_mem(gw, &buf, &len) == 0) {
+        gguf_file *f = gguf_open_buffer(buf, len);
+        if (f) {
+            CHECK(f->n_tensors == 0, "the synthetic vocab file has no tensors");
+            t = tl_tokenizer_load(f);
+        }
+        gguf_close(f);
+        free(buf);
+    }
+    gw_free(gw);
+    return t;
+}
+
 static tl_tokenizer *syn_load(const syn *v, int *n_tok_out) {
     int n = 256 + v->n_extra + 1;
     char **tok = calloc((size_t)n, sizeof *tok);
@@ -306,19 +325,7 @@ static tl_tokenizer *syn_load(const syn *v, int *n_tok_out) {
     else if (v->merges) gw_set_arr_str(gw, "tokenizer.ggml.merges", v->merges, (size_t)v->n_merges);
     gw_set_u32(gw, "tokenizer.ggml.bos_token_id", (uint32_t)(n - 1));
     gw_set_u32(gw, "tokenizer.ggml.eos_token_id", (uint32_t)(n - 1));
-    uint8_t *buf;
-    size_t len;
-    tl_tokenizer *t = NULL;
-    if (gw_write_mem(gw, &buf, &len) == 0) {
-        gguf_file *f = gguf_open_buffer(buf, len);
-        if (f) {
-            CHECK(f->n_tensors == 0, "the synthetic vocab file has no tensors");
-            t = tl_tokenizer_load(f);
-        }
-        gguf_close(f);
-        free(buf);
-    }
-    gw_free(gw);
+    tl_tokenizer *t = load_written(gw);
     for (int i = 0; i < n; i++) free(tok[i]);
     free(tok);
     free(type);
@@ -592,17 +599,7 @@ static tl_tokenizer *gpt2_vocab_with_pre(const char *dir, const char *pre) {
         free(strs[a]);
     }
     gguf_close(f);
-    uint8_t *buf;
-    size_t len;
-    tl_tokenizer *t = NULL;
-    if (gw_write_mem(gw, &buf, &len) == 0) {
-        gguf_file *g = gguf_open_buffer(buf, len);
-        if (g) t = tl_tokenizer_load(g);
-        gguf_close(g);
-        free(buf);
-    }
-    gw_free(gw);
-    return t;
+    return load_written(gw);
 }
 
 /* Pre-tokenizers with lists of their own, on the gpt-2 vocab's tokens and
