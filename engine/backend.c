@@ -131,7 +131,7 @@ int tl_backend_sample_k(const tl_model *m) { return m->backend ? m->backend->ops
 
 /* 1, with what into why, when the model needs something the plugin does
  * not compute: it applies unscaled RoPE on every layer, RMSNorm, q.k by
- * 1/sqrt(head_dim), no soft-capping, attention then FFN, and no
+ * 1/sqrt(head_dim), no soft-capping, attention then a dense FFN, and no
  * output-projection, FFN or logits bias. */
 static int cpu_only(const tl_model *m, char *why, size_t cap) {
     const tl_rope_params *r = &m->hp.rope;
@@ -141,6 +141,8 @@ static int cpu_only(const tl_model *m, char *why, size_t cap) {
         snprintf(why, cap, "%s's soft-capping / LayerNorm / attention scale", m->arch->name);
     else if (m->hp.parallel || m->output_b)
         snprintf(why, cap, "%s's parallel attention and FFN / output bias", m->arch->name);
+    else if (m->hp.n_expert)
+        snprintf(why, cap, "%s's mixture-of-experts FFN", m->arch->name);
     else if (m->arch->multipliers)
         snprintf(why, cap, "%s's embedding / residual / logit multipliers", m->arch->name);
     else if (r->freq_scale != 1.0f || r->attn_factor != 1.0f || r->ext_factor != 0.0f)

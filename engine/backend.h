@@ -15,7 +15,7 @@
 
 #include "kv_layout.h"
 
-#define TL_BACKEND_ABI 6
+#define TL_BACKEND_ABI 7
 
 /* Largest top_k a backend samples on its device; wider (or top_k 0 with a
  * temperature) rows come back as logits and are sampled on the host. */
@@ -45,6 +45,16 @@ typedef struct tl_layer {
     float *bo;                       /* (n_embd) */
     float *b_up;                     /* (n_ff) */
     float *b_down;                   /* (n_embd) */
+    /* A mixture-of-experts FFN (n_expert > 0; the dense w_gate, w_up and
+     * w_down unbound): the router, each expert's matrices as row views of
+     * the file's 3-D tensors, and Qwen 2 MoE's shared expert with its gate
+     * row (data NULL where absent). CPU only (backend.c). */
+    tl_weight router;                /* (n_expert, n_embd) */
+    tl_weight *x_gate, *x_up;        /* (n_expert) each: (n_ff_exp, n_embd) */
+    tl_weight *x_down;               /* (n_expert): (n_embd, n_ff_exp) */
+    tl_weight sh_gate, sh_up;        /* (n_ff_shexp, n_embd) */
+    tl_weight sh_down;               /* (n_embd, n_ff_shexp) */
+    tl_weight sh_router;             /* (1, n_embd) */
 } tl_layer;
 
 /* Everything a backend needs to build its copy of a model (host pointers,

@@ -24,8 +24,9 @@
 
 
 static void scratch_free_bufs(tl_scratch *s) {
-    float **bufs[] = {&s->x,  &s->xb,  &s->q, &s->k,      &s->v,        &s->att,
-                      &s->hb, &s->hb2, &s->o, &s->o_attn, &s->logits_x, &s->rope_cs};
+    float **bufs[] = {&s->x,        &s->xb,      &s->q,      &s->k,     &s->v,     &s->att,
+                      &s->hb,       &s->hb2,     &s->o,      &s->o_attn, &s->logits_x, &s->rope_cs,
+                      &s->moe_logits, &s->moe_w, &s->moe_rw, &s->moe_x, &s->moe_o};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         tl_free_aligned(*bufs[i]);
         *bufs[i] = NULL;
@@ -34,15 +35,39 @@ static void scratch_free_bufs(tl_scratch *s) {
     free(s->tok_seq);
     free(s->tok_pos);
     free(s->chunk_t0);
+    free(s->moe_sel);
+    free(s->moe_rows);
     s->xq = NULL;
-    s->tok_seq = s->tok_pos = s->chunk_t0 = NULL;
+    s->tok_seq = s->tok_pos = s->chunk_t0 = s->moe_sel = s->moe_rows = NULL;
     s->cap = 0;
+}
+
+/* The widest FFN: the dense one, or a MoE model's experts and shared expert. */
+static int ffn_width(const tl_hparams *hp) {
+    int w = hp->n_ff;
+    if (hp->n_expert && hp->n_ff_exp > w) w = hp->n_ff_exp;
+    if (hp->n_expert && hp->n_ff_shexp > w) w = hp->n_ff_shexp;
+    return w;
+}
+
+/* A MoE model's buffers (moe.c), or none. */
+static int moe_reserve(tl_scratch *s, const tl_hparams *hp, size_t n) {
+    if (!hp->n_expert) return 1;
+    const size_t E = (size_t)hp->n_expert, K = (size_t)hp->n_expert_used;
+    s->moe_logits = tl_alloc_aligned(n * E * sizeof(float));
+    s->moe_w = tl_alloc_aligned(n * K * sizeof(float));
+    s->moe_rw = tl_alloc_aligned(n * sizeof(float));
+    s->moe_x = tl_alloc_aligned(n * hp->n_embd * sizeof(float));
+    s->moe_o = tl_alloc_aligned(n * hp->n_embd * sizeof(float));
+    s->moe_sel = malloc(n * K * sizeof(int32_t));
+    s->moe_rows = malloc(n * sizeof(int32_t));
+    return s->moe_logits && s->moe_w && s->moe_rw && s->moe_x && s->moe_o && s->moe_sel && s->moe_rows;
 }
 
 static int64_t widest_input(const tl_model *m) {
     const tl_hparams *hp = &m->hp;
     int widest = hp->n_embd;
-    if (hp->n_ff > widest) widest = hp->n_ff;
+    if (ffn_width(hp) > widest) widest = ffn_width(hp);
     if (hp->n_head * hp->head_dim > widest) widest = hp->n_head * hp->head_dim;
     return ((int64_t)widest + 255) / 256 * 256; /* whole blocks of any type */
 }
@@ -71,8 +96,8 @@ static int scratch_reserve(tl_model *m, int T, int n_seq) {
     s->k = tl_alloc_aligned(n * kv_dim * sizeof(float));
     s->v = tl_alloc_aligned(n * kv_dim * sizeof(float));
     s->att = tl_alloc_aligned(n * q_dim * sizeof(float));
-    s->hb = tl_alloc_aligned(n * hp->n_ff * sizeof(float));
-    s->hb2 = tl_alloc_aligned(n * hp->n_ff * sizeof(float));
+    s->hb = tl_alloc_aligned(n * ffn_width(hp) * sizeof(float));
+    s->hb2 = tl_alloc_aligned(n * ffn_width(hp) * sizeof(float));
     s->o = tl_alloc_aligned(n * wide * sizeof(float));
     if (hp->parallel) s->o_attn = tl_alloc_aligned(n * hp->n_embd * sizeof(float));
     s->logits_x = tl_alloc_aligned(n * hp->n_embd * sizeof(float));
@@ -83,7 +108,8 @@ static int scratch_reserve(tl_model *m, int T, int n_seq) {
     s->tok_pos = malloc(n * sizeof(int32_t));
     s->chunk_t0 = malloc((n + 1) * sizeof(int32_t));
     if (!s->x || !s->xb || !s->q || !s->k || !s->v || !s->att || !s->hb || !s->hb2 || !s->o || !s->logits_x ||
-        !s->rope_cs || (hp->parallel && !s->o_attn) || !s->xq || !s->tok_seq || !s->tok_pos || !s->chunk_t0) {
+        !s->rope_cs || (hp->parallel && !s->o_attn) || !s->xq || !s->tok_seq || !s->tok_pos || !s->chunk_t0 ||
+        !moe_reserve(s, hp, n)) {
         scratch_free_bufs(s);
         return tl_set_error(TL_ERR_NOMEM, "out of memory for a batch of %d tokens", T);
     }
@@ -624,6 +650,11 @@ static int layer_forward(tl_model *m, tl_seq **seqs, int vl, int L, int T) {
     tl_fwd_matmul(m, attn_out, &ly->wo, s->att, T);
     if (ly->bo) tl_fwd_add_bias(attn_out, ly->bo, T, hp->n_embd);
     per_token(m, ly, T, TOK_ATTN_OUT);
+    if (ly->x_gate) {
+        tl_moe_ffn(m, ly, T);
+        per_token(m, ly, T, TOK_FFN_OUT);
+        return TL_OK;
+    }
     if (ly->w_gate.data) {
         float *const outs[2] = {s->hb, s->hb2};
         const tl_weight *const ws[2] = {&ly->w_gate, &ly->w_up};

@@ -40,6 +40,13 @@ typedef struct tl_scratch {
     size_t scores_stride;
     size_t kp_floats;        /* per thread, after the K/V rows: K panels of a block (0: no panel kernels) */
     float *logits_x;         /* (n_seq, n_embd) */
+    /* mixture of experts (moe.c), NULL in dense models */
+    float *moe_logits;       /* (cap, n_expert): router logits, then probabilities */
+    int32_t *moe_sel;        /* (cap, n_expert_used): each token's experts */
+    float *moe_w;            /* (cap, n_expert_used): their weights */
+    int32_t *moe_rows;       /* (cap): the tokens routed to one expert, */
+    float *moe_rw;           /* (cap): their weights for it, */
+    float *moe_x, *moe_o;    /* (cap, n_embd): their inputs, the expert's outputs */
     /* store-h: one sequence's recomputed K and V, (h_cap, kv_dim) each,
      * from its h rows (h_cap, n_embd); grown to the longest context read. */
     float *hx, *hk, *hv;
@@ -63,6 +70,9 @@ void tl_fwd_add_bias(float *x, const float *b, int T, int n);
 /* Q, K or V rows (T, n) fresh from their matmul: plus the bias b (NULL:
  * none), then clipped to +-clamp_kqv where the model sets it (olmo). */
 void tl_fwd_qkv_finish(const tl_model *m, float *x, const float *b, int T, int n);
+
+/* moe.c: s->o (T, n_embd) = the mixture-of-experts FFN of s->xb. */
+void tl_moe_ffn(tl_model *m, const tl_layer *ly, int T);
 
 /* attention.c: token t's new K/V rows into its block; q/k norm and
  * RoPE of one token's heads in place (cs: its RoPE table, or NULL); the

@@ -97,6 +97,55 @@ static int bind_norm(tl_model *m, float **out, const char *name, int64_t n, int 
     return TL_OK;
 }
 
+/* The n matrices of one 3-D tensor [n_in, n_out, n] (an expert each) as
+ * row views into ws[0..n). */
+static int bind_experts(tl_model *m, tl_weight *ws, const char *name, int64_t n_in, int64_t n_out, int n) {
+    const gguf_tensor *t = gguf_find_tensor(m->file, name);
+    if (!t) return tl_set_error(TL_ERR_FORMAT, "missing tensor '%s'", name);
+    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n || t->ne[3] != 1)
+        return tl_set_error(TL_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld, %d]",
+                            name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                            (long long)t->ne[3], (long long)n_in, (long long)n_out, n);
+    if (!tl_type_info(t->type)->supported)
+        return tl_set_error(TL_ERR_UNSUPPORTED, "tensor '%s' has type %s, which tinyloop cannot compute with", name,
+                            tl_type_info(t->type)->name ? tl_type_info(t->type)->name : "unknown");
+    const size_t bytes = tl_row_size(t->type, n_in) * (size_t)n_out;
+    for (int e = 0; e < n; e++)
+        ws[e] = (tl_weight){.data = (const uint8_t *)t->data + (size_t)e * bytes, .type = t->type, .n_in = n_in,
+                            .n_out = n_out};
+    m->weight_bytes += t->size;
+    m->tensor_used[t - m->file->tensors] = 1;
+    return TL_OK;
+}
+
+/* Layer l's mixture-of-experts FFN (llama.cpp's names): the router
+ * ffn_gate_inp, the experts' ffn_{gate,up,down}_exps, and where the
+ * architecture has one the shared expert ffn_*_shexp with its gate row. */
+static int bind_moe(tl_model *m, tl_layer *L, int l) {
+    const tl_hparams *hp = &m->hp;
+    const int D = hp->n_embd, E = hp->n_expert, F = hp->n_ff_exp, S = hp->n_ff_shexp;
+    char n[96];
+    int rc;
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d.%s.weight", l, s), n)
+    if (!(L->x_gate = calloc((size_t)E * 3, sizeof *L->x_gate)))
+        return tl_set_error(TL_ERR_NOMEM, "out of memory for %d experts", E);
+    L->x_up = L->x_gate + E;
+    L->x_down = L->x_gate + 2 * E;
+    if ((rc = bind_weight(m, &L->router, NAME("ffn_gate_inp"), D, E, 0)) ||
+        (rc = bind_experts(m, L->x_gate, NAME("ffn_gate_exps"), D, F, E)) ||
+        (rc = bind_experts(m, L->x_up, NAME("ffn_up_exps"), D, F, E)) ||
+        (rc = bind_experts(m, L->x_down, NAME("ffn_down_exps"), F, D, E)))
+        return rc;
+    if (m->arch->moe_shared &&
+        ((rc = bind_weight(m, &L->sh_router, NAME("ffn_gate_inp_shexp"), D, 1, 0)) ||
+         (rc = bind_weight(m, &L->sh_gate, NAME("ffn_gate_shexp"), D, S, 0)) ||
+         (rc = bind_weight(m, &L->sh_up, NAME("ffn_up_shexp"), D, S, 0)) ||
+         (rc = bind_weight(m, &L->sh_down, NAME("ffn_down_shexp"), S, D, 0))))
+        return rc;
+#undef NAME
+    return TL_OK;
+}
+
 static int load_weights(tl_model *m) {
     const tl_hparams *hp = &m->hp;
     int q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
@@ -164,18 +213,22 @@ static int load_weights(tl_model *m) {
         if (rc || (rc = bind_weight(m, &L->wo, NAME("attn_output"), q_dim, hp->n_embd, 0)) ||
             (ffn_norm && (rc = bind_norm(m, &L->ffn_norm, NAME("ffn_norm"), hp->n_embd, 0))))
             return rc;
-        const gguf_tensor *up = gguf_find_tensor(m->file, NAME("ffn_up"));
-        if (m->arch->plain_ffn) { /* act(up) -> down, no gate */
-            rc = bind_weight(m, &L->w_up, NAME("ffn_up"), hp->n_embd, hp->n_ff, 0);
-        } else if (!gguf_find_tensor(m->file, NAME("ffn_gate")) && up && up->ne[1] == 2 * (int64_t)hp->n_ff) {
-            /* gate rows then up rows (llama.cpp's SWIGLU: silu of the first half) */
-            tl_weight *const gu[2] = {&L->w_gate, &L->w_up};
-            const int64_t rows[2] = {hp->n_ff, hp->n_ff};
-            rc = bind_split(m, gu, rows, 2, NAME("ffn_up"), hp->n_embd);
-        } else if (!(rc = bind_weight(m, &L->w_gate, NAME("ffn_gate"), hp->n_embd, hp->n_ff, 0))) {
-            rc = bind_weight(m, &L->w_up, NAME("ffn_up"), hp->n_embd, hp->n_ff, 0);
+        if (hp->n_expert) {
+            if ((rc = bind_moe(m, L, l))) return rc;
+        } else {
+            const gguf_tensor *up = gguf_find_tensor(m->file, NAME("ffn_up"));
+            if (m->arch->plain_ffn) { /* act(up) -> down, no gate */
+                rc = bind_weight(m, &L->w_up, NAME("ffn_up"), hp->n_embd, hp->n_ff, 0);
+            } else if (!gguf_find_tensor(m->file, NAME("ffn_gate")) && up && up->ne[1] == 2 * (int64_t)hp->n_ff) {
+                /* gate rows then up rows (llama.cpp's SWIGLU: silu of the first half) */
+                tl_weight *const gu[2] = {&L->w_gate, &L->w_up};
+                const int64_t rows[2] = {hp->n_ff, hp->n_ff};
+                rc = bind_split(m, gu, rows, 2, NAME("ffn_up"), hp->n_embd);
+            } else if (!(rc = bind_weight(m, &L->w_gate, NAME("ffn_gate"), hp->n_embd, hp->n_ff, 0))) {
+                rc = bind_weight(m, &L->w_up, NAME("ffn_up"), hp->n_embd, hp->n_ff, 0);
+            }
+            if (rc || (rc = bind_weight(m, &L->w_down, NAME("ffn_down"), hp->n_ff, hp->n_embd, 0))) return rc;
         }
-        if (rc || (rc = bind_weight(m, &L->w_down, NAME("ffn_down"), hp->n_ff, hp->n_embd, 0))) return rc;
         /* Biases are optional in any architecture (qwen2 files have them);
          * a fused QKV's are attn_qkv.bias, and separate ones beside it stay
          * unread (refused below) rather than replace it */
@@ -376,6 +429,7 @@ void tl_model_close(tl_model *m) {
     for (int i = 0; i < m->n_owned_norms; i++) tl_free_aligned(m->owned_norms[i]);
     free(m->owned_norms);
     tl_free_aligned(m->weight_arena);
+    for (int i = 0; m->layers && i < m->hp.n_layer; i++) free(m->layers[i].x_gate);
     free(m->layers);
     tl_tokenizer_free(m->tok);
     gguf_close(m->file);

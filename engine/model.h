@@ -20,6 +20,10 @@
 enum tl_rope_type { TL_ROPE_NORM = 0 /* adjacent pairs (llama) */, TL_ROPE_NEOX = 2 /* halves */ };
 enum tl_ffn_act { TL_ACT_SILU = 0, TL_ACT_GELU_TANH = 1 };
 enum tl_parallel { TL_PAR_NONE = 0, TL_PAR_KEY = 1, TL_PAR_SHARED = 2 };
+/* tl_arch.moe: whether a file may route its FFN through experts */
+#define TL_MAX_EXPERTS 512
+enum tl_moe { TL_MOE_NONE = 0, TL_MOE_MAY = 1 /* when expert_count says (llama: Mixtral) */,
+              TL_MOE_ALWAYS = 2 /* expert_count required */ };
 
 /* Block recipe and naming of one architecture. */
 typedef struct tl_arch {
@@ -52,6 +56,11 @@ typedef struct tl_arch {
                               TL_PAR_KEY as use_parallel_residual says (gptneox, each with
                               its own norm), TL_PAR_SHARED always, the FFN reading the
                               attention's norm (phi2) */
+    int moe;               /* TL_MOE_*: the FFN as a mixture of experts (moe.c) */
+    int moe_norm;          /* 1: the chosen experts' softmax weights are divided by their sum
+                              (Mixtral, Qwen 3 MoE); 0: used as they are (Qwen 2 MoE) */
+    int moe_shared;        /* 1: a shared expert beside the routed ones, gated by sigmoid(x . g)
+                              (Qwen 2 MoE) */
     int big_layers;        /* n_layer of the size whose attention scale is 1/sqrt(n_embd / n_head)
                               rather than 1/sqrt(head_dim) (Gemma's 27B: llama.cpp keys it on
                               the layer count too); 0: none */
@@ -70,6 +79,8 @@ typedef struct tl_hparams {
     float residual_mul;      /* 1: none; each branch's output times it before the residual add (granite) */
     float logit_div;         /* 1: none; logits times 1/logit_div (granite) */
     float clamp_kqv;         /* > 0: Q, K and V clipped to [-clamp_kqv, clamp_kqv] after their biases */
+    int n_expert, n_expert_used; /* experts a layer has and routes each token through; 0: a dense FFN */
+    int n_ff_exp, n_ff_shexp;    /* an expert's FFN width, the shared expert's (Qwen 2 MoE) */
     int parallel;            /* TL_PAR_NONE: x += attn, then x += ffn; TL_PAR_KEY: x + attn(norm(x))
                                 + ffn(ffn_norm(x)); TL_PAR_SHARED: x + attn(n) + ffn(n), n = norm(x) */
     tl_rope_params rope;     /* the layers' RoPE */

@@ -11,7 +11,8 @@
 #include "util.h"
 
 static const tl_arch archs[] = {
-    {.name = "llama", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU},
+    /* (with expert_count: Mixtral, the top-k weights renormalized) */
+    {.name = "llama", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .moe = TL_MOE_MAY, .moe_norm = 1},
     /* llama's block under other names (llama.cpp's converters write the
      * same tensors): InternLM 2 / 2.5 (its wqkv split at conversion),
      * XVERSE, ERNIE 4.5 dense (0.3B; optional Q/K/V biases), Mistral 3
@@ -28,10 +29,18 @@ static const tl_arch archs[] = {
     {.name = "qwen", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .ff_half = 1},
     /* Qwen 2 / 2.5: llama's block with Q/K/V biases and NEOX RoPE. */
     {.name = "qwen2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU},
+    /* Qwen 2 MoE (Qwen1.5-MoE, Qwen2-57B-A14B): qwen2's attention, an FFN of
+     * routed experts (softmax weights as they are) plus a shared expert
+     * gated by sigmoid(x . ffn_gate_inp_shexp). */
+    {.name = "qwen2moe", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .moe = TL_MOE_ALWAYS, .moe_shared = 1},
     /* Qwen 3 (dense): qwen2 without the biases, with a per-head RMSNorm of
      * Q and K before RoPE (as gemma3's), and a head size of its own
      * (attention.key_length: 128 at every size, n_embd / n_head or not). */
     {.name = "qwen3", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .qk_norm = 1},
+    /* Qwen 3 MoE (30B-A3B, 235B-A22B): qwen3's attention, routed experts
+     * with their top-k weights renormalized. */
+    {.name = "qwen3moe", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .qk_norm = 1, .moe = TL_MOE_ALWAYS,
+     .moe_norm = 1},
     /* SmolLM3: llama's block, but every 4th layer attends without RoPE. */
     {.name = "smollm3", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .nope_every = 4},
     /* GPT-2: LayerNorm with biases, learned positions, Q/K/V in one
@@ -220,6 +229,35 @@ static int load_multipliers(tl_model *m) {
     return TL_OK;
 }
 
+/* Experts: expert_count (and expert_used_count, the top k) where the
+ * architecture routes its FFN; their width is expert_feed_forward_length,
+ * else feed_forward_length (Mixtral's), the shared expert's
+ * expert_shared_feed_forward_length, else the experts'. Any other
+ * architecture with experts is refused by name, not as a missing ffn_gate. */
+static int load_experts(tl_model *m) {
+    tl_hparams *hp = &m->hp;
+    int rc;
+    if ((rc = arch_u32(m, "expert_count", m->arch->moe == TL_MOE_ALWAYS, 0, &hp->n_expert))) return rc;
+    if (hp->n_expert == 0 && m->arch->moe == TL_MOE_ALWAYS)
+        return tl_set_error(TL_ERR_FORMAT, "%s.expert_count is 0", m->arch->name);
+    if (hp->n_expert == 0) return TL_OK;
+    if (!m->arch->moe)
+        return tl_set_error(TL_ERR_UNSUPPORTED, "%s.expert_count %d: tinyloop runs mixture-of-experts models as "
+                            "llama (Mixtral), qwen2moe and qwen3moe, not as %s", m->arch->name, hp->n_expert,
+                            m->arch->name);
+    if ((rc = arch_u32(m, "expert_used_count", 1, 0, &hp->n_expert_used)) ||
+        (rc = arch_u32(m, "expert_feed_forward_length", 0, (uint32_t)hp->n_ff, &hp->n_ff_exp)) ||
+        (rc = arch_u32(m, "expert_shared_feed_forward_length", 0, (uint32_t)hp->n_ff_exp, &hp->n_ff_shexp)))
+        return rc;
+    if (hp->n_expert > TL_MAX_EXPERTS || hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert)
+        return tl_set_error(TL_ERR_FORMAT, "%s.expert_count %d / expert_used_count %d: need 1 <= used <= count <= %d",
+                            m->arch->name, hp->n_expert, hp->n_expert_used, TL_MAX_EXPERTS);
+    if (hp->n_ff_exp < 1 || (m->arch->moe_shared && hp->n_ff_shexp < 1))
+        return tl_set_error(TL_ERR_FORMAT, "%s: expert feed_forward_length %d / shared %d must be >= 1",
+                            m->arch->name, hp->n_ff_exp, hp->n_ff_shexp);
+    return TL_OK;
+}
+
 int tl_model_load_hparams(tl_model *m) {
     tl_hparams *hp = &m->hp;
     int rc;
@@ -241,13 +279,7 @@ int tl_model_load_hparams(tl_model *m) {
     if (hp->n_embd < 1 || hp->n_layer < 1 || hp->n_head < 1 || hp->n_ff < 1)
         return tl_set_error(TL_ERR_FORMAT, "hyperparameters must be >= 1 (n_embd %d, n_layer %d, n_head %d, n_ff %d)",
                             hp->n_embd, hp->n_layer, hp->n_head, hp->n_ff);
-    /* Mixtral-style files keep the llama name but route each token through
-     * experts (ffn_*_exps tensors): say so, not "missing ffn_gate" */
-    int n_expert;
-    if ((rc = arch_u32(m, "expert_count", 0, 0, &n_expert))) return rc;
-    if (n_expert > 0)
-        return tl_set_error(TL_ERR_UNSUPPORTED, "%s.expert_count %d: mixture-of-experts models are not supported",
-                            m->arch->name, n_expert);
+    if ((rc = load_experts(m))) return rc;
     if ((rc = arch_u32(m, "attention.head_count_kv", 0, (uint32_t)hp->n_head, &hp->n_head_kv))) return rc;
     if (hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv)
         return tl_set_error(TL_ERR_FORMAT, "head_count %d is not a multiple of head_count_kv %d", hp->n_head,

@@ -6,7 +6,7 @@
  *                [--bias 0|1|2] [--window N] [--rope-dims N]
  *                [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F] [--rope-orig-ctx N] [--rope-factors]
  *                [--softcap ATTN FINAL] [--sequential] [--embd-gain F]
- *                [--matmul-bias] [--extra-f32 KEY F] */
+ *                [--matmul-bias] [--extra-f32 KEY F] [--experts N] [--experts-used K] [--ff-shexp N] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +15,8 @@
 #include "testmodel.h"
 
 #define ARCHS                                                                                                   \
-    "llama, internlm2, xverse, ernie4_5, mistral3, olmo, granite, qwen, qwen2, qwen3, smollm3, gemma, gemma2, gemma3, phi3, " \
+    "llama, internlm2, xverse, ernie4_5, mistral3, olmo, granite, qwen, qwen2, qwen3, qwen2moe, qwen3moe, smollm3, gemma, " \
+    "gemma2, gemma3, phi3, " \
     "gpt2, starcoder, stablelm, starcoder2, gptneox, phi2, falcon"
 
 static int type_by_name(const char *name) {
@@ -35,7 +36,7 @@ int main(int argc, char **argv) {
                         "                    [--bias 0|1|2] [--window N] [--rope-dims N]\n"
                         "                    [--rope-base F] [--rope-scaling TYPE] [--rope-factor F] [--rope-attn-factor F] [--rope-orig-ctx N] [--rope-factors]\n"
                         "                    [--softcap ATTN FINAL] [--sequential] [--embd-gain F] [--matmul-bias]\n"
-                        "                    [--extra-f32 KEY F]\n"
+                        "                    [--extra-f32 KEY F] [--experts N] [--experts-used K] [--ff-shexp N]\n"
                         "  architectures: " ARCHS "\n");
         return 2;
     }
@@ -52,6 +53,7 @@ int main(int argc, char **argv) {
         INT_OPT("--heads", n_head) INT_OPT("--kv-heads", n_head_kv) INT_OPT("--ff", n_ff)
         INT_OPT("--ctx", n_ctx) INT_OPT("--unroll", unroll) INT_OPT("--head-dim", head_dim)
         INT_OPT("--bias", bias) INT_OPT("--window", sliding_window) INT_OPT("--rope-dims", rope_dims)
+        INT_OPT("--experts", expert_count) INT_OPT("--experts-used", expert_used) INT_OPT("--ff-shexp", n_ff_shexp)
         else if (!strcmp(a, "--arch") && more) {
             const char *v = argv[++i];
             if (!tm_arch_known(v)) {

@@ -5,7 +5,9 @@
 #   gpt2: its FFN norm is RMSNorm without the bias in ik's graph (test_gpt2).
 #   olmo: ik's graph applies RoPE to K twice (test_arch_table).
 #   granite: ik's graph scales the residual sum, not the branch (test_arch_table).
-#   llama: the same pass as granite, without the multipliers.
+#   llama: the same pass as granite, without the multipliers; with
+#     expert_count, Mixtral's routed FFN (ik's llama graph adds the normed
+#     input where the residual belongs, test_moe).
 #   python3 tools/ref_forward.py MODEL.gguf 1,5,77,...
 import struct, sys, math
 def rd(f, fmt): return struct.unpack('<' + fmt, f.read(struct.calcsize('<' + fmt)))
@@ -32,7 +34,11 @@ def load(p):
         n = 1
         for d in dims: n *= d
         f.seek(base + off); data = struct.unpack('<%df' % n, f.read(4 * n))
-        if len(dims) == 2: ts[name] = [list(data[r * dims[0]:(r + 1) * dims[0]]) for r in range(dims[1])]
+        if len(dims) == 3:  # experts: [n_in, n_out, n]
+            m = dims[0] * dims[1]
+            ts[name] = [[list(data[e * m + r * dims[0]:e * m + (r + 1) * dims[0]]) for r in range(dims[1])]
+                        for e in range(dims[2])]
+        elif len(dims) == 2: ts[name] = [list(data[r * dims[0]:(r + 1) * dims[0]]) for r in range(dims[1])]
         else: ts[name] = list(data)
     return kv, ts
 kv, W = load(sys.argv[1]); ids = [int(x) for x in sys.argv[2].split(',')]
@@ -99,6 +105,17 @@ def olmo_layer(xs, p):
         g = [silu(a) * b for a, b in zip(mv(W[p + 'ffn_gate.weight'], h), mv(W[p + 'ffn_up.weight'], h))]
         out.append(add(x, mv(W[p + 'ffn_down.weight'], g)))
     return out
+E = key('expert_count', 0); K = key('expert_used_count', 0)
+def ffn(h, p):  # llama's gated FFN, or Mixtral's top-K of E experts (softmax weights renormalized)
+    if not E:
+        return mv(W[p + 'ffn_down.weight'], [silu(a) * b for a, b in zip(mv(W[p + 'ffn_gate.weight'], h),
+                                                                            mv(W[p + 'ffn_up.weight'], h))])
+    lg = mv(W[p + 'ffn_gate_inp.weight'], h); mx = max(lg); pr = [math.exp(v - mx) for v in lg]
+    top = sorted(range(E), key=lambda e: -pr[e])[:K]; z = sum(pr[e] for e in top); out = [0.0] * D
+    for e in top:
+        g = [silu(a) * b for a, b in zip(mv(W[p + 'ffn_gate_exps.weight'][e], h), mv(W[p + 'ffn_up_exps.weight'][e], h))]
+        out = add(out, [v * pr[e] / z for v in mv(W[p + 'ffn_down_exps.weight'][e], g)])
+    return out
 def llama_layer(xs, p):  # granite's multipliers are 1 for llama
     hs = [rms(x, W[p + 'attn_norm.weight']) for x in xs]
     qs = [rope(mv(W[p + 'attn_q.weight'], h), H, i) for i, h in enumerate(hs)]
@@ -107,9 +124,7 @@ def llama_layer(xs, p):  # granite's multipliers are 1 for llama
     out = []
     for i, x in enumerate(xs):
         x = add(x, [v * res_mul for v in mv(W[p + 'attn_output.weight'], attend(qs, ks, vs, i, att_scale))])
-        h = rms(x, W[p + 'ffn_norm.weight'])
-        g = [silu(a) * b for a, b in zip(mv(W[p + 'ffn_gate.weight'], h), mv(W[p + 'ffn_up.weight'], h))]
-        out.append(add(x, [v * res_mul for v in mv(W[p + 'ffn_down.weight'], g)]))
+        out.append(add(x, [v * res_mul for v in ffn(rms(x, W[p + 'ffn_norm.weight']), p)]))
     return out
 if A in ('gpt2', 'starcoder'):  # starcoder: gpt2's graph in llama.cpp
     xs = [add(W['token_embd.weight'][t], W['position_embd.weight'][p]) for p, t in enumerate(ids)]

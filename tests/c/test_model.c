@@ -509,19 +509,6 @@ static void test_smollm3(void) {
     remove(path);
 }
 
-/* A mixture-of-experts file is refused as one, naming the count. */
-static void test_moe_refused(void) {
-    tm_spec s = tm_default_spec();
-    s.expert_count = 8;
-    const char *path = tmp_path("moe");
-    tm_write(&s, path);
-    tl_model *m = NULL;
-    int rc = tl_model_open(path, tl_model_default_params(), &m);
-    CHECK(rc == TL_ERR_UNSUPPORTED && !m && strstr(tl_last_error(), "llama.expert_count 8: mixture-of-experts"),
-          "a llama file with expert_count 8 is refused as mixture-of-experts (%s)", tl_last_error());
-    remove(path);
-}
-
 /* A block_count the file's tensors cannot back (a fuzzer found one that
  * made the loader size 20 GB of layers) is refused before any allocation. */
 static void test_hostile_block_count(void) {
@@ -638,7 +625,6 @@ int main(void) {
     test_qwen3();
     test_smollm3();
     test_hostile_block_count();
-    test_moe_refused();
     test_errors_and_sampling();
     return test_summary();
 }

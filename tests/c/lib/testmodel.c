@@ -66,10 +66,13 @@ typedef struct {
     unsigned par_key : 1;     /* use_parallel_residual (gptneox) */
     unsigned norm_free : 1;   /* no norm tensors at all: LayerNorms without weight or bias (olmo) */
     unsigned multipliers : 1; /* granite's four keys, with values like Granite 3's */
+    unsigned moe : 1;         /* with expert_count: experts instead of the dense FFN */
+    unsigned moe_keys : 1;    /* expert_feed_forward_length written (qwen2moe, qwen3moe) */
+    unsigned shexp : 1;       /* a shared expert and its gate (qwen2moe) */
 } tm_recipe;
 
 static const tm_recipe recipes[] = {
-    {.name = "llama"},
+    {.name = "llama", .moe = 1},
     {.name = "internlm2"},
     {.name = "xverse"},
     {.name = "ernie4_5"},
@@ -79,6 +82,8 @@ static const tm_recipe recipes[] = {
     {.name = "qwen", .qkv_fused = 1, .qkv_bias = 1, .ff_twice = 1},
     {.name = "qwen2"},
     {.name = "qwen3", .qk_norm = 1},
+    {.name = "qwen2moe", .moe = 1, .moe_keys = 1, .shexp = 1},
+    {.name = "qwen3moe", .qk_norm = 1, .moe = 1, .moe_keys = 1},
     {.name = "smollm3"},
     {.name = "gemma", .gemma = 1},
     {.name = "gemma2", .gemma = 1, .post_norms = 1, .window = 1, .softcap = 1},
@@ -182,6 +187,32 @@ static int add_matrix(gguf_writer *gw, const tm_spec *s, const char *name, int64
     return add_matrix_parts(gw, s, &name, &n_out, 1, n_in, seed, type, 1.0f);
 }
 
+/* n_expert matrices of n_out rows of n_in, each drawn from its own seed,
+ * as one 3-D tensor [n_in, n_out, n_expert] in the spec's weight type. */
+static int add_experts(gguf_writer *gw, const tm_spec *s, const char *name, int64_t n_in, int64_t n_out,
+                       uint64_t seed) {
+    const int E = s->expert_count, type = s->twin_f32 ? TL_TYPE_F32 : s->type;
+    const size_t row = tl_row_size(s->type, n_in), out_row = tl_row_size(type, n_in);
+    float *v = malloc((size_t)(n_in * n_out) * sizeof *v);
+    uint8_t *q = malloc(row * (size_t)n_out), *all = malloc(out_row * (size_t)n_out * (size_t)E);
+    int rc = !v || !q || !all || !row;
+    for (int e = 0; e < E && !rc; e++) {
+        fill(v, n_in * n_out, seed * 131 + (uint64_t)e, 1.0f / sqrtf((float)n_in) * 1.7f, 0.0f);
+        uint8_t *dst = all + out_row * (size_t)n_out * (size_t)e;
+        for (int64_t r = 0; r < n_out; r++) {
+            tl_quantize_row(s->type, v + r * n_in, q + r * row, n_in);
+            if (type == TL_TYPE_F32) tl_dequantize_row(s->type, q + r * row, (float *)dst + r * n_in, n_in);
+            else memcpy(dst + r * row, q + r * row, row);
+        }
+    }
+    int64_t ne[3] = {n_in, n_out, E};
+    if (!rc) rc = gw_add_tensor(gw, name, type, 3, ne, all, out_row * (size_t)n_out * (size_t)E) < 0;
+    free(v);
+    free(q);
+    free(all);
+    return rc ? -1 : 0;
+}
+
 /* An f32 vector of values offset +- scale, written as k tensors of lens[i]
  * consecutive values each. */
 static int add_vector_parts(gguf_writer *gw, const char *const *names, const int64_t *lens, int k, uint64_t seed,
@@ -277,7 +308,11 @@ int tm_write(const tm_spec *s, const char *path) {
     gw_set_u32(gw, KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
     gw_set_f32(gw, KEY(r.layer_norm ? "attention.layer_norm_epsilon" : "attention.layer_norm_rms_epsilon"), 1e-5f);
     if (s->rope_base > 0) gw_set_f32(gw, KEY("rope.freq_base"), s->rope_base);
+    const int moe = r.moe && s->expert_count > 0, shexp_ff = s->n_ff_shexp > 0 ? s->n_ff_shexp : s->n_ff;
     if (s->expert_count > 0) gw_set_u32(gw, KEY("expert_count"), (uint32_t)s->expert_count);
+    if (moe) gw_set_u32(gw, KEY("expert_used_count"), (uint32_t)(s->expert_used > 0 ? s->expert_used : 2));
+    if (moe && r.moe_keys) gw_set_u32(gw, KEY("expert_feed_forward_length"), (uint32_t)s->n_ff);
+    if (moe && r.shexp) gw_set_u32(gw, KEY("expert_shared_feed_forward_length"), (uint32_t)shexp_ff);
     if (s->rope_scaling) gw_set_str(gw, KEY("rope.scaling.type"), s->rope_scaling);
     if (s->rope_factor != 0) gw_set_f32(gw, KEY("rope.scaling.factor"), s->rope_factor);
     if (s->rope_attn_factor != 0) gw_set_f32(gw, KEY("rope.scaling.attn_factor"), s->rope_attn_factor);
@@ -355,7 +390,18 @@ int tm_write(const tm_spec *s, const char *path) {
         }
         rc |= add_matrix(gw, s, NAME("attn_output"), q_dim, s->n_embd, ls + 4, s->type);
         if (!r.one_norm && !r.norm_free) rc |= add_norm(gw, NAME("ffn_norm"), s->n_embd, ls + 5);
-        if (r.gate_up) {
+        if (moe) { /* the router stays F32, as llama.cpp's quantizer leaves it */
+            rc |= add_matrix(gw, s, NAME("ffn_gate_inp"), s->n_embd, s->expert_count, ls + 6, TL_TYPE_F32);
+            rc |= add_experts(gw, s, NAME("ffn_gate_exps"), s->n_embd, s->n_ff, ls + 7);
+            rc |= add_experts(gw, s, NAME("ffn_up_exps"), s->n_embd, s->n_ff, ls + 8);
+            rc |= add_experts(gw, s, NAME("ffn_down_exps"), s->n_ff, s->n_embd, ls + 9);
+            if (r.shexp) {
+                rc |= add_vector(gw, NAME("ffn_gate_inp_shexp"), s->n_embd, ls + 10, 0.3f, 0.0f);
+                rc |= add_matrix(gw, s, NAME("ffn_gate_shexp"), s->n_embd, shexp_ff, ls + 11, s->type);
+                rc |= add_matrix(gw, s, NAME("ffn_up_shexp"), s->n_embd, shexp_ff, ls + 12, s->type);
+                rc |= add_matrix(gw, s, NAME("ffn_down_shexp"), shexp_ff, s->n_embd, ls + 13, s->type);
+            }
+        } else if (r.gate_up) {
             rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, 2 * s->n_ff, ls + 7, s->type);
         } else if (r.plain_ffn) {
             rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, s->n_ff, ls + 7, s->type);
@@ -363,7 +409,7 @@ int tm_write(const tm_spec *s, const char *path) {
             rc |= add_matrix(gw, s, NAME("ffn_gate"), s->n_embd, s->n_ff, ls + 6, s->type);
             rc |= add_matrix(gw, s, NAME("ffn_up"), s->n_embd, s->n_ff, ls + 7, s->type);
         }
-        rc |= add_matrix(gw, s, NAME("ffn_down"), s->n_ff, s->n_embd, ls + 8, s->type);
+        if (!moe) rc |= add_matrix(gw, s, NAME("ffn_down"), s->n_ff, s->n_embd, ls + 8, s->type);
 #define BIAS(x) (snprintf(n, sizeof n, "blk.%d.%s.bias", l, x), n)
         if (r.layer_norm && !r.norm_free) rc |= add_bias(gw, BIAS("attn_norm"), s->n_embd, ls + 9);
         if ((r.matmul_bias || r.qkv_bias) && r.qkv_fused) rc |= add_bias(gw, BIAS("attn_qkv"), q_dim + 2 * kv_dim, ls + 10);

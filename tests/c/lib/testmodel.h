@@ -39,8 +39,9 @@ typedef struct tm_spec {
                           output bias), falcon (phi2's without biases), starcoder
                           (gpt2's), qwen (fused QKV with its bias, feed_forward_length
                           twice n_ff), olmo (no norm tensors), granite (llama's with its
-                          four multiplier keys); internlm2, xverse, ernie4_5 and
-                          mistral3 are llama's under their names */
+                          four multiplier keys), qwen2moe / qwen3moe (qwen2's / qwen3's
+                          attention, experts; qwen2moe's shared expert); internlm2, xverse,
+                          ernie4_5 and mistral3 are llama's under their names */
     int sequential;    /* gptneox: use_parallel_residual false */
     float embd_gain;   /* > 0: token embeddings this much smaller or larger (a gemma's tied
                           output otherwise echoes the sqrt(n_embd)-scaled input token) */
@@ -52,7 +53,11 @@ typedef struct tm_spec {
     int matmul_bias;   /* 1: attn_output / ffn_up / ffn_down biases whatever the architecture */
     const char *extra_key; /* "<arch>.<extra_key>" written as extra_value (f32); NULL: none */
     float extra_value;
-    int expert_count;  /* > 0: written as expert_count (the tensors stay dense) */
+    int expert_count;  /* > 0: expert_count; llama, qwen2moe and qwen3moe then route their FFN
+                          through that many experts (3-D ffn_*_exps tensors, an F32 router),
+                          other architectures keep a dense FFN under the key */
+    int expert_used;   /* expert_used_count: the top k (0: 2) */
+    int n_ff_shexp;    /* qwen2moe's shared expert width (0: n_ff) */
 } tm_spec;
 
 tm_spec tm_default_spec(void);

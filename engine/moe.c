@@ -1,0 +1,116 @@
+/* moe.c - a mixture-of-experts FFN on the CPU (Mixtral's llama, Qwen 2
+ * MoE, Qwen 3 MoE), as llama.cpp's build_moe_ffn computes it:
+ *
+ *   p = softmax(router . x)              over the n_expert experts
+ *   top = the n_expert_used largest p     (ties: the lower index first)
+ *   w_j = p[top_j]  (/ sum_j p[top_j] where the architecture renormalizes)
+ *   out = sum_j w_j * down_e(silu(gate_e . x) * (up_e . x)),  e = top_j
+ *         (+ sigmoid(g . x) * the shared expert's FFN of x, Qwen 2 MoE)
+ *
+ * The matmuls run expert by expert over the tokens routed to it, gathered
+ * into rows of their own, so an expert's weights stream once a batch
+ * however many of its tokens chose it. Each token's terms are added in
+ * expert order: the order depends on the token alone, so a token's output
+ * is the same in any batch (batch == alone holds bitwise); llama.cpp adds
+ * them in rank order, a rounding apart. */
+#include <math.h>
+#include <string.h>
+
+#include "forward_impl.h"
+#include "forward_ops.h"
+#include "quants.h"
+
+/* ggml_soft_max over one row: exp(x - max) summed in double, times 1/sum. */
+static void softmax_row(float *p, const float *x, int n) {
+    float mx = x[0];
+    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += (double)(p[i] = expf(x[i] - mx));
+    const float inv = (float)(1.0 / sum);
+    for (int i = 0; i < n; i++) p[i] *= inv;
+}
+
+/* Token t's k experts (largest probability first; equal ones by index) and
+ * their weights. */
+static void route(const tl_model *m, const float *logits, float *p, int32_t *sel, float *w) {
+    const int E = m->hp.n_expert, K = m->hp.n_expert_used;
+    softmax_row(p, logits, E);
+    for (int j = 0; j < K; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j && !taken; i++) taken = sel[i] == e;
+            if (!taken && (best < 0 || p[e] > p[best])) best = e;
+        }
+        sel[j] = best;
+        w[j] = p[best];
+    }
+    if (!m->arch->moe_norm) return;
+    double sum = 0;
+    for (int j = 0; j < K; j++) sum += (double)w[j];
+    const float s = (float)sum;
+    for (int j = 0; j < K; j++) w[j] /= s;
+}
+
+/* silu(gate) * up over rows of n, the gate in h. */
+static void gated_act(const tl_model *m, float *h, const float *g, int rows, int n) {
+    for (int r = 0; r < rows; r++) {
+        float *hr = h + (size_t)r * n;
+        const float *gr = g + (size_t)r * n;
+        if (m->arch->ffn_act == TL_ACT_GELU_TANH)
+            tl_gelu_tanh_mul(hr, gr, n);
+        else
+            tl_silu_mul(hr, gr, n);
+    }
+}
+
+/* One gated FFN (gate, up, down) over rows of x into out. */
+static void expert_ffn(tl_model *m, const tl_weight *gate, const tl_weight *up, const tl_weight *down, const float *x,
+                       int rows, float *out) {
+    tl_scratch *s = m->scratch;
+    float *const outs[2] = {s->hb, s->hb2};
+    const tl_weight *const ws[2] = {gate, up};
+    tl_fwd_matmul_multi(m, 2, outs, ws, x, rows);
+    gated_act(m, s->hb, s->hb2, rows, (int)gate->n_out);
+    tl_fwd_matmul(m, out, down, s->hb, rows);
+}
+
+void tl_moe_ffn(tl_model *m, const tl_layer *ly, int T) {
+    tl_scratch *s = m->scratch;
+    const tl_hparams *hp = &m->hp;
+    const int D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
+    tl_fwd_matmul(m, s->moe_logits, &ly->router, s->xb, T);
+    for (int t = 0; t < T; t++) {
+        /* the probabilities overwrite the logits they come from */
+        float *l = s->moe_logits + (size_t)t * E;
+        route(m, l, l, s->moe_sel + (size_t)t * K, s->moe_w + (size_t)t * K);
+    }
+    memset(s->o, 0, (size_t)T * D * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        int rows = 0;
+        for (int t = 0; t < T; t++)
+            for (int j = 0; j < K; j++)
+                if (s->moe_sel[(size_t)t * K + j] == e) {
+                    s->moe_rows[rows] = t;
+                    s->moe_rw[rows] = s->moe_w[(size_t)t * K + j];
+                    memcpy(s->moe_x + (size_t)rows++ * D, s->xb + (size_t)t * D, (size_t)D * sizeof(float));
+                }
+        if (!rows) continue;
+        expert_ffn(m, &ly->x_gate[e], &ly->x_up[e], &ly->x_down[e], s->moe_x, rows, s->moe_o);
+        for (int r = 0; r < rows; r++) {
+            float *o = s->o + (size_t)s->moe_rows[r] * D;
+            const float *y = s->moe_o + (size_t)r * D, w = s->moe_rw[r];
+            for (int i = 0; i < D; i++) o[i] += y[i] * w;
+        }
+    }
+    if (!ly->sh_router.data) return;
+    /* the shared expert, gated per token by sigmoid(g . x) */
+    expert_ffn(m, &ly->sh_gate, &ly->sh_up, &ly->sh_down, s->xb, T, s->moe_o);
+    tl_fwd_matmul(m, s->moe_logits, &ly->sh_router, s->xb, T);
+    for (int t = 0; t < T; t++) {
+        const float g = 1.0f / (1.0f + expf(-s->moe_logits[t]));
+        float *o = s->o + (size_t)t * D;
+        const float *y = s->moe_o + (size_t)t * D;
+        for (int i = 0; i < D; i++) o[i] += y[i] * g;
+    }
+}
