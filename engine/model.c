@@ -465,6 +465,9 @@ int tl_model_get_info(const tl_model *m, tl_model_info *o) {
     o->rope_freq_base = m->hp.rope.base;
     o->rope_freq_scale = m->hp.rope.freq_scale;
     o->rope_attn_factor = m->hp.rope.attn_factor;
+    o->n_expert = m->hp.n_expert;
+    o->n_expert_used = m->hp.n_expert_used;
+    o->n_ff_expert = m->hp.n_expert ? m->hp.n_ff_exp : 0;
     o->norm_eps = m->hp.norm_eps;
     o->bos = tl_tokenizer_bos(m->tok);
     o->eos = tl_tokenizer_eos(m->tok);

@@ -52,27 +52,52 @@ static void route(const tl_model *m, const float *logits, float *p, int32_t *sel
     for (int j = 0; j < K; j++) w[j] /= s;
 }
 
-/* silu(gate) * up over rows of n, the gate in h. */
-static void gated_act(const tl_model *m, float *h, const float *g, int rows, int n) {
-    for (int r = 0; r < rows; r++) {
-        float *hr = h + (size_t)r * n;
-        const float *gr = g + (size_t)r * n;
-        if (m->arch->ffn_act == TL_ACT_GELU_TANH)
-            tl_gelu_tanh_mul(hr, gr, n);
-        else
-            tl_silu_mul(hr, gr, n);
+/* Row-wise steps between the matmuls, split over the pool by rows (each
+ * row's arithmetic is the same whichever thread runs it, and the rows of
+ * one expert are distinct tokens). */
+enum { ROWS_ACT, ROWS_ADD };
+typedef struct {
+    tl_model *m;
+    int step, rows, n;
+    const float *w;       /* ROWS_ADD: row r's weight, or NULL: g[r] (the shared expert's gate) */
+    const int32_t *token; /* ROWS_ADD: row r's token, or NULL: r */
+} rows_ctx;
+
+static void rows_task(void *p, int ith, int nth) {
+    const rows_ctx *c = p;
+    tl_scratch *s = c->m->scratch;
+    const int r0 = (int)((int64_t)c->rows * ith / nth), r1 = (int)((int64_t)c->rows * (ith + 1) / nth);
+    for (int r = r0; r < r1; r++) {
+        if (c->step == ROWS_ACT) { /* act(gate) * up, the gate in hb */
+            float *h = s->hb + (size_t)r * c->n;
+            const float *g = s->hb2 + (size_t)r * c->n;
+            if (c->m->arch->ffn_act == TL_ACT_GELU_TANH)
+                tl_gelu_tanh_mul(h, g, c->n);
+            else
+                tl_silu_mul(h, g, c->n);
+            continue;
+        }
+        float *o = s->o + (size_t)(c->token ? c->token[r] : r) * c->n;
+        const float *y = s->moe_o + (size_t)r * c->n;
+        const float w = c->w ? c->w[r] : 1.0f / (1.0f + expf(-s->moe_logits[r]));
+        for (int i = 0; i < c->n; i++) o[i] += y[i] * w;
     }
 }
 
-/* One gated FFN (gate, up, down) over rows of x into out. */
+static void rows_run(tl_model *m, int step, int rows, int n, const float *w, const int32_t *token) {
+    rows_ctx c = {.m = m, .step = step, .rows = rows, .n = n, .w = w, .token = token};
+    tl_threadpool_run(m->tp, rows_task, &c, rows);
+}
+
+/* One gated FFN (gate, up, down) over rows of x into s->moe_o. */
 static void expert_ffn(tl_model *m, const tl_weight *gate, const tl_weight *up, const tl_weight *down, const float *x,
-                       int rows, float *out) {
+                       int rows) {
     tl_scratch *s = m->scratch;
     float *const outs[2] = {s->hb, s->hb2};
     const tl_weight *const ws[2] = {gate, up};
     tl_fwd_matmul_multi(m, 2, outs, ws, x, rows);
-    gated_act(m, s->hb, s->hb2, rows, (int)gate->n_out);
-    tl_fwd_matmul(m, out, down, s->hb, rows);
+    rows_run(m, ROWS_ACT, rows, (int)gate->n_out, NULL, NULL);
+    tl_fwd_matmul(m, s->moe_o, down, s->hb, rows);
 }
 
 void tl_moe_ffn(tl_model *m, const tl_layer *ly, int T) {
@@ -96,21 +121,12 @@ void tl_moe_ffn(tl_model *m, const tl_layer *ly, int T) {
                     memcpy(s->moe_x + (size_t)rows++ * D, s->xb + (size_t)t * D, (size_t)D * sizeof(float));
                 }
         if (!rows) continue;
-        expert_ffn(m, &ly->x_gate[e], &ly->x_up[e], &ly->x_down[e], s->moe_x, rows, s->moe_o);
-        for (int r = 0; r < rows; r++) {
-            float *o = s->o + (size_t)s->moe_rows[r] * D;
-            const float *y = s->moe_o + (size_t)r * D, w = s->moe_rw[r];
-            for (int i = 0; i < D; i++) o[i] += y[i] * w;
-        }
+        expert_ffn(m, &ly->x_gate[e], &ly->x_up[e], &ly->x_down[e], s->moe_x, rows);
+        rows_run(m, ROWS_ADD, rows, D, s->moe_rw, s->moe_rows);
     }
     if (!ly->sh_router.data) return;
     /* the shared expert, gated per token by sigmoid(g . x) */
-    expert_ffn(m, &ly->sh_gate, &ly->sh_up, &ly->sh_down, s->xb, T, s->moe_o);
+    expert_ffn(m, &ly->sh_gate, &ly->sh_up, &ly->sh_down, s->xb, T);
     tl_fwd_matmul(m, s->moe_logits, &ly->sh_router, s->xb, T);
-    for (int t = 0; t < T; t++) {
-        const float g = 1.0f / (1.0f + expf(-s->moe_logits[t]));
-        float *o = s->o + (size_t)t * D;
-        const float *y = s->moe_o + (size_t)t * D;
-        for (int i = 0; i < D; i++) o[i] += y[i] * g;
-    }
+    rows_run(m, ROWS_ADD, T, D, NULL, NULL);
 }

@@ -126,6 +126,8 @@ typedef struct tl_model_info {
     size_t kv_token_bytes; /* KV bytes one token costs over all layers at the default loops */
     float rope_freq_scale;  /* 1 / rope.scaling.factor under linear scaling, else 1 */
     float rope_attn_factor; /* rope.scaling.attn_factor, else 1 */
+    int n_expert, n_expert_used; /* a mixture-of-experts FFN's experts and its top k; 0: dense */
+    int n_ff_expert;             /* an expert's FFN width (n_ff: the dense one's, as the file says) */
 } tl_model_info;
 
 /* KV bytes one token costs in `mode` (a kv_mode string) on this model, over

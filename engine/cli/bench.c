@@ -235,6 +235,13 @@ static int bench_one(const char *path, tl_model_params mp, int n_gen, int prompt
     size_t step_bytes = info.weight_bytes;
     if (m->output.data != m->tok_embd.data)
         step_bytes -= tl_row_size(m->tok_embd.type, m->tok_embd.n_in) * (size_t)(m->tok_embd.n_out - 1);
+    /* and of a mixture-of-experts layer, the n_expert_used experts a token chose */
+    for (int l = 0; m->hp.n_expert && l < m->hp.n_layer; l++) {
+        const tl_weight *x[3] = {&m->layers[l].x_gate[0], &m->layers[l].x_up[0], &m->layers[l].x_down[0]};
+        size_t one = 0;
+        for (int i = 0; i < 3; i++) one += tl_row_size(x[i]->type, x[i]->n_in) * (size_t)x[i]->n_out;
+        step_bytes -= one * (size_t)(m->hp.n_expert - m->hp.n_expert_used);
+    }
     char where[96]; /* what ran it: the CPU's threads and ISA, or the plugin (and its graphs setting) */
     if (cpu) {
         snprintf(where, sizeof where, "cpu, %d threads, %s, kv %s", info.n_threads, info.isa, info.kv_mode);

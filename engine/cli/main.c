@@ -257,6 +257,7 @@ static int cmd_info(opts *o) {
            i.bos, i.eos);
     printf("n_embd        %d\nn_layer       %d\nn_head        %d (kv %d, head_dim %d)\nn_ff          %d\n", i.n_embd,
            i.n_layer, i.n_head, i.n_head_kv, i.head_dim, i.n_ff);
+    if (i.n_expert) printf("experts       %d, %d a token, width %d\n", i.n_expert, i.n_expert_used, i.n_ff_expert);
     printf("context       %d trained, max_seq_len %d\nrope base     %g", i.n_ctx_train, i.max_seq_len, i.rope_freq_base);
     if (i.rope_freq_scale != 1.0f || i.rope_attn_factor != 1.0f)
         printf(" (scaled x%g, attn_factor %g)", 1.0f / i.rope_freq_scale, i.rope_attn_factor);

@@ -514,6 +514,7 @@ function Model:info()
         n_ctx_train = i.n_ctx_train, max_seq_len = i.max_seq_len, loop_start = i.loop_start,
         loop_end = i.loop_end, loop_default = i.loop_default, rope_freq_base = i.rope_freq_base,
         rope_freq_scale = i.rope_freq_scale, rope_attn_factor = i.rope_attn_factor,
+        n_expert = i.n_expert, n_expert_used = i.n_expert_used, n_ff_expert = i.n_ff_expert,
         norm_eps = i.norm_eps, bos = i.bos, eos = i.eos, n_threads = i.n_threads,
         kv_block_size = i.kv_block_size, kv_type = ffi_string(i.kv_mode), kv_store_h = i.kv_store_h == 1,
         kv_token_bytes = tonumber(i.kv_token_bytes), kv_mode_bytes = kv_mode_bytes(h),

@@ -60,6 +60,19 @@ describe("tinyloop.Model", function()
             m:close()
         end)
 
+        it("reports a mixture-of-experts model's experts in info() (0 for a dense one)", function()
+            local moe = helpers.tmpdir() .. "/moe.gguf"
+            local out, ok = helpers.run("'" .. helpers.root .. "/bin/tl-gen-model' '" .. moe
+                .. "' --arch qwen3moe --experts 6 --experts-used 2 --ff 96")
+            assert(ok, "tl-gen-model failed: " .. out)
+            local m = tl.Model(moe)
+            local i = m:info()
+            assert.are.same({ "qwen3moe", 6, 2, 96 }, { i.arch, i.n_expert, i.n_expert_used, i.n_ff_expert })
+            assert.are.equal(6, #m:generate({ 1, 5, 9 }, { max_tokens = 6, temperature = 0 }))
+            m:close()
+            assert.are.same({ 0, 0 }, { model:info().n_expert, model:info().n_expert_used })
+        end)
+
         it("takes repack = \"off\" and, with AVX512_BF16, \"bf16\" (the same 8 greedy tokens here)", function()
             local off = tl.Model(path, { repack = "off" })
             off:close()
