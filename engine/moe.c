@@ -34,14 +34,13 @@ static void softmax_row(float *p, const float *x, int n) {
  * their weights. */
 static void route(const tl_model *m, const float *logits, float *p, int32_t *sel, float *w) {
     const int E = m->hp.n_expert, K = m->hp.n_expert_used;
+    uint8_t taken[TL_MAX_EXPERTS] = {0};
     softmax_row(p, logits, E);
     for (int j = 0; j < K; j++) {
         int best = -1;
-        for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int i = 0; i < j && !taken; i++) taken = sel[i] == e;
-            if (!taken && (best < 0 || p[e] > p[best])) best = e;
-        }
+        for (int e = 0; e < E; e++)
+            if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+        taken[best] = 1;
         sel[j] = best;
         w[j] = p[best];
     }
