@@ -749,15 +749,17 @@ void tl_fwd_store_kv(tl_model *m, tl_seq **seqs, int vl, int t) {
     }
 }
 
-/* q/k norm and RoPE of one token's K heads (or Q heads), in place; cs: the
+/* q/k norm (per head, or over the whole row) and RoPE of one token's K
+ * heads (or Q heads), in place; cs: the
  * token's tl_rope_table of rp, or NULL to compute the angles here; rope 0: the
  * norm only (a NoPE layer, tl_model_layer_rope). */
 void tl_fwd_k_finish(const tl_model *m, float *k, int n_heads, const float *norm, int pos, const tl_rope_params *rp,
                      const float *cs, int rope) {
-    int hd = m->hp.head_dim;
+    int hd = m->hp.head_dim, full = m->arch->qk_norm == TL_QKN_FULL;
+    if (norm && full) tl_rmsnorm(k, k, norm, n_heads * hd, m->hp.norm_eps); /* the whole row (olmo2) */
     for (int h = 0; h < n_heads; h++) {
         float *x = k + (size_t)h * hd;
-        if (norm) tl_rmsnorm(x, x, norm, hd, m->hp.norm_eps);
+        if (norm && !full) tl_rmsnorm(x, x, norm, hd, m->hp.norm_eps);
         if (!rope) continue;
         if (cs)
             tl_rope_apply(x, cs, m->hp.n_rot, m->arch->rope_type);

@@ -530,6 +530,15 @@ void tl_fwd_norm(const tl_model *m, float *out, const float *x, const float *w, 
         tl_rmsnorm(out, x, w, m->hp.n_embd, m->hp.norm_eps);
 }
 
+/* The input of attention or the FFN: the norm of the residual stream, or
+ * the stream itself where the architecture norms only after (olmo2). */
+static void pre_norm(const tl_model *m, float *out, const float *x, const float *w, const float *b) {
+    if (m->arch->no_pre_norm)
+        memcpy(out, x, (size_t)m->hp.n_embd * sizeof(float));
+    else
+        tl_fwd_norm(m, out, x, w, b);
+}
+
 /* A layer's element-wise steps between its matmuls, split over the pool
  * by tokens: each token's arithmetic is the same whichever thread runs it
  * (these ran on the calling thread alone before, 10-15% of a prefill that
@@ -558,7 +567,7 @@ static void tok_task(void *p, int ith, int nth) {
     for (int t = t0; t < t1; t++) {
         float *x = s->x + (size_t)t * D, *xb = s->xb + (size_t)t * D, *o = s->o + (size_t)t * D;
         switch (c->step) {
-        case TOK_ATTN_IN: tl_fwd_norm(m, xb, x, ly->attn_norm, ly->attn_norm_b); break;
+        case TOK_ATTN_IN: pre_norm(m, xb, x, ly->attn_norm, ly->attn_norm_b); break;
         case TOK_QK_FINISH: {
             float *cs = s->rope_cs + ((size_t)c->tab * s->cap + t) * hp->n_rot;
             if (!s->rope_ok[c->tab]) tl_rope_table(cs, s->tok_pos[t], hp->n_rot, c->rope, m->rope_freqs);
@@ -582,7 +591,7 @@ static void tok_task(void *p, int ith, int nth) {
             if (ly->post_attn_norm) tl_rmsnorm(o, o, ly->post_attn_norm, D, hp->norm_eps);
             if (hp->residual_mul != 1.0f) tl_scale_f32(o, hp->residual_mul, D);
             tl_add_f32(x, o, D);
-            tl_fwd_norm(m, xb, x, ly->ffn_norm, ly->ffn_norm_b);
+            pre_norm(m, xb, x, ly->ffn_norm, ly->ffn_norm_b);
             break;
         case TOK_FFN_ACT: {
             float *h = s->hb + (size_t)t * hp->n_ff, *g = s->hb2 + (size_t)t * hp->n_ff;

@@ -195,7 +195,8 @@ static int load_weights(tl_model *m) {
         char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d.%s.weight", l, s), n)
 #define NAME_B(s) (snprintf(n, sizeof n, "blk.%d.%s.bias", l, s), n)
-        if (norms && (rc = bind_norm(m, &L->attn_norm, NAME("attn_norm"), hp->n_embd, 0))) return rc;
+        const int pre = norms && !m->arch->no_pre_norm; /* olmo2 norms after, not before */
+        if (pre && (rc = bind_norm(m, &L->attn_norm, NAME("attn_norm"), hp->n_embd, 0))) return rc;
         const int fused = gguf_find_tensor(m->file, NAME("attn_qkv")) != NULL;
         if (fused) { /* Q, K, V rows in one tensor */
             tl_weight *const qkv[3] = {&L->wq, &L->wk, &L->wv};
@@ -209,7 +210,7 @@ static int load_weights(tl_model *m) {
             rc = bind_weight(m, &L->wv, NAME("attn_v"), hp->n_embd, kv_dim, 0);
         }
         /* phi2's FFN reads the attention's norm: it has no ffn_norm */
-        const int ffn_norm = norms && hp->parallel != TL_PAR_SHARED;
+        const int ffn_norm = pre && hp->parallel != TL_PAR_SHARED;
         if (rc || (rc = bind_weight(m, &L->wo, NAME("attn_output"), q_dim, hp->n_embd, 0)) ||
             (ffn_norm && (rc = bind_norm(m, &L->ffn_norm, NAME("ffn_norm"), hp->n_embd, 0))))
             return rc;
@@ -236,9 +237,10 @@ static int load_weights(tl_model *m) {
             (rc = bind_norm(m, &L->bk, NAME_B("attn_k"), kv_dim, 1)) < 0 ||
             (rc = bind_norm(m, &L->bv, NAME_B("attn_v"), kv_dim, 1)) < 0))
             return rc;
+        const int full = m->arch->qk_norm == TL_QKN_FULL;
         if (m->arch->qk_norm &&
-            ((rc = bind_norm(m, &L->q_norm, NAME("attn_q_norm"), hp->head_dim, 0)) ||
-             (rc = bind_norm(m, &L->k_norm, NAME("attn_k_norm"), hp->head_dim, 0))))
+            ((rc = bind_norm(m, &L->q_norm, NAME("attn_q_norm"), full ? q_dim : hp->head_dim, 0)) ||
+             (rc = bind_norm(m, &L->k_norm, NAME("attn_k_norm"), full ? kv_dim : hp->head_dim, 0))))
             return rc;
         if (norms && m->arch->layer_norm &&
             ((rc = bind_norm(m, &L->attn_norm_b, NAME_B("attn_norm"), hp->n_embd, 0)) ||
@@ -375,7 +377,7 @@ int tl_model_open(const char *path, tl_model_params params, tl_model **out) {
     }
     m->arch = tl_arch_find(arch.ptr, arch.len);
     if (!m->arch) {
-        char names[160];
+        char names[512];
         tl_arch_names(names, sizeof names);
         rc = tl_set_error(TL_ERR_UNSUPPORTED, "unsupported architecture '%.*s' (supported: %s)",
                           (int)(arch.len > 64 ? 64 : arch.len), arch.ptr, names);

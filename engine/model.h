@@ -19,6 +19,7 @@
 
 enum tl_rope_type { TL_ROPE_NORM = 0 /* adjacent pairs (llama) */, TL_ROPE_NEOX = 2 /* halves */ };
 enum tl_ffn_act { TL_ACT_SILU = 0, TL_ACT_GELU_TANH = 1 };
+enum { TL_QKN_HEAD = 1, TL_QKN_FULL = 2 };
 enum tl_parallel { TL_PAR_NONE = 0, TL_PAR_KEY = 1, TL_PAR_SHARED = 2 };
 /* tl_arch.moe: whether a file may route its FFN through experts */
 #define TL_MAX_EXPERTS 512
@@ -30,7 +31,10 @@ typedef struct tl_arch {
     const char *name;      /* general.architecture */
     int rope_type;
     int ffn_act;
-    int qk_norm;           /* per-head RMSNorm of Q and K (attn_q_norm / attn_k_norm) */
+    int qk_norm;           /* RMSNorm of Q and K (attn_q_norm / attn_k_norm): 1 per head,
+                              TL_QKN_FULL over the whole Q / K row before RoPE (olmo2, olmoe) */
+    int no_pre_norm;       /* 1: attention and FFN read the residual stream itself, no
+                              attn_norm / ffn_norm (olmo2: post norms only) */
     int post_norms;        /* RMSNorm after attention and after the FFN (gemma) */
     int embd_scale;        /* multiply embeddings by sqrt(n_embd) */
     int norm_plus_one;     /* norm weight stored as w, applied as (1 + w) (not in GGUF: 0) */

@@ -25,6 +25,10 @@ static const tl_arch archs[] = {
      * file: embeddings, each branch before its residual add, q.k (instead
      * of 1/sqrt(head_dim)) and logits (divided). */
     {.name = "granite", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .multipliers = 1},
+    /* Granite MoE (3.x 1B-A400M, 3B-A800M): granite's block and multipliers
+     * with routed experts, their weights renormalized. */
+    {.name = "granitemoe", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .multipliers = 1,
+     .moe = TL_MOE_ALWAYS, .moe_norm = 1},
     /* Qwen (1): llama's block with Q/K/V and their bias fused, NEOX RoPE. */
     {.name = "qwen", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .ff_half = 1},
     /* Qwen 2 / 2.5: llama's block with Q/K/V biases and NEOX RoPE. */
@@ -67,6 +71,15 @@ static const tl_arch archs[] = {
      * attention and FFN share, and a bias on the output matrix. */
     {.name = "phi2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .plain_ffn = 1,
      .parallel = TL_PAR_SHARED},
+    /* OLMo 2: no norm before attention or FFN, RMSNorm after each (before
+     * its residual add), Q and K RMS-normed over their whole rows, NEOX
+     * RoPE. */
+    {.name = "olmo2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .qk_norm = TL_QKN_FULL, .post_norms = 1,
+     .no_pre_norm = 1},
+    /* OLMoE: llama's pre-norm block with OLMo 2's whole-row Q/K norms and
+     * routed experts (softmax weights as they are). */
+    {.name = "olmoe", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .qk_norm = TL_QKN_FULL,
+     .moe = TL_MOE_ALWAYS},
     /* OLMo (1): llama's block under LayerNorms with no weight or bias, Q/K/V
      * optionally clipped (attention.clamp_kqv). */
     {.name = "olmo", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .layer_norm = 1, .norm_free = 1,
@@ -243,7 +256,7 @@ static int load_experts(tl_model *m) {
     if (hp->n_expert == 0) return TL_OK;
     if (!m->arch->moe)
         return tl_set_error(TL_ERR_UNSUPPORTED, "%s.expert_count %d: tinyloop runs mixture-of-experts models as "
-                            "llama (Mixtral), qwen2moe and qwen3moe, not as %s", m->arch->name, hp->n_expert,
+                            "llama (Mixtral), qwen2moe, qwen3moe, olmoe and granitemoe, not as %s", m->arch->name, hp->n_expert,
                             m->arch->name);
     if ((rc = arch_u32(m, "expert_used_count", 1, 0, &hp->n_expert_used)) ||
         (rc = arch_u32(m, "expert_feed_forward_length", 0, (uint32_t)hp->n_ff, &hp->n_ff_exp)) ||

@@ -15,7 +15,7 @@
 #include "testmodel.h"
 
 #define ARCHS                                                                                                   \
-    "llama, internlm2, xverse, ernie4_5, mistral3, olmo, granite, qwen, qwen2, qwen3, qwen2moe, qwen3moe, smollm3, gemma, " \
+    "llama, internlm2, xverse, ernie4_5, mistral3, olmo, olmo2, olmoe, granite, granitemoe, qwen, qwen2, qwen3, qwen2moe, qwen3moe, smollm3, gemma, " \
     "gemma2, gemma3, phi3, " \
     "gpt2, starcoder, stablelm, starcoder2, gptneox, phi2, falcon"
 

@@ -7,7 +7,9 @@
 #   granite: ik's graph scales the residual sum, not the branch (test_arch_table).
 #   llama: the same pass as granite, without the multipliers; with
 #     expert_count, Mixtral's routed FFN (ik's llama graph adds the normed
-#     input where the residual belongs, test_moe).
+#     input where the residual belongs, test_moe); granitemoe: granite's
+#     pass with Mixtral's FFN.
+#   olmo2, olmoe: ik_llama.cpp has neither (test_moe, test_arch_table).
 #   python3 tools/ref_forward.py MODEL.gguf 1,5,77,...
 import struct, sys, math
 def rd(f, fmt): return struct.unpack('<' + fmt, f.read(struct.calcsize('<' + fmt)))
@@ -62,13 +64,14 @@ def rms(x, w):
 def gelu(v): return 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * v * (1 + 0.044715 * v * v)))
 def silu(v): return v / (1 + math.exp(-v))
 def clip(x): return [min(max(v, -clamp), clamp) for v in x] if clamp > 0 else x
-def rope(x, n, pos):  # llama's adjacent pairs over each head
+def rope(x, n, pos, neox=False):  # llama's adjacent pairs over each head, or NEOX's halves
     y = list(x)
     for h0 in range(0, n * hd, hd):
         for i in range(hd // 2):
             th = pos * base ** (-2.0 * i / hd); c, s = math.cos(th), math.sin(th)
-            a, b = x[h0 + 2 * i], x[h0 + 2 * i + 1]
-            y[h0 + 2 * i], y[h0 + 2 * i + 1] = a * c - b * s, a * s + b * c
+            ia, ib = (h0 + i, h0 + i + hd // 2) if neox else (h0 + 2 * i, h0 + 2 * i + 1)
+            a, b = x[ia], x[ib]
+            y[ia], y[ib] = a * c - b * s, a * s + b * c
     return y
 def attend(qs, ks, vs, i, scale=None):
     scale = scale or 1 / math.sqrt(hd)
@@ -111,7 +114,8 @@ def ffn(h, p):  # llama's gated FFN, or Mixtral's top-K of E experts (softmax we
         return mv(W[p + 'ffn_down.weight'], [silu(a) * b for a, b in zip(mv(W[p + 'ffn_gate.weight'], h),
                                                                             mv(W[p + 'ffn_up.weight'], h))])
     lg = mv(W[p + 'ffn_gate_inp.weight'], h); mx = max(lg); pr = [math.exp(v - mx) for v in lg]
-    top = sorted(range(E), key=lambda e: -pr[e])[:K]; z = sum(pr[e] for e in top); out = [0.0] * D
+    top = sorted(range(E), key=lambda e: -pr[e])[:K]; out = [0.0] * D
+    z = sum(pr[e] for e in top) if A != 'olmoe' else sum(pr)  # olmoe: the softmax weights as they are
     for e in top:
         g = [silu(a) * b for a, b in zip(mv(W[p + 'ffn_gate_exps.weight'][e], h), mv(W[p + 'ffn_up_exps.weight'][e], h))]
         out = add(out, [v * pr[e] / z for v in mv(W[p + 'ffn_down_exps.weight'][e], g)])
@@ -126,17 +130,33 @@ def llama_layer(xs, p):  # granite's multipliers are 1 for llama
         x = add(x, [v * res_mul for v in mv(W[p + 'attn_output.weight'], attend(qs, ks, vs, i, att_scale))])
         out.append(add(x, [v * res_mul for v in ffn(rms(x, W[p + 'ffn_norm.weight']), p)]))
     return out
+def olmo2_layer(xs, p, pre=False):  # olmoe (pre): pre norms, no post norms, experts
+    hs = [rms(x, W[p + 'attn_norm.weight']) for x in xs] if pre else xs
+    qs = [rope(rms(mv(W[p + 'attn_q.weight'], h), W[p + 'attn_q_norm.weight']), H, i, True) for i, h in enumerate(hs)]
+    ks = [rope(rms(mv(W[p + 'attn_k.weight'], h), W[p + 'attn_k_norm.weight']), HKV, i, True) for i, h in enumerate(hs)]
+    vs = [mv(W[p + 'attn_v.weight'], h) for h in hs]
+    out = []
+    for i, x in enumerate(xs):
+        a = mv(W[p + 'attn_output.weight'], attend(qs, ks, vs, i))
+        x = add(x, a if pre else rms(a, W[p + 'post_attention_norm.weight']))
+        f = ffn(rms(x, W[p + 'ffn_norm.weight']), p) if pre else rms(ffn(x, p), W[p + 'post_ffw_norm.weight'])
+        out.append(add(x, f))
+    return out
 if A in ('gpt2', 'starcoder'):  # starcoder: gpt2's graph in llama.cpp
     xs = [add(W['token_embd.weight'][t], W['position_embd.weight'][p]) for p, t in enumerate(ids)]
     layer, final = gpt2_layer, lambda x: ln(x, W['output_norm.weight'], W['output_norm.bias'])
 elif A == 'olmo':
     xs = [list(W['token_embd.weight'][t]) for t in ids]
     layer, final = olmo_layer, ln
-elif A in ('llama', 'granite'):
+elif A in ('olmo2', 'olmoe'):
+    xs = [list(W['token_embd.weight'][t]) for t in ids]
+    layer, final = (lambda xs, p: olmo2_layer(xs, p, A == 'olmoe')), lambda x: rms(x, W['output_norm.weight'])
+elif A in ('llama', 'granite', 'granitemoe'):
     xs = [[v * emb_mul for v in W['token_embd.weight'][t]] for t in ids]
     layer, final = llama_layer, lambda x: rms(x, W['output_norm.weight'])
 else:
-    sys.exit('ref_forward: architecture %s is not one of gpt2, starcoder, olmo, llama, granite' % A)
+    sys.exit('ref_forward: architecture %s is not one of gpt2, starcoder, olmo, olmo2, olmoe, llama, granite, '
+             'granitemoe' % A)
 for l in range(L): xs = layer(xs, 'blk.%d.' % l)
 logits = [v / logit_div for v in mv(W.get('output.weight', W['token_embd.weight']), final(xs[-1]))]
 print(' '.join('%.6g' % v for v in logits))

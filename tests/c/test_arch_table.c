@@ -209,9 +209,11 @@ static void check_ref_logits(const char *what, const char *path, const float wan
  * - granite: embeddings x12, each branch x0.22 before its residual add,
  *   q.k x0.2 and logits / 4 (the recipe's keys), embeddings drawn 10x
  *   smaller so the scaled ones do not drown the layers (ik's graph scales
- *   the residual sum instead of the branch).
- * olmo's store-h recomputes clipped K/V too: its greedy tokens equal the
- * f16 KV's. */
+ *   the residual sum instead of the branch);
+ * - olmo2: no norm before attention or FFN, RMSNorm after each, Q and K
+ *   RMS-normed over their whole rows (ik_llama.cpp has no olmo2).
+ * olmo's store-h recomputes clipped K/V too, olmo2's whole-row normed K:
+ * their greedy tokens equal the f16 KV's. */
 static void test_reference_logits(void) {
     static const struct {
         const char *arch;
@@ -227,6 +229,8 @@ static void test_reference_logits(void) {
                                    1.91933f}, 305, 3.28476f},
         {"granite", 2, 9, 0.1f, 0, {0.531774f, 0.483382f, -0.031692f, 0.0253852f, -0.0426154f, -0.453058f, 0.135138f,
                                     0.0310475f}, 63, 0.897031f},
+        {"olmo2", 2, 31, 0, 0, {-0.130548f, 0.489429f, -0.179601f, 0.409096f, 2.16067f, -0.116551f, -0.530966f,
+                                0.276945f}, 208, 2.69264f},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         tm_spec s = tm_default_spec();
@@ -240,7 +244,8 @@ static void test_reference_logits(void) {
         CHECK(tm_write(&s, path) == 0, "the %s model is written", s.arch);
         check_ref_logits(s.arch, path, cases[c].want, cases[c].best, cases[c].best_value);
         int32_t out[2][16];
-        for (int h = 0; h < 2 && cases[c].clamp > 0; h++) {
+        const int h_check = cases[c].clamp > 0 || !strcmp(s.arch, "olmo2");
+        for (int h = 0; h < 2 && h_check; h++) {
             tl_model *m = open_model(path, TL_KV_F16, h ? "h" : NULL, 1);
             tl_generate_params gp = tl_generate_default_params();
             gp.max_tokens = 16;
@@ -249,8 +254,8 @@ static void test_reference_logits(void) {
             CHECK(ng == 16, "%s generates 16 tokens (%s, %d)", s.arch, h ? "store-h" : "f16 KV", ng);
             tl_model_close(m);
         }
-        if (cases[c].clamp > 0)
-            CHECK(!memcmp(out[0], out[1], sizeof out[0]), "... the same through store-h's recomputed, clipped K/V");
+        if (h_check)
+            CHECK(!memcmp(out[0], out[1], sizeof out[0]), "... the same through store-h's recomputed K/V (%s)", s.arch);
         remove(path);
     }
 }
@@ -366,9 +371,9 @@ static void test_keys_and_refusals(void) {
     tl_model_close(qm);
     remove(path);
 
-    static const char *const archs[3] = {"phi2", "gptneox", "granite"};
-    for (int c = 0; c < 3; c++) {
-        tm_spec p = ref_spec(archs[c], 4, 16, 2);
+    static const char *const archs[4] = {"phi2", "gptneox", "granite", "olmo2"};
+    for (int c = 0; c < 4; c++) {
+        tm_spec p = ref_spec(archs[c], 4, c == 3 ? 0 : 16, 2);
         tm_write(&p, path);
         tl_model *m = NULL;
         setenv("TINYLOOP_BACKEND", "cuda", 1);

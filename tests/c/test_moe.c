@@ -1,10 +1,13 @@
 /* test_moe.c - mixture-of-experts FFNs (engine/moe.c): llama with experts
- * (Mixtral), qwen2moe (with its shared expert) and qwen3moe.
+ * (Mixtral), qwen2moe (with its shared expert), qwen3moe, olmoe and
+ * granitemoe.
  * - qwen2moe and qwen3moe: greedy tokens against ik_llama.cpp's on
  *   synthetic files, also through store-h.
- * - Mixtral: logits against tools/ref_forward.py (ik's llama graph adds the
- *   FFN's normed input where the residual belongs; with that emulated,
- *   tinyloop's tokens equalled ik's).
+ * - Mixtral (llama with experts), granitemoe and olmoe: logits against
+ *   tools/ref_forward.py (ik's llama graph adds the FFN's normed input where
+ *   the residual belongs - with that emulated, tinyloop's Mixtral tokens
+ *   equalled ik's -, its granite graph scales the residual sum, and it has
+ *   no olmoe).
  * - Exactness: batch == alone, one thread == two, the repacked experts ==
  *   the file's layout, cached == uncached, all bitwise on quantized files.
  * - Refusals: experts on an architecture without them, bad counts, a 3-D
@@ -88,40 +91,60 @@ static void test_references(void) {
     }
 }
 
-/* Mixtral's block (llama, 4 experts, top 2, weights renormalized), width
- * 64, 2 layers: the last position's logits of 25 ids against
- * tools/ref_forward.py on the same file (float64; agreed to 1e-5). */
-static void test_mixtral_reference(void) {
+/* Small specs (width 64, 2 layers) against tools/ref_forward.py's logits
+ * (float64) on the same files, the last position of 25 ids: positions
+ * 100-107 and the argmax within 1e-4 (tinyloop agreed to 1e-5,
+ * 2026-12-07). Mixtral's block (llama with experts; ik's llama graph adds
+ * the FFN's normed input where the residual belongs), granitemoe (granite's
+ * multipliers; ik scales the residual sum) and olmoe (whole-row Q/K norms,
+ * softmax weights as they are; ik has no olmoe). */
+static void test_reference_logits(void) {
     static const int32_t ids[25] = {1, 5, 77, 300, 12, 9, 140, 33, 2, 45, 67, 89, 101, 200, 17, 18, 19, 20, 21, 22,
                                     23, 24, 25, 26, 27};
-    static const float want[8] = {-0.379336f, -0.836869f, -0.611748f, 0.833488f,
-                                  -0.376691f, 0.45086f,   -0.239823f, -0.2093f};
-    tm_spec s = tm_default_spec();
-    s.expert_count = 4;
-    s.expert_used = 2;
-    s.n_ctx = 64;
-    s.seed = 11;
-    const char *path = tmp_path("mixtral");
-    CHECK(tm_write(&s, path) == 0, "the Mixtral-style model is written");
-    tl_model_params p = tl_model_default_params();
-    p.kv_type = TL_KV_F32;
-    p.max_seq_len = 64;
-    tl_model *m = NULL;
-    tl_model_open(path, p, &m);
-    CHECK(m != NULL, "a llama file with expert_count 4 opens (%s)", m ? "" : tl_last_error());
-    float l[320];
-    tl_seq *q = NULL;
-    const int32_t *ip = ids;
-    int n = 25, rc = m ? tl_seq_new(m, 0, &q) || tl_batch_forward(m, &q, &ip, &n, 1, l) : -1;
-    tl_seq_free(q);
-    tl_model_close(m);
-    float err = 0;
-    int best = 0;
-    for (int i = 0; i < 8 && rc == 0; i++) err = fmaxf(err, fabsf(l[100 + i] - want[i]));
-    for (int i = 1; i < 320 && rc == 0; i++) best = l[i] > l[best] ? i : best;
-    CHECK(rc == 0 && err < 1e-4f && best == 16 && fabsf(l[16] - 2.66055f) < 1e-4f,
-          "Mixtral's logits equal the independent reference (max error %g over 8, argmax %d, want 16)", err, best);
-    remove(path);
+    static const struct {
+        const char *arch;
+        int experts, used, seed;
+        float want[8];
+        int best;
+        float best_value;
+    } cases[] = {
+        {"llama", 4, 2, 11, {-0.379336f, -0.836869f, -0.611748f, 0.833488f, -0.376691f, 0.45086f, -0.239823f, -0.2093f},
+         16, 2.66055f},
+        {"olmoe", 8, 2, 32, {0.0753225f, 0.416214f, 0.637553f, 0.649358f, -1.37991f, -0.684659f, -0.245899f,
+                             -0.603667f}, 57, 2.63053f},
+        {"granitemoe", 4, 2, 33, {-0.0616268f, -0.0303252f, -0.245965f, 0.151693f, 0.358715f, 0.49077f, 0.242114f,
+                                  0.0890266f}, 37, 0.692258f},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        tm_spec s = tm_default_spec();
+        s.arch = cases[c].arch;
+        s.expert_count = cases[c].experts;
+        s.expert_used = cases[c].used;
+        s.n_ctx = 64;
+        s.seed = (uint64_t)cases[c].seed;
+        const char *path = tmp_path("ref_logits");
+        CHECK(tm_write(&s, path) == 0, "the %s model is written", s.arch);
+        tl_model_params p = tl_model_default_params();
+        p.kv_type = TL_KV_F32;
+        p.max_seq_len = 64;
+        tl_model *m = NULL;
+        tl_model_open(path, p, &m);
+        CHECK(m != NULL, "%s with %d experts opens (%s)", s.arch, s.expert_count, m ? "" : tl_last_error());
+        float l[320];
+        tl_seq *q = NULL;
+        const int32_t *ip = ids;
+        int n = 25, rc = m ? tl_seq_new(m, 0, &q) || tl_batch_forward(m, &q, &ip, &n, 1, l) : -1;
+        tl_seq_free(q);
+        tl_model_close(m);
+        float err = 0;
+        int best = 0;
+        for (int i = 0; i < 8 && rc == 0; i++) err = fmaxf(err, fabsf(l[100 + i] - cases[c].want[i]));
+        for (int i = 1; i < 320 && rc == 0; i++) best = l[i] > l[best] ? i : best;
+        CHECK(rc == 0 && err < 1e-4f && best == cases[c].best && fabsf(l[best] - cases[c].best_value) < 1e-4f,
+              "%s's logits equal the independent reference (max error %g over 8, argmax %d, want %d)", s.arch, err,
+              best, cases[c].best);
+        remove(path);
+    }
 }
 
 /* The last position's logits of two prompts, run together or alone. */
@@ -236,7 +259,7 @@ static void test_refusals(void) {
 
 int main(void) {
     test_references();
-    test_mixtral_reference();
+    test_reference_logits();
     test_exact();
     test_refusals();
     return test_summary();

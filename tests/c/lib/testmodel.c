@@ -66,6 +66,8 @@ typedef struct {
     unsigned par_key : 1;     /* use_parallel_residual (gptneox) */
     unsigned norm_free : 1;   /* no norm tensors at all: LayerNorms without weight or bias (olmo) */
     unsigned multipliers : 1; /* granite's four keys, with values like Granite 3's */
+    unsigned qk_full : 1;     /* attn_q_norm / attn_k_norm over the whole Q / K row (olmo2) */
+    unsigned no_pre_norm : 1; /* no attn_norm / ffn_norm (olmo2: post norms only) */
     unsigned moe : 1;         /* with expert_count: experts instead of the dense FFN */
     unsigned moe_keys : 1;    /* expert_feed_forward_length written (qwen2moe, qwen3moe) */
     unsigned shexp : 1;       /* a shared expert and its gate (qwen2moe) */
@@ -78,7 +80,10 @@ static const tm_recipe recipes[] = {
     {.name = "ernie4_5"},
     {.name = "mistral3"},
     {.name = "olmo", .layer_norm = 1, .norm_free = 1},
+    {.name = "olmo2", .qk_norm = 1, .qk_full = 1, .post_norms = 1, .no_pre_norm = 1},
+    {.name = "olmoe", .qk_norm = 1, .qk_full = 1, .moe = 1},
     {.name = "granite", .multipliers = 1},
+    {.name = "granitemoe", .multipliers = 1, .moe = 1},
     {.name = "qwen", .qkv_fused = 1, .qkv_bias = 1, .ff_twice = 1},
     {.name = "qwen2"},
     {.name = "qwen3", .qk_norm = 1},
@@ -378,7 +383,7 @@ int tm_write(const tm_spec *s, const char *path) {
             snprintf(qkv_names[i], sizeof qkv_names[i], "blk.%d.attn_%c.%s", l, "qkv"[i % 3],
                      i < 3 ? "weight" : "bias");
 #define NAME(x) (snprintf(n, sizeof n, "blk.%d.%s.weight", l, x), n)
-        if (!r.norm_free) rc |= add_norm(gw, NAME("attn_norm"), s->n_embd, ls + 0);
+        if (!r.norm_free && !r.no_pre_norm) rc |= add_norm(gw, NAME("attn_norm"), s->n_embd, ls + 0);
         if (r.qkv_split) {
             rc |= add_matrix_parts(gw, s, qkv_w, qkv_rows, 3, s->n_embd, ls + 1, s->type, 1.0f);
         } else if (r.qkv_fused) {
@@ -389,7 +394,7 @@ int tm_write(const tm_spec *s, const char *path) {
             rc |= add_matrix(gw, s, NAME("attn_v"), s->n_embd, kv_dim, ls + 3, s->type);
         }
         rc |= add_matrix(gw, s, NAME("attn_output"), q_dim, s->n_embd, ls + 4, s->type);
-        if (!r.one_norm && !r.norm_free) rc |= add_norm(gw, NAME("ffn_norm"), s->n_embd, ls + 5);
+        if (!r.one_norm && !r.norm_free && !r.no_pre_norm) rc |= add_norm(gw, NAME("ffn_norm"), s->n_embd, ls + 5);
         if (moe) { /* the router stays F32, as llama.cpp's quantizer leaves it */
             rc |= add_matrix(gw, s, NAME("ffn_gate_inp"), s->n_embd, s->expert_count, ls + 6, TL_TYPE_F32);
             rc |= add_experts(gw, s, NAME("ffn_gate_exps"), s->n_embd, s->n_ff, ls + 7);
@@ -436,8 +441,8 @@ int tm_write(const tm_spec *s, const char *path) {
             }
         }
         if (r.qk_norm) {
-            rc |= add_norm(gw, NAME("attn_q_norm"), hd, ls + 9);
-            rc |= add_norm(gw, NAME("attn_k_norm"), hd, ls + 10);
+            rc |= add_norm(gw, NAME("attn_q_norm"), r.qk_full ? q_dim : hd, ls + 9);
+            rc |= add_norm(gw, NAME("attn_k_norm"), r.qk_full ? kv_dim : hd, ls + 10);
         }
         if (r.post_norms) {
             rc |= add_norm(gw, NAME("post_attention_norm"), s->n_embd, ls + 11);
