@@ -371,6 +371,17 @@ static void test_keys_and_refusals(void) {
     tl_model_close(qm);
     remove(path);
 
+    /* an unknown name is refused listing every one the table has */
+    tm_spec u = ref_spec("gemma", 2, 0, 1);
+    tm_write(&u, path);
+    CHECK(tm_patch_bytes(path, "gemma", "gammy") > 0, "the architecture is renamed gammy");
+    tl_model *um = open_model(path, TL_KV_F16, NULL, 1);
+    CHECK(!um && strstr(tl_last_error(), "unsupported architecture 'gammy' (supported: llama, ") &&
+              strstr(tl_last_error(), ", gemma3)"),
+          "an unknown architecture is refused, naming all the supported ones (%s)", tl_last_error());
+    tl_model_close(um);
+    remove(path);
+
     static const char *const archs[4] = {"phi2", "gptneox", "granite", "olmo2"};
     for (int c = 0; c < 4; c++) {
         tm_spec p = ref_spec(archs[c], 4, c == 3 ? 0 : 16, 2);
