@@ -22,7 +22,7 @@
 enum {
     CHAT_PLAIN, CHAT_GEMMA, CHAT_CHATML, CHAT_LLAMA3, CHAT_LLAMA2, CHAT_PHI3, CHAT_PHI4,
     CHAT_MISTRAL_V7, CHAT_MISTRAL_V1, CHAT_MISTRAL_V3, CHAT_MISTRAL_V3_TEKKEN, CHAT_FALCON3, CHAT_GRANITE,
-    CHAT_DEEPSEEK3
+    CHAT_DEEPSEEK3, CHAT_COMMAND_R
 };
 
 /* DeepSeek V3 / R1 (and its Qwen / Llama distills) spell their markers
@@ -57,19 +57,23 @@ void tl_chat_detect(tl_model *m) {
         else if (t && strstr(t, "<|assistant|>") && strstr(t, "<|user|>")) m->chat_kind = CHAT_FALCON3;
         else if (t && strstr(t, "<|start_of_role|>")) m->chat_kind = CHAT_GRANITE;
         else if (t && strstr(t, DS_ASSISTANT) && strstr(t, DS_USER) && strstr(t, DS_EOS)) m->chat_kind = CHAT_DEEPSEEK3;
+        else if (t && strstr(t, "<|START_OF_TURN_TOKEN|>")) m->chat_kind = CHAT_COMMAND_R;
         free(t);
     }
     /* End of generation: EOS plus the turn-closing control tokens. Every
      * template marker is also kept, so that message content can never
      * become one, even where a vocab types it user-defined. */
-    static const char *eog_texts[] = {"<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|eom_id|>"};
+    static const char *eog_texts[] = {"<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|eom_id|>",
+                                      "<|END_OF_TURN_TOKEN|>"};
     static const char *marker_texts[] = {"<start_of_turn>", "<end_of_turn>", "<|im_start|>", "<|im_end|>",
                                          "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                                          "<|begin_of_text|>", "<|end_of_text|>", "<|eom_id|>", "<|endoftext|>",
                                          "<|end|>", "<|user|>", "<|assistant|>", "<|system|>", "<|im_sep|>",
                                          "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]",
                                          "[/SYSTEM_PROMPT]", "<|start_of_role|>", "<|end_of_role|>", DS_USER,
-                                         DS_ASSISTANT, DS_EOS, DS_BOS};
+                                         DS_ASSISTANT, DS_EOS, DS_BOS, "<|START_OF_TURN_TOKEN|>",
+                                         "<|END_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>", "<|USER_TOKEN|>",
+                                         "<|CHATBOT_TOKEN|>"};
     m->n_eog = 0;
     m->n_chat_markers = 0;
     int eos = tl_tokenizer_eos(m->tok);
@@ -89,7 +93,7 @@ void tl_chat_detect(tl_model *m) {
 
 static const char *kind_names[] = {"plain", "gemma", "chatml",     "llama3",     "llama2",
                                    "phi3",  "phi4",  "mistral-v7", "mistral-v1", "mistral-v3",
-                                   "mistral-v3-tekken", "falcon3", "granite", "deepseek3"};
+                                   "mistral-v3-tekken", "falcon3", "granite", "deepseek3", "command-r"};
 
 int tl_model_set_chat_template(tl_model *m, const char *name) {
     if (!m || !name) return tl_set_error(TL_ERR_INVALID_ARG, "model and name must not be NULL");
@@ -100,7 +104,8 @@ int tl_model_set_chat_template(tl_model *m, const char *name) {
         }
     return tl_set_error(TL_ERR_INVALID_ARG,
                         "chat template '%s' is not one of plain, gemma, chatml, llama3, llama2, phi3, phi4, "
-                        "mistral-v7, mistral-v1, mistral-v3, mistral-v3-tekken, falcon3, granite, deepseek3",
+                        "mistral-v7, mistral-v1, mistral-v3, mistral-v3-tekken, falcon3, granite, deepseek3, "
+                        "command-r",
                         name);
 }
 
@@ -156,6 +161,8 @@ static void role_turn(sbuf *b, const char *open, const char *role, const char *m
 
 static const char *role_name(int kind, const char *role) {
     if (kind == CHAT_GEMMA && !strcmp(role, "assistant")) return "model";
+    if (kind == CHAT_COMMAND_R)
+        return !strcmp(role, "system") ? "<|SYSTEM_TOKEN|>" : !strcmp(role, "user") ? "<|USER_TOKEN|>" : "<|CHATBOT_TOKEN|>";
     return role;
 }
 
@@ -299,6 +306,9 @@ static void render(int kind, const tl_chat_message *msgs, int n, int add_assista
             }
             break;
         case CHAT_PHI4: role_turn(b, "<|im_start|>", role, "<|im_sep|>", c, "<|im_end|>"); break; /* PHI_4 */
+        case CHAT_COMMAND_R: /* LLM_CHAT_TEMPLATE_COMMAND_R: a token for each role */
+            role_turn(b, "<|START_OF_TURN_TOKEN|>", role_name(kind, role), "", c, "<|END_OF_TURN_TOKEN|>");
+            break;
         default: role_turn(b, "", role, ": ", c, "\n");
         }
     }
@@ -325,6 +335,7 @@ static void render(int kind, const tl_chat_message *msgs, int n, int add_assista
         else if (kind == CHAT_GRANITE) mark(b, "<|start_of_role|>assistant<|end_of_role|>\n");
         else if (kind == CHAT_DEEPSEEK3) mark(b, DS_ASSISTANT);
         else if (kind == CHAT_PHI4) mark(b, "<|im_start|>assistant<|im_sep|>");
+        else if (kind == CHAT_COMMAND_R) mark(b, "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>");
         else if (kind == CHAT_PLAIN) mark(b, "assistant:");
     }
 }

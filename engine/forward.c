@@ -583,7 +583,7 @@ static void tok_task(void *p, int ith, int nth) {
             break;
         }
         case TOK_ATTN_OUT:
-            if (hp->parallel == TL_PAR_SHARED) break; /* the FFN reads xb as attention did */
+            if (tl_par_shared_norm(hp->parallel)) break; /* the FFN reads xb as attention did */
             if (hp->parallel) { /* the FFN's own norm of the layer's input */
                 tl_fwd_norm(m, xb, x, ly->ffn_norm, ly->ffn_norm_b);
                 break;
@@ -607,10 +607,10 @@ static void tok_task(void *p, int ith, int nth) {
             if (ly->post_ffn_norm) tl_rmsnorm(o, o, ly->post_ffn_norm, D, hp->norm_eps);
             if (hp->residual_mul != 1.0f) tl_scale_f32(o, hp->residual_mul, D);
             /* the parallel branches add up in llama.cpp's order: phi2
-             * (attn + ffn) + x, gptneox (ffn + x) + attn */
+             * (attn + ffn) + x, gptneox and command-r (ffn + x) + attn */
             if (hp->parallel == TL_PAR_SHARED) tl_add_f32(o, s->o_attn + (size_t)t * D, D);
             tl_add_f32(x, o, D);
-            if (hp->parallel == TL_PAR_KEY) tl_add_f32(x, s->o_attn + (size_t)t * D, D);
+            if (hp->parallel == TL_PAR_KEY || hp->parallel == TL_PAR_SHARED_X) tl_add_f32(x, s->o_attn + (size_t)t * D, D);
             break;
         }
         }
@@ -841,8 +841,8 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
         }
         if (rows) tl_fwd_matmul(m, logits, &m->output, s->logits_x, rows);
         if (rows && m->output_b) tl_fwd_add_bias(logits, m->output_b, rows, hp->n_vocab);
-        if (hp->logit_div != 1.0f) /* granite: as llama.cpp's ggml_scale by 1 / logit_scale */
-            tl_scale_f32(logits, 1.0f / hp->logit_div, (size_t)rows * hp->n_vocab);
+        if (hp->logit_mul != 1.0f) /* granite, command-r: as llama.cpp's ggml_scale */
+            tl_scale_f32(logits, hp->logit_mul, (size_t)rows * hp->n_vocab);
         const float cap = hp->final_softcap; /* Gemma 2: as llama.cpp's ggml_softcap */
         if (cap > 0)
             for (size_t i = 0; i < (size_t)rows * hp->n_vocab; i++) logits[i] = tanhf(logits[i] * (1.0f / cap)) * cap;

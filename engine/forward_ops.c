@@ -42,6 +42,10 @@ void tl_layernorm(float *out, const float *x, const float *w, const float *b, in
         for (int i = 0; i < n; i++) out[i] = out[i] * scale;
         return;
     }
+    if (!b) { /* a weight and no bias (command-r) */
+        for (int i = 0; i < n; i++) out[i] = out[i] * scale * w[i];
+        return;
+    }
     for (int i = 0; i < n; i++) out[i] = out[i] * scale * w[i] + b[i];
 }
 

@@ -173,7 +173,8 @@ static int load_weights(tl_model *m) {
     const int norms = !m->arch->norm_free; /* olmo's LayerNorms have no tensors */
     if (norms && (rc = bind_norm(m, &m->output_norm, "output_norm.weight", hp->n_embd, 0))) return rc;
     if ((rc = bind_norm(m, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 1)) < 0) return rc;
-    if ((norms && m->arch->layer_norm && (rc = bind_norm(m, &m->output_norm_b, "output_norm.bias", hp->n_embd, 0))) ||
+    const int ln_bias = norms && m->arch->layer_norm && !m->arch->ln_no_bias;
+    if ((ln_bias && (rc = bind_norm(m, &m->output_norm_b, "output_norm.bias", hp->n_embd, 0))) ||
         (m->arch->learned_pos &&
          (rc = bind_weight(m, &m->pos_embd, "position_embd.weight", hp->n_embd, hp->n_ctx_train, 0))))
         return rc;
@@ -210,7 +211,7 @@ static int load_weights(tl_model *m) {
             rc = bind_weight(m, &L->wv, NAME("attn_v"), hp->n_embd, kv_dim, 0);
         }
         /* phi2's FFN reads the attention's norm: it has no ffn_norm */
-        const int ffn_norm = pre && hp->parallel != TL_PAR_SHARED;
+        const int ffn_norm = pre && !tl_par_shared_norm(hp->parallel);
         if (rc || (rc = bind_weight(m, &L->wo, NAME("attn_output"), q_dim, hp->n_embd, 0)) ||
             (ffn_norm && (rc = bind_norm(m, &L->ffn_norm, NAME("ffn_norm"), hp->n_embd, 0))))
             return rc;
@@ -242,7 +243,7 @@ static int load_weights(tl_model *m) {
             ((rc = bind_norm(m, &L->q_norm, NAME("attn_q_norm"), full ? q_dim : hp->head_dim, 0)) ||
              (rc = bind_norm(m, &L->k_norm, NAME("attn_k_norm"), full ? kv_dim : hp->head_dim, 0))))
             return rc;
-        if (norms && m->arch->layer_norm &&
+        if (ln_bias &&
             ((rc = bind_norm(m, &L->attn_norm_b, NAME_B("attn_norm"), hp->n_embd, 0)) ||
              (ffn_norm && (rc = bind_norm(m, &L->ffn_norm_b, NAME_B("ffn_norm"), hp->n_embd, 0)))))
             return rc;

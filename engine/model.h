@@ -20,7 +20,9 @@
 enum tl_rope_type { TL_ROPE_NORM = 0 /* adjacent pairs (llama) */, TL_ROPE_NEOX = 2 /* halves */ };
 enum tl_ffn_act { TL_ACT_SILU = 0, TL_ACT_GELU_TANH = 1 };
 enum { TL_QKN_HEAD = 1, TL_QKN_FULL = 2 };
-enum tl_parallel { TL_PAR_NONE = 0, TL_PAR_KEY = 1, TL_PAR_SHARED = 2 };
+enum tl_parallel { TL_PAR_NONE = 0, TL_PAR_KEY = 1, TL_PAR_SHARED = 2, TL_PAR_SHARED_X = 3 };
+/* the FFN reads the attention's norm (phi2, falcon, command-r) */
+static inline int tl_par_shared_norm(int parallel) { return parallel == TL_PAR_SHARED || parallel == TL_PAR_SHARED_X; }
 /* tl_arch.moe: whether a file may route its FFN through experts */
 #define TL_MAX_EXPERTS 512
 enum tl_moe { TL_MOE_NONE = 0, TL_MOE_MAY = 1 /* when expert_count says (llama: Mixtral) */,
@@ -55,11 +57,14 @@ typedef struct tl_arch {
     int multipliers;       /* 1: embedding_scale, residual_scale, attention.scale and
                               logit_scale as the file sets them (granite) */
     int norm_free;         /* 1: LayerNorms without weight or bias, no norm tensors (olmo) */
+    int ln_no_bias;        /* 1: LayerNorms with a weight and no bias (command-r) */
+    int logit_scale;       /* 1: logits times logit_scale, a required key (command-r) */
     int clamp_kqv;         /* 1: attention.clamp_kqv clips Q, K and V when the file sets it (olmo) */
     int parallel;          /* attention and FFN both read the layer's input, x + attn + ffn:
                               TL_PAR_KEY as use_parallel_residual says (gptneox, each with
                               its own norm), TL_PAR_SHARED always, the FFN reading the
-                              attention's norm (phi2) */
+                              attention's norm (phi2), TL_PAR_SHARED_X the same, summed as
+                              (x + ffn) + attn (command-r) */
     int moe;               /* TL_MOE_*: the FFN as a mixture of experts (moe.c) */
     int moe_norm;          /* 1: the chosen experts' softmax weights are divided by their sum
                               (Mixtral, Qwen 3 MoE); 0: used as they are (Qwen 2 MoE) */
@@ -81,12 +86,12 @@ typedef struct tl_hparams {
     float final_softcap;     /* > 0: logits become cap * tanh(logit / cap) */
     float embd_mul;          /* 1: none; embeddings times it (gemma: sqrt(n_embd), granite's key) */
     float residual_mul;      /* 1: none; each branch's output times it before the residual add (granite) */
-    float logit_div;         /* 1: none; logits times 1/logit_div (granite) */
+    float logit_mul;         /* 1: none; logits times it (granite: 1 / logit_scale, command-r: logit_scale) */
     float clamp_kqv;         /* > 0: Q, K and V clipped to [-clamp_kqv, clamp_kqv] after their biases */
     int n_expert, n_expert_used; /* experts a layer has and routes each token through; 0: a dense FFN */
     int n_ff_exp, n_ff_shexp;    /* an expert's FFN width, the shared expert's (Qwen 2 MoE) */
     int parallel;            /* TL_PAR_NONE: x += attn, then x += ffn; TL_PAR_KEY: x + attn(norm(x))
-                                + ffn(ffn_norm(x)); TL_PAR_SHARED: x + attn(n) + ffn(n), n = norm(x) */
+                                + ffn(ffn_norm(x)); TL_PAR_SHARED(_X): x + attn(n) + ffn(n), n = norm(x) */
     tl_rope_params rope;     /* the layers' RoPE */
     tl_rope_params rope_swa; /* sliding-window layers' (gemma3: their own base, unscaled) */
 } tl_hparams;
@@ -120,7 +125,7 @@ struct tl_model {
 #define TL_MAX_EOG 8
     int eog[TL_MAX_EOG];        /* end-of-generation ids: EOS and turn-closing tokens */
     int n_eog;
-#define TL_MAX_CHAT_MARKERS 24
+#define TL_MAX_CHAT_MARKERS 40
     int32_t chat_markers[TL_MAX_CHAT_MARKERS]; /* template marker ids content may never become */
     int n_chat_markers;
     struct tl_tokq *tokq;       /* tokenize_async.c: jobs off the caller's thread */

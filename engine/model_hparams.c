@@ -71,6 +71,16 @@ static const tl_arch archs[] = {
      * attention and FFN share, and a bias on the output matrix. */
     {.name = "phi2", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .plain_ffn = 1,
      .parallel = TL_PAR_SHARED},
+    /* Command R (35B; Aya 23): LayerNorms with a weight and no bias,
+     * attention and FFN side by side on one norm, summed (x + ffn) + attn,
+     * logits times logit_scale. Command R+'s per-head Q/K norms are refused
+     * as unread tensors. */
+    {.name = "command-r", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .layer_norm = 1, .ln_no_bias = 1,
+     .parallel = TL_PAR_SHARED_X, .logit_scale = 1},
+    /* Command R7B: command-r's block with three sliding-window layers with
+     * RoPE to every global one without. */
+    {.name = "cohere2", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .layer_norm = 1, .ln_no_bias = 1,
+     .parallel = TL_PAR_SHARED_X, .logit_scale = 1, .swa_pattern = 4, .nope_every = 4},
     /* OLMo 2: no norm before attention or FFN, RMSNorm after each (before
      * its residual add), Q and K RMS-normed over their whole rows, NEOX
      * RoPE. */
@@ -225,7 +235,16 @@ static int phi3_window(tl_model *m) {
 static int load_multipliers(tl_model *m) {
     tl_hparams *hp = &m->hp;
     hp->embd_mul = m->arch->embd_scale ? sqrtf((float)hp->n_embd) : 1.0f;
-    hp->residual_mul = hp->logit_div = 1.0f;
+    hp->residual_mul = hp->logit_mul = 1.0f;
+    if (m->arch->logit_scale) {
+        char key[96];
+        snprintf(key, sizeof key, "%s.logit_scale", m->arch->name);
+        int rc = gguf_get_f32(m->file, key, &hp->logit_mul);
+        if (rc < 0) return TL_ERR_FORMAT;
+        if (rc == 0) return tl_set_error(TL_ERR_FORMAT, "missing required key '%s'", key);
+        if (!(hp->logit_mul > 0) || !isfinite(hp->logit_mul))
+            return tl_set_error(TL_ERR_FORMAT, "%s %g must be > 0", key, hp->logit_mul);
+    }
     if (!m->arch->multipliers) return TL_OK;
     float embd, res, attn, logit;
     int rc;
@@ -238,7 +257,7 @@ static int load_multipliers(tl_model *m) {
     if (embd > 0) hp->embd_mul = embd;
     if (res > 0) hp->residual_mul = res;
     if (attn > 0) hp->attn_scale = attn;
-    if (logit > 0) hp->logit_div = logit;
+    if (logit > 0) hp->logit_mul = 1.0f / logit; /* llama.cpp's ggml_scale by 1 / logit_scale */
     return TL_OK;
 }
 

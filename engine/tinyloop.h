@@ -212,7 +212,7 @@ int tl_tokenize_take(tl_model *model, int64_t id, int32_t *out, int cap, int *n_
 int tl_tokenize_release(tl_model *model, int64_t id);
 /* The format in use ("plain", "gemma", "chatml", "llama3", "llama2", "phi3",
  * "phi4", "mistral-v7", "mistral-v1", "mistral-v3", "mistral-v3-tekken",
- * "falcon3", "granite", "deepseek3")
+ * "falcon3", "granite", "deepseek3", "command-r")
  * and an override by name (TL_ERR_INVALID_ARG for an unknown name). */
 const char *tl_model_chat_template(const tl_model *model);
 int tl_model_set_chat_template(tl_model *model, const char *name);

@@ -119,7 +119,7 @@ function _M.install(Model, deps)
 
     -- chat_template() -> "plain" | "gemma" | "chatml" | "llama3" | "llama2" | "phi3" | "phi4" |
     -- "mistral-v7" | "mistral-v1" | "mistral-v3" | "mistral-v3-tekken" | "falcon3" | "granite" |
-    -- "deepseek3";
+    -- "deepseek3" | "command-r";
     -- set_chat_template(name) overrides what the model's metadata implies.
     function Model:chat_template()
         local h = self.h or closed("chat_template", 2)

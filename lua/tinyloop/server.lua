@@ -512,7 +512,7 @@ end
 -- ids and pinned system prompts for, least recently used dropped; 1024).
 -- request_timeout (seconds from arrival to the last token; 600).
 -- chat_template (force "gemma", "chatml", "llama3", "llama2", "phi3", "phi4", "mistral-v7",
--- "mistral-v1", "mistral-v3", "mistral-v3-tekken", "falcon3", "granite", "deepseek3"
+-- "mistral-v1", "mistral-v3", "mistral-v3-tekken", "falcon3", "granite", "deepseek3", "command-r"
 -- or "plain"),
 -- tokenize_inline_bytes (prompts up to this size tokenize in the handler, larger
 -- ones on the tokenizer thread; default 4096).

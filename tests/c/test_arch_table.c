@@ -10,8 +10,11 @@
  *   without biases, grouped K/V heads) and gemma (llama's block with GeGLU
  *   and sqrt(n_embd)-scaled embeddings): greedy tokens against
  *   ik_llama.cpp's, also through store-h.
- * - qwen (fused Q/K/V with their bias, the FFN half of feed_forward_length):
- *   greedy tokens against ik_llama.cpp's.
+ * - qwen (fused Q/K/V with their bias, the FFN half of feed_forward_length),
+ *   command-r (LayerNorms with a weight only, attention and FFN side by
+ *   side on one norm, logit_scale) and cohere2 (command-r's block, three
+ *   sliding-window layers with RoPE to each global one without): greedy
+ *   tokens against ik_llama.cpp's.
  * - olmo (LayerNorms without parameters, clipped Q/K/V), starcoder (gpt2's
  *   graph with one K/V head) and granite (embedding, residual, attention
  *   and logit multipliers): logits against an independent forward pass
@@ -79,8 +82,8 @@ static int prompt_logits(const char *path, int kv_type, float *out) {
 
 /* tl-gen-model ref.gguf --arch A --dim 256 --layers 4 --heads 4 --kv-heads
  * K --ff 512 --ctx 2048 --rope-dims R --seed S [--sequential] [--embd-gain
- * G] [--bias 1]: ik_llama.cpp's llama-simple printed exactly these tokens' bytes after
- * the prompt (f16 KV, 2026-12-07). */
+ * G] [--bias 1] [--window W --layers L]: ik_llama.cpp's llama-simple printed
+ * exactly these tokens' bytes after the prompt (f16 KV, 2026-12-07). */
 static void test_references(void) {
     static const struct {
         const char *arch;
@@ -88,39 +91,48 @@ static void test_references(void) {
         float embd_gain;
         int bias;
         int32_t want[24];
+        int window, layers; /* 0: none, 4 */
     } refs[] = {
         {"gptneox", 4, 16, 1, 0, 0, 0,
          {20, 240, 267, 239, 268, 116, 75, 268, 236, 268, 236, 268, 236, 268, 236, 268, 236, 268, 236, 268, 236, 268,
-          249, 240}},
+          249, 240}, 0, 0},
         {"gptneox", 4, 64, 3, 1, 0, 0,
          {201, 219, 218, 218, 218, 218, 218, 218, 218, 292, 218, 278, 292, 298, 310, 278, 218, 278, 218, 278, 218, 278,
-          218, 165}},
+          218, 165}, 0, 0},
         {"phi2", 4, 32, 1, 0, 0, 0,
          {20, 240, 267, 116, 75, 268, 200, 302, 184, 20, 240, 267, 116, 262, 39, 267, 116, 8, 54, 167, 177, 240, 267,
-          184}},
+          184}, 0, 0},
         {"phi2", 4, 16, 3, 0, 0, 0,
          {134, 19, 44, 206, 110, 36, 110, 36, 110, 36, 110, 36, 110, 36, 110, 110, 110, 110, 110, 110, 110, 110, 110,
-          110}},
+          110}, 0, 0},
         {"gemma", 2, 0, 1, 0, 0.0625f, 0,
-         {99, 78, 78, 78, 78, 232, 270, 64, 99, 136, 76, 290, 249, 84, 99, 290, 153, 99, 59, 99, 59, 99, 264, 153}},
+         {99, 78, 78, 78, 78, 232, 270, 64, 99, 136, 76, 290, 249, 84, 99, 290, 153, 99, 59, 99, 59, 99, 264, 153}, 0, 0},
         {"internlm2", 2, 0, 1, 0, 0, 0,
-         {38, 102, 38, 102, 79, 286, 265, 38, 102, 191, 249, 38, 35, 231, 83, 38, 35, 231, 38, 235, 38, 38, 38, 235}},
+         {38, 102, 38, 102, 79, 286, 265, 38, 102, 191, 249, 38, 35, 231, 83, 38, 35, 231, 38, 235, 38, 38, 38, 235}, 0, 0},
         {"ernie4_5", 2, 0, 3, 0, 0, 1,
-         {42, 42, 42, 180, 42, 42, 42, 42, 42, 42, 6, 6, 6, 6, 93, 260, 93, 164, 164, 164, 164, 164, 164, 164}},
+         {42, 42, 42, 180, 42, 42, 42, 42, 42, 42, 6, 6, 6, 6, 93, 260, 93, 164, 164, 164, 164, 164, 164, 164}, 0, 0},
         {"falcon", 4, 0, 2, 0, 0, 0,
          {98, 88, 152, 134, 134, 134, 134, 134, 254, 220, 254, 220, 254, 220, 254, 220, 254, 220, 97, 290, 220, 97, 290,
-          220}},
+          220}, 0, 0},
         {"falcon", 2, 0, 3, 0, 0, 0,
-         {72, 72, 72, 72, 236, 18, 72, 72, 72, 72, 72, 72, 72, 72, 72, 72, 229, 72, 229, 72, 72, 72, 72, 72}},
+         {72, 72, 72, 72, 236, 18, 72, 72, 72, 72, 72, 72, 72, 72, 72, 72, 229, 72, 229, 72, 72, 72, 72, 72}, 0, 0},
         {"qwen", 4, 0, 1, 0, 0, 0, /* fused Q/K/V with their bias; feed_forward_length twice the FFN */
          {206, 206, 206, 206, 206, 206, 206, 206, 206, 307, 206, 81, 174, 206, 81, 174, 206, 81, 174, 213, 213, 213, 213,
-          213}},
+          213}, 0, 0},
+        {"command-r", 2, 0, 5, 0, 0, 0, /* weight-only LayerNorm, one norm a parallel layer, logits x 0.0625 */
+         {197, 70, 297, 134, 263, 263, 263, 302, 302, 302, 302, 302, 302, 302, 302, 302, 302, 212, 173, 214, 254, 214, 26,
+          143}, 0, 0},
+        {"cohere2", 2, 0, 3, 0, 0, 0, /* command-r's with windows of 5 on three layers of four, the fourth unroped */
+         {199, 263, 153, 153, 310, 310, 310, 56, 56, 246, 246, 246, 246, 105, 78, 303, 310, 285, 188, 283, 126, 216, 218,
+          86}, 5, 8},
     };
     for (size_t r = 0; r < sizeof refs / sizeof refs[0]; r++) {
         tm_spec s = ref_spec(refs[r].arch, refs[r].kv_heads, refs[r].rope_dims, refs[r].seed);
         s.sequential = refs[r].sequential;
         s.embd_gain = refs[r].embd_gain;
         s.bias = refs[r].bias;
+        s.sliding_window = refs[r].window;
+        if (refs[r].layers) s.n_layer = refs[r].layers;
         const char *path = tmp_path("ref");
         CHECK(tm_write(&s, path) == 0, "%s reference %zu is written", refs[r].arch, r);
         for (int h = 0; h < 2; h++) {
@@ -371,6 +383,26 @@ static void test_keys_and_refusals(void) {
     tl_model_close(qm);
     remove(path);
 
+    /* command-r's logits are times logit_scale (greedy tokens cannot tell):
+     * 0.125 doubles the file's 0.0625 exactly; a file without it is refused */
+    tm_spec c = ref_spec("command-r", 2, 0, 5);
+    tm_write(&c, path);
+    int r1 = prompt_logits(path, TL_KV_F32, want);
+    const float eighth = 0.125f;
+    uint32_t bits;
+    memcpy(&bits, &eighth, 4);
+    CHECK(tm_patch_u32_key(path, "command-r.logit_scale", bits) == 1, "command-r's logit_scale is patched to 0.125");
+    int r2 = prompt_logits(path, TL_KV_F32, got);
+    int doubled = r1 == 0 && r2 == 0;
+    for (int i = 0; i < 320 && doubled; i++) doubled = got[i] == 2 * want[i] && want[i] != 0;
+    CHECK(doubled, "... and its logits double, exactly");
+    CHECK(tm_patch_bytes(path, "command-r.logit_scale", "command-r.logit_scalX") == 1, "the key is renamed away");
+    tl_model *cm = open_model(path, TL_KV_F16, NULL, 1);
+    CHECK(!cm && strstr(tl_last_error(), "missing required key 'command-r.logit_scale'"),
+          "command-r without logit_scale is refused (%s)", tl_last_error());
+    tl_model_close(cm);
+    remove(path);
+
     /* an unknown name is refused listing every one the table has */
     tm_spec u = ref_spec("gemma", 2, 0, 1);
     tm_write(&u, path);
@@ -382,9 +414,9 @@ static void test_keys_and_refusals(void) {
     tl_model_close(um);
     remove(path);
 
-    static const char *const archs[4] = {"phi2", "gptneox", "granite", "olmo2"};
-    for (int c = 0; c < 4; c++) {
-        tm_spec p = ref_spec(archs[c], 4, c == 3 ? 0 : 16, 2);
+    static const char *const archs[5] = {"phi2", "gptneox", "granite", "olmo2", "command-r"};
+    for (int c = 0; c < 5; c++) {
+        tm_spec p = ref_spec(archs[c], 4, c >= 3 ? 0 : 16, 2);
         tm_write(&p, path);
         tl_model *m = NULL;
         setenv("TINYLOOP_BACKEND", "cuda", 1);

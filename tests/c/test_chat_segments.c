@@ -26,8 +26,8 @@
 
 static const char *TEMPLATES[] = {"plain",      "gemma",      "chatml",     "llama3",            "llama2",
                                   "phi3",       "phi4",       "mistral-v7", "mistral-v1",        "mistral-v3",
-                                  "mistral-v3-tekken", "falcon3", "granite", "deepseek3"};
-#define N_TEMPLATES 14
+                                  "mistral-v3-tekken", "falcon3", "granite", "deepseek3", "command-r"};
+#define N_TEMPLATES 15
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -85,10 +85,11 @@ static int write_marker_vocab(const char *path, int marker_type, const char *cha
                                     "<|eot_id|>",     "<start_of_turn>", "<end_of_turn>",       "[INST]",
                                     "[/INST]",        "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",    "<|start_of_role|>",
                                     "<|end_of_role|>", "<|end_of_text|>",    DS_USER,
-                                    DS_ASSISTANT,      DS_EOS};
+                                    DS_ASSISTANT,      DS_EOS,           "<|START_OF_TURN_TOKEN|>",
+                                    "<|END_OF_TURN_TOKEN|>", "<|SYSTEM_TOKEN|>", "<|USER_TOKEN|>", "<|CHATBOT_TOKEN|>"};
     static const char *pieces[] = {"\xe2\x96\x81", "\xe2\x96\x81h", "hi", "\xe2\x96\x81hi", "user", "system",
                                    "assistant", "model", "\n", "\n\n", "ev", "il", "evil", "\xe2\x96\x81the"};
-    enum { N_M = 17, N_P = 14 };
+    enum { N_M = 22, N_P = 14 };
     int n = 3 + 256 + N_P + N_M;
     char **toks = calloc((size_t)n, sizeof *toks);
     float *scores = calloc((size_t)n, sizeof *scores);
@@ -495,7 +496,7 @@ static void run_vocab(const char *name, const char *path, int injection, int exa
  * the v1 system line, then by how [INST] is spaced or quoted; Falcon 3 by
  * <|user|> and <|assistant|> without Phi-3's <|end|>; Granite by its role
  * markers; DeepSeek V3 / R1 by its user, assistant and end-of-sentence
- * markers. */
+ * markers; Command R by its turn token. */
 static void check_detection(const char *tmp) {
     static const char *const cases[][2] = {
         {"{% for m in messages %}[SYSTEM_PROMPT]{{ m }}[/SYSTEM_PROMPT][INST]{% endfor %}", "mistral-v7"},
@@ -508,6 +509,7 @@ static void check_detection(const char *tmp) {
         {"{{ '<|user|>\\n' + content + '<|assistant|>\\n' }}", "falcon3"},
         {"{{ '<|start_of_role|>' + role + '<|end_of_role|>' }}", "granite"},
         {"{{ '" DS_USER "' + content }}{{ '" DS_ASSISTANT "' + content + '" DS_EOS "' }}", "deepseek3"},
+        {"{{ '<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + content + '<|END_OF_TURN_TOKEN|>' }}", "command-r"},
     };
     char path[600];
     snprintf(path, sizeof path, "%s/tl-chat-detect-%d.gguf", tmp, (int)getpid());

@@ -66,6 +66,9 @@ typedef struct {
     unsigned par_key : 1;     /* use_parallel_residual (gptneox) */
     unsigned norm_free : 1;   /* no norm tensors at all: LayerNorms without weight or bias (olmo) */
     unsigned multipliers : 1; /* granite's four keys, with values like Granite 3's */
+    unsigned ln_no_bias : 1;  /* LayerNorms with a weight only (command-r) */
+    unsigned tied_out : 1;    /* no output.weight (command-r) */
+    unsigned logit_scale : 1; /* logit_scale written (command-r: 0.0625) */
     unsigned qk_full : 1;     /* attn_q_norm / attn_k_norm over the whole Q / K row (olmo2) */
     unsigned no_pre_norm : 1; /* no attn_norm / ffn_norm (olmo2: post norms only) */
     unsigned moe : 1;         /* with expert_count: experts instead of the dense FFN */
@@ -80,6 +83,9 @@ static const tm_recipe recipes[] = {
     {.name = "ernie4_5"},
     {.name = "mistral3"},
     {.name = "olmo", .layer_norm = 1, .norm_free = 1},
+    {.name = "command-r", .layer_norm = 1, .ln_no_bias = 1, .tied_out = 1, .one_norm = 1, .logit_scale = 1},
+    {.name = "cohere2", .layer_norm = 1, .ln_no_bias = 1, .tied_out = 1, .one_norm = 1, .logit_scale = 1,
+     .window = 1},
     {.name = "olmo2", .qk_norm = 1, .qk_full = 1, .post_norms = 1, .no_pre_norm = 1},
     {.name = "olmoe", .qk_norm = 1, .qk_full = 1, .moe = 1},
     {.name = "granite", .multipliers = 1},
@@ -114,7 +120,7 @@ int tm_arch_known(const char *name) { return recipe(name) != NULL; }
 
 int tm_spec_tied(const tm_spec *s) {
     const tm_recipe *r = recipe(s->arch);
-    return s->tied || (r && r->gemma);
+    return s->tied || (r && (r->gemma || r->tied_out));
 }
 
 tm_spec tm_default_spec(void) {
@@ -332,6 +338,7 @@ int tm_write(const tm_spec *s, const char *path) {
         gw_set_f32(gw, KEY("attention.scale"), 0.2f);
         gw_set_f32(gw, KEY("logit_scale"), 4.0f);
     }
+    if (r.logit_scale) gw_set_f32(gw, KEY("logit_scale"), 0.0625f);
     if (r.par_key) gw_set_bool(gw, KEY("use_parallel_residual"), !s->sequential);
     if (r.softcap) {
         gw_set_f32(gw, KEY("attn_logit_softcapping"), s->attn_softcap > 0 ? s->attn_softcap : 50.0f);
@@ -363,7 +370,8 @@ int tm_write(const tm_spec *s, const char *path) {
         rc |= !f;
         free(f);
     }
-    if (r.layer_norm && !r.norm_free) rc |= add_bias(gw, "output_norm.bias", s->n_embd, seed + 4);
+    const int ln_bias = r.layer_norm && !r.norm_free && !r.ln_no_bias;
+    if (ln_bias) rc |= add_bias(gw, "output_norm.bias", s->n_embd, seed + 4);
     if (r.learned_pos) rc |= add_matrix(gw, s, "position_embd.weight", s->n_embd, s->n_ctx, seed + 5, s->type);
     if (!tm_spec_tied(s)) rc |= add_matrix(gw, s, "output.weight", s->n_embd, s->n_vocab, seed + 3, s->type);
     if (r.output_bias) rc |= add_bias(gw, "output.bias", s->n_vocab, seed + 6);
@@ -416,11 +424,11 @@ int tm_write(const tm_spec *s, const char *path) {
         }
         if (!moe) rc |= add_matrix(gw, s, NAME("ffn_down"), s->n_ff, s->n_embd, ls + 8, s->type);
 #define BIAS(x) (snprintf(n, sizeof n, "blk.%d.%s.bias", l, x), n)
-        if (r.layer_norm && !r.norm_free) rc |= add_bias(gw, BIAS("attn_norm"), s->n_embd, ls + 9);
+        if (ln_bias) rc |= add_bias(gw, BIAS("attn_norm"), s->n_embd, ls + 9);
         if ((r.matmul_bias || r.qkv_bias) && r.qkv_fused) rc |= add_bias(gw, BIAS("attn_qkv"), q_dim + 2 * kv_dim, ls + 10);
         if (r.matmul_bias && r.qkv_split) rc |= add_vector_parts(gw, qkv_b, qkv_rows, 3, ls + 10, 0.1f, 0.0f);
         if (r.matmul_bias) rc |= add_bias(gw, BIAS("attn_output"), s->n_embd, ls + 11);
-        if (r.layer_norm && !r.one_norm && !r.norm_free) rc |= add_bias(gw, BIAS("ffn_norm"), s->n_embd, ls + 12);
+        if (ln_bias && !r.one_norm) rc |= add_bias(gw, BIAS("ffn_norm"), s->n_embd, ls + 12);
         if (r.matmul_bias) {
             rc |= add_bias(gw, BIAS("ffn_up"), s->n_ff, ls + 13);
             rc |= add_bias(gw, BIAS("ffn_down"), s->n_embd, ls + 14);

@@ -42,7 +42,9 @@ typedef struct tm_spec {
                           four multiplier keys), qwen2moe / qwen3moe (qwen2's / qwen3's
                           attention, experts; qwen2moe's shared expert), olmo2 (post norms
                           only, whole-row Q/K norms), olmoe (olmo2's Q/K norms, pre norms,
-                          experts), granitemoe (granite's with experts); internlm2, xverse,
+                          experts), granitemoe (granite's with experts), command-r (weight-only
+                          LayerNorms, one norm a parallel layer, logit_scale), cohere2
+                          (command-r's with a window); internlm2, xverse,
                           ernie4_5 and mistral3 are llama's under their names */
     int sequential;    /* gptneox: use_parallel_residual false */
     float embd_gain;   /* > 0: token embeddings this much smaller or larger (a gemma's tied

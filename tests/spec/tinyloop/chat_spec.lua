@@ -82,6 +82,15 @@ describe("tinyloop.Model", function()
                     { role = "assistant", content = "Hello" }, { role = "user", content = "Bye" } }))
         end)
 
+        it("renders Command R turns as llama.cpp's formatter does (a token for each role)", function()
+            model:set_chat_template("command-r")
+            local S, E = "<|START_OF_TURN_TOKEN|>", "<|END_OF_TURN_TOKEN|>"
+            assert.same(S .. "<|SYSTEM_TOKEN|>Be brief." .. E .. S .. "<|USER_TOKEN|>Hi" .. E .. S
+                .. "<|CHATBOT_TOKEN|>Hello" .. E .. S .. "<|USER_TOKEN|>Bye" .. E .. S .. "<|CHATBOT_TOKEN|>",
+                model:chat_format({ { role = "system", content = "Be brief." }, { role = "user", content = "Hi" },
+                    { role = "assistant", content = "Hello" }, { role = "user", content = "Bye" } }))
+        end)
+
         it("rejects an unknown role naming the message", function()
             assert.has_error(function()
                 model:chat_format({ { role = "robot", content = "x" } })
