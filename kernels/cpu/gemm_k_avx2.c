@@ -57,6 +57,11 @@
 #define AI __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
 #define UNROLL16 _Pragma("GCC unroll 16")
+/* q4_K/q5_K/iq4_xs k-steps unrolled by 2: fully unrolled, GCC issued every
+ * broadcast early and spilled the int16 sums (one thread, 110M-shaped
+ * prefill(512): q4_K 610-629 -> 749-765 tok/s, q5_K 633-660 -> 640-690;
+ * iq4_xs 517-572 -> 551-590; two passes of 4 unrolled steps did not help) */
+#define K_UNROLL _Pragma("GCC unroll 2")
 /* q6_K decode one row at a time: unrolled, GCC hoists the 8 rows' scale
  * vectors and spills them (measured 0.75-0.8 of the speed) */
 #define NO_UNROLL _Pragma("GCC unroll 1")
@@ -301,7 +306,7 @@ static inline AI T2 void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
          * and scales at once in vpmaddwd by the sub-block's (sc, sc) */
         for (int j = 0; j < 8; j++) {
             const __m256i sc = _mm256_load_si256(G + 64 + j);
-            UNROLL for (int k = 0; k < 8; k++) {
+            K_UNROLL for (int k = 0; k < 8; k++) {
                 const __m256i q = _mm256_load_si256(G + 8 * j + k), aq = _mm256_abs_epi8(q);
                 UNROLL for (int c = 0; c < C; c++) {
                     const __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(bcast32(yb[c]->qs + 32 * j + 4 * k), q));
@@ -354,7 +359,7 @@ static inline AI T2 void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
         for (int k0 = 0; k0 < 8; k0 += half) {
             __m256i h[TOK_BLOCK];
             UNROLL for (int c = 0; c < C; c++) h[c] = _mm256_setzero_si256();
-            UNROLL for (int k = k0; k < k0 + half; k++) {
+            K_UNROLL for (int k = k0; k < k0 + half; k++) {
                 const __m256i q = _mm256_load_si256(G + 8 * j + k);
                 UNROLL for (int c = 0; c < C; c++)
                     h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(q, bcast32(yb[c]->qs + 32 * j + 4 * k)));
