@@ -52,6 +52,7 @@
 /* the k loop of a micro-tile: fully unrolled, GCC interleaves the 8 steps
  * and spills the accumulators */
 #define K_UNROLL _Pragma("GCC unroll 2")
+#define NO_UNROLL _Pragma("GCC unroll 1")
 #include "avx2_bytes.h"
 #include "gemm_q.h"
 
@@ -148,6 +149,24 @@ static inline AI T2 __m256i load_p8(int kind, const uint8_t *g, int k) {
     return q;
 }
 
+/* k-step k of block b (4 weight bytes a row, 4 activation bytes a token)
+ * into the int accumulators: q8_0 / iq4_nl's int32 s, the unsigned kinds'
+ * int16 h. */
+static inline AI T2 void k_step(int kind, int p8, int C, const uint8_t *g, const uint8_t *x, size_t ldx, int64_t b,
+                                int k, __m256i *s, __m256i *h) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i q = p8 ? load_p8(kind, g, k) : _mm256_load_si256((const __m256i *)g + k);
+    const __m256i aq = is_signed(kind) ? _mm256_abs_epi8(q) : q;
+    UNROLL for (int c = 0; c < C; c++) {
+        const uint8_t *yq = x + c * ldx + (size_t)b * sizeof(block_q8_0) + 2 + 4 * k;
+        const __m256i y = _mm256_set1_epi32((int)ld32(yq));
+        if (is_signed(kind))
+            s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(y, q)), ones));
+        else
+            h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(q, y));
+    }
+}
+
 /* C tokens (C <= TOK_BLOCK, a constant after inlining) of prepared rows x
  * against one transposed 8-row group wk. Per token one int accumulator
  * (q8_0: int32; q4_0: int16; q5_0: both) and one float accumulator, so
@@ -162,22 +181,19 @@ static inline AI T2 void mk(int kind, int p8, int C, int64_t nb, const uint8_t *
         const uint8_t *g = wk + (size_t)b * (p8 ? 8 * bw_of(kind) : group_bytes(kind));
         __m256i s[TOK_BLOCK], h[TOK_BLOCK];
         UNROLL for (int c = 0; c < C; c++) s[c] = h[c] = _mm256_setzero_si256();
-        K_UNROLL for (int k = 0; k < 8; k++) {
-            const __m256i q = p8 ? load_p8(kind, g, k) : _mm256_load_si256((const __m256i *)g + k);
-            const __m256i aq = is_signed(kind) ? _mm256_abs_epi8(q) : q;
-            UNROLL for (int c = 0; c < C; c++) {
-                const uint8_t *yq = x + c * ldx + (size_t)b * sizeof(block_q8_0) + 2 + 4 * k;
-                const __m256i y = _mm256_set1_epi32((int)ld32(yq));
-                if (is_signed(kind)) {
-                    s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(y, q)), ones));
-                    continue;
-                }
-                h[c] = _mm256_add_epi16(h[c], _mm256_maddubs_epi16(q, y));
-                if ((kind == Q_5_0 || kind == Q_5_1) && k == 3) {
-                    s[c] = _mm256_madd_epi16(h[c], ones);
+        if (kind == Q_5_0 || kind == Q_5_1) {
+            /* two halves of 4 k-steps, each unrolled and widened into s:
+             * a rolled 8-step loop tested k == 3 every step (Gemma 3
+             * 270M's q5_0 matrices, a third of its prefill) */
+            NO_UNROLL for (int k0 = 0; k0 < 8; k0 += 4) {
+                UNROLL for (int k = k0; k < k0 + 4; k++) k_step(kind, p8, C, g, x, ldx, b, k, s, h);
+                UNROLL for (int c = 0; c < C; c++) {
+                    s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(h[c], ones));
                     h[c] = _mm256_setzero_si256();
                 }
             }
+        } else {
+            K_UNROLL for (int k = 0; k < 8; k++) k_step(kind, p8, C, g, x, ldx, b, k, s, h);
         }
         const __m256 dw = p8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)g)) : _mm256_load_ps((const float *)(g + 256));
         const __m256 dm = !has_min(kind) ? _mm256_setzero_ps()
@@ -190,9 +206,9 @@ static inline AI T2 void mk(int kind, int p8, int C, int64_t nb, const uint8_t *
             __m256i isum;
             if (is_signed(kind)) isum = s[c];
             else if (kind == Q_4_1) isum = _mm256_madd_epi16(h[c], ones);
-            else if (kind == Q_5_1) isum = _mm256_add_epi32(s[c], _mm256_madd_epi16(h[c], ones));
+            else if (kind == Q_5_1) isum = s[c];
             else if (kind == Q_4_0) isum = _mm256_add_epi32(_mm256_madd_epi16(h[c], ones), corr);
-            else isum = _mm256_add_epi32(_mm256_add_epi32(s[c], _mm256_madd_epi16(h[c], ones)), corr);
+            else isum = _mm256_add_epi32(s[c], corr);
             float sy = 0;
             if (has_min(kind)) memcpy(&sy, slot, 4);
             acc[c] = scale_add(kind, acc[c], isum, dw, ((const float *)(x + c * ldx + dyo))[b], dm, sy);
