@@ -94,10 +94,17 @@ static void prefetch_block(const att_ctx *c, const tl_seq *seq, int b, int kh, i
     tl_prefetch((v ? tl_kv_v(kv, id) : tl_kv_k(kv, id)) + tl_kv_row_off(l, kh, 0, rb), (size_t)kv->block_size * rb);
 }
 
-/* The softmax of a query's n scores, which `scale` multiplies as they are
- * read (1 when they were scaled already). Gemma 2 first caps each scaled
- * score, cap * tanh(s / cap), as llama.cpp's ggml_softcap does. */
-static void att_softmax(const att_ctx *c, float *x, int n, float scale) {
+/* The softmax of query head h's n scores, for keys j0.. of the query at
+ * pos, which `scale` multiplies as they are read (1 when they were scaled
+ * already). Gemma 2 first caps each scaled score, cap * tanh(s / cap), as
+ * llama.cpp's ggml_softcap does; ALiBi (bloom, mpt) adds slope_h * (j -
+ * pos), as ggml's soft_max adds slope times its -|i - j| mask. */
+static void att_softmax(const att_ctx *c, float *x, int n, float scale, int h, int pos, int j0) {
+    if (c->m->alibi) {
+        const float slope = c->m->alibi[h];
+        for (int i = 0; i < n; i++) x[i] = x[i] * scale + slope * (float)(j0 + i - pos);
+        scale = 1.0f;
+    }
     const float cap = c->m->hp.attn_softcap;
     if (cap > 0) {
         const float inv = 1.0f / cap;
@@ -550,7 +557,8 @@ static void decode_heads(const att_ctx *c, const att_where *a, int nh, const att
         }
     }
     for (int i = 0; i < nh * group; i++) {
-        att_softmax(c, tb->scores + (size_t)i * msl + j0, pos - j0 + 1, s->k_direct ? c->scale : 1.0f);
+        att_softmax(c, tb->scores + (size_t)i * msl + j0, pos - j0 + 1, s->k_direct ? c->scale : 1.0f,
+                    a->kh * group + i, pos, j0);
         memset(out + (size_t)i * hd, 0, (size_t)hd * sizeof(float));
     }
     chunk_queries cq;
@@ -676,7 +684,7 @@ static void att_task(void *p, int ith, int nth) {
             float *out = s->att + (size_t)t * hp->n_head * hd + (size_t)kh * group * hd;
             for (int g = 0; g < group; g++) {
                 float *sc = scores + (size_t)(t - ta) * tok_scores + (size_t)g * msl;
-                att_softmax(c, sc + j0, pos - j0 + 1, s->k_direct ? c->scale : 1.0f);
+                att_softmax(c, sc + j0, pos - j0 + 1, s->k_direct ? c->scale : 1.0f, kh * group + g, pos, j0);
                 memset(out + g * hd, 0, (size_t)hd * sizeof(float));
             }
         }
@@ -919,7 +927,8 @@ static void split_pass(void *p, int ith, int nth) {
         for (int p = ith; p < tasks * group; p += nth) {
             split_task k = split_task_of(c, p / group);
             int g = p % group;
-            att_softmax(c, k.sc + (size_t)g * c->m->max_seq_len + k.j0, k.pos - k.j0 + 1, 1.0f);
+            att_softmax(c, k.sc + (size_t)g * c->m->max_seq_len + k.j0, k.pos - k.j0 + 1, 1.0f, k.kh * group + g,
+                        k.pos, k.j0);
             memset(k.out + (size_t)g * hd, 0, (size_t)hd * sizeof(float));
         }
     } else {

@@ -143,6 +143,8 @@ static int cpu_only(const tl_model *m, char *why, size_t cap) {
         snprintf(why, cap, "%s's parallel attention and FFN / output bias", m->arch->name);
     else if (m->arch->qk_norm == TL_QKN_FULL || m->arch->no_pre_norm)
         snprintf(why, cap, "%s's whole-row Q/K norms / post-only norms", m->arch->name);
+    else if (m->alibi || m->tok_norm)
+        snprintf(why, cap, "%s's ALiBi / embedding norm", m->arch->name);
     else if (m->hp.n_expert)
         snprintf(why, cap, "%s's mixture-of-experts FFN", m->arch->name);
     else if (m->arch->multipliers)

@@ -809,6 +809,7 @@ static int cpu_forward(tl_model *m, tl_seq **seqs, const int32_t *const *tokens,
                                   p, D);
                 tl_add_f32(x, p, D);
             }
+            if (m->tok_norm) tl_layernorm(x, x, m->tok_norm, m->tok_norm_b, D, hp->norm_eps); /* bloom */
         }
     }
     if (opts->vl_begin > 0) memcpy(s->x, opts->x_in, (size_t)T * D * sizeof(float));

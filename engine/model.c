@@ -173,8 +173,12 @@ static int load_weights(tl_model *m) {
     const int norms = !m->arch->norm_free; /* olmo's LayerNorms have no tensors */
     if (norms && (rc = bind_norm(m, &m->output_norm, "output_norm.weight", hp->n_embd, 0))) return rc;
     if ((rc = bind_norm(m, &m->rope_freqs, "rope_freqs.weight", hp->n_rot / 2, 1)) < 0) return rc;
-    const int ln_bias = norms && m->arch->layer_norm && !m->arch->ln_no_bias;
-    if ((ln_bias && (rc = bind_norm(m, &m->output_norm_b, "output_norm.bias", hp->n_embd, 0))) ||
+    /* LayerNorm biases: required, absent (command-r) or where the file has them (mpt) */
+    const int ln_bias = norms && m->arch->layer_norm && m->arch->ln_bias != TL_LNB_NONE;
+    const int ln_opt = m->arch->ln_bias == TL_LNB_OPTIONAL;
+    if ((m->arch->tok_norm && ((rc = bind_norm(m, &m->tok_norm, "token_embd_norm.weight", hp->n_embd, 0)) ||
+                               (rc = bind_norm(m, &m->tok_norm_b, "token_embd_norm.bias", hp->n_embd, 0)))) ||
+        (ln_bias && (rc = bind_norm(m, &m->output_norm_b, "output_norm.bias", hp->n_embd, ln_opt)) < 0) ||
         (m->arch->learned_pos &&
          (rc = bind_weight(m, &m->pos_embd, "position_embd.weight", hp->n_embd, hp->n_ctx_train, 0))))
         return rc;
@@ -244,8 +248,8 @@ static int load_weights(tl_model *m) {
              (rc = bind_norm(m, &L->k_norm, NAME("attn_k_norm"), full ? kv_dim : hp->head_dim, 0))))
             return rc;
         if (ln_bias &&
-            ((rc = bind_norm(m, &L->attn_norm_b, NAME_B("attn_norm"), hp->n_embd, 0)) ||
-             (ffn_norm && (rc = bind_norm(m, &L->ffn_norm_b, NAME_B("ffn_norm"), hp->n_embd, 0)))))
+            ((rc = bind_norm(m, &L->attn_norm_b, NAME_B("attn_norm"), hp->n_embd, ln_opt)) < 0 ||
+             (ffn_norm && (rc = bind_norm(m, &L->ffn_norm_b, NAME_B("ffn_norm"), hp->n_embd, ln_opt)) < 0)))
             return rc;
         /* the output projection's and the FFN's biases, where a file has them (gpt2) */
         if ((rc = bind_norm(m, &L->bo, NAME_B("attn_output"), hp->n_embd, 1)) < 0 ||
@@ -433,6 +437,7 @@ void tl_model_close(tl_model *m) {
     free(m->owned_norms);
     tl_free_aligned(m->weight_arena);
     for (int i = 0; m->layers && i < m->hp.n_layer; i++) free(m->layers[i].x_gate);
+    free(m->alibi);
     free(m->layers);
     tl_tokenizer_free(m->tok);
     gguf_close(m->file);

@@ -20,6 +20,7 @@
 enum tl_rope_type { TL_ROPE_NORM = 0 /* adjacent pairs (llama) */, TL_ROPE_NEOX = 2 /* halves */ };
 enum tl_ffn_act { TL_ACT_SILU = 0, TL_ACT_GELU_TANH = 1 };
 enum { TL_QKN_HEAD = 1, TL_QKN_FULL = 2 };
+enum { TL_LNB_REQUIRED = 0, TL_LNB_NONE = 1, TL_LNB_OPTIONAL = 2 };
 enum tl_parallel { TL_PAR_NONE = 0, TL_PAR_KEY = 1, TL_PAR_SHARED = 2, TL_PAR_SHARED_X = 3 };
 /* the FFN reads the attention's norm (phi2, falcon, command-r) */
 static inline int tl_par_shared_norm(int parallel) { return parallel == TL_PAR_SHARED || parallel == TL_PAR_SHARED_X; }
@@ -57,7 +58,11 @@ typedef struct tl_arch {
     int multipliers;       /* 1: embedding_scale, residual_scale, attention.scale and
                               logit_scale as the file sets them (granite) */
     int norm_free;         /* 1: LayerNorms without weight or bias, no norm tensors (olmo) */
-    int ln_no_bias;        /* 1: LayerNorms with a weight and no bias (command-r) */
+    int ln_bias;           /* a LayerNorm's bias: TL_LNB_REQUIRED, TL_LNB_NONE (command-r),
+                              TL_LNB_OPTIONAL (mpt) */
+    int alibi;             /* 1: ALiBi, scores + slope_h * (j - pos), max bias from
+                              attention.max_alibi_bias, else 8 (bloom, mpt); no RoPE */
+    int tok_norm;          /* 1: a LayerNorm of the token embeddings (bloom's token_embd_norm) */
     int logit_scale;       /* 1: logits times logit_scale, a required key (command-r) */
     int clamp_kqv;         /* 1: attention.clamp_kqv clips Q, K and V when the file sets it (olmo) */
     int parallel;          /* attention and FFN both read the layer's input, x + attn + ffn:
@@ -109,6 +114,8 @@ struct tl_model {
     tl_weight output;      /* (n_embd, n_vocab); tok_embd when tied */
     float *output_norm;    /* (n_embd) */
     float *output_norm_b;  /* (n_embd) LayerNorm archs' bias, else NULL */
+    float *tok_norm, *tok_norm_b; /* (n_embd) the embeddings' LayerNorm (bloom), else NULL */
+    float *alibi;          /* (n_head) ALiBi slopes (tl_arch.alibi), else NULL */
     float *output_b;       /* (n_vocab) output.bias (phi2), else NULL */
     tl_weight pos_embd;    /* (n_embd, n_ctx_train) learned positions (gpt2), else data NULL */
     float *rope_freqs;     /* (n_rot/2) RoPE frequency divisors (Llama 3.1 long context), or NULL */

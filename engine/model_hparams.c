@@ -4,6 +4,7 @@
  * them for each architecture. model.c binds the weights that follow. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "forward_ops.h"
@@ -75,12 +76,21 @@ static const tl_arch archs[] = {
      * attention and FFN side by side on one norm, summed (x + ffn) + attn,
      * logits times logit_scale. Command R+'s per-head Q/K norms are refused
      * as unread tensors. */
-    {.name = "command-r", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .layer_norm = 1, .ln_no_bias = 1,
+    {.name = "command-r", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .layer_norm = 1, .ln_bias = TL_LNB_NONE,
      .parallel = TL_PAR_SHARED_X, .logit_scale = 1},
     /* Command R7B: command-r's block with three sliding-window layers with
      * RoPE to every global one without. */
-    {.name = "cohere2", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .layer_norm = 1, .ln_no_bias = 1,
+    {.name = "cohere2", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .layer_norm = 1, .ln_bias = TL_LNB_NONE,
      .parallel = TL_PAR_SHARED_X, .logit_scale = 1, .swa_pattern = 4, .nope_every = 4},
+    /* BLOOM: gpt2's tensors (fused, biased QKV, biases everywhere, a
+     * plain GELU FFN) under ALiBi instead of positions, a LayerNorm of the
+     * embeddings, tied output. */
+    {.name = "bloom", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .plain_ffn = 1,
+     .nope_every = 1, .alibi = 1, .tok_norm = 1},
+    /* MPT: bloom's block without the embeddings' norm, biases only where
+     * the file has them, Q/K/V optionally clipped. */
+    {.name = "mpt", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_GELU_TANH, .layer_norm = 1, .plain_ffn = 1,
+     .nope_every = 1, .alibi = 1, .ln_bias = TL_LNB_OPTIONAL, .clamp_kqv = 1},
     /* OLMo 2: no norm before attention or FFN, RMSNorm after each (before
      * its residual add), Q and K RMS-normed over their whole rows, NEOX
      * RoPE. */
@@ -290,6 +300,25 @@ static int load_experts(tl_model *m) {
     return TL_OK;
 }
 
+/* ALiBi's per-head slopes as ggml's soft_max computes them: with n2 the
+ * largest power of two <= n_head, m0 = 2^(-max_bias / n2), m1 =
+ * 2^(-max_bias / 2 / n2); head h < n2 takes m0^(h + 1), the others
+ * m1^(2 (h - n2) + 1). */
+static int load_alibi(tl_model *m) {
+    float max_bias;
+    int rc = arch_f32(m, "attention.max_alibi_bias", 8.0f, &max_bias);
+    if (rc) return rc;
+    if (!(max_bias > 0))
+        return tl_set_error(TL_ERR_FORMAT, "%s.attention.max_alibi_bias %g must be > 0", m->arch->name, max_bias);
+    const int n_head = m->hp.n_head;
+    if (!(m->alibi = malloc((size_t)n_head * sizeof *m->alibi))) return tl_set_error(TL_ERR_NOMEM, "out of memory");
+    const uint32_t n2 = 1u << (uint32_t)floor(log2((double)n_head));
+    const float m0 = powf(2.0f, -max_bias / (float)n2), m1 = powf(2.0f, -(max_bias / 2.0f) / (float)n2);
+    for (int h = 0; h < n_head; h++)
+        m->alibi[h] = (uint32_t)h < n2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - (int)n2) + 1));
+    return TL_OK;
+}
+
 int tl_model_load_hparams(tl_model *m) {
     tl_hparams *hp = &m->hp;
     int rc;
@@ -338,6 +367,7 @@ int tl_model_load_hparams(tl_model *m) {
         return tl_set_error(TL_ERR_UNSUPPORTED, "%s.attention.temperature_scale %g is not supported", m->arch->name,
                             temp_scale);
     if ((rc = load_multipliers(m))) return rc;
+    if (m->arch->alibi && (rc = load_alibi(m))) return rc;
     if (m->arch->clamp_kqv && (rc = arch_f32(m, "attention.clamp_kqv", 0, &hp->clamp_kqv))) return rc;
     if (hp->clamp_kqv < 0) return tl_set_error(TL_ERR_FORMAT, "attention.clamp_kqv %g must be >= 0", hp->clamp_kqv);
     hp->parallel = m->arch->parallel;

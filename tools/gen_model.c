@@ -17,7 +17,7 @@
 #define ARCHS                                                                                                   \
     "llama, internlm2, xverse, ernie4_5, mistral3, olmo, olmo2, olmoe, granite, granitemoe, qwen, qwen2, qwen3, qwen2moe, qwen3moe, smollm3, gemma, " \
     "gemma2, gemma3, phi3, " \
-    "gpt2, starcoder, stablelm, starcoder2, gptneox, phi2, falcon, command-r, cohere2"
+    "gpt2, starcoder, stablelm, starcoder2, gptneox, phi2, falcon, command-r, cohere2, bloom, mpt"
 
 static int type_by_name(const char *name) {
     for (int t = 0; t < TL_TYPE_COUNT; t++) {

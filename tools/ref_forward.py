@@ -10,6 +10,7 @@
 #     input where the residual belongs, test_moe); granitemoe: granite's
 #     pass with Mixtral's FFN.
 #   olmo2, olmoe: ik_llama.cpp has neither (test_moe, test_arch_table).
+#   bloom, mpt: ALiBi; ik's graphs norm the FFN input with RMSNorm.
 #   python3 tools/ref_forward.py MODEL.gguf 1,5,77,...
 import struct, sys, math
 def rd(f, fmt): return struct.unpack('<' + fmt, f.read(struct.calcsize('<' + fmt)))
@@ -73,28 +74,35 @@ def rope(x, n, pos, neox=False):  # llama's adjacent pairs over each head, or NE
             a, b = x[ia], x[ib]
             y[ia], y[ib] = a * c - b * s, a * s + b * c
     return y
+def alibi_slope(h):  # ggml's soft_max: n2 the largest power of two <= H
+    if A not in ('bloom', 'mpt'): return 0.0
+    mb = key('attention.max_alibi_bias', 8.0); n2 = 2 ** int(math.floor(math.log2(H)))
+    return 2 ** (-mb / n2 * (h + 1)) if h < n2 else 2 ** (-(mb / 2) / n2 * (2 * (h - n2) + 1))
 def attend(qs, ks, vs, i, scale=None):
     scale = scale or 1 / math.sqrt(hd)
     att = []
     for hh in range(H):
         kh = hh // (H // HKV)
         q = qs[i][hh * hd:(hh + 1) * hd]
-        sc = [sum(a * b for a, b in zip(q, ks[j][kh * hd:(kh + 1) * hd])) * scale for j in range(i + 1)]
+        sc = [sum(a * b for a, b in zip(q, ks[j][kh * hd:(kh + 1) * hd])) * scale + alibi_slope(hh) * (j - i)
+              for j in range(i + 1)]
         m = max(sc); e = [math.exp(s - m) for s in sc]; z = sum(e)
         att += [sum(e[j] / z * vs[j][kh * hd + d] for j in range(i + 1)) for d in range(hd)]
     return att
-def gpt2_layer(xs, p):
+Z = [0.0] * 65536  # an absent bias (mpt)
+def b(name): return W.get(name, Z)
+def gpt2_layer(xs, p):  # bloom, mpt: the same block (mpt: no biases, Q/K/V clipped)
     qs, ks, vs = [], [], []
     for x in xs:
-        h = ln(x, W[p + 'attn_norm.weight'], W[p + 'attn_norm.bias'])
-        qkv = add(mv(W[p + 'attn_qkv.weight'], h), W[p + 'attn_qkv.bias'])
+        h = ln(x, W[p + 'attn_norm.weight'], b(p + 'attn_norm.bias'))
+        qkv = clip(add(mv(W[p + 'attn_qkv.weight'], h), b(p + 'attn_qkv.bias')))
         qs.append(qkv[:D]); ks.append(qkv[D:D + HKV * hd]); vs.append(qkv[D + HKV * hd:])
     out = []
     for i, x in enumerate(xs):
-        x = add(x, add(mv(W[p + 'attn_output.weight'], attend(qs, ks, vs, i)), W[p + 'attn_output.bias']))
-        h = ln(x, W[p + 'ffn_norm.weight'], W[p + 'ffn_norm.bias'])
-        u = [gelu(a) for a in add(mv(W[p + 'ffn_up.weight'], h), W[p + 'ffn_up.bias'])]
-        out.append(add(x, add(mv(W[p + 'ffn_down.weight'], u), W[p + 'ffn_down.bias'])))
+        x = add(x, add(mv(W[p + 'attn_output.weight'], attend(qs, ks, vs, i)), b(p + 'attn_output.bias')))
+        h = ln(x, W[p + 'ffn_norm.weight'], b(p + 'ffn_norm.bias'))
+        u = [gelu(a) for a in add(mv(W[p + 'ffn_up.weight'], h), b(p + 'ffn_up.bias'))]
+        out.append(add(x, add(mv(W[p + 'ffn_down.weight'], u), b(p + 'ffn_down.bias'))))
     return out
 def olmo_layer(xs, p):
     hs = [ln(x) for x in xs]
@@ -148,6 +156,10 @@ if A in ('gpt2', 'starcoder'):  # starcoder: gpt2's graph in llama.cpp
 elif A == 'olmo':
     xs = [list(W['token_embd.weight'][t]) for t in ids]
     layer, final = olmo_layer, ln
+elif A in ('bloom', 'mpt'):
+    xs = [list(W['token_embd.weight'][t]) for t in ids]
+    if A == 'bloom': xs = [ln(x, W['token_embd_norm.weight'], W['token_embd_norm.bias']) for x in xs]
+    layer, final = gpt2_layer, lambda x: ln(x, W['output_norm.weight'], b('output_norm.bias'))
 elif A in ('olmo2', 'olmoe'):
     xs = [list(W['token_embd.weight'][t]) for t in ids]
     layer, final = (lambda xs, p: olmo2_layer(xs, p, A == 'olmoe')), lambda x: rms(x, W['output_norm.weight'])
@@ -155,8 +167,8 @@ elif A in ('llama', 'granite', 'granitemoe'):
     xs = [[v * emb_mul for v in W['token_embd.weight'][t]] for t in ids]
     layer, final = llama_layer, lambda x: rms(x, W['output_norm.weight'])
 else:
-    sys.exit('ref_forward: architecture %s is not one of gpt2, starcoder, olmo, olmo2, olmoe, llama, granite, '
-             'granitemoe' % A)
+    sys.exit('ref_forward: architecture %s is not one of gpt2, starcoder, bloom, mpt, olmo, olmo2, olmoe, llama, '
+             'granite, granitemoe' % A)
 for l in range(L): xs = layer(xs, 'blk.%d.' % l)
 logits = [v / logit_div for v in mv(W.get('output.weight', W['token_embd.weight']), final(xs[-1]))]
 print(' '.join('%.6g' % v for v in logits))

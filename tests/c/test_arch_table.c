@@ -223,7 +223,11 @@ static void check_ref_logits(const char *what, const char *path, const float wan
  *   smaller so the scaled ones do not drown the layers (ik's graph scales
  *   the residual sum instead of the branch);
  * - olmo2: no norm before attention or FFN, RMSNorm after each, Q and K
- *   RMS-normed over their whole rows (ik_llama.cpp has no olmo2).
+ *   RMS-normed over their whole rows (ik_llama.cpp has no olmo2);
+ * - bloom (gpt2's tensors, ALiBi over 6 heads - slopes from both of
+ *   ggml's series -, the embeddings' LayerNorm) and mpt (the same without
+ *   biases or that norm; 6 heads, and 4 with Q/K/V clipped to +-0.4):
+ *   ik's graphs norm their FFN input with RMSNorm.
  * olmo's store-h recomputes clipped K/V too, olmo2's whole-row normed K:
  * their greedy tokens equal the f16 KV's. */
 static void test_reference_logits(void) {
@@ -234,15 +238,22 @@ static void test_reference_logits(void) {
         float want[8];
         int best;
         float best_value;
+        int heads; /* 0: 4 over a width of 64; else heads of 16 */
     } cases[] = {
         {"olmo", 2, 5, 0, 0.3f, {0.820419f, 0.0163524f, -0.264025f, 0.74679f, 0.358345f, 0.332367f, 0.802436f,
-                                 -0.0658007f}, 280, 2.37628f},
+                                 -0.0658007f}, 280, 2.37628f, 0},
         {"starcoder", 1, 7, 0, 0, {-0.751879f, 0.0657546f, -2.12413f, 1.91347f, -0.115344f, 0.54601f, -0.315959f,
-                                   1.91933f}, 305, 3.28476f},
+                                   1.91933f}, 305, 3.28476f, 0},
         {"granite", 2, 9, 0.1f, 0, {0.531774f, 0.483382f, -0.031692f, 0.0253852f, -0.0426154f, -0.453058f, 0.135138f,
-                                    0.0310475f}, 63, 0.897031f},
+                                    0.0310475f}, 63, 0.897031f, 0},
         {"olmo2", 2, 31, 0, 0, {-0.130548f, 0.489429f, -0.179601f, 0.409096f, 2.16067f, -0.116551f, -0.530966f,
-                                0.276945f}, 208, 2.69264f},
+                                0.276945f}, 208, 2.69264f, 0},
+        {"bloom", 6, 41, 0, 0, {0.590114f, -0.863461f, 2.09289f, -1.03046f, 0.150054f, 0.918878f, -0.29581f,
+                                0.962624f}, 27, 7.06344f, 6},
+        {"mpt", 6, 42, 0, 0, {-2.13082f, 0.17639f, -0.286902f, -0.690079f, 0.67567f, 1.24221f, 0.10862f, 0.997934f},
+         27, 2.45423f, 6},
+        {"mpt", 2, 43, 0, 0.4f, {0.110228f, 0.179152f, 0.716146f, 0.825724f, -1.26089f, 1.70715f, -0.265345f,
+                                 -0.922317f}, 252, 3.00725f, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         tm_spec s = tm_default_spec();
@@ -251,6 +262,7 @@ static void test_reference_logits(void) {
         s.n_ctx = 64;
         s.seed = (uint64_t)cases[c].seed;
         s.embd_gain = cases[c].embd_gain;
+        if (cases[c].heads) s.n_head = cases[c].heads, s.n_embd = 16 * cases[c].heads;
         if (cases[c].clamp > 0) s.extra_key = "attention.clamp_kqv", s.extra_value = cases[c].clamp;
         const char *path = tmp_path("ref_logits");
         CHECK(tm_write(&s, path) == 0, "the %s model is written", s.arch);
@@ -268,6 +280,51 @@ static void test_reference_logits(void) {
         }
         if (h_check)
             CHECK(!memcmp(out[0], out[1], sizeof out[0]), "... the same through store-h's recomputed K/V (%s)", s.arch);
+        remove(path);
+    }
+}
+
+/* ALiBi goes through each attention path's softmax: a query decoding one
+ * token at a time (one thread; and two threads over one K/V head, the
+ * split-K path) must see the logits a prefill of the same prefix gives
+ * (f32 KV; the paths sum in their own orders, so within 1e-4). */
+static void test_alibi_paths(void) {
+    static const struct { const char *arch; int heads, kv, threads; } cfg[] = {
+        {"bloom", 6, 6, 1}, {"mpt", 4, 1, 2}, {"bloom", 4, 1, 2}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        tm_spec sp = tm_default_spec();
+        sp.arch = cfg[c].arch;
+        sp.n_head = cfg[c].heads;
+        sp.n_embd = 16 * cfg[c].heads;
+        sp.n_head_kv = cfg[c].kv;
+        sp.n_ctx = 64;
+        sp.seed = 50 + (uint64_t)c;
+        const char *path = tmp_path("alibi");
+        tm_write(&sp, path);
+        tl_model *m = open_model(path, TL_KV_F32, NULL, cfg[c].threads);
+        CHECK(m != NULL, "%s opens (%s)", sp.arch, m ? "" : tl_last_error());
+        int32_t ids[20];
+        for (int i = 0; i < 20; i++) ids[i] = (int32_t)((i * 41 + 9) % 320);
+        static float dec[320], pre[320];
+        tl_seq *a = NULL;
+        float worst = 0;
+        int rc = m ? tl_seq_new(m, 0, &a) : -1;
+        for (int k = 12; k <= 20 && rc == 0; k++) {
+            /* the decoding sequence: 12 tokens at once, then one at a time */
+            const int32_t *p = k == 12 ? ids : ids + k - 1;
+            int n = k == 12 ? 12 : 1;
+            rc = tl_batch_forward(m, &a, &p, &n, 1, dec);
+            tl_seq *b = NULL;
+            const int32_t *q = ids;
+            int nk = k;
+            if (!rc) rc = tl_seq_new(m, 0, &b) || tl_batch_forward(m, &b, &q, &nk, 1, pre);
+            tl_seq_free(b);
+            for (int i = 0; i < 320 && rc == 0; i++) worst = fmaxf(worst, fabsf(dec[i] - pre[i]));
+        }
+        tl_seq_free(a);
+        CHECK(rc == 0 && worst < 1e-4f, "%s, %d heads over %d K/V, %d thread(s): decode's logits equal a prefill's (%g)",
+              sp.arch, cfg[c].heads, cfg[c].kv, cfg[c].threads, worst);
+        tl_model_close(m);
         remove(path);
     }
 }
@@ -414,8 +471,8 @@ static void test_keys_and_refusals(void) {
     tl_model_close(um);
     remove(path);
 
-    static const char *const archs[5] = {"phi2", "gptneox", "granite", "olmo2", "command-r"};
-    for (int c = 0; c < 5; c++) {
+    static const char *const archs[6] = {"phi2", "gptneox", "granite", "olmo2", "command-r", "bloom"};
+    for (int c = 0; c < 6; c++) {
         tm_spec p = ref_spec(archs[c], 4, c >= 3 ? 0 : 16, 2);
         tm_write(&p, path);
         tl_model *m = NULL;
@@ -433,6 +490,7 @@ int main(void) {
     test_references();
     test_llama_names();
     test_reference_logits();
+    test_alibi_paths();
     test_starcoder2();
     test_batch_threads();
     test_keys_and_refusals();

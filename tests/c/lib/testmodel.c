@@ -66,7 +66,9 @@ typedef struct {
     unsigned par_key : 1;     /* use_parallel_residual (gptneox) */
     unsigned norm_free : 1;   /* no norm tensors at all: LayerNorms without weight or bias (olmo) */
     unsigned multipliers : 1; /* granite's four keys, with values like Granite 3's */
-    unsigned ln_no_bias : 1;  /* LayerNorms with a weight only (command-r) */
+    unsigned ln_no_bias : 1;  /* LayerNorms with a weight only (command-r, mpt) */
+    unsigned tok_norm : 1;    /* token_embd_norm weight and bias (bloom) */
+    unsigned alibi_key : 1;   /* attention.max_alibi_bias written, 8 (mpt) */
     unsigned tied_out : 1;    /* no output.weight (command-r) */
     unsigned logit_scale : 1; /* logit_scale written (command-r: 0.0625) */
     unsigned qk_full : 1;     /* attn_q_norm / attn_k_norm over the whole Q / K row (olmo2) */
@@ -83,6 +85,8 @@ static const tm_recipe recipes[] = {
     {.name = "ernie4_5"},
     {.name = "mistral3"},
     {.name = "olmo", .layer_norm = 1, .norm_free = 1},
+    {.name = "bloom", .layer_norm = 1, .qkv_fused = 1, .plain_ffn = 1, .matmul_bias = 1, .tok_norm = 1, .tied_out = 1},
+    {.name = "mpt", .layer_norm = 1, .ln_no_bias = 1, .qkv_fused = 1, .plain_ffn = 1, .tied_out = 1, .alibi_key = 1},
     {.name = "command-r", .layer_norm = 1, .ln_no_bias = 1, .tied_out = 1, .one_norm = 1, .logit_scale = 1},
     {.name = "cohere2", .layer_norm = 1, .ln_no_bias = 1, .tied_out = 1, .one_norm = 1, .logit_scale = 1,
      .window = 1},
@@ -339,6 +343,7 @@ int tm_write(const tm_spec *s, const char *path) {
         gw_set_f32(gw, KEY("logit_scale"), 4.0f);
     }
     if (r.logit_scale) gw_set_f32(gw, KEY("logit_scale"), 0.0625f);
+    if (r.alibi_key) gw_set_f32(gw, KEY("attention.max_alibi_bias"), 8.0f);
     if (r.par_key) gw_set_bool(gw, KEY("use_parallel_residual"), !s->sequential);
     if (r.softcap) {
         gw_set_f32(gw, KEY("attn_logit_softcapping"), s->attn_softcap > 0 ? s->attn_softcap : 50.0f);
@@ -372,6 +377,10 @@ int tm_write(const tm_spec *s, const char *path) {
     }
     const int ln_bias = r.layer_norm && !r.norm_free && !r.ln_no_bias;
     if (ln_bias) rc |= add_bias(gw, "output_norm.bias", s->n_embd, seed + 4);
+    if (r.tok_norm) {
+        rc |= add_norm(gw, "token_embd_norm.weight", s->n_embd, seed + 7);
+        rc |= add_bias(gw, "token_embd_norm.bias", s->n_embd, seed + 8);
+    }
     if (r.learned_pos) rc |= add_matrix(gw, s, "position_embd.weight", s->n_embd, s->n_ctx, seed + 5, s->type);
     if (!tm_spec_tied(s)) rc |= add_matrix(gw, s, "output.weight", s->n_embd, s->n_vocab, seed + 3, s->type);
     if (r.output_bias) rc |= add_bias(gw, "output.bias", s->n_vocab, seed + 6);

@@ -44,7 +44,9 @@ typedef struct tm_spec {
                           only, whole-row Q/K norms), olmoe (olmo2's Q/K norms, pre norms,
                           experts), granitemoe (granite's with experts), command-r (weight-only
                           LayerNorms, one norm a parallel layer, logit_scale), cohere2
-                          (command-r's with a window); internlm2, xverse,
+                          (command-r's with a window), bloom (gpt2's tensors, ALiBi, the
+                          embeddings' norm), mpt (bloom's without biases or that norm);
+                          internlm2, xverse,
                           ernie4_5 and mistral3 are llama's under their names */
     int sequential;    /* gptneox: use_parallel_residual false */
     float embd_gain;   /* > 0: token embeddings this much smaller or larger (a gemma's tied
