@@ -40,10 +40,12 @@ static void write_seeds(const char *dir) {
         snprintf(path, sizeof path, "%s/model-%d.gguf", dir, k);
         tm_write(&s, path);
     }
-    static const char *const names[] = {"qwen3", "gemma2", "phi3",      "gpt2",   "yarn",    "gptneox",
-                                        "phi2",  "starcoder2", "olmo", "qwen", "starcoder", "falcon",
-                                        "granite", "llama",    "qwen2moe", "qwen3moe"};
-    for (int k = 0; k < 16; k++) {
+    static const char *const names[] = {"qwen3",    "gemma2",    "phi3",    "gpt2",  "yarn",      "gptneox",
+                                        "phi2",     "starcoder2", "olmo",   "qwen",  "starcoder", "falcon",
+                                        "granite",  "bloom",     "mpt",     "command-r", "cohere2", "olmo2",
+                                        "llama",    "qwen2moe",  "qwen3moe", "olmoe", "granitemoe"};
+    const int n_names = (int)(sizeof names / sizeof names[0]), first_moe = 18;
+    for (int k = 0; k < n_names; k++) {
         tm_spec s = tm_default_spec();
         s.n_layer = 1, s.n_vocab = 260, s.n_ctx = 64;
         if (k == 0) s.arch = "qwen3", s.head_dim = 32;
@@ -52,7 +54,8 @@ static void write_seeds(const char *dir) {
         if (k == 3) s.arch = "gpt2";
         if (k == 4) s.rope_scaling = "yarn", s.rope_factor = 4, s.rope_orig_ctx = 16;
         if (k >= 5) s.arch = names[k], s.n_head_kv = s.n_head, s.rope_dims = 8; /* one K/V head a query head */
-        if (k >= 13) s.expert_count = 4, s.expert_used = 2, s.n_ff = 32; /* experts (llama: Mixtral's) */
+        if (k >= first_moe) s.expert_count = 4, s.expert_used = 2, s.n_ff = 32; /* experts (llama: Mixtral's) */
+        if (!strcmp(names[k], "cohere2")) s.sliding_window = 4;
         char path[512];
         snprintf(path, sizeof path, "%s/model-%s.gguf", dir, names[k]);
         tm_write(&s, path);
