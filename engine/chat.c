@@ -63,8 +63,8 @@ void tl_chat_detect(tl_model *m) {
     /* End of generation: EOS plus the turn-closing control tokens. Every
      * template marker is also kept, so that message content can never
      * become one, even where a vocab types it user-defined. */
-    static const char *eog_texts[] = {"<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|eom_id|>",
-                                      "<|END_OF_TURN_TOKEN|>"};
+    static const char *eog_texts[] = {"<end_of_turn>", "<|im_end|>",   "<|eot_id|>",
+                                      "<|end|>",       "<|endoftext|>", "<|eom_id|>", "<|END_OF_TURN_TOKEN|>"};
     static const char *marker_texts[] = {"<start_of_turn>", "<end_of_turn>", "<|im_start|>", "<|im_end|>",
                                          "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
                                          "<|begin_of_text|>", "<|end_of_text|>", "<|eom_id|>", "<|endoftext|>",
@@ -162,7 +162,9 @@ static void role_turn(sbuf *b, const char *open, const char *role, const char *m
 static const char *role_name(int kind, const char *role) {
     if (kind == CHAT_GEMMA && !strcmp(role, "assistant")) return "model";
     if (kind == CHAT_COMMAND_R)
-        return !strcmp(role, "system") ? "<|SYSTEM_TOKEN|>" : !strcmp(role, "user") ? "<|USER_TOKEN|>" : "<|CHATBOT_TOKEN|>";
+        return !strcmp(role, "system") ? "<|SYSTEM_TOKEN|>"
+               : !strcmp(role, "user") ? "<|USER_TOKEN|>"
+                                       : "<|CHATBOT_TOKEN|>";
     return role;
 }
 

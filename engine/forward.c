@@ -610,7 +610,8 @@ static void tok_task(void *p, int ith, int nth) {
              * (attn + ffn) + x, gptneox and command-r (ffn + x) + attn */
             if (hp->parallel == TL_PAR_SHARED) tl_add_f32(o, s->o_attn + (size_t)t * D, D);
             tl_add_f32(x, o, D);
-            if (hp->parallel == TL_PAR_KEY || hp->parallel == TL_PAR_SHARED_X) tl_add_f32(x, s->o_attn + (size_t)t * D, D);
+            if (hp->parallel == TL_PAR_KEY || hp->parallel == TL_PAR_SHARED_X)
+                tl_add_f32(x, s->o_attn + (size_t)t * D, D);
             break;
         }
         }

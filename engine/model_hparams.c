@@ -284,9 +284,10 @@ static int load_experts(tl_model *m) {
         return tl_set_error(TL_ERR_FORMAT, "%s.expert_count is 0", m->arch->name);
     if (hp->n_expert == 0) return TL_OK;
     if (!m->arch->moe)
-        return tl_set_error(TL_ERR_UNSUPPORTED, "%s.expert_count %d: tinyloop runs mixture-of-experts models as "
-                            "llama (Mixtral), qwen2moe, qwen3moe, olmoe and granitemoe, not as %s", m->arch->name, hp->n_expert,
-                            m->arch->name);
+        return tl_set_error(TL_ERR_UNSUPPORTED,
+                            "%s.expert_count %d: tinyloop runs mixture-of-experts models as llama (Mixtral), qwen2moe, "
+                            "qwen3moe, olmoe and granitemoe, not as %s",
+                            m->arch->name, hp->n_expert, m->arch->name);
     if ((rc = arch_u32(m, "expert_used_count", 1, 0, &hp->n_expert_used)) ||
         (rc = arch_u32(m, "expert_feed_forward_length", 0, (uint32_t)hp->n_ff, &hp->n_ff_exp)) ||
         (rc = arch_u32(m, "expert_shared_feed_forward_length", 0, (uint32_t)hp->n_ff_exp, &hp->n_ff_shexp)))
