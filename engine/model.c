@@ -119,8 +119,8 @@ static int bind_experts(tl_model *m, tl_weight *ws, const char *name, int64_t n_
 }
 
 /* Layer l's mixture-of-experts FFN (llama.cpp's names): the router
- * ffn_gate_inp, the experts' ffn_{gate,up,down}_exps, and where the
- * architecture has one the shared expert ffn_*_shexp with its gate row. */
+ * ffn_gate_inp, the experts' ffn_{gate,up,down}_exps, and where the model
+ * has one the shared expert ffn_*_shexp (Qwen 2 MoE's with its gate row). */
 static int bind_moe(tl_model *m, tl_layer *L, int l) {
     const tl_hparams *hp = &m->hp;
     const int D = hp->n_embd, E = hp->n_expert, F = hp->n_ff_exp, S = hp->n_ff_shexp;
@@ -136,11 +136,11 @@ static int bind_moe(tl_model *m, tl_layer *L, int l) {
         (rc = bind_experts(m, L->x_up, NAME("ffn_up_exps"), D, F, E)) ||
         (rc = bind_experts(m, L->x_down, NAME("ffn_down_exps"), F, D, E)))
         return rc;
-    if (m->arch->moe_shared &&
-        ((rc = bind_weight(m, &L->sh_router, NAME("ffn_gate_inp_shexp"), D, 1, 0)) ||
-         (rc = bind_weight(m, &L->sh_gate, NAME("ffn_gate_shexp"), D, S, 0)) ||
-         (rc = bind_weight(m, &L->sh_up, NAME("ffn_up_shexp"), D, S, 0)) ||
-         (rc = bind_weight(m, &L->sh_down, NAME("ffn_down_shexp"), S, D, 0))))
+    if ((m->arch->moe_shared == TL_SHEXP_GATED &&
+         (rc = bind_weight(m, &L->sh_router, NAME("ffn_gate_inp_shexp"), D, 1, 0))) ||
+        (S > 0 && ((rc = bind_weight(m, &L->sh_gate, NAME("ffn_gate_shexp"), D, S, 0)) ||
+                   (rc = bind_weight(m, &L->sh_up, NAME("ffn_up_shexp"), D, S, 0)) ||
+                   (rc = bind_weight(m, &L->sh_down, NAME("ffn_down_shexp"), S, D, 0)))))
         return rc;
 #undef NAME
     return TL_OK;

@@ -26,6 +26,7 @@ enum tl_parallel { TL_PAR_NONE = 0, TL_PAR_KEY = 1, TL_PAR_SHARED = 2, TL_PAR_SH
 static inline int tl_par_shared_norm(int parallel) { return parallel == TL_PAR_SHARED || parallel == TL_PAR_SHARED_X; }
 /* tl_arch.moe: whether a file may route its FFN through experts */
 #define TL_MAX_EXPERTS 512
+enum { TL_SHEXP_NONE = 0, TL_SHEXP_GATED = 1, TL_SHEXP_KEY = 2 };
 enum tl_moe { TL_MOE_NONE = 0, TL_MOE_MAY = 1 /* when expert_count says (llama: Mixtral) */,
               TL_MOE_ALWAYS = 2 /* expert_count required */ };
 
@@ -73,8 +74,9 @@ typedef struct tl_arch {
     int moe;               /* TL_MOE_*: the FFN as a mixture of experts (moe.c) */
     int moe_norm;          /* 1: the chosen experts' softmax weights are divided by their sum
                               (Mixtral, Qwen 3 MoE); 0: used as they are (Qwen 2 MoE) */
-    int moe_shared;        /* 1: a shared expert beside the routed ones, gated by sigmoid(x . g)
-                              (Qwen 2 MoE) */
+    int moe_shared;        /* a shared expert beside the routed ones: TL_SHEXP_GATED always, gated
+                              by sigmoid(x . g) (Qwen 2 MoE); TL_SHEXP_KEY added as it is where
+                              expert_shared_feed_forward_length says (Granite MoE shared) */
     int big_layers;        /* n_layer of the size whose attention scale is 1/sqrt(n_embd / n_head)
                               rather than 1/sqrt(head_dim) (Gemma's 27B: llama.cpp keys it on
                               the layer count too); 0: none */
@@ -94,7 +96,7 @@ typedef struct tl_hparams {
     float logit_mul;         /* 1: none; logits times it (granite: 1 / logit_scale, command-r: logit_scale) */
     float clamp_kqv;         /* > 0: Q, K and V clipped to [-clamp_kqv, clamp_kqv] after their biases */
     int n_expert, n_expert_used; /* experts a layer has and routes each token through; 0: a dense FFN */
-    int n_ff_exp, n_ff_shexp;    /* an expert's FFN width, the shared expert's (Qwen 2 MoE) */
+    int n_ff_exp, n_ff_shexp;    /* an expert's FFN width, the shared expert's (0: none) */
     int parallel;            /* TL_PAR_NONE: x += attn, then x += ffn; TL_PAR_KEY: x + attn(norm(x))
                                 + ffn(ffn_norm(x)); TL_PAR_SHARED(_X): x + attn(n) + ffn(n), n = norm(x) */
     tl_rope_params rope;     /* the layers' RoPE */

@@ -27,9 +27,10 @@ static const tl_arch archs[] = {
      * of 1/sqrt(head_dim)) and logits (divided). */
     {.name = "granite", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .multipliers = 1},
     /* Granite MoE (3.x 1B-A400M, 3B-A800M): granite's block and multipliers
-     * with routed experts, their weights renormalized. */
+     * with routed experts, their weights renormalized; Granite MoE shared
+     * adds an ungated shared expert. */
     {.name = "granitemoe", .rope_type = TL_ROPE_NORM, .ffn_act = TL_ACT_SILU, .multipliers = 1,
-     .moe = TL_MOE_ALWAYS, .moe_norm = 1},
+     .moe = TL_MOE_ALWAYS, .moe_norm = 1, .moe_shared = TL_SHEXP_KEY},
     /* Qwen (1): llama's block with Q/K/V and their bias fused, NEOX RoPE. */
     {.name = "qwen", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .ff_half = 1},
     /* Qwen 2 / 2.5: llama's block with Q/K/V biases and NEOX RoPE. */
@@ -37,7 +38,8 @@ static const tl_arch archs[] = {
     /* Qwen 2 MoE (Qwen1.5-MoE, Qwen2-57B-A14B): qwen2's attention, an FFN of
      * routed experts (softmax weights as they are) plus a shared expert
      * gated by sigmoid(x . ffn_gate_inp_shexp). */
-    {.name = "qwen2moe", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .moe = TL_MOE_ALWAYS, .moe_shared = 1},
+    {.name = "qwen2moe", .rope_type = TL_ROPE_NEOX, .ffn_act = TL_ACT_SILU, .moe = TL_MOE_ALWAYS,
+     .moe_shared = TL_SHEXP_GATED},
     /* Qwen 3 (dense): qwen2 without the biases, with a per-head RMSNorm of
      * Q and K before RoPE (as gemma3's), and a head size of its own
      * (attention.key_length: 128 at every size, n_embd / n_head or not). */
@@ -274,8 +276,9 @@ static int load_multipliers(tl_model *m) {
 /* Experts: expert_count (and expert_used_count, the top k) where the
  * architecture routes its FFN; their width is expert_feed_forward_length,
  * else feed_forward_length (Mixtral's), the shared expert's
- * expert_shared_feed_forward_length, else the experts'. Any other
- * architecture with experts is refused by name, not as a missing ffn_gate. */
+ * expert_shared_feed_forward_length, else (Qwen 2 MoE) the experts' or
+ * (Granite) none. Any other architecture with experts is refused by name,
+ * not as a missing ffn_gate. */
 static int load_experts(tl_model *m) {
     tl_hparams *hp = &m->hp;
     int rc;
@@ -290,12 +293,14 @@ static int load_experts(tl_model *m) {
                             m->arch->name, hp->n_expert, m->arch->name);
     if ((rc = arch_u32(m, "expert_used_count", 1, 0, &hp->n_expert_used)) ||
         (rc = arch_u32(m, "expert_feed_forward_length", 0, (uint32_t)hp->n_ff, &hp->n_ff_exp)) ||
-        (rc = arch_u32(m, "expert_shared_feed_forward_length", 0, (uint32_t)hp->n_ff_exp, &hp->n_ff_shexp)))
+        (rc = arch_u32(m, "expert_shared_feed_forward_length", 0,
+                       m->arch->moe_shared == TL_SHEXP_GATED ? (uint32_t)hp->n_ff_exp : 0, &hp->n_ff_shexp)))
         return rc;
+    if (!m->arch->moe_shared) hp->n_ff_shexp = 0;
     if (hp->n_expert > TL_MAX_EXPERTS || hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert)
         return tl_set_error(TL_ERR_FORMAT, "%s.expert_count %d / expert_used_count %d: need 1 <= used <= count <= %d",
                             m->arch->name, hp->n_expert, hp->n_expert_used, TL_MAX_EXPERTS);
-    if (hp->n_ff_exp < 1 || (m->arch->moe_shared && hp->n_ff_shexp < 1))
+    if (hp->n_ff_exp < 1 || (m->arch->moe_shared == TL_SHEXP_GATED && hp->n_ff_shexp < 1))
         return tl_set_error(TL_ERR_FORMAT, "%s: expert feed_forward_length %d / shared %d must be >= 1",
                             m->arch->name, hp->n_ff_exp, hp->n_ff_shexp);
     return TL_OK;

@@ -5,7 +5,8 @@
  *   top = the n_expert_used largest p     (ties: the lower index first)
  *   w_j = p[top_j]  (/ sum_j p[top_j] where the architecture renormalizes)
  *   out = sum_j w_j * down_e(silu(gate_e . x) * (up_e . x)),  e = top_j
- *         (+ sigmoid(g . x) * the shared expert's FFN of x, Qwen 2 MoE)
+ *         (+ sigmoid(g . x) * the shared expert's FFN of x, Qwen 2 MoE;
+ *          + the shared expert's FFN of x, Granite MoE shared)
  *
  * The matmuls run expert by expert over the tokens routed to it, gathered
  * into rows of their own, so an expert's weights stream once a batch
@@ -58,7 +59,8 @@ enum { ROWS_ACT, ROWS_ADD };
 typedef struct {
     tl_model *m;
     int step, rows, n;
-    const float *w;       /* ROWS_ADD: row r's weight, or NULL: g[r] (the shared expert's gate) */
+    const float *w;       /* ROWS_ADD: row r's weight, or NULL: the shared expert's (gated: sigmoid(g[r]), else 1) */
+    int gated;
     const int32_t *token; /* ROWS_ADD: row r's token, or NULL: r */
 } rows_ctx;
 
@@ -78,13 +80,17 @@ static void rows_task(void *p, int ith, int nth) {
         }
         float *o = s->o + (size_t)(c->token ? c->token[r] : r) * c->n;
         const float *y = s->moe_o + (size_t)r * c->n;
+        if (!c->w && !c->gated) { /* Granite's shared expert: added as it is */
+            tl_add_f32(o, y, c->n);
+            continue;
+        }
         const float w = c->w ? c->w[r] : 1.0f / (1.0f + expf(-s->moe_logits[r]));
         for (int i = 0; i < c->n; i++) o[i] += y[i] * w;
     }
 }
 
-static void rows_run(tl_model *m, int step, int rows, int n, const float *w, const int32_t *token) {
-    rows_ctx c = {.m = m, .step = step, .rows = rows, .n = n, .w = w, .token = token};
+static void rows_run(tl_model *m, int step, int rows, int n, const float *w, const int32_t *token, int gated) {
+    rows_ctx c = {.m = m, .step = step, .rows = rows, .n = n, .w = w, .token = token, .gated = gated};
     tl_threadpool_run(m->tp, rows_task, &c, rows);
 }
 
@@ -95,7 +101,7 @@ static void expert_ffn(tl_model *m, const tl_weight *gate, const tl_weight *up, 
     float *const outs[2] = {s->hb, s->hb2};
     const tl_weight *const ws[2] = {gate, up};
     tl_fwd_matmul_multi(m, 2, outs, ws, x, rows);
-    rows_run(m, ROWS_ACT, rows, (int)gate->n_out, NULL, NULL);
+    rows_run(m, ROWS_ACT, rows, (int)gate->n_out, NULL, NULL, 0);
     tl_fwd_matmul(m, s->moe_o, down, s->hb, rows);
 }
 
@@ -121,11 +127,11 @@ void tl_moe_ffn(tl_model *m, const tl_layer *ly, int T) {
                 }
         if (!rows) continue;
         expert_ffn(m, &ly->x_gate[e], &ly->x_up[e], &ly->x_down[e], s->moe_x, rows);
-        rows_run(m, ROWS_ADD, rows, D, s->moe_rw, s->moe_rows);
+        rows_run(m, ROWS_ADD, rows, D, s->moe_rw, s->moe_rows, 0);
     }
-    if (!ly->sh_router.data) return;
-    /* the shared expert, gated per token by sigmoid(g . x) */
+    if (!ly->sh_up.data) return;
+    /* the shared expert, gated per token by sigmoid(g . x) (Qwen 2 MoE) */
     expert_ffn(m, &ly->sh_gate, &ly->sh_up, &ly->sh_down, s->xb, T);
-    tl_fwd_matmul(m, s->moe_logits, &ly->sh_router, s->xb, T);
-    rows_run(m, ROWS_ADD, T, D, NULL, NULL);
+    if (ly->sh_router.data) tl_fwd_matmul(m, s->moe_logits, &ly->sh_router, s->xb, T);
+    rows_run(m, ROWS_ADD, T, D, NULL, NULL, ly->sh_router.data != NULL);
 }

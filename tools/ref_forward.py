@@ -127,6 +127,9 @@ def ffn(h, p):  # llama's gated FFN, or Mixtral's top-K of E experts (softmax we
     for e in top:
         g = [silu(a) * b for a, b in zip(mv(W[p + 'ffn_gate_exps.weight'][e], h), mv(W[p + 'ffn_up_exps.weight'][e], h))]
         out = add(out, [v * pr[e] / z for v in mv(W[p + 'ffn_down_exps.weight'][e], g)])
+    if p + 'ffn_up_shexp.weight' in W:  # granitemoe's shared expert, ungated
+        g = [silu(a) * b for a, b in zip(mv(W[p + 'ffn_gate_shexp.weight'], h), mv(W[p + 'ffn_up_shexp.weight'], h))]
+        out = add(out, mv(W[p + 'ffn_down_shexp.weight'], g))
     return out
 def llama_layer(xs, p):  # granite's multipliers are 1 for llama
     hs = [rms(x, W[p + 'attn_norm.weight']) for x in xs]

@@ -96,8 +96,9 @@ static void test_references(void) {
  * 100-107 and the argmax within 1e-4 (tinyloop agreed to 1e-5,
  * 2026-12-07). Mixtral's block (llama with experts; ik's llama graph adds
  * the FFN's normed input where the residual belongs), granitemoe (granite's
- * multipliers; ik scales the residual sum) and olmoe (whole-row Q/K norms,
- * softmax weights as they are; ik has no olmoe). */
+ * multipliers; ik scales the residual sum), also with an ungated shared
+ * expert of 96, and olmoe (whole-row Q/K norms, softmax weights as they
+ * are; ik has no olmoe). */
 static void test_reference_logits(void) {
     static const int32_t ids[25] = {1, 5, 77, 300, 12, 9, 140, 33, 2, 45, 67, 89, 101, 200, 17, 18, 19, 20, 21, 22,
                                     23, 24, 25, 26, 27};
@@ -107,13 +108,16 @@ static void test_reference_logits(void) {
         float want[8];
         int best;
         float best_value;
+        int shexp;
     } cases[] = {
         {"llama", 4, 2, 11, {-0.379336f, -0.836869f, -0.611748f, 0.833488f, -0.376691f, 0.45086f, -0.239823f, -0.2093f},
-         16, 2.66055f},
+         16, 2.66055f, 0},
         {"olmoe", 8, 2, 32, {0.0753225f, 0.416214f, 0.637553f, 0.649358f, -1.37991f, -0.684659f, -0.245899f,
-                             -0.603667f}, 57, 2.63053f},
+                             -0.603667f}, 57, 2.63053f, 0},
         {"granitemoe", 4, 2, 33, {-0.0616268f, -0.0303252f, -0.245965f, 0.151693f, 0.358715f, 0.49077f, 0.242114f,
-                                  0.0890266f}, 37, 0.692258f},
+                                  0.0890266f}, 37, 0.692258f, 0},
+        {"granitemoe", 4, 2, 34, {0.0309572f, 0.0434089f, 0.146632f, 0.408218f, 0.134214f, -0.206664f, 0.322983f,
+                                  0.0763575f}, 78, 0.682718f, 96},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         tm_spec s = tm_default_spec();
@@ -122,6 +126,7 @@ static void test_reference_logits(void) {
         s.expert_used = cases[c].used;
         s.n_ctx = 64;
         s.seed = (uint64_t)cases[c].seed;
+        s.n_ff_shexp = cases[c].shexp;
         const char *path = tmp_path("ref_logits");
         CHECK(tm_write(&s, path) == 0, "the %s model is written", s.arch);
         tl_model_params p = tl_model_default_params();

@@ -76,6 +76,7 @@ typedef struct {
     unsigned moe : 1;         /* with expert_count: experts instead of the dense FFN */
     unsigned moe_keys : 1;    /* expert_feed_forward_length written (qwen2moe, qwen3moe) */
     unsigned shexp : 1;       /* a shared expert and its gate (qwen2moe) */
+    unsigned shexp_plain : 1; /* with n_ff_shexp: an ungated shared expert (granitemoe) */
 } tm_recipe;
 
 static const tm_recipe recipes[] = {
@@ -93,7 +94,7 @@ static const tm_recipe recipes[] = {
     {.name = "olmo2", .qk_norm = 1, .qk_full = 1, .post_norms = 1, .no_pre_norm = 1},
     {.name = "olmoe", .qk_norm = 1, .qk_full = 1, .moe = 1},
     {.name = "granite", .multipliers = 1},
-    {.name = "granitemoe", .multipliers = 1, .moe = 1},
+    {.name = "granitemoe", .multipliers = 1, .moe = 1, .shexp_plain = 1},
     {.name = "qwen", .qkv_fused = 1, .qkv_bias = 1, .ff_twice = 1},
     {.name = "qwen2"},
     {.name = "qwen3", .qk_norm = 1},
@@ -327,7 +328,8 @@ int tm_write(const tm_spec *s, const char *path) {
     if (s->expert_count > 0) gw_set_u32(gw, KEY("expert_count"), (uint32_t)s->expert_count);
     if (moe) gw_set_u32(gw, KEY("expert_used_count"), (uint32_t)(s->expert_used > 0 ? s->expert_used : 2));
     if (moe && r.moe_keys) gw_set_u32(gw, KEY("expert_feed_forward_length"), (uint32_t)s->n_ff);
-    if (moe && r.shexp) gw_set_u32(gw, KEY("expert_shared_feed_forward_length"), (uint32_t)shexp_ff);
+    const int shexp = moe && (r.shexp || (r.shexp_plain && s->n_ff_shexp > 0));
+    if (shexp) gw_set_u32(gw, KEY("expert_shared_feed_forward_length"), (uint32_t)shexp_ff);
     if (s->rope_scaling) gw_set_str(gw, KEY("rope.scaling.type"), s->rope_scaling);
     if (s->rope_factor != 0) gw_set_f32(gw, KEY("rope.scaling.factor"), s->rope_factor);
     if (s->rope_attn_factor != 0) gw_set_f32(gw, KEY("rope.scaling.attn_factor"), s->rope_attn_factor);
@@ -417,8 +419,8 @@ int tm_write(const tm_spec *s, const char *path) {
             rc |= add_experts(gw, s, NAME("ffn_gate_exps"), s->n_embd, s->n_ff, ls + 7);
             rc |= add_experts(gw, s, NAME("ffn_up_exps"), s->n_embd, s->n_ff, ls + 8);
             rc |= add_experts(gw, s, NAME("ffn_down_exps"), s->n_ff, s->n_embd, ls + 9);
-            if (r.shexp) {
-                rc |= add_vector(gw, NAME("ffn_gate_inp_shexp"), s->n_embd, ls + 10, 0.3f, 0.0f);
+            if (shexp) {
+                if (r.shexp) rc |= add_vector(gw, NAME("ffn_gate_inp_shexp"), s->n_embd, ls + 10, 0.3f, 0.0f);
                 rc |= add_matrix(gw, s, NAME("ffn_gate_shexp"), s->n_embd, shexp_ff, ls + 11, s->type);
                 rc |= add_matrix(gw, s, NAME("ffn_up_shexp"), s->n_embd, shexp_ff, ls + 12, s->type);
                 rc |= add_matrix(gw, s, NAME("ffn_down_shexp"), shexp_ff, s->n_embd, ls + 13, s->type);

@@ -63,7 +63,8 @@ typedef struct tm_spec {
                           through that many experts (3-D ffn_*_exps tensors, an F32 router),
                           other architectures keep a dense FFN under the key */
     int expert_used;   /* expert_used_count: the top k (0: 2) */
-    int n_ff_shexp;    /* qwen2moe's shared expert width (0: n_ff) */
+    int n_ff_shexp;    /* qwen2moe's shared expert width (0: n_ff); granitemoe: > 0 adds an
+                          ungated shared expert of that width */
 } tm_spec;
 
 tm_spec tm_default_spec(void);
