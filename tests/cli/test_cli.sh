@@ -52,7 +52,7 @@ PY
     line=$(printf '%s\n' "$out" | tail -n 1)
     [ $r = 0 ] && printf '%s' "$line" | grep -qE 'prefill\(32\) +[0-9.]+ tok/s .* decode +[0-9.]+ tok/s \([0-9.]+ GB/s of weights; after the prompt [0-9.]+ tok/s\) +batch4 decode' &&
         [ "$(printf '%s\n' "$out" | grep -cE 'phases of (one prefill\(32\)|8 decode steps after it|decode steps of 4 sequences): +matmul')" = 3 ] &&
-        printf '%s\n' "$out" | grep -qE 'batch bound: prefill\(32\) [0-9.]+ tok/s / one sequence [0-9.]+ tok/s = [0-9.]+x; batch4 reached [0-9.]+x of it$'
+        printf '%s\n' "$out" | grep -qE 'batch bound: prefill\(32\) [0-9.]+ tok/s / one sequence [0-9.]+ tok/s = [0-9.]+x; at the prefill.s multiply-add rate with a logits row a sequence [0-9.]+x; batch4 reached [0-9.]+x of that$'
     check "CLI bench prints prefill, decode from empty and after the prompt, batch, three phase lines and the batch bound" $?
     out=$($BIN bench cache -m "$MODEL" -t 1 2>&1); r=$?
     [ $r = 0 ] && ! printf '%s' "$out" | grep -q "exceeds" && printf '%s' "$out" | grep -q "multi-turn chat, 8 conversations x 3 turns"
