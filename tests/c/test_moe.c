@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "quants.h"
+#include "ref_logits.h"
 #include "test.h"
 #include "testmodel.h"
 #include "tinyloop.h"
@@ -100,8 +101,6 @@ static void test_references(void) {
  * expert of 96, and olmoe (whole-row Q/K norms, softmax weights as they
  * are; ik has no olmoe). */
 static void test_reference_logits(void) {
-    static const int32_t ids[25] = {1, 5, 77, 300, 12, 9, 140, 33, 2, 45, 67, 89, 101, 200, 17, 18, 19, 20, 21, 22,
-                                    23, 24, 25, 26, 27};
     static const struct {
         const char *arch;
         int experts, used, seed;
@@ -129,25 +128,7 @@ static void test_reference_logits(void) {
         s.n_ff_shexp = cases[c].shexp;
         const char *path = tmp_path("ref_logits");
         CHECK(tm_write(&s, path) == 0, "the %s model is written", s.arch);
-        tl_model_params p = tl_model_default_params();
-        p.kv_type = TL_KV_F32;
-        p.max_seq_len = 64;
-        tl_model *m = NULL;
-        tl_model_open(path, p, &m);
-        CHECK(m != NULL, "%s with %d experts opens (%s)", s.arch, s.expert_count, m ? "" : tl_last_error());
-        float l[320];
-        tl_seq *q = NULL;
-        const int32_t *ip = ids;
-        int n = 25, rc = m ? tl_seq_new(m, 0, &q) || tl_batch_forward(m, &q, &ip, &n, 1, l) : -1;
-        tl_seq_free(q);
-        tl_model_close(m);
-        float err = 0;
-        int best = 0;
-        for (int i = 0; i < 8 && rc == 0; i++) err = fmaxf(err, fabsf(l[100 + i] - cases[c].want[i]));
-        for (int i = 1; i < 320 && rc == 0; i++) best = l[i] > l[best] ? i : best;
-        CHECK(rc == 0 && err < 1e-4f && best == cases[c].best && fabsf(l[best] - cases[c].best_value) < 1e-4f,
-              "%s's logits equal the independent reference (max error %g over 8, argmax %d, want %d)", s.arch, err,
-              best, cases[c].best);
+        check_ref_logits(s.arch, path, cases[c].want, cases[c].best, cases[c].best_value);
         remove(path);
     }
 }
