@@ -251,10 +251,11 @@ static int load_weights(tl_model *m) {
             ((rc = bind_norm(m, &L->attn_norm_b, NAME_B("attn_norm"), hp->n_embd, ln_opt)) < 0 ||
              (ffn_norm && (rc = bind_norm(m, &L->ffn_norm_b, NAME_B("ffn_norm"), hp->n_embd, ln_opt)) < 0)))
             return rc;
-        /* the output projection's and the FFN's biases, where a file has them (gpt2) */
+        /* the output projection's and the FFN's biases, where a file has them
+         * (gpt2); a MoE layer has no dense FFN for them (refused as unread) */
         if ((rc = bind_norm(m, &L->bo, NAME_B("attn_output"), hp->n_embd, 1)) < 0 ||
-            (rc = bind_norm(m, &L->b_up, NAME_B("ffn_up"), hp->n_ff, 1)) < 0 ||
-            (rc = bind_norm(m, &L->b_down, NAME_B("ffn_down"), hp->n_embd, 1)) < 0)
+            (!hp->n_expert && ((rc = bind_norm(m, &L->b_up, NAME_B("ffn_up"), hp->n_ff, 1)) < 0 ||
+                               (rc = bind_norm(m, &L->b_down, NAME_B("ffn_down"), hp->n_embd, 1)) < 0)))
             return rc;
         if (m->arch->post_norms &&
             ((rc = bind_norm(m, &L->post_attn_norm, NAME("post_attention_norm"), hp->n_embd, 0)) ||

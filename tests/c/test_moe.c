@@ -225,6 +225,12 @@ static void test_refusals(void) {
     CHECK(tm_patch_bytes(path, "blk.1.ffn_up_exps", "blk.1.ffn_up_expz") == 1, "an expert tensor is renamed");
     expect_refused(path, TL_ERR_FORMAT, "missing tensor 'blk.1.ffn_up_exps.weight'", "a layer without its up experts");
 
+    s.matmul_bias = 1; /* dense FFN biases beside experts: nothing would add them */
+    tm_write(&s, path);
+    expect_refused(path, TL_ERR_UNSUPPORTED, "tensor 'blk.0.ffn_up.bias' is not part of a llama model",
+                   "an ffn_up.bias beside the experts");
+    s.matmul_bias = 0;
+
     s.arch = "qwen2moe";
     tm_write(&s, path);
     CHECK(tm_patch_bytes(path, "blk.0.ffn_down_shexp", "blk.0.ffn_down_shexq") == 1, "the shared down is renamed");
