@@ -1,7 +1,7 @@
 /* moe.c - a mixture-of-experts FFN on the CPU (Mixtral's llama, Qwen 2
  * MoE, Qwen 3 MoE), as llama.cpp's build_moe_ffn computes it:
  *
- *   p = softmax(router . x)              over the n_expert experts
+ *   p = softmax(router . x)              over the n_expert experts (tl_softmax_f32)
  *   top = the n_expert_used largest p     (ties: the lower index first)
  *   w_j = p[top_j]  (/ sum_j p[top_j] where the architecture renormalizes)
  *   out = sum_j w_j * down_e(silu(gate_e . x) * (up_e . x)),  e = top_j
@@ -21,22 +21,13 @@
 #include "forward_ops.h"
 #include "quants.h"
 
-/* ggml_soft_max over one row: exp(x - max) summed in double, times 1/sum. */
-static void softmax_row(float *p, const float *x, int n) {
-    float mx = x[0];
-    for (int i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < n; i++) sum += (double)(p[i] = expf(x[i] - mx));
-    const float inv = (float)(1.0 / sum);
-    for (int i = 0; i < n; i++) p[i] *= inv;
-}
-
 /* Token t's k experts (largest probability first; equal ones by index) and
- * their weights. */
-static void route(const tl_model *m, const float *logits, float *p, int32_t *sel, float *w) {
+ * their weights; its router logits p become probabilities (the attention's
+ * softmax: ggml's soft_max). */
+static void route(const tl_model *m, float *p, int32_t *sel, float *w) {
     const int E = m->hp.n_expert, K = m->hp.n_expert_used;
     uint8_t taken[TL_MAX_EXPERTS] = {0};
-    softmax_row(p, logits, E);
+    tl_softmax_f32(p, E, 1.0f);
     for (int j = 0; j < K; j++) {
         int best = -1;
         for (int e = 0; e < E; e++)
@@ -110,11 +101,8 @@ void tl_moe_ffn(tl_model *m, const tl_layer *ly, int T) {
     const tl_hparams *hp = &m->hp;
     const int D = hp->n_embd, E = hp->n_expert, K = hp->n_expert_used;
     tl_fwd_matmul(m, s->moe_logits, &ly->router, s->xb, T);
-    for (int t = 0; t < T; t++) {
-        /* the probabilities overwrite the logits they come from */
-        float *l = s->moe_logits + (size_t)t * E;
-        route(m, l, l, s->moe_sel + (size_t)t * K, s->moe_w + (size_t)t * K);
-    }
+    for (int t = 0; t < T; t++)
+        route(m, s->moe_logits + (size_t)t * E, s->moe_sel + (size_t)t * K, s->moe_w + (size_t)t * K);
     memset(s->o, 0, (size_t)T * D * sizeof(float));
     for (int e = 0; e < E; e++) {
         int rows = 0;
