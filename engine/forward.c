@@ -530,6 +530,13 @@ void tl_fwd_norm(const tl_model *m, float *out, const float *x, const float *w, 
         tl_rmsnorm(out, x, w, m->hp.n_embd, m->hp.norm_eps);
 }
 
+void tl_fwd_gated_act(const tl_model *m, float *h, const float *g, int n) {
+    if (m->arch->ffn_act == TL_ACT_GELU_TANH)
+        tl_gelu_tanh_mul(h, g, n);
+    else
+        tl_silu_mul(h, g, n);
+}
+
 /* The input of attention or the FFN: the norm of the residual stream, or
  * the stream itself where the architecture norms only after (olmo2). */
 static void pre_norm(const tl_model *m, float *out, const float *x, const float *w, const float *b) {
@@ -597,10 +604,8 @@ static void tok_task(void *p, int ith, int nth) {
             float *h = s->hb + (size_t)t * hp->n_ff, *g = s->hb2 + (size_t)t * hp->n_ff;
             if (!ly->w_gate.data) /* a plain FFN: act(up), in hb */
                 tl_gelu_tanh(h, hp->n_ff);
-            else if (m->arch->ffn_act == TL_ACT_GELU_TANH)
-                tl_gelu_tanh_mul(h, g, hp->n_ff);
             else
-                tl_silu_mul(h, g, hp->n_ff);
+                tl_fwd_gated_act(m, h, g, hp->n_ff);
             break;
         }
         case TOK_FFN_OUT: {

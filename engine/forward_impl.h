@@ -71,6 +71,9 @@ void tl_fwd_add_bias(float *x, const float *b, int T, int n);
  * none), then clipped to +-clamp_kqv where the model sets it (olmo). */
 void tl_fwd_qkv_finish(const tl_model *m, float *x, const float *b, int T, int n);
 
+/* forward.c: h = act(h) * g over n (the gated FFN's activation: SiLU, or GELU). */
+void tl_fwd_gated_act(const tl_model *m, float *h, const float *g, int n);
+
 /* moe.c: s->o (T, n_embd) = the mixture-of-experts FFN of s->xb. */
 void tl_moe_ffn(tl_model *m, const tl_layer *ly, int T);
 

@@ -61,12 +61,7 @@ static void rows_task(void *p, int ith, int nth) {
     const int r0 = (int)((int64_t)c->rows * ith / nth), r1 = (int)((int64_t)c->rows * (ith + 1) / nth);
     for (int r = r0; r < r1; r++) {
         if (c->step == ROWS_ACT) { /* act(gate) * up, the gate in hb */
-            float *h = s->hb + (size_t)r * c->n;
-            const float *g = s->hb2 + (size_t)r * c->n;
-            if (c->m->arch->ffn_act == TL_ACT_GELU_TANH)
-                tl_gelu_tanh_mul(h, g, c->n);
-            else
-                tl_silu_mul(h, g, c->n);
+            tl_fwd_gated_act(c->m, s->hb + (size_t)r * c->n, s->hb2 + (size_t)r * c->n, c->n);
             continue;
         }
         float *o = s->o + (size_t)(c->token ? c->token[r] : r) * c->n;
