@@ -29,27 +29,36 @@ tl_model_params tl_model_default_params(void) {
 
 /* ---- weights ------------------------------------------------------------ */
 
-static int bind_weight(tl_model *m, tl_weight *w, const char *name, int64_t n_in, int64_t n_out, int optional) {
+/* The n matrices of one tensor [n_in, n_out, n] (n > 1: a 3-D tensor of
+ * experts) as row views into ws[0..n); 1 when an optional one is absent. */
+static int bind_matrices(tl_model *m, tl_weight *ws, const char *name, int64_t n_in, int64_t n_out, int n,
+                         int optional) {
     const gguf_tensor *t = gguf_find_tensor(m->file, name);
     if (!t) {
         if (optional) return 1;
         return tl_set_error(TL_ERR_FORMAT, "missing tensor '%s'", name);
     }
-    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != 1 || t->ne[3] != 1)
-        return tl_set_error(TL_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n || t->ne[3] != 1) {
+        char third[24] = "";
+        if (n > 1) snprintf(third, sizeof third, ", %d", n);
+        return tl_set_error(TL_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld%s]",
                             name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                            (long long)t->ne[3], (long long)n_in, (long long)n_out);
+                            (long long)t->ne[3], (long long)n_in, (long long)n_out, third);
+    }
     if (!tl_type_info(t->type)->supported)
         return tl_set_error(TL_ERR_UNSUPPORTED, "tensor '%s' has type %s, which tinyloop cannot compute with", name,
                             tl_type_info(t->type)->name ? tl_type_info(t->type)->name : "unknown");
-    w->data = t->data;
-    w->type = t->type;
-    w->n_in = n_in;
-    w->n_out = n_out;
-    w->packed = 0;
+    const size_t bytes = tl_row_size(t->type, n_in) * (size_t)n_out;
+    for (int e = 0; e < n; e++)
+        ws[e] = (tl_weight){.data = (const uint8_t *)t->data + (size_t)e * bytes, .type = t->type, .n_in = n_in,
+                            .n_out = n_out};
     m->weight_bytes += t->size;
     m->tensor_used[t - m->file->tensors] = 1;
     return TL_OK;
+}
+
+static int bind_weight(tl_model *m, tl_weight *w, const char *name, int64_t n_in, int64_t n_out, int optional) {
+    return bind_matrices(m, w, name, n_in, n_out, 1, optional);
 }
 
 /* Binds consecutive row ranges of one fused tensor (phi3's attn_qkv, and
@@ -97,27 +106,6 @@ static int bind_norm(tl_model *m, float **out, const char *name, int64_t n, int 
     return TL_OK;
 }
 
-/* The n matrices of one 3-D tensor [n_in, n_out, n] (an expert each) as
- * row views into ws[0..n). */
-static int bind_experts(tl_model *m, tl_weight *ws, const char *name, int64_t n_in, int64_t n_out, int n) {
-    const gguf_tensor *t = gguf_find_tensor(m->file, name);
-    if (!t) return tl_set_error(TL_ERR_FORMAT, "missing tensor '%s'", name);
-    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n || t->ne[3] != 1)
-        return tl_set_error(TL_ERR_FORMAT, "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld, %d]",
-                            name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
-                            (long long)t->ne[3], (long long)n_in, (long long)n_out, n);
-    if (!tl_type_info(t->type)->supported)
-        return tl_set_error(TL_ERR_UNSUPPORTED, "tensor '%s' has type %s, which tinyloop cannot compute with", name,
-                            tl_type_info(t->type)->name ? tl_type_info(t->type)->name : "unknown");
-    const size_t bytes = tl_row_size(t->type, n_in) * (size_t)n_out;
-    for (int e = 0; e < n; e++)
-        ws[e] = (tl_weight){.data = (const uint8_t *)t->data + (size_t)e * bytes, .type = t->type, .n_in = n_in,
-                            .n_out = n_out};
-    m->weight_bytes += t->size;
-    m->tensor_used[t - m->file->tensors] = 1;
-    return TL_OK;
-}
-
 /* Layer l's mixture-of-experts FFN (llama.cpp's names): the router
  * ffn_gate_inp, the experts' ffn_{gate,up,down}_exps, and where the model
  * has one the shared expert ffn_*_shexp (Qwen 2 MoE's with its gate row). */
@@ -132,9 +120,9 @@ static int bind_moe(tl_model *m, tl_layer *L, int l) {
     L->x_up = L->x_gate + E;
     L->x_down = L->x_gate + 2 * E;
     if ((rc = bind_weight(m, &L->router, NAME("ffn_gate_inp"), D, E, 0)) ||
-        (rc = bind_experts(m, L->x_gate, NAME("ffn_gate_exps"), D, F, E)) ||
-        (rc = bind_experts(m, L->x_up, NAME("ffn_up_exps"), D, F, E)) ||
-        (rc = bind_experts(m, L->x_down, NAME("ffn_down_exps"), F, D, E)))
+        (rc = bind_matrices(m, L->x_gate, NAME("ffn_gate_exps"), D, F, E, 0)) ||
+        (rc = bind_matrices(m, L->x_up, NAME("ffn_up_exps"), D, F, E, 0)) ||
+        (rc = bind_matrices(m, L->x_down, NAME("ffn_down_exps"), F, D, E, 0)))
         return rc;
     if ((m->arch->moe_shared == TL_SHEXP_GATED &&
          (rc = bind_weight(m, &L->sh_router, NAME("ffn_gate_inp_shexp"), D, 1, 0))) ||
