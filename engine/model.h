@@ -153,6 +153,17 @@ struct tl_model {
     pthread_mutex_t pools_mu;
 };
 
+/* Layer L's bound matrices other than the experts (attention, the dense or
+ * shared-expert FFN, the router) into out; returns how many (at most 12). */
+static inline int tl_layer_matrices(tl_layer *L, tl_weight **out) {
+    tl_weight *all[] = {&L->wq,     &L->wk,      &L->wv,      &L->wo,    &L->w_gate,  &L->w_up,
+                        &L->w_down, &L->router, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_router};
+    int n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (all[i]->data) out[n++] = all[i]; /* (a plain FFN has no gate, a MoE one no dense FFN) */
+    return n;
+}
+
 /* model_hparams.c: the architecture named name[0..len) (NULL: none), the
  * table's names joined by ", " into out, and m's hyperparameters from its
  * file (m->arch set; TL_OK or an error naming the key and value). */

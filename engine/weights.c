@@ -132,7 +132,7 @@ void tl_weights_move(tl_model *m) {
      * of the 248 MB a decode step reads). A tensor bound to two weights
      * (tied output, or a file naming the same bytes twice) is moved once
      * and read the same way by both */
-    size_t n = 0, cap = (size_t)m->hp.n_layer * (7 + 4 + 3 * (size_t)m->hp.n_expert) + 2, total = 0, widest = 1;
+    size_t n = 0, cap = (size_t)m->hp.n_layer * (12 + 3 * (size_t)m->hp.n_expert) + 2, total = 0, widest = 1;
     tl_weight **all = malloc(cap * sizeof *all);
     const void **file_data = malloc(cap * sizeof *file_data); /* each weight's bytes in the file */
     uint8_t *tmp = NULL;
@@ -141,10 +141,7 @@ void tl_weights_move(tl_model *m) {
     all[n++] = &m->tok_embd;
     for (int i = 0; i < m->hp.n_layer; i++) {
         tl_layer *L = &m->layers[i];
-        tl_weight *ws[] = {&L->wq,     &L->wk,      &L->wv,    &L->wo,    &L->w_gate,  &L->w_up,
-                           &L->w_down, &L->router, &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_router};
-        for (size_t j = 0; j < sizeof ws / sizeof ws[0]; j++)
-            if (ws[j]->data) all[n++] = ws[j]; /* (a plain FFN has no gate, a MoE one no dense FFN) */
+        n += (size_t)tl_layer_matrices(L, all + n);
         for (int e = 0; L->x_gate && e < m->hp.n_expert; e++) { /* each expert a matrix of its own */
             all[n++] = &L->x_gate[e];
             all[n++] = &L->x_up[e];

@@ -272,11 +272,9 @@ static int bench_one(const char *path, tl_model_params mp, int n_gen, int prompt
      * layer multiply-adds, O: the output matrix's). */
     double lay = 0, outm = (double)m->output.n_in * (double)m->output.n_out;
     for (int l = 0; l < m->hp.n_layer; l++) {
-        const tl_layer *L = &m->layers[l];
-        const tl_weight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down, &L->router,
-                                 &L->sh_gate, &L->sh_up, &L->sh_down, &L->sh_router};
-        for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
-            if (ws[i]->data) lay += (double)ws[i]->n_in * (double)ws[i]->n_out;
+        tl_layer *L = &m->layers[l];
+        tl_weight *ws[12];
+        for (int i = 0, n = tl_layer_matrices(L, ws); i < n; i++) lay += (double)ws[i]->n_in * (double)ws[i]->n_out;
         if (L->x_gate) /* the experts a token runs through */
             lay += 3.0 * m->hp.n_expert_used * (double)L->x_gate[0].n_in * (double)L->x_gate[0].n_out;
     }
