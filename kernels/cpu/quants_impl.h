@@ -51,6 +51,15 @@ typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } block_
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } block_q5_K;
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } block_q6_K;
 typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } block_q8_K;
+/* The i-quants' super-blocks of 256 (ggml-common.h's layouts; the kernels
+ * that read them say what each field holds). */
+typedef struct { uint16_t d; uint16_t qs[QK_K / 8]; } block_iq2_xxs;
+typedef struct { uint16_t d; uint16_t qs[QK_K / 8]; uint8_t scales[QK_K / 32]; } block_iq2_xs;
+typedef struct { uint16_t d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t scales[QK_K / 32]; } block_iq2_s;
+typedef struct { uint16_t d; uint8_t qs[3 * QK_K / 8]; } block_iq3_xxs;
+typedef struct { uint16_t d; uint8_t qs[QK_K / 4]; uint8_t qh[QK_K / 32]; uint8_t signs[QK_K / 8]; uint8_t scales[QK_K / 64]; } block_iq3_s;
+typedef struct { uint16_t d; uint8_t qs[QK_K / 8]; uint16_t qh[QK_K / 32]; } block_iq1_s;
+typedef struct { uint8_t qs[QK_K / 8]; uint8_t qh[QK_K / 16]; uint8_t scales[QK_K / 32]; } block_iq1_m;
 
 _Static_assert(sizeof(block_q4_0) == 18, "q4_0 layout");
 _Static_assert(sizeof(block_q4_1) == 20, "q4_1 layout");
@@ -64,6 +73,21 @@ _Static_assert(sizeof(block_q4_K) == 144, "q4_K layout");
 _Static_assert(sizeof(block_q5_K) == 176, "q5_K layout");
 _Static_assert(sizeof(block_q6_K) == 210, "q6_K layout");
 _Static_assert(sizeof(block_q8_K) == 292, "q8_K layout");
+_Static_assert(sizeof(block_iq2_xxs) == 66, "iq2_xxs layout");
+_Static_assert(sizeof(block_iq2_xs) == 74, "iq2_xs layout");
+_Static_assert(sizeof(block_iq2_s) == 82, "iq2_s layout");
+_Static_assert(sizeof(block_iq3_xxs) == 98, "iq3_xxs layout");
+_Static_assert(sizeof(block_iq3_s) == 110, "iq3_s layout");
+_Static_assert(sizeof(block_iq1_s) == 50, "iq1_s layout");
+_Static_assert(sizeof(block_iq1_m) == 56, "iq1_m layout");
+
+/* The i-quants' 7-bit sign index (iq2_xxs, iq2_xs, iq3_xxs): bits 0..6 are
+ * the signs of elements 0..6 (1 = negative), element 7's sign makes the
+ * count of negatives even. Returns the 8 sign bits. */
+static inline uint8_t tl_iq_signs8(unsigned s7) {
+    s7 &= 0x7F;
+    return (uint8_t)(s7 | (unsigned)__builtin_parity(s7) << 7);
+}
 
 /* Exact IEEE half -> float (subnormals, inf; a NaN keeps its payload and
  * comes out quiet, as F16C's vcvtph2ps does). */
