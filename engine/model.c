@@ -46,8 +46,8 @@ static int bind_matrices(tl_model *m, tl_weight *ws, const char *name, int64_t n
                             (long long)t->ne[3], (long long)n_in, (long long)n_out, third);
     }
     if (!tl_type_info(t->type)->supported)
-        return tl_set_error(TL_ERR_UNSUPPORTED, "tensor '%s' has type %s, which tinyloop cannot compute with", name,
-                            tl_type_info(t->type)->name ? tl_type_info(t->type)->name : "unknown");
+        return tl_set_error(TL_ERR_UNSUPPORTED, "tensor '%s' has type %s (%d), which tinyloop cannot compute with", name,
+                            tl_type_info(t->type)->name ? tl_type_info(t->type)->name : "unknown", t->type);
     const size_t bytes = tl_row_size(t->type, n_in) * (size_t)n_out;
     for (int e = 0; e < n; e++)
         ws[e] = (tl_weight){.data = (const uint8_t *)t->data + (size_t)e * bytes, .type = t->type, .n_in = n_in,
@@ -90,7 +90,8 @@ static int bind_norm(tl_model *m, float **out, const char *name, int64_t n, int 
         return tl_set_error(TL_ERR_FORMAT, "tensor '%s' has %lld elements, expected %lld", name,
                             (long long)t->n_elements, (long long)n);
     if (!tl_type_info(t->type)->supported)
-        return tl_set_error(TL_ERR_UNSUPPORTED, "tensor '%s' has unsupported type %d", name, t->type);
+        return tl_set_error(TL_ERR_UNSUPPORTED, "tensor '%s' has type %s (%d), which tinyloop cannot compute with", name,
+                            tl_type_info(t->type)->name ? tl_type_info(t->type)->name : "unknown", t->type);
     /* every vector bound is a tensor of its own; a file cannot bind more */
     if (m->n_owned_norms >= m->owned_cap)
         return tl_set_error(TL_ERR_FORMAT, "tensor '%s': more vectors bound than the file has tensors", name);

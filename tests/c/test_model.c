@@ -523,6 +523,22 @@ static void test_hostile_block_count(void) {
     remove(path);
 }
 
+/* A weight in a type the file format names but tinyloop has no kernels
+ * for (q8_K is an activation type) is refused at load, naming the tensor,
+ * the type's name and its id. */
+static void test_unsupported_weight_type(void) {
+    tm_spec s = tm_default_spec();
+    s.n_embd = 256, s.n_ff = 256, s.type = TL_TYPE_Q8_K;
+    const char *path = tmp_path("q8k");
+    CHECK(tm_write(&s, path) == 0, "a model with q8_K weights is written");
+    tl_model *m = NULL;
+    int rc = tl_model_open(path, tl_model_default_params(), &m);
+    CHECK(rc == TL_ERR_UNSUPPORTED && m == NULL && strstr(tl_last_error(), "has type q8_K (15), which tinyloop cannot"),
+          "a weight type without kernels is refused, naming it (%d: %s)", rc, tl_last_error());
+    tl_model_close(m);
+    remove(path);
+}
+
 static void test_errors_and_sampling(void) {
     tm_spec s = tm_default_spec();
     const char *path = tmp_path("err");
@@ -625,6 +641,7 @@ int main(void) {
     test_qwen3();
     test_smollm3();
     test_hostile_block_count();
+    test_unsupported_weight_type();
     test_errors_and_sampling();
     return test_summary();
 }
