@@ -34,6 +34,11 @@ static const tl_type_traits traits[TL_TYPE_COUNT] = {
     [TL_TYPE_Q6_K] = {"q6_K", QK_K, QK_K / 2 + QK_K / 4 + QK_K / 16 + 2, TL_TYPE_Q8_K, 1},
     /* Q8_K: f32 d, int8 qs[256], int16 bsums[16]; activations only. */
     [TL_TYPE_Q8_K] = {"q8_K", QK_K, 4 + QK_K + 2 * (QK_K / 16), TL_TYPE_Q8_K, 0},
+    /* Named so a file using them is refused by name: ternary (TriLM /
+     * BitNet-style) and gpt-oss's MXFP4 (e8m0 scale, 16 bytes of FP4 pairs). */
+    [TL_TYPE_TQ1_0] = {"tq1_0", QK_K, 2 + 4 * 13, TL_TYPE_Q8_K, 0},
+    [TL_TYPE_TQ2_0] = {"tq2_0", QK_K, 2 + QK_K / 4, TL_TYPE_Q8_K, 0},
+    [TL_TYPE_MXFP4] = {"mxfp4", 32, 1 + 16, TL_TYPE_Q8_0, 0},
 };
 
 const tl_type_traits *tl_type_info(int type) {
