@@ -143,11 +143,12 @@ void tl_dot_iq2_s(int64_t n, float *out, const void *w, const void *x) {
  * sc, each magnitude / sc rounds to its nearest level (one of 3^8
  * combinations); the NCAND grid entries nearest that combination (a table
  * built once per grid) are scored on the unrounded values. Per sub-block
- * NSCALES scales around max / 0x2b are tried, each refit by least squares
- * to the entries it chose; the sub-block scales then become 4-bit steps of
+ * NSCALES scales are tried (the largest magnitude on 0x08, on 0x19, and
+ * from 0.7 to 1.5 times 0x2b: a constant group needs the first), each
+ * refit by least squares to the entries it chose; the sub-block scales then become 4-bit steps of
  * an fp16 d, and the entries are chosen again at the step (and the ones
  * beside it) the decoder will see. */
-enum { NCOMBO = 6561, NCAND = 4, NSCALES = 8 };
+enum { NCOMBO = 6561, NCAND = 4, NSCALES = 10 };
 
 typedef struct {
     const uint64_t *grid;
@@ -224,8 +225,9 @@ static float fit_scale(const codebook *cb, const float *a, int ng, uint16_t *idx
     memset(idx, 0, (size_t)ng * sizeof *idx);
     if (!(amax > 0)) return 0;
     float best_sc = 0, best = INFINITY;
+    static const float top[NSCALES] = {8.5f, 25.5f, 30, 34, 38, 42, 47, 53, 60, 66}; /* amax / sc */
     for (int k = 0; k < NSCALES; k++) {
-        const float sc = amax / (43.0f * (0.7f + 0.12f * (float)k));
+        const float sc = amax / top[k];
         uint16_t t[4];
         float num = 0, den = 0, e;
         for (int gi = 0; gi < ng; gi++) {
