@@ -1,22 +1,22 @@
 /* quants_iq2_avx2.c - iq2_xxs, iq2_xs and iq2_s (layouts: iq2_grids.h) at
- * the AVX2 level: 4 rows x 1 token micro-tiles (TILE_DRIVER_RC), the 1 x 1
- * tile being vec_dot; prefill goes through the same tiles. Every output is
- * bitwise the reference dot (quants_iq2_ref.c): the same exact int32 sum
- * per super-block, then (d_w * d_y) * sum added in the same order, times
- * 0.125f at the end; the four rows' float ops run as the lanes of one
- * vector, each lane the one-row order.
+ * the AVX2 level. Every output is bitwise the reference dot
+ * (quants_iq2_ref.c): the same exact int32 sum per super-block, then
+ * (d_w * d_y) * sum added in the same order, times 0.125f at the end.
  *
- * A sub-block of 32 is one vector: its four grid entries (8 magnitude
- * bytes each) gathered by table loads, multiplied with the activation by
- * vpmaddubsw, weighted by the sub-block scale(s) 2s + 1 in vpmaddwd. The
- * signs go on the weights, not the activation: vpmaddubsw takes |y|
- * (unsigned, so y = -128 is 128, where vpsignb would leave -128 and the
- * product would be wrong) and the magnitude with sign(y) * sign(w) put on
- * by vpsignb, whose control byte is ((y & 0x80) | 1) ^ mask, mask 0xFF
- * where the weight is negative: never zero, and negative exactly when the
- * signs differ. |y| and (y & 0x80) | 1 are made once per sub-block for
- * the four rows. Bounds: pairs |2 * 128 * 43| < 2^15, scaled pairs below
- * 2^20, a super-block's sum below 2^26. */
+ * A sub-block of 32 is one vector. Decoding it is the costly part: its
+ * four grid entries (8 magnitude bytes each) and sign masks gathered by
+ * table loads, the signs put on by vpsignb (the mask bytes are 0xFF or
+ * 0x01, never 0), the scale(s) 2s + 1 made int16. Each activation then
+ * costs vpsignb (the signed weights times sign(y)), vpmaddubsw with |y|
+ * (unsigned: y = -128 is 128, where putting the sign on y would leave
+ * -128), and vpmaddwd with the scales. Bounds: pairs |2 * 128 * 43| <
+ * 2^15, scaled pairs below 2^20, a super-block's sum below 2^26.
+ *
+ * Micro-tiles (tile_iq2): 4 rows x 1 token, the four rows sharing each
+ * activation load and their float ops running as the lanes of one vector,
+ * each lane the one-row order (decode; the 1 x 1 tile is vec_dot); and 1
+ * row x 8 tokens, one decode of the weights serving eight activations
+ * (prefill), the tokens the lanes of two vectors. */
 #include "iq2_grids.h"
 #include "quants_impl.h"
 
@@ -28,9 +28,9 @@
 #define UNROLL _Pragma("GCC unroll 8")
 #define UNROLL4 _Pragma("GCC unroll 4")
 
-/* Entry s of the 7-bit sign index (tl_iq_signs8): byte j = 0xFF where
- * element j is negative, the parity bit making element 7's sign. */
-#define SB_(s, j) ((uint64_t)((s) >> (j) & 1) * 0xFFull << (8 * (j)))
+/* Entry s of the 7-bit sign index (tl_iq_signs8): byte j = 0xFF (-1) where
+ * element j is negative, else 0x01, the parity bit making element 7's sign. */
+#define SB_(s, j) ((uint64_t)((s) >> (j) & 1 ? 0xFF : 0x01) << (8 * (j)))
 #define PAR_(s) (((s) ^ (s) >> 1 ^ (s) >> 2 ^ (s) >> 3 ^ (s) >> 4 ^ (s) >> 5 ^ (s) >> 6) & 1)
 #define SM_(s) (SB_(s, 0) | SB_(s, 1) | SB_(s, 2) | SB_(s, 3) | SB_(s, 4) | SB_(s, 5) | SB_(s, 6) | SB_(PAR_(s), 0) << 56)
 #define SM4_(s) SM_(s), SM_((s) + 1), SM_((s) + 2), SM_((s) + 3)
@@ -55,16 +55,11 @@ static inline AI T2 __m256i gather4(const uint64_t *tab, unsigned i0, unsigned i
     return _mm256_set_epi64x((long long)tab[i3], (long long)tab[i2], (long long)tab[i1], (long long)tab[i0]);
 }
 
-/* Byte k = 0xFF where bit k of the 32-bit word is set (iq2_s's explicit signs). */
+/* Byte k = 0xFF where bit k of the 32-bit word is set, else 0 (iq2_s's explicit signs). */
 static inline AI T2 __m256i bits32(uint32_t x) {
     const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
     const __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
     return _mm256_cmpeq_epi8(_mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi64x(-1));
-}
-
-/* One sub-block of 32 of one row: the signed products, summed in pairs (int16). */
-static inline AI T2 __m256i prod32(__m256i mags, __m256i neg, __m256i ay, __m256i sy) {
-    return _mm256_maddubs_epi16(ay, _mm256_sign_epi8(mags, _mm256_xor_si256(sy, neg)));
 }
 
 /* iq2_xs / iq2_s: a block's 16 half-sub-block scales 2s + 1 as bytes (the
@@ -110,77 +105,138 @@ static inline AI T2 void pf_next(int pf, const uint8_t *w, size_t ldw, int64_t i
 
 enum { XXS, XS, S };
 
-/* A row's contribution of sub-block ib of its block a (kind's layout), scaled
- * (iq2_xs / iq2_s: by sb, the block's scale_bytes). */
-static inline AI T2 __m256i sub_block(int kind, const uint8_t *a, int ib, __m256i ay, __m256i sy, __m256i sb) {
+/* A decoded sub-block of one row: the 32 signed magnitudes and the int16 scales. */
+typedef struct {
+    __m256i q, sc;
+} sub32;
+
+/* Sub-block ib of block a (kind's layout); sb: the block's scale_bytes (iq2_xs / iq2_s). */
+static inline AI T2 sub32 decode(int kind, const uint8_t *a, int ib, __m256i sb) {
+    sub32 r;
     if (kind == XXS) {
         const uint32_t w0 = ld32(a + 2 + 8 * ib), w1 = ld32(a + 6 + 8 * ib);
         const __m256i mags = gather4(tl_iq2xxs_grid, w0 & 255, w0 >> 8 & 255, w0 >> 16 & 255, w0 >> 24);
-        const __m256i neg = gather4(sign_mask, w1 & 127, w1 >> 7 & 127, w1 >> 14 & 127, w1 >> 21 & 127);
-        return _mm256_madd_epi16(prod32(mags, neg, ay, sy), _mm256_set1_epi16((short)(2 * (w1 >> 28) + 1)));
-    }
-    if (kind == XS) {
+        r.q = _mm256_sign_epi8(mags, gather4(sign_mask, w1 & 127, w1 >> 7 & 127, w1 >> 14 & 127, w1 >> 21 & 127));
+        r.sc = _mm256_set1_epi16((short)(2 * (w1 >> 28) + 1));
+    } else if (kind == XS) {
         const uint64_t q = ld64(a + 2 + 8 * ib);
         const __m256i mags = gather4(tl_iq2xs_grid, q & 511, q >> 16 & 511, q >> 32 & 511, q >> 48 & 511);
-        const __m256i neg = gather4(sign_mask, q >> 9 & 127, q >> 25 & 127, q >> 41 & 127, q >> 57);
-        return _mm256_madd_epi16(prod32(mags, neg, ay, sy), half_scales(sb, ib));
+        r.q = _mm256_sign_epi8(mags, gather4(sign_mask, q >> 9 & 127, q >> 25 & 127, q >> 41 & 127, q >> 57));
+        r.sc = half_scales(sb, ib);
+    } else {
+        const uint32_t w = ld32(a + offsetof(block_iq2_s, qs) + 4 * ib), h = a[offsetof(block_iq2_s, qh) + ib];
+        const __m256i mags = gather4(tl_iq2s_grid, (w & 255) | (h << 8 & 0x300), (w >> 8 & 255) | (h << 6 & 0x300),
+                                     (w >> 16 & 255) | (h << 4 & 0x300), (w >> 24) | (h << 2 & 0x300));
+        const __m256i neg = bits32(ld32(a + offsetof(block_iq2_s, qs) + 32 + 4 * ib));
+        r.q = _mm256_sign_epi8(mags, _mm256_or_si256(neg, _mm256_set1_epi8(1)));
+        r.sc = half_scales(sb, ib);
     }
-    const uint32_t w = ld32(a + offsetof(block_iq2_s, qs) + 4 * ib), h = a[offsetof(block_iq2_s, qh) + ib];
-    const __m256i mags = gather4(tl_iq2s_grid, (w & 255) | (h << 8 & 0x300), (w >> 8 & 255) | (h << 6 & 0x300),
-                                 (w >> 16 & 255) | (h << 4 & 0x300), (w >> 24) | (h << 2 & 0x300));
-    const __m256i neg = bits32(ld32(a + offsetof(block_iq2_s, qs) + 32 + 4 * ib));
-    return _mm256_madd_epi16(prod32(mags, neg, ay, sy), half_scales(sb, ib));
+    return r;
 }
 
-/* The micro-tile: R rows (R <= 4) x C tokens (TILE_DRIVER_RC's MK; the
- * drivers take one token a step). Lanes past R read row R - 1 (valid
- * memory) and are not stored. */
-static inline AI T2 void mk_iq2(int kind, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
-                                size_t ldw, const uint8_t *x, size_t ldx) {
+/* acc + the scaled products of a decoded sub-block with activation y (|y| in ay). */
+static inline AI T2 __m256i madd32(__m256i acc, sub32 w, __m256i y, __m256i ay) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(ay, _mm256_sign_epi8(w.q, y)), w.sc));
+}
+
+/* R rows (R <= 4) x 1 token: lanes past R read row R - 1 (valid memory)
+ * and are not stored. */
+static inline AI T2 void mk_rows(int kind, int R, int pf, int64_t n, float *out, const uint8_t *w, size_t ldw,
+                                 const uint8_t *x) {
     const size_t bw = kind == XXS ? sizeof(block_iq2_xxs) : kind == XS ? sizeof(block_iq2_xs) : sizeof(block_iq2_s);
     const size_t sof = kind == XS ? offsetof(block_iq2_xs, scales) : offsetof(block_iq2_s, scales);
+    const block_q8_K *y = (const block_q8_K *)x;
     const uint8_t *row[4];
     UNROLL4 for (int k = 0; k < 4; k++) row[k] = w + (size_t)(k < R ? k : R - 1) * ldw;
-    for (int c = 0; c < C; c++) {
-        const block_q8_K *y = (const block_q8_K *)(x + (size_t)c * ldx);
-        __m128 s = _mm_setzero_ps();
-        for (int64_t i = 0; i < n / QK_K; i++) {
-            pf_next(pf && c == 0, w, ldw, i, bw);
-            __m256i acc[4], sb[4];
-            UNROLL4 for (int k = 0; k < 4; k++) {
-                acc[k] = sb[k] = _mm256_setzero_si256();
-                if (kind != XXS && k < R) sb[k] = scale_bytes(row[k] + (size_t)i * bw + sof);
-            }
-            UNROLL for (int ib = 0; ib < 8; ib++) {
-                const __m256i yv = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib));
-                const __m256i ay = _mm256_abs_epi8(yv);
-                const __m256i sy = _mm256_or_si256(_mm256_and_si256(yv, _mm256_set1_epi8((char)0x80)), _mm256_set1_epi8(1));
-                UNROLL4 for (int k = 0; k < R; k++)
-                    acc[k] = _mm256_add_epi32(acc[k], sub_block(kind, row[k] + (size_t)i * bw, ib, ay, sy, sb[k]));
-            }
-            /* acc += (d_w * d_y) * (float)sum */
-            const __m128 dd = _mm_mul_ps(d4(row, i, bw), _mm_set1_ps(y[i].d));
-            s = _mm_add_ps(s, _mm_mul_ps(dd, _mm_cvtepi32_ps(hsum4_i32(acc))));
+    __m128 s = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        pf_next(pf, w, ldw, i, bw);
+        __m256i acc[4], sb[4];
+        UNROLL4 for (int k = 0; k < 4; k++) {
+            acc[k] = sb[k] = _mm256_setzero_si256();
+            if (kind != XXS && k < R) sb[k] = scale_bytes(row[k] + (size_t)i * bw + sof);
         }
+        UNROLL for (int ib = 0; ib < 8; ib++) {
+            const __m256i yv = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib)), ay = _mm256_abs_epi8(yv);
+            UNROLL4 for (int k = 0; k < R; k++) acc[k] = madd32(acc[k], decode(kind, row[k] + (size_t)i * bw, ib, sb[k]), yv, ay);
+        }
+        /* acc += (d_w * d_y) * (float)sum */
+        const __m128 dd = _mm_mul_ps(d4(row, i, bw), _mm_set1_ps(y[i].d));
+        s = _mm_add_ps(s, _mm_mul_ps(dd, _mm_cvtepi32_ps(hsum4_i32(acc))));
+    }
+    float o[4];
+    _mm_storeu_ps(o, _mm_mul_ps(s, _mm_set1_ps(0.125f)));
+    UNROLL4 for (int k = 0; k < R; k++) out[k] = o[k];
+}
+
+/* 1 row x 8 tokens (ldx apart; outputs ldo apart). */
+static inline AI T2 void mk_tokens8(int kind, int64_t n, float *out, size_t ldo, const uint8_t *w, const uint8_t *x,
+                                    size_t ldx) {
+    const size_t bw = kind == XXS ? sizeof(block_iq2_xxs) : kind == XS ? sizeof(block_iq2_xs) : sizeof(block_iq2_s);
+    const size_t sof = kind == XS ? offsetof(block_iq2_xs, scales) : offsetof(block_iq2_s, scales);
+    __m128 s[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const uint8_t *a = w + (size_t)i * bw;
+        const block_q8_K *y[8];
+        UNROLL for (int c = 0; c < 8; c++) y[c] = (const block_q8_K *)(x + (size_t)c * ldx) + i;
+        const __m256i sb = kind == XXS ? _mm256_setzero_si256() : scale_bytes(a + sof);
+        __m256i acc[8];
+        UNROLL for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ib++) {
+            const sub32 d = decode(kind, a, ib, sb);
+            UNROLL for (int c = 0; c < 8; c++) {
+                const __m256i yv = _mm256_loadu_si256((const __m256i *)(y[c]->qs + 32 * ib));
+                acc[c] = madd32(acc[c], d, yv, _mm256_abs_epi8(yv));
+            }
+        }
+        /* acc += (d_w * d_y) * (float)sum, the tokens in the lanes */
+        uint16_t dh;
+        memcpy(&dh, a, 2);
+        const __m128 dw = _mm_cvtph_ps(_mm_set1_epi16((short)dh));
+        UNROLL for (int g = 0; g < 2; g++) {
+            const __m128 dy = _mm_setr_ps(y[4 * g]->d, y[4 * g + 1]->d, y[4 * g + 2]->d, y[4 * g + 3]->d);
+            s[g] = _mm_add_ps(s[g], _mm_mul_ps(_mm_mul_ps(dw, dy), _mm_cvtepi32_ps(hsum4_i32(acc + 4 * g))));
+        }
+    }
+    UNROLL for (int g = 0; g < 2; g++) {
         float o[4];
-        _mm_storeu_ps(o, _mm_mul_ps(s, _mm_set1_ps(0.125f)));
-        for (int k = 0; k < R; k++) out[(size_t)c * ldo + k] = o[k];
+        _mm_storeu_ps(o, _mm_mul_ps(s[g], _mm_set1_ps(0.125f)));
+        UNROLL4 for (int c = 0; c < 4; c++) out[(size_t)(4 * g + c) * ldo] = o[c];
     }
 }
 
-#define MK_XXS(R, C, ...) mk_iq2(XXS, R, C, __VA_ARGS__)
-#define MK_XS(R, C, ...) mk_iq2(XS, R, C, __VA_ARGS__)
-#define MK_S(R, C, ...) mk_iq2(S, R, C, __VA_ARGS__)
-TILE_DRIVER_RC(tile_iq2_xxs, T2, MK_XXS, 4, 1)
-TILE_DRIVER_RC(tile_iq2_xs, T2, MK_XS, 4, 1)
-TILE_DRIVER_RC(tile_iq2_s, T2, MK_S, 4, 1)
+/* The tile: tokens in groups of 8 row by row, the rest 4 rows at a time
+ * (the first token of a row group prefetching the next), leftover rows one
+ * at a time. */
+static inline AI T2 void tile_iq2(int kind, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w,
+                                  size_t ldw, const void *x, size_t ldx) {
+    const uint8_t *W = w, *X = x;
+    int t0 = 0;
+    for (; t0 + 8 <= nt; t0 += 8)
+        for (int r = 0; r < nr; r++) mk_tokens8(kind, n, out + (size_t)t0 * ldo + r, ldo, W + (size_t)r * ldw, X + (size_t)t0 * ldx, ldx);
+    int r = 0;
+    for (; r + 4 <= nr; r += 4)
+        for (int t = t0; t < nt; t++) mk_rows(kind, 4, t == t0, n, out + (size_t)t * ldo + r, W + (size_t)r * ldw, ldw, X + (size_t)t * ldx);
+    for (; r < nr; r++)
+        for (int t = t0; t < nt; t++) mk_rows(kind, 1, 0, n, out + (size_t)t * ldo + r, W + (size_t)r * ldw, ldw, X + (size_t)t * ldx);
+}
+
+#define TILE(SUF, KIND)                                                                                                  \
+    static T2 void tile_##SUF(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,           \
+                              const void *x, size_t ldx) {                                                            \
+        tile_iq2(KIND, n, nr, nt, out, ldo, w, ldw, x, ldx);                                                          \
+    }                                                                                                                 \
+    static T2 void dot_##SUF(int64_t n, float *out, const void *w, const void *x) { mk_rows(KIND, 1, 0, n, out, w, 0, x); }
+TILE(iq2_xxs, XXS)
+TILE(iq2_xs, XS)
+TILE(iq2_s, S)
 
 void tl_iq2_fill_avx2(tl_kernel_table *t) {
-    t->vec_dot[TL_TYPE_IQ2_XXS] = tile_iq2_xxs_1;
+    t->vec_dot[TL_TYPE_IQ2_XXS] = dot_iq2_xxs;
     t->vec_dot_tile[TL_TYPE_IQ2_XXS] = tile_iq2_xxs;
-    t->vec_dot[TL_TYPE_IQ2_XS] = tile_iq2_xs_1;
+    t->vec_dot[TL_TYPE_IQ2_XS] = dot_iq2_xs;
     t->vec_dot_tile[TL_TYPE_IQ2_XS] = tile_iq2_xs;
-    t->vec_dot[TL_TYPE_IQ2_S] = tile_iq2_s_1;
+    t->vec_dot[TL_TYPE_IQ2_S] = dot_iq2_s;
     t->vec_dot_tile[TL_TYPE_IQ2_S] = tile_iq2_s;
 }
 
