@@ -24,9 +24,9 @@ static const tl_type_traits traits[TL_TYPE_COUNT] = {
     /* IQ4_XS: 8 sub-blocks of 32 with 6-bit scales, iq4_nl's levels */
     [TL_TYPE_IQ4_XS] = {"iq4_xs", QK_K, 2 + 2 + QK_K / 64 + QK_K / 2, TL_TYPE_Q8_K, 1},
     /* The i-quants on E8-lattice-style grids; supported once their kernels exist. */
-    [TL_TYPE_IQ2_XXS] = {"iq2_xxs", QK_K, 2 + QK_K / 4, TL_TYPE_Q8_K, 0},
-    [TL_TYPE_IQ2_XS] = {"iq2_xs", QK_K, 2 + QK_K / 4 + QK_K / 32, TL_TYPE_Q8_K, 0},
-    [TL_TYPE_IQ2_S] = {"iq2_s", QK_K, 2 + QK_K / 4 + QK_K / 16, TL_TYPE_Q8_K, 0},
+    [TL_TYPE_IQ2_XXS] = {"iq2_xxs", QK_K, 2 + QK_K / 4, TL_TYPE_Q8_K, 1},
+    [TL_TYPE_IQ2_XS] = {"iq2_xs", QK_K, 2 + QK_K / 4 + QK_K / 32, TL_TYPE_Q8_K, 1},
+    [TL_TYPE_IQ2_S] = {"iq2_s", QK_K, 2 + QK_K / 4 + QK_K / 16, TL_TYPE_Q8_K, 1},
     [TL_TYPE_IQ3_XXS] = {"iq3_xxs", QK_K, 2 + QK_K / 4 + QK_K / 8, TL_TYPE_Q8_K, 0},
     [TL_TYPE_IQ3_S] = {"iq3_s", QK_K, 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4, TL_TYPE_Q8_K, 0},
     [TL_TYPE_IQ1_S] = {"iq1_s", QK_K, 2 + QK_K / 8 + QK_K / 16, TL_TYPE_Q8_K, 0},

@@ -1,7 +1,8 @@
 /* test_gemm.c - the prefill paths: tiles of weight rows x tokens and the
  * chunked attention.
  *
- *   tiles    every weight type, every ISA level, rows 1..17 x tokens
+ *   tiles    every weight type (the iq2 family on random-byte blocks),
+ *            every ISA level, rows 1..17 x tokens
  *            1..17 (every micro-tile and leftover path): each entry is
  *            bitwise tl_vec_dot of its (row, token) pair at that level,
  *            within 2e-5 * sum |w_i x_i| of the scalar reference (the
@@ -22,7 +23,8 @@
  *            GEMM entries are still the scalar reference bitwise.
  *   forward  synthetic models of each architecture (f32, q4_0, q8_0,
  *            q4_K) and llama in q4_1, q2_K, q3_K and iq4_xs (whose
- *            prefill GEMM decodes through other kernels) and in q8_0,
+ *            prefill GEMM decodes through other kernels), in iq2_xxs,
+ *            iq2_xs and iq2_s (prefill through the row tiles) and in q8_0,
  *            q5_0 and f16 at shapes off every tile size: a 45-token
  *            prompt prefilled in one call gives bitwise the logits of
  *            feeding it one token at a time (attention query chunks,
@@ -62,10 +64,28 @@ static uint64_t rng = 0x243F6A8885A308D3ull;
 
 static float gauss(void) { return test_gauss(&rng); }
 
+/* The iq2 family's weights in the tile checks are random bytes (every bit
+ * pattern is a valid block: any grid index, sign and scale), d finite. */
+static int random_blocks(int type) {
+    return type == TL_TYPE_IQ2_XXS || type == TL_TYPE_IQ2_XS || type == TL_TYPE_IQ2_S;
+}
+
+static void fill_random_blocks(int type, uint8_t *w, int64_t n) {
+    const size_t bsz = tl_type_info(type)->type_size, nb = (size_t)(n / tl_type_info(type)->block_size);
+    for (size_t i = 0; i < nb * bsz; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        w[i] = (uint8_t)(rng >> 56);
+    }
+    for (size_t b = 0; b < nb; b++) { /* d: the first field of these blocks */
+        const uint16_t d = tl_f32_to_f16(gauss() * 0.01f);
+        memcpy(w + b * bsz, &d, 2);
+    }
+}
+
 static void test_tiles(void) {
     static const int types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1,
                                 TL_TYPE_Q5_0, TL_TYPE_Q5_1, TL_TYPE_Q8_0, TL_TYPE_IQ4_NL, TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K,
-                                TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+                                TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K, TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S};
     enum { MAXR = 17, MAXT = 17, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -83,6 +103,7 @@ static void test_tiles(void) {
             for (int r = 0; r < MAXR; r++) {
                 for (int64_t i = 0; i < n; i++) src[i] = gauss() * (1 + (i / 32) % 3);
                 tl_quantize_row(type, src, w + rw * r, n);
+                if (random_blocks(type)) fill_random_blocks(type, w + rw * r, n);
                 tl_dequantize_row(type, w + rw * r, wf + n * r, n);
             }
             for (int t = 0; t < MAXT; t++) {
@@ -321,8 +342,8 @@ static int step_by_step(tl_model *m, const int32_t *prompt, int n, float *logits
 }
 
 static void test_forward(void) {
-    tm_spec specs[TM_ARCH_CASES + 7];
-    const char *names[TM_ARCH_CASES + 7];
+    tm_spec specs[TM_ARCH_CASES + 10];
+    const char *names[TM_ARCH_CASES + 10];
     int nc = tm_arch_cases(specs, names);
     /* and q4_1 weights (packed at AVX-512, with their mins), the output
      * tied to token_embd: lookups gather q4_1 rows from packed groups */
@@ -333,9 +354,10 @@ static void test_forward(void) {
     names[nc++] = "llama q4_1";
     /* and the K-quant kinds whose prefill GEMM decodes through other
      * kernels (row tiles at AVX2, rows_K at AVX-512): dims of 256 */
-    static const int ktypes[] = {TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_IQ4_XS};
-    static const char *const knames[] = {"llama q2_k", "llama q3_k", "llama iq4_xs"};
-    for (int k = 0; k < 3; k++) {
+    static const int ktypes[] = {TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_IQ4_XS, TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S};
+    static const char *const knames[] = {"llama q2_k", "llama q3_k", "llama iq4_xs", "llama iq2_xxs", "llama iq2_xs",
+                                         "llama iq2_s"};
+    for (int k = 0; k < 6; k++) {
         specs[nc] = tm_default_spec();
         specs[nc].n_embd = 256;
         specs[nc].n_ff = 512;

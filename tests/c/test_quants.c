@@ -58,7 +58,7 @@ static void fill_data(float *x, int64_t n, int with_zero_block) {
 static int isa_max;
 static const int weight_types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1,
                                    TL_TYPE_Q5_0, TL_TYPE_Q5_1, TL_TYPE_Q8_0, TL_TYPE_IQ4_NL, TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K,
-                                   TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+                                   TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K, TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S};
 #define N_WTYPES ((int)(sizeof weight_types / sizeof weight_types[0]))
 
 /* Round-trip bounds: about 1.5x the worst the quantizers measure on
@@ -80,6 +80,9 @@ static double rt_bound(int type) {
     case TL_TYPE_Q4_K: return 8e-3;
     case TL_TYPE_Q5_K: return 2e-3;
     case TL_TYPE_Q6_K: return 8e-4;
+    case TL_TYPE_IQ2_XXS: return 1.9e-1;
+    case TL_TYPE_IQ2_XS: return 1.6e-1;
+    case TL_TYPE_IQ2_S: return 1.4e-1;
     default: return 0.0;
     }
 }
@@ -365,6 +368,166 @@ static void test_hand_blocks(void) {
     }
 }
 
+/* ------------------------------------------------------ the iq2 family */
+
+/* Hand-built iq2 blocks, d = 1: the values follow from ggml's layout and
+ * grid entries written out here (so a field read from the wrong place, or
+ * a sign or scale bit misplaced, moves them), and the dots with all-ones
+ * activations are their sums at every level. Sub-blocks left zero decode
+ * to grid entry 0 (all 0x08), positive, at s = 0: 8 * 0.125 = 1. */
+static void test_iq2_hand(void) {
+    float want[QK_K], got[QK_K];
+    int bad;
+
+    /* iq2_xxs sub-block 0: groups 0..3 on entries 1, 2, 0, 0; sign indices
+     * 1 (element 0, and 7 by parity) and 3 (elements 0, 1); s = 3 */
+    block_iq2_xxs bx;
+    memset(&bx, 0, sizeof bx);
+    bx.d = 0x3C00;
+    const uint32_t w0 = 1 | 2 << 8, w1 = 1 | 3 << 7 | 3u << 28;
+    memcpy(bx.qs, &w0, 4);
+    memcpy(bx.qs + 2, &w1, 4);
+    for (int e = 0; e < QK_K; e++) want[e] = e < 32 ? 0.875f * 8 : 1.0f;
+    want[0] = -0.875f * 43, want[7] = -0.875f * 8;                           /* entry 1: 0x2b, then 0x08s */
+    want[8] = -0.875f * 25, want[9] = -0.875f * 25;                          /* entry 2: 0x19, 0x19, then 0x08s */
+    tl_dequantize_row(TL_TYPE_IQ2_XXS, &bx, got, QK_K);
+    bad = 0;
+    for (int e = 0; e < QK_K; e++) bad += got[e] != want[e];
+    CHECK(bad == 0, "iq2_xxs dequantizes a hand-built block exactly (%d wrong)", bad);
+    check_block_dots("iq2_xxs", TL_TYPE_IQ2_XXS, &bx, want);
+
+    /* iq2_xs: group 0 on entry 1 with sign index 1, group 2 (the second
+     * half of sub-block 0) on entry 2, no signs; half scales 2 and 5 */
+    block_iq2_xs bs;
+    memset(&bs, 0, sizeof bs);
+    bs.d = 0x3C00;
+    bs.qs[0] = 1 | 1 << 9;
+    bs.qs[2] = 2;
+    bs.scales[0] = 0x52;
+    for (int e = 0; e < QK_K; e++) want[e] = e < 16 ? 0.625f * 8 : e < 32 ? 1.375f * 8 : 1.0f;
+    want[0] = -0.625f * 43, want[7] = -0.625f * 8, want[16] = want[17] = 1.375f * 25;
+    tl_dequantize_row(TL_TYPE_IQ2_XS, &bs, got, QK_K);
+    bad = 0;
+    for (int e = 0; e < QK_K; e++) bad += got[e] != want[e];
+    CHECK(bad == 0, "iq2_xs dequantizes a hand-built block exactly (%d wrong)", bad);
+    check_block_dots("iq2_xs", TL_TYPE_IQ2_XS, &bs, want);
+
+    /* iq2_s: group 5 (sub-block 1, l = 1) on entry 257 = 0x0819081919192b08
+     * (its high bits in qh[1] bits 2..3), explicit signs 0x81; s = 7 */
+    block_iq2_s b2;
+    memset(&b2, 0, sizeof b2);
+    b2.d = 0x3C00;
+    b2.qs[5] = 1;
+    b2.qh[1] = 1 << 2;
+    b2.qs[32 + 5] = 0x81;
+    b2.scales[0] = 0x70; /* sub-block 0's second half: elements 16..31 */
+    b2.scales[1] = 0x07; /* sub-block 1's first half: elements 32..47 */
+    static const int e257[8] = {8, 43, 25, 25, 25, 8, 25, 8};
+    for (int e = 0; e < QK_K; e++) want[e] = (e >= 16 && e < 48) ? 1.875f * 8 : 1.0f;
+    for (int j = 0; j < 8; j++) want[40 + j] = 1.875f * e257[j] * (j == 0 || j == 7 ? -1 : 1);
+    tl_dequantize_row(TL_TYPE_IQ2_S, &b2, got, QK_K);
+    bad = 0;
+    for (int e = 0; e < QK_K; e++) bad += got[e] != want[e];
+    CHECK(bad == 0, "iq2_s dequantizes a hand-built block exactly (%d wrong)", bad);
+    check_block_dots("iq2_s", TL_TYPE_IQ2_S, &b2, want);
+}
+
+/* Random-byte iq2 blocks (every bit pattern is a valid block) with d
+ * finite from the least subnormal to +-65504, against q8_K rows of random
+ * bytes (-128 included, which the quantizer never makes), of +-127, and of
+ * a quantized Gaussian: at every level vec_dot and every entry of the tiles
+ * (4-row groups and a leftover row) are bitwise the scalar reference, and
+ * that is within 2e-6 * sum |w x| of the double dot of the dequantized
+ * rows (its only roundings: one product and one sum per super-block). */
+static void test_iq2_random(void) {
+    static const int types[] = {TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S};
+    static const uint16_t ds[] = {0x0001, 0x03ff, 0x3c00, 0x7bff, 0xfbff, 0x0000, 0x8000, 0x2e66};
+    enum { NR = 9, NT = 4, NB = 8, N = NB * QK_K };
+    for (int ti = 0; ti < 3; ti++) {
+        const int type = types[ti];
+        const size_t bsz = tl_type_info(type)->type_size, rw = tl_row_size(type, N), rx = tl_row_size(TL_TYPE_Q8_K, N);
+        uint8_t *w = malloc(rw * NR), *x = malloc(rx * NT);
+        float *wf = malloc(sizeof(float) * N), *xf = malloc(sizeof(float) * N), out[NR * NT];
+        for (size_t i = 0; i < rw * NR; i++) w[i] = (uint8_t)rng_u64();
+        for (int b = 0; b < NR * NB; b++) {
+            uint16_t d = b % 9 == 8 ? tl_f32_to_f16(rng_gauss()) : ds[b % 9];
+            if (b == 3) memset(w + bsz * b, 0xFF, bsz); /* every index, sign and scale bit set */
+            memcpy(w + bsz * b, &d, 2);
+        }
+        for (int t = 0; t < NT; t++) {
+            block_q8_K *y = (block_q8_K *)(x + rx * t);
+            for (int i = 0; i < N; i++) xf[i] = t == 1 ? (rng_u64() & 1 ? 1.0f : -1.0f) : rng_gauss();
+            tl_quantize_row(TL_TYPE_Q8_K, xf, y, N);
+            if (t == 0)
+                for (int b = 0; b < NB; b++)
+                    for (int j = 0; j < QK_K; j++) y[b].qs[j] = (int8_t)rng_u64();
+        }
+        int bad = 0, far = 0;
+        for (int r = 0; r < NR; r++) {
+            tl_dequantize_row(type, w + rw * r, wf, N);
+            for (int t = 0; t < NT; t++) {
+                float ref;
+                tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
+                tl_dequantize_row(TL_TYPE_Q8_K, x + rx * t, xf, N);
+                double dot = 0, mag = 0;
+                for (int i = 0; i < N; i++) dot += (double)wf[i] * xf[i], mag += fabs((double)wf[i] * xf[i]);
+                far += !(fabs(ref - dot) <= 2e-6 * mag);
+                for (int lvl = 0; lvl <= isa_max; lvl++) {
+                    tl_kernels_set_isa(lvl);
+                    float one;
+                    tl_vec_dot(type)(N, &one, w + rw * r, x + rx * t);
+                    bad += memcmp(&one, &ref, 4) != 0;
+                }
+            }
+        }
+        for (int lvl = 0; lvl <= isa_max; lvl++) {
+            tl_kernels_set_isa(lvl);
+            tl_vec_dot_tile(type, N, NR, NT, out, NR, w, rw, x, rx);
+            for (int r = 0; r < NR; r++)
+                for (int t = 0; t < NT; t++) {
+                    float ref;
+                    tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
+                    bad += memcmp(&out[t * NR + r], &ref, 4) != 0;
+                }
+        }
+        tl_kernels_set_isa(isa_max);
+        CHECK(bad == 0, "%s random-byte blocks x q8_K rows: vec_dot and tiles at every level are the scalar reference "
+              "bitwise (%d differ)", tl_type_info(type)->name, bad);
+        CHECK(far == 0, "%s random-byte blocks: the reference dot is within 2e-6 of the double dot of the dequantized "
+              "rows (%d far)", tl_type_info(type)->name, far);
+        free(w); free(x); free(wf); free(xf);
+    }
+}
+
+/* The iq2 quantizers on rows that must not go wrong: all zeros, a constant,
+ * a lone value, tiny values (scales below half precision): finite
+ * values, zeros exactly back, and the constant within the format's grain. */
+static void test_iq2_edges(void) {
+    static const int types[] = {TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S};
+    enum { N = 2 * QK_K };
+    float x[N], y[N];
+    uint8_t q[N];
+    for (int ti = 0; ti < 3; ti++) {
+        const int type = types[ti];
+        int nonfinite = 0, zeros_off = 0;
+        double cerr = 0;
+        for (int kind = 0; kind < 4; kind++) {
+            for (int i = 0; i < N; i++)
+                x[i] = kind == 0 ? 0.0f : kind == 1 ? -0.37f : kind == 2 ? (i == 77 ? 5.0f : 0.0f) : 1e-9f * rng_gauss();
+            tl_quantize_row(type, x, q, N);
+            tl_dequantize_row(type, q, y, N);
+            for (int i = 0; i < N; i++) {
+                nonfinite += !isfinite(y[i]);
+                if (kind == 0) zeros_off += y[i] != 0.0f;
+                if (kind == 1) cerr = fmax(cerr, fabs(y[i] - x[i]) / 0.37);
+            }
+        }
+        CHECK(nonfinite == 0 && zeros_off == 0, "%s quantizes zero, constant, lone-value and tiny rows to finite values, "
+              "zeros to zeros (%d non-finite, %d zeros off)", tl_type_info(type)->name, nonfinite, zeros_off);
+        CHECK(cerr < 0.1, "%s keeps a constant row within 10%% (worst %.3f)", tl_type_info(type)->name, cerr);
+    }
+}
+
 /* --------------------------------------------- per-type correctness */
 
 static double sum_abs_prod(const float *a, const float *b, int64_t n) {
@@ -637,6 +800,9 @@ int main(void) {
 
     test_halves();
     test_hand_blocks();
+    test_iq2_hand();
+    test_iq2_random();
+    test_iq2_edges();
     test_act_quant();
     test_helpers();
 

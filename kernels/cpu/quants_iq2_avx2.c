@@ -1,0 +1,245 @@
+/* quants_iq2_avx2.c - iq2_xxs, iq2_xs and iq2_s (layouts: iq2_grids.h) at
+ * the AVX2 level. Every output is bitwise the reference dot
+ * (quants_iq2_ref.c): the same exact int32 sum per super-block, then
+ * (d_w * d_y) * sum added in the same order, times 0.125f at the end.
+ *
+ * A sub-block of 32 is one vector. Decoding it is the costly part: its
+ * four grid entries (8 magnitude bytes each) and sign masks gathered by
+ * table loads, the signs put on by vpsignb (the mask bytes are 0xFF or
+ * 0x01, never 0), the scale(s) 2s + 1 made int16. Each activation then
+ * costs vpsignb (the signed weights times sign(y)), vpmaddubsw with |y|
+ * (unsigned: y = -128 is 128, where putting the sign on y would leave
+ * -128), and vpmaddwd with the scales. Bounds: pairs |2 * 128 * 43| <
+ * 2^15, scaled pairs below 2^20, a super-block's sum below 2^26.
+ *
+ * Micro-tiles (tile_iq2): 4 rows x 1 token, the four rows sharing each
+ * activation load and their float ops running as the lanes of one vector,
+ * each lane the one-row order (decode; the 1 x 1 tile is vec_dot); and 1
+ * row x 8 tokens, one decode of the weights serving eight activations
+ * (prefill), the tokens the lanes of two vectors. */
+#include "iq2_grids.h"
+#include "quants_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define T2 __attribute__((target("avx2,fma,f16c")))
+#define AI __attribute__((always_inline))
+#define UNROLL _Pragma("GCC unroll 8")
+#define UNROLL4 _Pragma("GCC unroll 4")
+
+/* Entry s of the 7-bit sign index (tl_iq_signs8): byte j = 0xFF (-1) where
+ * element j is negative, else 0x01, the parity bit making element 7's sign. */
+#define SB_(s, j) ((uint64_t)((s) >> (j) & 1 ? 0xFF : 0x01) << (8 * (j)))
+#define PAR_(s) (((s) ^ (s) >> 1 ^ (s) >> 2 ^ (s) >> 3 ^ (s) >> 4 ^ (s) >> 5 ^ (s) >> 6) & 1)
+#define SM_(s) (SB_(s, 0) | SB_(s, 1) | SB_(s, 2) | SB_(s, 3) | SB_(s, 4) | SB_(s, 5) | SB_(s, 6) | SB_(PAR_(s), 0) << 56)
+#define SM4_(s) SM_(s), SM_((s) + 1), SM_((s) + 2), SM_((s) + 3)
+#define SM16_(s) SM4_(s), SM4_((s) + 4), SM4_((s) + 8), SM4_((s) + 12)
+static const uint64_t sign_mask[128] = {SM16_(0),  SM16_(16), SM16_(32), SM16_(48),
+                                        SM16_(64), SM16_(80), SM16_(96), SM16_(112)};
+
+static inline uint32_t ld32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint64_t ld64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* Four table entries, entry i0 in bytes 0..7. */
+static inline AI T2 __m256i gather4(const uint64_t *tab, unsigned i0, unsigned i1, unsigned i2, unsigned i3) {
+    return _mm256_set_epi64x((long long)tab[i3], (long long)tab[i2], (long long)tab[i1], (long long)tab[i0]);
+}
+
+/* Byte k = 0xFF where bit k of the 32-bit word is set, else 0 (iq2_s's explicit signs). */
+static inline AI T2 __m256i bits32(uint32_t x) {
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+    const __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+    return _mm256_cmpeq_epi8(_mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi64x(-1));
+}
+
+/* iq2_xs / iq2_s: a block's 16 half-sub-block scales 2s + 1 as bytes (the
+ * nibbles in element order), in both 128-bit lanes; made once per row and
+ * block, then spread per sub-block by one vpshufb (half_scales). */
+static inline AI T2 __m256i scale_bytes(const uint8_t *scales) {
+    const __m128i b = _mm_loadl_epi64((const __m128i *)scales), m4 = _mm_set1_epi8(15);
+    const __m128i s = _mm_unpacklo_epi8(_mm_and_si128(b, m4), _mm_and_si128(_mm_srli_epi16(b, 4), m4));
+    return _mm256_broadcastsi128_si256(_mm_or_si128(_mm_add_epi8(s, s), _mm_set1_epi8(1)));
+}
+
+/* Sub-block ib's int16 scales: half 2ib's in the low lane, 2ib + 1's in the high. */
+static inline AI T2 __m256i half_scales(__m256i sb, int ib) {
+    const short lo = (short)(0x8000 | 2 * ib), hi = (short)(0x8000 | (2 * ib + 1)); /* byte, then a zero byte */
+    return _mm256_shuffle_epi8(sb, _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo)));
+}
+
+/* The four sums of four rows' int32 lanes (exact), row k in lane k. */
+static inline AI T2 __m128i hsum4_i32(const __m256i p[4]) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* The four rows' block i (of bw bytes) fp16 d, which every iq2 block starts with, as floats. */
+static inline AI T2 __m128 d4(const uint8_t *const row[4], int64_t i, size_t bw) {
+    uint64_t d = 0;
+    UNROLL4 for (int k = 0; k < 4; k++) {
+        uint16_t h;
+        memcpy(&h, row[k] + (size_t)i * bw, 2);
+        d |= (uint64_t)h << (16 * k);
+    }
+    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)d));
+}
+
+/* The first token of a row group asks for the next group's bytes (the 4
+ * rows after these), block i's share a step, 4 KiB ahead: four interleaved
+ * row streams lose the hardware prefetcher (quants_extra_avx2.c). */
+static inline AI T2 void pf_next(int pf, const uint8_t *w, size_t ldw, int64_t i, size_t bw) {
+    if (!pf) return;
+    const uint8_t *p = w + 4 * ldw + 4096 + (size_t)i * 4 * bw;
+    for (size_t k = 0; k < 4 * bw; k += 64) _mm_prefetch((const char *)(p + k), _MM_HINT_T0);
+}
+
+enum { XXS, XS, S };
+
+/* A decoded sub-block of one row: the 32 signed magnitudes and the int16 scales. */
+typedef struct {
+    __m256i q, sc;
+} sub32;
+
+/* Sub-block ib of block a (kind's layout); sb: the block's scale_bytes (iq2_xs / iq2_s). */
+static inline AI T2 sub32 decode(int kind, const uint8_t *a, int ib, __m256i sb) {
+    sub32 r;
+    if (kind == XXS) {
+        const uint32_t w0 = ld32(a + 2 + 8 * ib), w1 = ld32(a + 6 + 8 * ib);
+        const __m256i mags = gather4(tl_iq2xxs_grid, w0 & 255, w0 >> 8 & 255, w0 >> 16 & 255, w0 >> 24);
+        r.q = _mm256_sign_epi8(mags, gather4(sign_mask, w1 & 127, w1 >> 7 & 127, w1 >> 14 & 127, w1 >> 21 & 127));
+        r.sc = _mm256_set1_epi16((short)(2 * (w1 >> 28) + 1));
+    } else if (kind == XS) {
+        const uint64_t q = ld64(a + 2 + 8 * ib);
+        const __m256i mags = gather4(tl_iq2xs_grid, q & 511, q >> 16 & 511, q >> 32 & 511, q >> 48 & 511);
+        r.q = _mm256_sign_epi8(mags, gather4(sign_mask, q >> 9 & 127, q >> 25 & 127, q >> 41 & 127, q >> 57));
+        r.sc = half_scales(sb, ib);
+    } else {
+        const uint32_t w = ld32(a + offsetof(block_iq2_s, qs) + 4 * ib), h = a[offsetof(block_iq2_s, qh) + ib];
+        const __m256i mags = gather4(tl_iq2s_grid, (w & 255) | (h << 8 & 0x300), (w >> 8 & 255) | (h << 6 & 0x300),
+                                     (w >> 16 & 255) | (h << 4 & 0x300), (w >> 24) | (h << 2 & 0x300));
+        const __m256i neg = bits32(ld32(a + offsetof(block_iq2_s, qs) + 32 + 4 * ib));
+        r.q = _mm256_sign_epi8(mags, _mm256_or_si256(neg, _mm256_set1_epi8(1)));
+        r.sc = half_scales(sb, ib);
+    }
+    return r;
+}
+
+/* acc + the scaled products of a decoded sub-block with activation y (|y| in ay). */
+static inline AI T2 __m256i madd32(__m256i acc, sub32 w, __m256i y, __m256i ay) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(ay, _mm256_sign_epi8(w.q, y)), w.sc));
+}
+
+/* R rows (R <= 4) x 1 token: lanes past R read row R - 1 (valid memory)
+ * and are not stored. */
+static inline AI T2 void mk_rows(int kind, int R, int pf, int64_t n, float *out, const uint8_t *w, size_t ldw,
+                                 const uint8_t *x) {
+    const size_t bw = kind == XXS ? sizeof(block_iq2_xxs) : kind == XS ? sizeof(block_iq2_xs) : sizeof(block_iq2_s);
+    const size_t sof = kind == XS ? offsetof(block_iq2_xs, scales) : offsetof(block_iq2_s, scales);
+    const block_q8_K *y = (const block_q8_K *)x;
+    const uint8_t *row[4];
+    UNROLL4 for (int k = 0; k < 4; k++) row[k] = w + (size_t)(k < R ? k : R - 1) * ldw;
+    __m128 s = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        pf_next(pf, w, ldw, i, bw);
+        __m256i acc[4], sb[4];
+        UNROLL4 for (int k = 0; k < 4; k++) {
+            acc[k] = sb[k] = _mm256_setzero_si256();
+            if (kind != XXS && k < R) sb[k] = scale_bytes(row[k] + (size_t)i * bw + sof);
+        }
+        UNROLL for (int ib = 0; ib < 8; ib++) {
+            const __m256i yv = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib)), ay = _mm256_abs_epi8(yv);
+            UNROLL4 for (int k = 0; k < R; k++) acc[k] = madd32(acc[k], decode(kind, row[k] + (size_t)i * bw, ib, sb[k]), yv, ay);
+        }
+        /* acc += (d_w * d_y) * (float)sum */
+        const __m128 dd = _mm_mul_ps(d4(row, i, bw), _mm_set1_ps(y[i].d));
+        s = _mm_add_ps(s, _mm_mul_ps(dd, _mm_cvtepi32_ps(hsum4_i32(acc))));
+    }
+    float o[4];
+    _mm_storeu_ps(o, _mm_mul_ps(s, _mm_set1_ps(0.125f)));
+    UNROLL4 for (int k = 0; k < R; k++) out[k] = o[k];
+}
+
+/* 1 row x 8 tokens (ldx apart; outputs ldo apart). */
+static inline AI T2 void mk_tokens8(int kind, int64_t n, float *out, size_t ldo, const uint8_t *w, const uint8_t *x,
+                                    size_t ldx) {
+    const size_t bw = kind == XXS ? sizeof(block_iq2_xxs) : kind == XS ? sizeof(block_iq2_xs) : sizeof(block_iq2_s);
+    const size_t sof = kind == XS ? offsetof(block_iq2_xs, scales) : offsetof(block_iq2_s, scales);
+    __m128 s[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const uint8_t *a = w + (size_t)i * bw;
+        const block_q8_K *y[8];
+        UNROLL for (int c = 0; c < 8; c++) y[c] = (const block_q8_K *)(x + (size_t)c * ldx) + i;
+        const __m256i sb = kind == XXS ? _mm256_setzero_si256() : scale_bytes(a + sof);
+        __m256i acc[8];
+        UNROLL for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ib++) {
+            const sub32 d = decode(kind, a, ib, sb);
+            UNROLL for (int c = 0; c < 8; c++) {
+                const __m256i yv = _mm256_loadu_si256((const __m256i *)(y[c]->qs + 32 * ib));
+                acc[c] = madd32(acc[c], d, yv, _mm256_abs_epi8(yv));
+            }
+        }
+        /* acc += (d_w * d_y) * (float)sum, the tokens in the lanes */
+        uint16_t dh;
+        memcpy(&dh, a, 2);
+        const __m128 dw = _mm_cvtph_ps(_mm_set1_epi16((short)dh));
+        UNROLL for (int g = 0; g < 2; g++) {
+            const __m128 dy = _mm_setr_ps(y[4 * g]->d, y[4 * g + 1]->d, y[4 * g + 2]->d, y[4 * g + 3]->d);
+            s[g] = _mm_add_ps(s[g], _mm_mul_ps(_mm_mul_ps(dw, dy), _mm_cvtepi32_ps(hsum4_i32(acc + 4 * g))));
+        }
+    }
+    UNROLL for (int g = 0; g < 2; g++) {
+        float o[4];
+        _mm_storeu_ps(o, _mm_mul_ps(s[g], _mm_set1_ps(0.125f)));
+        UNROLL4 for (int c = 0; c < 4; c++) out[(size_t)(4 * g + c) * ldo] = o[c];
+    }
+}
+
+/* The tile: tokens in groups of 8 row by row, the rest 4 rows at a time
+ * (the first token of a row group prefetching the next), leftover rows one
+ * at a time. */
+static inline AI T2 void tile_iq2(int kind, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w,
+                                  size_t ldw, const void *x, size_t ldx) {
+    const uint8_t *W = w, *X = x;
+    int t0 = 0;
+    for (; t0 + 8 <= nt; t0 += 8)
+        for (int r = 0; r < nr; r++) mk_tokens8(kind, n, out + (size_t)t0 * ldo + r, ldo, W + (size_t)r * ldw, X + (size_t)t0 * ldx, ldx);
+    int r = 0;
+    for (; r + 4 <= nr; r += 4)
+        for (int t = t0; t < nt; t++) mk_rows(kind, 4, t == t0, n, out + (size_t)t * ldo + r, W + (size_t)r * ldw, ldw, X + (size_t)t * ldx);
+    for (; r < nr; r++)
+        for (int t = t0; t < nt; t++) mk_rows(kind, 1, 0, n, out + (size_t)t * ldo + r, W + (size_t)r * ldw, ldw, X + (size_t)t * ldx);
+}
+
+#define TILE(SUF, KIND)                                                                                                  \
+    static T2 void tile_##SUF(int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,           \
+                              const void *x, size_t ldx) {                                                            \
+        tile_iq2(KIND, n, nr, nt, out, ldo, w, ldw, x, ldx);                                                          \
+    }                                                                                                                 \
+    static T2 void dot_##SUF(int64_t n, float *out, const void *w, const void *x) { mk_rows(KIND, 1, 0, n, out, w, 0, x); }
+TILE(iq2_xxs, XXS)
+TILE(iq2_xs, XS)
+TILE(iq2_s, S)
+
+void tl_iq2_fill_avx2(tl_kernel_table *t) {
+    t->vec_dot[TL_TYPE_IQ2_XXS] = dot_iq2_xxs;
+    t->vec_dot_tile[TL_TYPE_IQ2_XXS] = tile_iq2_xxs;
+    t->vec_dot[TL_TYPE_IQ2_XS] = dot_iq2_xs;
+    t->vec_dot_tile[TL_TYPE_IQ2_XS] = tile_iq2_xs;
+    t->vec_dot[TL_TYPE_IQ2_S] = dot_iq2_s;
+    t->vec_dot_tile[TL_TYPE_IQ2_S] = tile_iq2_s;
+}
+
+#else
+void tl_iq2_fill_avx2(tl_kernel_table *t) { (void)t; }
+#endif
