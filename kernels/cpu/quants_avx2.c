@@ -528,6 +528,7 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     tl_extra_fill_avx2(t); /* q2_K/q3_K/iq4_xs: quants_extra_avx2.c */
     tl_iq2_fill_avx2(t);   /* iq2_xxs/iq2_xs/iq2_s: quants_iq2_avx2.c */
     tl_gemm_k_fill_avx2(t); /* q4_K/q5_K/q6_K: gemm_k_avx2.c */
+    tl_gemm_iq_fill_avx2(t); /* the i-quants' GEMM over their tiles: gemm_iq_avx2.c */
 }
 
 #else

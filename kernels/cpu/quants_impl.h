@@ -278,6 +278,7 @@ void tl_gemm_fill_avx2(tl_kernel_table *t);
 /* gemm_k_avx2.c: the AVX2 GEMM path for q4_K/q5_K/q6_K and the vec_dots it
  * is bitwise with (the scalar reference's sums; called by tl_kernels_fill_avx2). */
 void tl_gemm_k_fill_avx2(tl_kernel_table *t);
+void tl_gemm_iq_fill_avx2(tl_kernel_table *t);
 /* quants_extra_avx2.c: q2_K/q3_K/iq4_nl one-row dots (called by tl_kernels_fill_avx2). */
 void tl_extra_fill_avx2(tl_kernel_table *t);
 /* A prepared activation row of nb blocks (tl_gemm_prepare, both GEMM

@@ -183,7 +183,8 @@ static void score_tile(int type, int64_t n, int nr, int nt, const float *out, si
 
 static void test_gemm_path(void) {
     static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_1, TL_TYPE_Q5_1, TL_TYPE_IQ4_NL,
-                                TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+                                TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K,
+                                TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S};
     enum { MAXR = TL_GEMM_ROWS, MAXT = 19, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -810,13 +811,14 @@ static void test_softmax(void) {
     tl_kernels_set_isa(isa_max);
 }
 
-/* K-quant blocks of random bytes (every scale and min in its full range,
+/* K-quant and i-quant blocks of random bytes (every scale and min in its full range,
  * q6_K scales -128..127, q3_K's -32..31) against activations of +-1, whose q8_K rows are
  * all +-127 (bsums up to +-2032): the GEMM path's integer sums stay exact
  * at the extremes and every entry is still the scalar reference bitwise. */
 static void test_gemm_k_extremes(void) {
-    static const int types[] = {TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
-    enum { NR = TL_GEMM_ROWS, NT = 11, N = 512 };
+    static const int types[] = {TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K,   TL_TYPE_Q4_K,  TL_TYPE_Q5_K,
+                                TL_TYPE_Q6_K,   TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S};
+    enum { NR = TL_GEMM_ROWS, NT = 41, N = 512 }; /* the i-quants' GEMM takes 32 tokens or more */
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const int type = types[ti];
         if (!tl_gemm_has(type)) {
@@ -837,7 +839,7 @@ static void test_gemm_k_extremes(void) {
             const uint16_t d = tl_f32_to_f16(gauss() * 0.01f), dm = tl_f32_to_f16(gauss() * 0.01f);
             if (type == TL_TYPE_Q6_K || type == TL_TYPE_Q3_K) { /* d last */
                 memcpy(blk + bsz - 2, &d, 2);
-            } else if (type == TL_TYPE_IQ4_XS) { /* d first, then random scale bits */
+            } else if (type == TL_TYPE_IQ4_XS || tl_type_info(type)->name[0] == 'i') { /* d first, then random bits */
                 memcpy(blk, &d, 2);
             } else if (type == TL_TYPE_Q2_K) { /* d, dmin last */
                 memcpy(blk + bsz - 4, &d, 2);
@@ -853,8 +855,8 @@ static void test_gemm_k_extremes(void) {
             tl_gemm_prepare(type, src, xp + xs * t, N);
         }
         int bad = 0;
-        static const int nts[] = {1, 2, NT};
-        for (int k = 0; k < 3; k++) {
+        static const int nts[] = {1, 2, 11, NT};
+        for (int k = 0; k < 4; k++) {
             tl_gemm_tile(type, N, NR, nts[k], out, NR, w, rw, xp, xs, work);
             for (int t = 0; t < nts[k]; t++)
                 for (int r = 0; r < NR; r++) {

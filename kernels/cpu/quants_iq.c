@@ -1,0 +1,69 @@
+/* quants_iq.c - the i-quants on grids as integers (quants_iq.h): each
+ * type's unpack of a super-block, the view the AVX2 GEMM transposes. The
+ * reference dots (quants_iq*_ref.c) make the same integers group by group. */
+#include <string.h>
+
+#include "iq2_grids.h"
+#include "quants_iq.h"
+
+/* The 8 bytes of g with byte j negated where bit j of s is set. Grid
+ * bytes are never 0, so no byte's negation carries into the next. */
+static inline uint64_t signed8(uint64_t g, unsigned s) {
+    const uint64_t bits = ((uint64_t)(s & 0xFF) * 0x0101010101010101ull) & 0x8040201008040201ull;
+    const uint64_t neg = (((bits + 0x7F7F7F7F7F7F7F7Full) & 0x8080808080808080ull) >> 7) * 0xFF;
+    return (g ^ neg) + (neg & 0x0101010101010101ull);
+}
+
+static inline uint32_t rd32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint16_t rd16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static void unpack_iq2_xxs(const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
+    const block_iq2_xxs *b = (const block_iq2_xxs *)blk;
+    *d = TL_F16(rd16(blk));
+    for (int ib = 0; ib < 8; ib++) {
+        const uint32_t idx = rd32((const uint8_t *)b->qs + 8 * ib), aux = rd32((const uint8_t *)b->qs + 8 * ib + 4);
+        ls[2 * ib] = ls[2 * ib + 1] = (int16_t)(2 * (aux >> 28) + 1);
+        for (int l = 0; l < 4; l++) v[4 * ib + l] = signed8(tl_iq2xxs_grid[idx >> (8 * l) & 0xFF], tl_iq_signs8(aux >> (7 * l)));
+    }
+}
+
+/* iq2_xs / iq2_s: a 4-bit scale per 16 elements, low nibble first */
+static inline int16_t ls16(const uint8_t *scales, int h) { return (int16_t)(2 * (scales[h / 2] >> (4 * (h % 2)) & 15) + 1); }
+
+static void unpack_iq2_xs(const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
+    const block_iq2_xs *b = (const block_iq2_xs *)blk;
+    *d = TL_F16(rd16(blk));
+    for (int g = 0; g < 32; g++) {
+        const unsigned q = rd16((const uint8_t *)b->qs + 2 * g);
+        v[g] = signed8(tl_iq2xs_grid[q & 511], tl_iq_signs8(q >> 9));
+    }
+    for (int h = 0; h < 16; h++) ls[h] = ls16(b->scales, h);
+}
+
+static void unpack_iq2_s(const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
+    const block_iq2_s *b = (const block_iq2_s *)blk;
+    *d = TL_F16(rd16(blk));
+    for (int g = 0; g < 32; g++)
+        v[g] = signed8(tl_iq2s_grid[b->qs[g] | (unsigned)(b->qh[g / 4] >> (2 * (g % 4)) & 3) << 8], b->qs[32 + g]);
+    for (int h = 0; h < 16; h++) ls[h] = ls16(b->scales, h);
+}
+
+const tl_iq_info *tl_iq_info_of(int type) {
+    static const tl_iq_info iq2_xxs = {unpack_iq2_xxs, 0.125f, 43}, iq2_xs = {unpack_iq2_xs, 0.125f, 43},
+                            iq2_s = {unpack_iq2_s, 0.125f, 43};
+    switch (type) {
+    case TL_TYPE_IQ2_XXS: return &iq2_xxs;
+    case TL_TYPE_IQ2_XS: return &iq2_xs;
+    case TL_TYPE_IQ2_S: return &iq2_s;
+    default: return NULL;
+    }
+}
