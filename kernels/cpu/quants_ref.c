@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "iq1_grids.h"
 #include "quants_impl.h"
 
 /* ---------------------------------------------------------------- halves */
@@ -204,6 +205,8 @@ void tl_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     case TL_TYPE_Q8_0: tl_dequant_q8_0_blocks(src, dst, nb); break;
     case TL_TYPE_IQ4_NL: dequant_iq4_nl(src, dst, nb); break;
     case TL_TYPE_IQ4_XS: dequant_iq4_xs(src, dst, nb); break;
+    case TL_TYPE_IQ1_S: tl_dequant_iq1_s(src, dst, nb); break;
+    case TL_TYPE_IQ1_M: tl_dequant_iq1_m(src, dst, nb); break;
     case TL_TYPE_Q5_1: dequant_q5_1(src, dst, nb); break;
     case TL_TYPE_Q2_K: dequant_q2_K(src, dst, nb); break;
     case TL_TYPE_Q3_K: dequant_q3_K(src, dst, nb); break;
@@ -654,6 +657,8 @@ void tl_quantize_row_ref(int type, const float *src, void *dst, int64_t n) {
     case TL_TYPE_Q8_0: quant_q8_0(src, dst, nb); break;
     case TL_TYPE_IQ4_NL: quant_iq4_nl(src, dst, nb); break;
     case TL_TYPE_IQ4_XS: quant_iq4_xs(src, dst, nb); break;
+    case TL_TYPE_IQ1_S: tl_quant_iq1_s(src, dst, nb); break;
+    case TL_TYPE_IQ1_M: tl_quant_iq1_m(src, dst, nb); break;
     case TL_TYPE_Q5_1: quant_q5_1(src, dst, nb); break;
     case TL_TYPE_Q2_K: quant_q2_K(src, dst, nb); break;
     case TL_TYPE_Q3_K: quant_q3_K(src, dst, nb); break;
@@ -951,6 +956,7 @@ void tl_kernels_fill_ref(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_Q4_K] = dot_q4_K;
     t->vec_dot[TL_TYPE_Q5_K] = dot_q5_K;
     t->vec_dot[TL_TYPE_Q6_K] = dot_q6_K;
+    tl_iq1_fill_ref(t); /* iq1_s, iq1_m: quants_iq1_ref.c */
     t->quantize_q8_0 = quantize_q8_0_ref;
     t->quantize_q8_K = quantize_q8_K_ref;
     t->dot_f32 = dot_f32_ref;
