@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "iq2_grids.h"
+#include "iq1_grids.h"
 #include "quants_impl.h"
 
 /* ---------------------------------------------------------------- halves */
@@ -208,6 +209,8 @@ void tl_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     case TL_TYPE_IQ2_XXS: tl_dequant_iq2_xxs(src, dst, nb); break;
     case TL_TYPE_IQ2_XS: tl_dequant_iq2_xs(src, dst, nb); break;
     case TL_TYPE_IQ2_S: tl_dequant_iq2_s(src, dst, nb); break;
+    case TL_TYPE_IQ1_S: tl_dequant_iq1_s(src, dst, nb); break;
+    case TL_TYPE_IQ1_M: tl_dequant_iq1_m(src, dst, nb); break;
     case TL_TYPE_Q5_1: dequant_q5_1(src, dst, nb); break;
     case TL_TYPE_Q2_K: dequant_q2_K(src, dst, nb); break;
     case TL_TYPE_Q3_K: dequant_q3_K(src, dst, nb); break;
@@ -661,6 +664,8 @@ void tl_quantize_row_ref(int type, const float *src, void *dst, int64_t n) {
     case TL_TYPE_IQ2_XXS: tl_quant_iq2_xxs(src, dst, nb); break;
     case TL_TYPE_IQ2_XS: tl_quant_iq2_xs(src, dst, nb); break;
     case TL_TYPE_IQ2_S: tl_quant_iq2_s(src, dst, nb); break;
+    case TL_TYPE_IQ1_S: tl_quant_iq1_s(src, dst, nb); break;
+    case TL_TYPE_IQ1_M: tl_quant_iq1_m(src, dst, nb); break;
     case TL_TYPE_Q5_1: quant_q5_1(src, dst, nb); break;
     case TL_TYPE_Q2_K: quant_q2_K(src, dst, nb); break;
     case TL_TYPE_Q3_K: quant_q3_K(src, dst, nb); break;
@@ -961,6 +966,7 @@ void tl_kernels_fill_ref(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_Q4_K] = dot_q4_K;
     t->vec_dot[TL_TYPE_Q5_K] = dot_q5_K;
     t->vec_dot[TL_TYPE_Q6_K] = dot_q6_K;
+    tl_iq1_fill_ref(t); /* iq1_s, iq1_m: quants_iq1_ref.c */
     t->quantize_q8_0 = quantize_q8_0_ref;
     t->quantize_q8_K = quantize_q8_K_ref;
     t->dot_f32 = dot_f32_ref;

@@ -29,8 +29,8 @@ static const tl_type_traits traits[TL_TYPE_COUNT] = {
     [TL_TYPE_IQ2_S] = {"iq2_s", QK_K, 2 + QK_K / 4 + QK_K / 16, TL_TYPE_Q8_K, 1},
     [TL_TYPE_IQ3_XXS] = {"iq3_xxs", QK_K, 2 + QK_K / 4 + QK_K / 8, TL_TYPE_Q8_K, 0},
     [TL_TYPE_IQ3_S] = {"iq3_s", QK_K, 2 + QK_K / 4 + QK_K / 8 + QK_K / 32 + 4, TL_TYPE_Q8_K, 0},
-    [TL_TYPE_IQ1_S] = {"iq1_s", QK_K, 2 + QK_K / 8 + QK_K / 16, TL_TYPE_Q8_K, 0},
-    [TL_TYPE_IQ1_M] = {"iq1_m", QK_K, QK_K / 8 + QK_K / 16 + QK_K / 32, TL_TYPE_Q8_K, 0},
+    [TL_TYPE_IQ1_S] = {"iq1_s", QK_K, 2 + QK_K / 8 + QK_K / 16, TL_TYPE_Q8_K, 1},
+    [TL_TYPE_IQ1_M] = {"iq1_m", QK_K, QK_K / 8 + QK_K / 16 + QK_K / 32, TL_TYPE_Q8_K, 1},
     [TL_TYPE_Q6_K] = {"q6_K", QK_K, QK_K / 2 + QK_K / 4 + QK_K / 16 + 2, TL_TYPE_Q8_K, 1},
     /* Q8_K: f32 d, int8 qs[256], int16 bsums[16]; activations only. */
     [TL_TYPE_Q8_K] = {"q8_K", QK_K, 4 + QK_K + 2 * (QK_K / 16), TL_TYPE_Q8_K, 0},

@@ -21,10 +21,14 @@
  *   extremes iq4_xs, q2_K..q6_K blocks of random bytes (every scale and min
  *            at any value) x activations of +-1 (q8_K rows all +-127): the
  *            GEMM entries are still the scalar reference bitwise.
+ *   iq tiles iq1_s / iq1_m rows of random bytes (every bit pattern is a
+ *            block; d finite) x Gaussian, +-127 and raw-byte q8_K rows:
+ *            tiles of rows 1..17 x tokens 1..17 at every level are bitwise
+ *            the scalar reference, nothing written outside the tile.
  *   forward  synthetic models of each architecture (f32, q4_0, q8_0,
- *            q4_K) and llama in q4_1, q2_K, q3_K and iq4_xs (whose
- *            prefill GEMM decodes through other kernels), in iq2_xxs,
- *            iq2_xs and iq2_s (prefill through the row tiles) and in q8_0,
+ *            q4_K) and llama in q4_1, q2_K, q3_K, iq4_xs, iq1_s and iq1_m
+ *            (whose prefill GEMM decodes through other kernels), in
+ *            iq2_xxs, iq2_xs and iq2_s, and in q8_0,
  *            q5_0 and f16 at shapes off every tile size: a 45-token
  *            prompt prefilled in one call gives bitwise the logits of
  *            feeding it one token at a time (attention query chunks,
@@ -85,7 +89,8 @@ static void fill_random_blocks(int type, uint8_t *w, int64_t n) {
 static void test_tiles(void) {
     static const int types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1,
                                 TL_TYPE_Q5_0, TL_TYPE_Q5_1, TL_TYPE_Q8_0, TL_TYPE_IQ4_NL, TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K,
-                                TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K, TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S};
+                                TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K, TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S,
+                                TL_TYPE_IQ1_S, TL_TYPE_IQ1_M};
     enum { MAXR = 17, MAXT = 17, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -148,6 +153,75 @@ static void test_tiles(void) {
             free(w); free(x); free(wf); free(xf); free(src); free(out);
         }
     }
+}
+
+/* Random-byte blocks of the grid i-quants with a finite f16 d (iq1_m's in
+ * the top nibbles of its scale words): tile entries at every level are
+ * bitwise the scalar reference. Raw-byte activations hold -128 and
+ * garbage bsums (these kernels read qs only). */
+static void test_iq_random_tiles(void) {
+    static const int types[] = {TL_TYPE_IQ1_S, TL_TYPE_IQ1_M};
+    enum { MAXR = 17, MAXT = 17, PAD = 3, N = 256 * 3 };
+    const int isa_max = tl_kernels_isa();
+    const uint64_t rng_saved = rng; /* the later tests' data stays as it was */
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const int type = types[ti];
+        const size_t rw = tl_row_size(type, N), rx = tl_row_size(TL_TYPE_Q8_K, N), ldo = MAXR + PAD;
+        const size_t bsz = tl_type_info(type)->type_size, bq = tl_type_info(TL_TYPE_Q8_K)->type_size;
+        uint8_t *w = malloc(rw * MAXR), *x = malloc(rx * MAXT);
+        float *src = malloc(sizeof(float) * N), *out = malloc(sizeof(float) * ldo * MAXT);
+        for (size_t i = 0; i < rw * MAXR; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            w[i] = (uint8_t)(rng >> 56);
+        }
+        for (int b = 0; b < MAXR * N / 256; b++) {
+            uint8_t *blk = w + (size_t)b * bsz;
+            const uint16_t d = b == 0 ? 0x7BFF : tl_f32_to_f16(gauss() * 0.01f);
+            if (type == TL_TYPE_IQ1_S) {
+                memcpy(blk, &d, 2);
+            } else {
+                uint8_t *sc = blk + bsz - 8; /* block_iq1_m's scales[8]: four uint16 words */
+                for (int k = 0; k < 4; k++) sc[2 * k + 1] = (uint8_t)((sc[2 * k + 1] & 0x0F) | ((d >> (4 * k)) & 0xF) << 4);
+            }
+        }
+        for (int t = 0; t < MAXT; t++) {
+            for (int i = 0; i < N; i++) src[i] = t % 3 == 1 ? (gauss() < 0 ? -1.0f : 1.0f) : gauss();
+            tl_quantize_row(TL_TYPE_Q8_K, src, x + rx * t, N);
+            if (t % 3 == 2) /* raw bytes after each block's f32 d */
+                for (size_t i = 0; i < rx; i++) {
+                    if (i % bq < 4) continue;
+                    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                    x[rx * t + i] = (uint8_t)(rng >> 56);
+                }
+        }
+        int bad = 0, spill = 0;
+        for (int lvl = 0; lvl <= isa_max; lvl++) {
+            tl_kernels_set_isa(lvl);
+            for (int nr = 1; nr <= MAXR; nr++)
+                for (int nt = 1; nt <= MAXT; nt++) {
+                    if (nr > 5 && nr < 16 && nr != 9 && nt > 3 && nt != 8 && nt != 13) continue; /* keep it quick */
+                    for (size_t i = 0; i < ldo * MAXT; i++) out[i] = -12345.0f;
+                    tl_vec_dot_tile(type, N, nr, nt, out, ldo, w, rw, x, rx);
+                    for (int t = 0; t < MAXT; t++)
+                        for (int r = 0; r < (int)ldo; r++) {
+                            const float got = out[t * ldo + r];
+                            if (r >= nr || t >= nt) {
+                                spill += got != -12345.0f;
+                                continue;
+                            }
+                            float ref;
+                            tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
+                            bad += memcmp(&got, &ref, sizeof got) != 0;
+                        }
+                }
+        }
+        tl_kernels_set_isa(isa_max);
+        CHECK(bad == 0, "%s random-byte blocks: tile entries at every level are the scalar reference bitwise (%d differ)",
+              tl_type_info(type)->name, bad);
+        CHECK(spill == 0, "%s random-byte blocks: nothing outside the tile is written (%d)", tl_type_info(type)->name, spill);
+        free(w); free(x); free(src); free(out);
+    }
+    rng = rng_saved;
 }
 
 /* Before a tile call: the output marked, 64 bytes past the workspace
@@ -343,8 +417,8 @@ static int step_by_step(tl_model *m, const int32_t *prompt, int n, float *logits
 }
 
 static void test_forward(void) {
-    tm_spec specs[TM_ARCH_CASES + 10];
-    const char *names[TM_ARCH_CASES + 10];
+    tm_spec specs[TM_ARCH_CASES + 12];
+    const char *names[TM_ARCH_CASES + 12];
     int nc = tm_arch_cases(specs, names);
     /* and q4_1 weights (packed at AVX-512, with their mins), the output
      * tied to token_embd: lookups gather q4_1 rows from packed groups */
@@ -355,10 +429,11 @@ static void test_forward(void) {
     names[nc++] = "llama q4_1";
     /* and the K-quant kinds whose prefill GEMM decodes through other
      * kernels (row tiles at AVX2, rows_K at AVX-512): dims of 256 */
-    static const int ktypes[] = {TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_IQ4_XS, TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S};
-    static const char *const knames[] = {"llama q2_k", "llama q3_k", "llama iq4_xs", "llama iq2_xxs", "llama iq2_xs",
-                                         "llama iq2_s"};
-    for (int k = 0; k < 6; k++) {
+    static const int ktypes[] = {TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_IQ4_XS, TL_TYPE_IQ2_XXS,
+                                 TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S, TL_TYPE_IQ1_S, TL_TYPE_IQ1_M};
+    static const char *const knames[] = {"llama q2_k",    "llama q3_k",   "llama iq4_xs", "llama iq2_xxs",
+                                         "llama iq2_xs",  "llama iq2_s",  "llama iq1_s",  "llama iq1_m"};
+    for (int k = 0; k < 8; k++) {
         specs[nc] = tm_default_spec();
         specs[nc].n_embd = 256;
         specs[nc].n_ff = 512;
@@ -971,6 +1046,7 @@ int main(void) {
     test_pack();
     test_keep();
     test_gemm_k_extremes();
+    test_iq_random_tiles();
     test_forward();
     test_multi();
     test_pieces();

@@ -12,14 +12,20 @@
  *                  float accumulation order differs)
  *   Q8_0/Q8_K      SIMD activation quantization byte-identical to scalar
  *   fp16           exhaustive round trip; f32->f16 equal to a nearest-even
- *                  search over all half values, and to every SIMD row path */
+ *                  search over all half values, and to every SIMD row path
+ *   iq1_s / iq1_m  the grid's hash is gguf-py's; hand-built blocks decode as
+ *                  the format says; random-byte blocks (extreme d, -128
+ *                  activations): every level bitwise the scalar dot, which
+ *                  is within 2e-5 of the dequantized rows' */
 #include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "iq1_grids.h"
 #include "quants.h"
 #include "quants_impl.h"
 #include "test.h"
@@ -58,7 +64,8 @@ static void fill_data(float *x, int64_t n, int with_zero_block) {
 static int isa_max;
 static const int weight_types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1,
                                    TL_TYPE_Q5_0, TL_TYPE_Q5_1, TL_TYPE_Q8_0, TL_TYPE_IQ4_NL, TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K,
-                                   TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K, TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S};
+                                   TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K, TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S,
+                                   TL_TYPE_IQ1_S, TL_TYPE_IQ1_M};
 #define N_WTYPES ((int)(sizeof weight_types / sizeof weight_types[0]))
 
 /* Round-trip bounds: about 1.5x the worst the quantizers measure on
@@ -80,6 +87,10 @@ static double rt_bound(int type) {
     case TL_TYPE_Q4_K: return 8e-3;
     case TL_TYPE_Q5_K: return 2e-3;
     case TL_TYPE_Q6_K: return 8e-4;
+    /* iq1: 0.208 / 0.178 on this data, at worst 0.327 / 0.249 over 200
+     * seeds of it (ggml's quantizer with a unit imatrix: 0.445 / 0.301) */
+    case TL_TYPE_IQ1_S: return 0.4;
+    case TL_TYPE_IQ1_M: return 0.3;
     case TL_TYPE_IQ2_XXS: return 1.9e-1;
     case TL_TYPE_IQ2_XS: return 1.6e-1;
     case TL_TYPE_IQ2_S: return 1.4e-1;
@@ -528,6 +539,166 @@ static void test_iq2_edges(void) {
     }
 }
 
+/* ------------------------------------------------- iq1_s / iq1_m blocks */
+
+/* Sets a random-byte iq1 block's f16 d (iq1_m: the words' top nibbles). */
+static void iq1_set_d(int type, uint8_t *blk, uint16_t d) {
+    if (type == TL_TYPE_IQ1_S) {
+        memcpy(blk, &d, 2);
+        return;
+    }
+    uint16_t w[4];
+    memcpy(w, blk + offsetof(block_iq1_m, scales), 8);
+    for (int k = 0; k < 4; k++) w[k] = (uint16_t)((w[k] & 0x0FFF) | ((d >> (4 * k)) & 0xF) << 12);
+    memcpy(blk + offsetof(block_iq1_m, scales), w, 8);
+}
+
+/* Hand-built blocks against the format's rules (gguf-py's IQ1_S / IQ1_M):
+ * grid entry 2047 is all +1, entry 0 all -1, entry 1 (+1, -1 x 7); iq1_s
+ * qh[ib] bits 0..11 the entries' high index bits, 12..14 ls, 15 the
+ * delta's sign; iq1_m d in the scale words' top nibbles, ls per 16, delta
+ * per 8 in bit 3 of each qh nibble. Then random bytes (any bits are a
+ * valid block) with d finite, tiny, huge and 0, against q8_K rows of
+ * Gaussians, of +-127, of random bytes (-128 included; bsums left
+ * garbage: the kernels read qs only) and of -128: every level's vec_dot
+ * and tile entries are bitwise the scalar reference, which is within
+ * 2e-5 * sum |w x| of dequantized weights . dequantized activations. */
+static void test_iq1_blocks(void) {
+    const uint64_t rng_saved = rng_state; /* the per-type data after this stays as it was */
+    /* the grid is the format's: 2048 distinct entries of levels 0..2, and
+     * the FNV-1a hash of its bytes (element j of entry i at 8i + j) that
+     * gguf-py's IQ1_S grid_hex gives */
+    uint64_t h = 0xcbf29ce484222325ull;
+    int bad_level = 0, dup = 0;
+    for (int i = 0; i < TL_IQ1S_GRID_SIZE; i++) {
+        for (int j = 0; j < 8; j++) {
+            const unsigned v = (unsigned)(tl_iq1s_grid[i] >> (8 * j)) & 0xFF;
+            bad_level += v > 2;
+            h = (h ^ v) * 0x100000001b3ull;
+        }
+        dup += i > 0 && tl_iq1s_grid[i] <= tl_iq1s_grid[i - 1]; /* stored in increasing order */
+    }
+    CHECK(bad_level == 0 && dup == 0 && h == 0xec28b6368f0c62e0ull,
+          "the iq1 grid is the format's (levels 0..2: %d bad; increasing: %d not; hash %016llx)", bad_level, dup,
+          (unsigned long long)h);
+    float got[QK_K], want[QK_K];
+    block_iq1_s s;
+    memset(&s, 0, sizeof s);
+    s.d = 0x3800; /* 0.5 */
+    s.qs[0] = 0xFF, s.qs[1] = 0x00, s.qs[4] = 0x01; /* ib 0: entries 2047, 0; ib 1: entry 1 */
+    s.qh[0] = 7 | 3 << 12 | 0x8000;                 /* ls 3 (dl 3.5), delta -1/8 */
+    int bad = 0;
+    tl_dequantize_row(TL_TYPE_IQ1_S, &s, got, QK_K);
+    for (int e = 0; e < QK_K; e++) {
+        const int ib = e / 32, l = e % 32 / 8;
+        const int g = ib == 0 ? (l == 0 ? 1 : -1) : ib == 1 && l == 0 && e % 8 == 0 ? 1 : -1;
+        want[e] = ib == 0 ? 3.5f * (g - 0.125f) : 0.5f * (g + 0.125f);
+    }
+    for (int e = 0; e < QK_K; e++) bad += got[e] != want[e];
+    CHECK(bad == 0 && got[0] == 3.0625f && got[8] == -3.9375f && got[32] == 0.5625f && got[33] == -0.4375f,
+          "iq1_s dequantizes a hand-built block as the format says (%d wrong)", bad);
+    check_block_dots("iq1_s", TL_TYPE_IQ1_S, &s, want);
+
+    block_iq1_m m;
+    memset(&m, 0, sizeof m);
+    const uint16_t words[4] = {3 | 0x0 << 12, 0x0 << 12, 0x8 << 12, 0x3 << 12}; /* d 0x3800 = 0.5, ls0 3, ls1 0 */
+    memcpy(m.scales, words, 8);
+    m.qs[0] = 0xFF, m.qs[1] = 0x00, m.qs[2] = 0x01;
+    m.qh[0] = 7 | 8;      /* entry 0: high bits 7, delta -1/8; entry 1: 0, +1/8 */
+    m.qh[1] = 0x80;       /* entry 3: delta -1/8 */
+    tl_dequantize_row(TL_TYPE_IQ1_M, &m, got, QK_K);
+    for (int e = 0; e < QK_K; e++) {
+        const int k = e / 8, g = k == 0 || (k == 2 && e % 8 == 0) ? 1 : -1;
+        const float dl = k < 2 ? 3.5f : 0.5f, delta = k == 0 || k == 3 ? -0.125f : 0.125f;
+        want[e] = dl * (g + delta);
+    }
+    bad = 0;
+    for (int e = 0; e < QK_K; e++) bad += got[e] != want[e];
+    CHECK(bad == 0 && got[0] == 3.0625f && got[8] == -3.0625f && got[16] == 0.5625f && got[24] == -0.5625f,
+          "iq1_m dequantizes a hand-built block as the format says (%d wrong)", bad);
+    check_block_dots("iq1_m", TL_TYPE_IQ1_M, &m, want);
+
+    enum { NB = 3, NR = 8, NT = 5, N = NB * QK_K };
+    static const uint16_t ds[] = {0x7BFF, 0x0001, 0x0000, 0x8400, 0x03FF}; /* 65504, 2^-24, 0, -2^-14, subnormal */
+    const int types[2] = {TL_TYPE_IQ1_S, TL_TYPE_IQ1_M};
+    for (int ti = 0; ti < 2; ti++) {
+        const int type = types[ti];
+        const size_t rw = tl_row_size(type, N), rx = tl_row_size(TL_TYPE_Q8_K, N), bs = tl_type_info(type)->type_size;
+        uint8_t *w = malloc(rw * NR), *x = malloc(rx * NT);
+        float *wf = malloc(sizeof(float) * N * NR), *xf = malloc(sizeof(float) * N * NT), out[NR * NT];
+        for (size_t i = 0; i < rw * NR; i++) w[i] = (uint8_t)rng_u64();
+        for (int b = 0; b < NB * NR; b++)
+            iq1_set_d(type, w + bs * b, b < 5 ? ds[b] : tl_f32_to_f16(rng_gauss() * 0.01f));
+        for (int t = 0; t < NT; t++) {
+            float src[N];
+            for (int i = 0; i < N; i++) src[i] = t == 0 ? rng_gauss() : rng_gauss() < 0 ? -1.0f : 1.0f;
+            block_q8_K *y = (block_q8_K *)(x + rx * t);
+            tl_quantize_row(TL_TYPE_Q8_K, src, y, N);
+            if (t >= 2)
+                for (int b = 0; b < NB; b++) {
+                    for (int i = 0; i < QK_K; i++) y[b].qs[i] = t == 4 ? -128 : (int8_t)rng_u64();
+                    for (int j = 0; j < 16; j++) y[b].bsums[j] = (int16_t)rng_u64();
+                    y[b].d = t == 4 ? 1.0f : 0.0123f;
+                }
+        }
+        for (int r = 0; r < NR; r++) tl_dequantize_row(type, w + rw * r, wf + N * r, N);
+        for (int t = 0; t < NT; t++) tl_dequantize_row(TL_TYPE_Q8_K, x + rx * t, xf + N * t, N);
+        int far = 0, bad_one = 0, bad_tile = 0;
+        for (int r = 0; r < NR; r++)
+            for (int t = 0; t < NT; t++) {
+                float ref;
+                tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
+                double dd = 0, mag = 0;
+                for (int i = 0; i < N; i++) dd += (double)wf[N * r + i] * xf[N * t + i], mag += fabs((double)wf[N * r + i] * xf[N * t + i]);
+                far += !(fabs(ref - dd) <= 2e-5 * mag);
+                for (int lvl = 0; lvl <= isa_max; lvl++) {
+                    tl_kernels_set_isa(lvl);
+                    float one;
+                    tl_vec_dot(type)(N, &one, w + rw * r, x + rx * t);
+                    bad_one += memcmp(&one, &ref, sizeof ref) != 0;
+                }
+            }
+        for (int lvl = 0; lvl <= isa_max; lvl++) {
+            tl_kernels_set_isa(lvl);
+            for (int nr = 1; nr <= NR; nr += 3) {
+                tl_vec_dot_tile(type, N, nr, NT, out, NR, w, rw, x, rx);
+                for (int r = 0; r < nr; r++)
+                    for (int t = 0; t < NT; t++) {
+                        float ref;
+                        tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
+                        bad_tile += memcmp(&out[t * NR + r], &ref, sizeof ref) != 0;
+                    }
+            }
+        }
+        tl_kernels_set_isa(isa_max);
+        const char *nm = tl_type_info(type)->name;
+        CHECK(far == 0, "%s random-byte blocks: the reference dot is within 2e-5 of dequantized w . x (%d far)", nm, far);
+        CHECK(bad_one == 0, "%s random-byte blocks, extreme d, -128 activations: every level's vec_dot is bitwise "
+              "the reference (%d differ)", nm, bad_one);
+        CHECK(bad_tile == 0, "%s random-byte blocks: every level's tile entries are bitwise the reference (%d differ)",
+              nm, bad_tile);
+        free(w); free(x); free(wf); free(xf);
+    }
+
+    /* the quantizer: all-zero and constant rows come back finite (zero stays zero) */
+    for (int ti = 0; ti < 2; ti++) {
+        float src[QK_K], back[QK_K];
+        uint8_t blk[64];
+        int nonfinite = 0, nonzero = 0;
+        for (int c = 0; c < 3; c++) {
+            for (int i = 0; i < QK_K; i++) src[i] = c == 0 ? 0.0f : c == 1 ? 0.75f : -1e-3f;
+            tl_quantize_row(types[ti], src, blk, QK_K);
+            tl_dequantize_row(types[ti], blk, back, QK_K);
+            for (int i = 0; i < QK_K; i++) nonfinite += !isfinite(back[i]), nonzero += c == 0 && back[i] != 0;
+            if (c > 0) CHECK(fabsf(back[7] - src[7]) <= 0.1f * fabsf(src[7]), "%s constant row %g comes back as %g",
+                             tl_type_info(types[ti])->name, src[7], back[7]);
+        }
+        CHECK(nonfinite == 0 && nonzero == 0, "%s all-zero and constant rows quantize to finite values, zero to zero",
+              tl_type_info(types[ti])->name);
+    }
+    rng_state = rng_saved;
+}
+
 /* --------------------------------------------- per-type correctness */
 
 static double sum_abs_prod(const float *a, const float *b, int64_t n) {
@@ -803,6 +974,7 @@ int main(void) {
     test_iq2_hand();
     test_iq2_random();
     test_iq2_edges();
+    test_iq1_blocks();
     test_act_quant();
     test_helpers();
 
