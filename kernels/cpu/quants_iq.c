@@ -3,6 +3,7 @@
  * reference dots (quants_iq*_ref.c) make the same integers group by group. */
 #include <string.h>
 
+#include "iq1_grids.h"
 #include "iq2_grids.h"
 #include "quants_iq.h"
 
@@ -57,13 +58,41 @@ static void unpack_iq2_s(const uint8_t *blk, uint64_t v[32], int16_t ls[16], flo
     for (int h = 0; h < 16; h++) ls[h] = ls16(b->scales, h);
 }
 
+/* iq1: values in eighths, 8g + delta (g in -1..1, delta +-1), which is
+ * how the reference dots count them (post 1/8) */
+static inline uint64_t eighths8(unsigned idx, int delta) {
+    const uint64_t e = tl_iq1s_grid[idx & 2047];
+    uint64_t v = 0;
+    for (int j = 0; j < 8; j++) v |= (uint64_t)(uint8_t)(int8_t)(8 * ((int)(e >> (8 * j) & 0xFF) - 1) + delta) << (8 * j);
+    return v;
+}
+
+static void unpack_iq1_s(const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
+    const block_iq1_s *b = (const block_iq1_s *)blk;
+    *d = TL_F16(rd16(blk));
+    for (int ib = 0; ib < 8; ib++) {
+        ls[2 * ib] = ls[2 * ib + 1] = (int16_t)tl_iq1_s_ls(b, ib);
+        for (int l = 0; l < 4; l++) v[4 * ib + l] = eighths8(tl_iq1_s_index(b, ib, l), tl_iq1_s_delta(b, ib));
+    }
+}
+
+static void unpack_iq1_m(const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
+    const block_iq1_m *b = (const block_iq1_m *)blk;
+    *d = TL_F16(tl_iq1_m_d(b));
+    for (int k = 0; k < 32; k++) v[k] = eighths8(tl_iq1_m_index(b, k), tl_iq1_m_delta(b, k));
+    for (int j = 0; j < 16; j++) ls[j] = (int16_t)tl_iq1_m_ls(b, j);
+}
+
 const tl_iq_info *tl_iq_info_of(int type) {
     static const tl_iq_info iq2_xxs = {unpack_iq2_xxs, 0.125f, 43}, iq2_xs = {unpack_iq2_xs, 0.125f, 43},
-                            iq2_s = {unpack_iq2_s, 0.125f, 43};
+                            iq2_s = {unpack_iq2_s, 0.125f, 43}, iq1_s = {unpack_iq1_s, 0.125f, 9},
+                            iq1_m = {unpack_iq1_m, 0.125f, 9};
     switch (type) {
     case TL_TYPE_IQ2_XXS: return &iq2_xxs;
     case TL_TYPE_IQ2_XS: return &iq2_xs;
     case TL_TYPE_IQ2_S: return &iq2_s;
+    case TL_TYPE_IQ1_S: return &iq1_s;
+    case TL_TYPE_IQ1_M: return &iq1_m;
     default: return NULL;
     }
 }

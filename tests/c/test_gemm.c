@@ -258,7 +258,7 @@ static void score_tile(int type, int64_t n, int nr, int nt, const float *out, si
 static void test_gemm_path(void) {
     static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_1, TL_TYPE_Q5_1, TL_TYPE_IQ4_NL,
                                 TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K,
-                                TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S};
+                                TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S, TL_TYPE_IQ1_S, TL_TYPE_IQ1_M};
     enum { MAXR = TL_GEMM_ROWS, MAXT = 19, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -892,7 +892,8 @@ static void test_softmax(void) {
  * at the extremes and every entry is still the scalar reference bitwise. */
 static void test_gemm_k_extremes(void) {
     static const int types[] = {TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K,   TL_TYPE_Q4_K,  TL_TYPE_Q5_K,
-                                TL_TYPE_Q6_K,   TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S};
+                                TL_TYPE_Q6_K,   TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S,
+                                TL_TYPE_IQ1_S,  TL_TYPE_IQ1_M};
     enum { NR = TL_GEMM_ROWS, NT = 41, N = 512 }; /* the i-quants' GEMM takes 32 tokens or more */
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const int type = types[ti];
@@ -914,6 +915,11 @@ static void test_gemm_k_extremes(void) {
             const uint16_t d = tl_f32_to_f16(gauss() * 0.01f), dm = tl_f32_to_f16(gauss() * 0.01f);
             if (type == TL_TYPE_Q6_K || type == TL_TYPE_Q3_K) { /* d last */
                 memcpy(blk + bsz - 2, &d, 2);
+            } else if (type == TL_TYPE_IQ1_M) { /* d in the top nibbles of the four scale words */
+                for (int k = 0; k < 4; k++) {
+                    uint8_t *hi = blk + bsz - 8 + 2 * k + 1;
+                    *hi = (uint8_t)((*hi & 0x0F) | ((d >> (4 * k)) & 0xF) << 4);
+                }
             } else if (type == TL_TYPE_IQ4_XS || tl_type_info(type)->name[0] == 'i') { /* d first, then random bits */
                 memcpy(blk, &d, 2);
             } else if (type == TL_TYPE_Q2_K) { /* d, dmin last */
