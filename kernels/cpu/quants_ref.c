@@ -7,6 +7,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "iq3_grids.h"
 #include "quants_impl.h"
 
 /* ---------------------------------------------------------------- halves */
@@ -204,6 +205,8 @@ void tl_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     case TL_TYPE_Q8_0: tl_dequant_q8_0_blocks(src, dst, nb); break;
     case TL_TYPE_IQ4_NL: dequant_iq4_nl(src, dst, nb); break;
     case TL_TYPE_IQ4_XS: dequant_iq4_xs(src, dst, nb); break;
+    case TL_TYPE_IQ3_XXS: tl_dequant_iq3_xxs(src, dst, nb); break;
+    case TL_TYPE_IQ3_S: tl_dequant_iq3_s(src, dst, nb); break;
     case TL_TYPE_Q5_1: dequant_q5_1(src, dst, nb); break;
     case TL_TYPE_Q2_K: dequant_q2_K(src, dst, nb); break;
     case TL_TYPE_Q3_K: dequant_q3_K(src, dst, nb); break;
@@ -654,6 +657,8 @@ void tl_quantize_row_ref(int type, const float *src, void *dst, int64_t n) {
     case TL_TYPE_Q8_0: quant_q8_0(src, dst, nb); break;
     case TL_TYPE_IQ4_NL: quant_iq4_nl(src, dst, nb); break;
     case TL_TYPE_IQ4_XS: quant_iq4_xs(src, dst, nb); break;
+    case TL_TYPE_IQ3_XXS: tl_quant_iq3_xxs(src, dst, nb); break;
+    case TL_TYPE_IQ3_S: tl_quant_iq3_s(src, dst, nb); break;
     case TL_TYPE_Q5_1: quant_q5_1(src, dst, nb); break;
     case TL_TYPE_Q2_K: quant_q2_K(src, dst, nb); break;
     case TL_TYPE_Q3_K: quant_q3_K(src, dst, nb); break;
@@ -942,6 +947,8 @@ void tl_kernels_fill_ref(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_Q4_0] = dot_q4_0;
     t->vec_dot[TL_TYPE_IQ4_NL] = dot_iq4_nl;
     t->vec_dot[TL_TYPE_IQ4_XS] = dot_iq4_xs;
+    t->vec_dot[TL_TYPE_IQ3_XXS] = tl_dot_iq3_xxs;
+    t->vec_dot[TL_TYPE_IQ3_S] = tl_dot_iq3_s;
     t->vec_dot[TL_TYPE_Q5_1] = dot_q5_1;
     t->vec_dot[TL_TYPE_Q4_1] = dot_q4_1;
     t->vec_dot[TL_TYPE_Q5_0] = dot_q5_0;
