@@ -6,6 +6,7 @@
  * _mm256_maddubs_epi16 (unsigned x signed bytes -> int16 pairs), then
  * _mm256_madd_epi16 against ones or the sub-block scales -> int32, and one
  * float FMA per block. */
+#include "iq3_grids.h"
 #include "quants_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -525,6 +526,7 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     t->f32_to_f16_row = f32_to_f16_avx2;
     tl_gemm_fill_avx2(t); /* q8_0/q4_0/q5_0/q4_1/q5_1/iq4_nl: gemm_avx2.c */
     tl_extra_fill_avx2(t); /* q2_K/q3_K/iq4_xs: quants_extra_avx2.c */
+    tl_iq3_fill_avx2(t);   /* iq3_xxs/iq3_s: quants_iq3_avx2.c */
     tl_gemm_k_fill_avx2(t); /* q4_K/q5_K/q6_K: gemm_k_avx2.c */
 }
 
