@@ -2,7 +2,8 @@
  * chunked attention.
  *
  *   tiles    every weight type, every ISA level, rows 1..17 x tokens
- *            1..17 (every micro-tile and leftover path): each entry is
+ *            1..17 (every micro-tile and leftover path; iq3_xxs and iq3_s
+ *            rows of random bytes, finite d): each entry is
  *            bitwise tl_vec_dot of its (row, token) pair at that level,
  *            within 2e-5 * sum |w_i x_i| of the scalar reference (the
  *            integer block sums are exact; only the float summation order
@@ -22,7 +23,8 @@
  *            GEMM entries are still the scalar reference bitwise.
  *   forward  synthetic models of each architecture (f32, q4_0, q8_0,
  *            q4_K) and llama in q4_1, q2_K, q3_K and iq4_xs (whose
- *            prefill GEMM decodes through other kernels) and in q8_0,
+ *            prefill GEMM decodes through other kernels), iq3_xxs and
+ *            iq3_s (no GEMM: prefill on the row tiles) and in q8_0,
  *            q5_0 and f16 at shapes off every tile size: a 45-token
  *            prompt prefilled in one call gives bitwise the logits of
  *            feeding it one token at a time (attention query chunks,
@@ -62,10 +64,23 @@ static uint64_t rng = 0x243F6A8885A308D3ull;
 
 static float gauss(void) { return test_gauss(&rng); }
 
+/* A row of n elements of random bytes, every block's d (its first two
+ * bytes) a finite half of either sign: the i-quants read any bit pattern
+ * of their indices, signs and scales as valid. */
+static void random_blocks(int type, uint8_t *w, int64_t n) {
+    static uint64_t state = 0x9E3779B97F4A7C15ull; /* its own: the other tests' data stay as they were */
+    const size_t bs = tl_type_info(type)->type_size;
+    for (size_t i = 0; i < tl_row_size(type, n); i++) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        w[i] = (uint8_t)(state >> 56);
+    }
+    for (size_t b = 0; b < tl_row_size(type, n) / bs; b++) w[b * bs + 1] &= 0xfb; /* exponent below 31 */
+}
+
 static void test_tiles(void) {
     static const int types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1,
                                 TL_TYPE_Q5_0, TL_TYPE_Q5_1, TL_TYPE_Q8_0, TL_TYPE_IQ4_NL, TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K,
-                                TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K};
+                                TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K, TL_TYPE_IQ3_XXS, TL_TYPE_IQ3_S};
     enum { MAXR = 17, MAXT = 17, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -83,6 +98,7 @@ static void test_tiles(void) {
             for (int r = 0; r < MAXR; r++) {
                 for (int64_t i = 0; i < n; i++) src[i] = gauss() * (1 + (i / 32) % 3);
                 tl_quantize_row(type, src, w + rw * r, n);
+                if (type == TL_TYPE_IQ3_XXS || type == TL_TYPE_IQ3_S) random_blocks(type, w + rw * r, n);
                 tl_dequantize_row(type, w + rw * r, wf + n * r, n);
             }
             for (int t = 0; t < MAXT; t++) {
@@ -321,8 +337,8 @@ static int step_by_step(tl_model *m, const int32_t *prompt, int n, float *logits
 }
 
 static void test_forward(void) {
-    tm_spec specs[TM_ARCH_CASES + 7];
-    const char *names[TM_ARCH_CASES + 7];
+    tm_spec specs[TM_ARCH_CASES + 9];
+    const char *names[TM_ARCH_CASES + 9];
     int nc = tm_arch_cases(specs, names);
     /* and q4_1 weights (packed at AVX-512, with their mins), the output
      * tied to token_embd: lookups gather q4_1 rows from packed groups */
@@ -332,10 +348,11 @@ static void test_forward(void) {
     specs[nc].seed = 9;
     names[nc++] = "llama q4_1";
     /* and the K-quant kinds whose prefill GEMM decodes through other
-     * kernels (row tiles at AVX2, rows_K at AVX-512): dims of 256 */
-    static const int ktypes[] = {TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_IQ4_XS};
-    static const char *const knames[] = {"llama q2_k", "llama q3_k", "llama iq4_xs"};
-    for (int k = 0; k < 3; k++) {
+     * kernels (row tiles at AVX2, rows_K at AVX-512), and the iq3 kinds
+     * without a GEMM (their row tiles): dims of 256 */
+    static const int ktypes[] = {TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_IQ4_XS, TL_TYPE_IQ3_XXS, TL_TYPE_IQ3_S};
+    static const char *const knames[] = {"llama q2_k", "llama q3_k", "llama iq4_xs", "llama iq3_xxs", "llama iq3_s"};
+    for (int k = 0; k < 5; k++) {
         specs[nc] = tm_default_spec();
         specs[nc].n_embd = 256;
         specs[nc].n_ff = 512;
