@@ -1,21 +1,28 @@
-/* quants_iq3_avx2.c - iq3_xxs and iq3_s at the AVX2 level: 4 rows x 1
- * token micro-tiles (TILE_DRIVER_RC), the 1 x 1 tile being vec_dot.
- * Prefill has no GEMM for these types and goes through the same tiles.
+/* quants_iq3_avx2.c - iq3_xxs and iq3_s at the AVX2 level: 4 rows x 4
+ * tokens micro-tiles (TILE_DRIVER_RC; leftover tokens one at a time), the
+ * 1 x 1 tile being vec_dot. Prefill has no GEMM for these types and goes
+ * through the same tiles, each weight sub-block decoded once for the
+ * tile's tokens.
  *
- * A sub-block of 32 is one vector: its 8 grid entries are loaded from the
- * table by index (4 levels each, in element order; scalar loads and
- * inserts ran 1.2x (iq3_xxs) and 1.05x (iq3_s) as fast as vpgatherdd
- * on this Zen 3, 4-row tiles of 4096-wide rows in L2), the weights' signs
- * become byte masks and are put on the activation bytes (vpsignb), and
- * vpmaddubsw multiplies the unsigned levels with them (|pair| <= 2 * 62 *
- * 127, no saturation); vpmaddwd weights the pairs by the sub-block's ls =
- * 2s + 1 into int32 lanes (|lane| < 2^20 a sub-block). The lanes' sum is
- * the reference's bsum exactly, and the float ops per super-block are
- * quants_iq3_ref.c's in its order (d = d_w * d_y; sumf += d * bsum; iq3_xxs
- * then 0.25f * sumf), four rows in the lanes of one vector, so every
- * output is bitwise tl_vec_dot_ref's. The four rows share each activation
- * load. (Activation bytes are never -128, which vpsignb could not negate:
- * q8_K rows span -127..127.) */
+ * Per super-block and row, the sign words, the ls and the grid indices
+ * are laid out once by vector ops (iq3_xxs's even-parity sign bytes by a
+ * nibble-parity vpshufb); per sub-block of 32 (one vector) the 8 grid
+ * entries are table loads (scalar loads and inserts: vpgatherdd ran
+ * slower on this Zen 3), the sign bits become byte masks put on the
+ * activation bytes (vpsignb), vpmaddubsw multiplies the unsigned levels
+ * with them (|pair| <= 2 * 62 * 127, no saturation) and vpmaddwd weights
+ * the pairs by the sub-block's ls = 2s + 1 into int32 lanes (|lane| <
+ * 2^20 a sub-block). The lanes' sum is the reference's bsum exactly, and
+ * the float ops per super-block are quants_iq3_ref.c's in its order (d =
+ * d_w * d_y; sumf += d * bsum; iq3_xxs then 0.25f * sumf), four rows in
+ * the lanes of one vector, so every output is bitwise tl_vec_dot_ref's,
+ * whatever the tile. The rows share each activation load. (Activation
+ * bytes are never -128, which vpsignb could not negate: q8_K rows span
+ * -127..127.)
+ *
+ * 4096-wide rows in L2, one thread on this loaded Zen 3: about 0.1 ns a
+ * weight and token alone, 0.037 ns in 16-token tiles (the per-sub-block
+ * prep took decode from 0.12 / 0.15 ns for iq3_xxs / iq3_s). */
 #include "iq3_grids.h"
 #include "quants_impl.h"
 
@@ -25,22 +32,16 @@
 #define T2 __attribute__((target("avx2,fma,f16c")))
 #define AI __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
+/* Tokens a micro-tile: one decode of a weight sub-block serves them all
+ * (16-token tiles ran 2.7x as fast as one token at a time; 8 ran 1.3x
+ * faster again but leaves up to 7 tokens to the 1-token tail) */
+enum { TB = 4 };
 
 static inline uint32_t rd32(const uint8_t *p) {
     uint32_t v;
     memcpy(&v, p, 4);
     return v;
 }
-
-/* iq3_xxs's 7-bit sign index s to its 8 sign bytes (0xFF: negative), as
- * one 64-bit word: bits 0..6 of s, bit 7 the parity of s (tl_iq_signs8). */
-#define SB(s, j) ((((s) >> (j)) & 1ull) * (0xFFull << (8 * (j))))
-#define PAR7(s) (((s) ^ (s) >> 1 ^ (s) >> 2 ^ (s) >> 3 ^ (s) >> 4 ^ (s) >> 5 ^ (s) >> 6) & 1ull)
-#define SIGNS8(s) \
-    (SB(s, 0) | SB(s, 1) | SB(s, 2) | SB(s, 3) | SB(s, 4) | SB(s, 5) | SB(s, 6) | PAR7(s) * (0xFFull << 56))
-#define S4(s) SIGNS8(s), SIGNS8((s) + 1), SIGNS8((s) + 2), SIGNS8((s) + 3)
-#define S16(s) S4(s), S4((s) + 4), S4((s) + 8), S4((s) + 12)
-static const uint64_t signs_xxs[128] = {S16(0), S16(16), S16(32), S16(48), S16(64), S16(80), S16(96), S16(112)};
 
 /* The fp16 words at offset off of four rows' block i, as floats. */
 static inline AI T2 __m128 f16x4(const uint8_t *const row[4], size_t off) {
@@ -66,80 +67,137 @@ static inline AI T2 void pf_next(int pf, const uint8_t *w, size_t ldw, int64_t i
     for (size_t k = 0; k < 4 * bw; k += 64) _mm_prefetch((const char *)(p + k), _MM_HINT_T0);
 }
 
-/* Sub-block ib of an iq3_xxs block: the 8 entries' levels, the sign bytes
- * (0xFF: negative) and ls. */
-static inline AI T2 __m256i xxs_levels(const block_iq3_xxs *a, int ib, __m256i *sgn, int *ls) {
-    const uint8_t *q = a->qs + 8 * ib;
-    const uint32_t aux = rd32(a->qs + 64 + 4 * ib);
-    *sgn = _mm256_setr_epi64x((long long)signs_xxs[aux & 127], (long long)signs_xxs[(aux >> 7) & 127],
-                              (long long)signs_xxs[(aux >> 14) & 127], (long long)signs_xxs[(aux >> 21) & 127]);
-    *ls = (int)(2 * (aux >> 28) + 1);
-    return _mm256_setr_epi32((int)tl_iq3xxs_grid[q[0]], (int)tl_iq3xxs_grid[q[1]], (int)tl_iq3xxs_grid[q[2]],
-                             (int)tl_iq3xxs_grid[q[3]], (int)tl_iq3xxs_grid[q[4]], (int)tl_iq3xxs_grid[q[5]],
-                             (int)tl_iq3xxs_grid[q[6]], (int)tl_iq3xxs_grid[q[7]]);
+/* What a row's super-block needs per sub-block ib, laid out once per
+ * super-block: sw[ib] its 32 sign bits (bit 8l + k: element 8l + k),
+ * lw[ib] its ls in both int16 halves, and the 64 grid indices. */
+typedef struct {
+    uint32_t sw[8], lw[8];
+    uint16_t ix[64];
+} sb_prep;
+
+/* ls in both halves of each int32 lane, from the 4-bit s in the lanes. */
+static inline AI T2 __m256i ls_pairs(__m256i s4) {
+    const __m256i ls = _mm256_or_si256(_mm256_slli_epi32(s4, 1), _mm256_set1_epi32(1));
+    return _mm256_or_si256(ls, _mm256_slli_epi32(ls, 16));
 }
 
-/* The same for iq3_s: 9-bit indices (qh bit g the 9th of entry g, masked
- * to the table's 512), its sign bits as they lie (bit k of byte j: element
- * 8j + k) spread to bytes. */
-static inline AI T2 __m256i s_levels(const block_iq3_s *a, int ib, __m256i *sgn, int *ls) {
-    const uint8_t *q = a->qs + 8 * ib;
-    const unsigned h = a->qh[ib];
-    const __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)rd32(a->signs + 4 * ib)),
+/* iq3_xxs: the four 7-bit sign indices of each sub-block's word to bytes
+ * (bits 7l..7l+6 to byte l), bit 7 of each byte the parity of its other
+ * seven (tl_iq_signs8), by a nibble-parity lookup; ls from bits 28..31. */
+static inline AI T2 void prep_xxs(const block_iq3_xxs *a, sb_prep *p) {
+    const __m256i aux = _mm256_loadu_si256((const __m256i *)(a->qs + 64));
+    const __m256i b = _mm256_or_si256(
+        _mm256_or_si256(_mm256_and_si256(aux, _mm256_set1_epi32(0x7F)),
+                        _mm256_and_si256(_mm256_slli_epi32(aux, 1), _mm256_set1_epi32(0x7F00))),
+        _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(aux, 2), _mm256_set1_epi32(0x7F0000)),
+                        _mm256_and_si256(_mm256_slli_epi32(aux, 3), _mm256_set1_epi32(0x7F000000))));
+    const __m256i par = _mm256_setr_epi8(0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0,
+                                         0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0);
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i p8 = _mm256_xor_si256(_mm256_shuffle_epi8(par, _mm256_and_si256(b, m4)),
+                                        _mm256_shuffle_epi8(par, _mm256_and_si256(_mm256_srli_epi16(b, 4), m4)));
+    _mm256_storeu_si256((__m256i *)p->sw, _mm256_or_si256(b, p8));
+    _mm256_storeu_si256((__m256i *)p->lw, ls_pairs(_mm256_srli_epi32(aux, 28)));
+    UNROLL for (int h = 0; h < 4; h++)
+        _mm256_storeu_si256((__m256i *)(p->ix + 16 * h),
+                            _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(a->qs + 16 * h))));
+}
+
+/* iq3_s: the sign words as they lie; s from the scale nibbles; the 9-bit
+ * indices: bit j of qh's 16-bit word h is the 9th bit of index 16h + j
+ * (masked to the table's 512 by construction). */
+static inline AI T2 void prep_s(const block_iq3_s *a, sb_prep *p) {
+    _mm256_storeu_si256((__m256i *)p->sw, _mm256_loadu_si256((const __m256i *)a->signs));
+    const __m256i s4 = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)rd32(a->scales)),
+                                                          _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                        _mm256_set1_epi32(0xF));
+    _mm256_storeu_si256((__m256i *)p->lw, ls_pairs(s4));
+    const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
+                                          (short)32768);
+    UNROLL for (int h = 0; h < 4; h++) {
+        uint16_t qh;
+        memcpy(&qh, a->qh + 2 * h, 2);
+        const __m256i hi = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)qh), bit), bit);
+        const __m256i lo = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(a->qs + 16 * h)));
+        _mm256_storeu_si256((__m256i *)(p->ix + 16 * h),
+                            _mm256_or_si256(lo, _mm256_and_si256(hi, _mm256_set1_epi16(256))));
+    }
+}
+
+/* Sub-block ib of a prepared row: the 8 entries' levels, its sign bytes
+ * (0xFF: negative) and its ls pairs. */
+static inline AI T2 __m256i levels(const uint32_t *grid, const sb_prep *p, int ib, __m256i *sgn, __m256i *ls) {
+    const __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)p->sw[ib]),
                                              _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
                                                                0x0101010101010101, 0));
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
     *sgn = _mm256_cmpeq_epi8(_mm256_and_si256(bits, bit), bit);
-    *ls = 2 * ((a->scales[ib / 2] >> (4 * (ib % 2))) & 0xF) + 1;
-#define IX(g) (int)tl_iq3s_grid[q[g] | (h << (8 - (g)) & 256)]
-    return _mm256_setr_epi32(IX(0), IX(1), IX(2), IX(3), IX(4), IX(5), IX(6), IX(7));
-#undef IX
+    *ls = _mm256_set1_epi32((int)p->lw[ib]);
+    const uint16_t *ix = p->ix + 8 * ib;
+    return _mm256_setr_epi32((int)grid[ix[0]], (int)grid[ix[1]], (int)grid[ix[2]], (int)grid[ix[3]], (int)grid[ix[4]],
+                             (int)grid[ix[5]], (int)grid[ix[6]], (int)grid[ix[7]]);
 }
 
-/* R rows (R <= 4) x C tokens (TILE_DRIVER_RC's MK; the drivers take one
- * token a step). Lanes past R read row R - 1 (valid memory) and are not
- * stored. */
+/* R rows (R <= 4) x C tokens (C <= TB, TILE_DRIVER_RC's MK): each
+ * sub-block of each row is decoded once for the C tokens. Lanes past R
+ * read row R - 1 (valid memory) and are not stored. */
 static inline AI T2 void mk_iq3(int xxs, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
                                 size_t ldw, const uint8_t *x, size_t ldx) {
     const size_t bw = xxs ? sizeof(block_iq3_xxs) : sizeof(block_iq3_s);
+    const uint32_t *grid = xxs ? tl_iq3xxs_grid : tl_iq3s_grid;
     const __m256i one = _mm256_set1_epi8(1);
     const uint8_t *row[4];
     for (int k = 0; k < 4; k++) row[k] = w + (size_t)(k < R ? k : R - 1) * ldw;
-    for (int c = 0; c < C; c++) {
-        const block_q8_K *y = (const block_q8_K *)(x + (size_t)c * ldx);
-        __m128 sumf = _mm_setzero_ps();
-        for (int64_t i = 0; i < n / QK_K; i++) {
-            pf_next(pf && c == 0, w, ldw, i, bw);
-            __m256i acc[4];
-            for (int k = 0; k < 4; k++) acc[k] = _mm256_setzero_si256();
-            for (int ib = 0; ib < 8; ib++) {
-                const __m256i yv = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib));
-                UNROLL for (int k = 0; k < 4; k++) {
-                    if (k >= R) continue;
-                    const uint8_t *a = row[k] + (size_t)i * bw;
-                    __m256i sgn;
-                    int ls;
-                    const __m256i q = xxs ? xxs_levels((const block_iq3_xxs *)a, ib, &sgn, &ls)
-                                          : s_levels((const block_iq3_s *)a, ib, &sgn, &ls);
-                    const __m256i p = _mm256_maddubs_epi16(q, _mm256_sign_epi8(yv, _mm256_or_si256(sgn, one)));
-                    acc[k] = _mm256_add_epi32(acc[k], _mm256_madd_epi16(p, _mm256_set1_epi16((short)ls)));
+    const block_q8_K *y[TB];
+    __m128 sumf[TB];
+    UNROLL for (int c = 0; c < C; c++) {
+        y[c] = (const block_q8_K *)(x + (size_t)c * ldx);
+        sumf[c] = _mm_setzero_ps();
+    }
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        pf_next(pf, w, ldw, i, bw);
+        sb_prep p[4];
+        UNROLL for (int k = 0; k < R; k++) {
+            const uint8_t *a = row[k] + (size_t)i * bw;
+            if (xxs) prep_xxs((const block_iq3_xxs *)a, &p[k]);
+            else prep_s((const block_iq3_s *)a, &p[k]);
+        }
+        __m256i acc[TB][4];
+        UNROLL for (int c = 0; c < C; c++)
+            UNROLL for (int k = 0; k < 4; k++) acc[c][k] = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ib++) {
+            __m256i yv[TB];
+            UNROLL for (int c = 0; c < C; c++) yv[c] = _mm256_loadu_si256((const __m256i *)(y[c][i].qs + 32 * ib));
+            UNROLL for (int k = 0; k < 4; k++) {
+                if (k >= R) continue;
+                __m256i sgn, ls;
+                const __m256i q = levels(grid, &p[k], ib, &sgn, &ls);
+                sgn = _mm256_or_si256(sgn, one);
+                UNROLL for (int c = 0; c < C; c++) {
+                    const __m256i prod = _mm256_maddubs_epi16(q, _mm256_sign_epi8(yv[c], sgn));
+                    acc[c][k] = _mm256_add_epi32(acc[c][k], _mm256_madd_epi16(prod, ls));
                 }
             }
-            /* sumf += (d_w * d_y) * bsum, as the reference */
-            const __m128 d = _mm_mul_ps(f16x4(row, (size_t)i * bw), _mm_set1_ps(y[i].d));
-            sumf = _mm_add_ps(sumf, _mm_mul_ps(d, _mm_cvtepi32_ps(hsum4_i32(acc))));
         }
-        if (xxs) sumf = _mm_mul_ps(_mm_set1_ps(0.25f), sumf);
+        /* sumf += (d_w * d_y) * bsum, as the reference */
+        const __m128 dw = f16x4(row, (size_t)i * bw);
+        UNROLL for (int c = 0; c < C; c++) {
+            const __m128 d = _mm_mul_ps(dw, _mm_set1_ps(y[c][i].d));
+            sumf[c] = _mm_add_ps(sumf[c], _mm_mul_ps(d, _mm_cvtepi32_ps(hsum4_i32(acc[c]))));
+        }
+    }
+    UNROLL for (int c = 0; c < C; c++) {
+        if (xxs) sumf[c] = _mm_mul_ps(_mm_set1_ps(0.25f), sumf[c]);
         float o[4];
-        _mm_storeu_ps(o, sumf);
+        _mm_storeu_ps(o, sumf[c]);
         for (int k = 0; k < R; k++) out[(size_t)c * ldo + k] = o[k];
     }
 }
 
 #define MK_XXS(R, C, ...) mk_iq3(1, R, C, __VA_ARGS__)
 #define MK_S(R, C, ...) mk_iq3(0, R, C, __VA_ARGS__)
-TILE_DRIVER_RC(tile_iq3_xxs, T2, MK_XXS, 4, 1)
-TILE_DRIVER_RC(tile_iq3_s, T2, MK_S, 4, 1)
+TILE_DRIVER_RC(tile_iq3_xxs, T2, MK_XXS, 4, TB)
+TILE_DRIVER_RC(tile_iq3_s, T2, MK_S, 4, TB)
 
 void tl_iq3_fill_avx2(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_IQ3_XXS] = tile_iq3_xxs_1;
