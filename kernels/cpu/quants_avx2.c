@@ -7,6 +7,7 @@
  * _mm256_madd_epi16 against ones or the sub-block scales -> int32, and one
  * float FMA per block. */
 #include "iq2_grids.h"
+#include "iq3_grids.h"
 #include "iq1_grids.h"
 #include "quants_impl.h"
 
@@ -528,6 +529,7 @@ void tl_kernels_fill_avx2(tl_kernel_table *t) {
     tl_gemm_fill_avx2(t); /* q8_0/q4_0/q5_0/q4_1/q5_1/iq4_nl: gemm_avx2.c */
     tl_extra_fill_avx2(t); /* q2_K/q3_K/iq4_xs: quants_extra_avx2.c */
     tl_iq2_fill_avx2(t);   /* iq2_xxs/iq2_xs/iq2_s: quants_iq2_avx2.c */
+    tl_iq3_fill_avx2(t);   /* iq3_xxs/iq3_s: quants_iq3_avx2.c */
     tl_iq1_fill_avx2(t); /* iq1_s/iq1_m: quants_iq1_avx2.c */
     tl_gemm_k_fill_avx2(t); /* q4_K/q5_K/q6_K: gemm_k_avx2.c */
     tl_gemm_iq_fill_avx2(t); /* the i-quants' GEMM over their tiles: gemm_iq_avx2.c */

@@ -5,6 +5,7 @@
 
 #include "iq1_grids.h"
 #include "iq2_grids.h"
+#include "iq3_grids.h"
 #include "quants_iq.h"
 
 /* The 8 bytes of g with byte j negated where bit j of s is set. Grid
@@ -58,6 +59,34 @@ static void unpack_iq2_s(const uint8_t *blk, uint64_t v[32], int16_t ls[16], flo
     for (int h = 0; h < 16; h++) ls[h] = ls16(b->scales, h);
 }
 
+static void unpack_iq3_xxs(const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
+    const block_iq3_xxs *b = (const block_iq3_xxs *)blk;
+    *d = TL_F16(rd16(blk));
+    for (int ib = 0; ib < 8; ib++) {
+        const uint32_t aux = rd32(b->qs + 64 + 4 * ib);
+        ls[2 * ib] = ls[2 * ib + 1] = (int16_t)(2 * (aux >> 28) + 1);
+        for (int l = 0; l < 4; l++) {
+            const uint8_t *q = b->qs + 8 * ib + 2 * l;
+            const uint64_t g = tl_iq3xxs_grid[q[0]] | (uint64_t)tl_iq3xxs_grid[q[1]] << 32;
+            v[4 * ib + l] = signed8(g, tl_iq_signs8(aux >> (7 * l)));
+        }
+    }
+}
+
+static void unpack_iq3_s(const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
+    const block_iq3_s *b = (const block_iq3_s *)blk;
+    *d = TL_F16(rd16(blk));
+    for (int ib = 0; ib < 8; ib++) {
+        ls[2 * ib] = ls[2 * ib + 1] = (int16_t)(2 * (b->scales[ib / 2] >> (4 * (ib % 2)) & 15) + 1);
+        for (int l = 0; l < 4; l++) {
+            const int g0 = 2 * l, g1 = 2 * l + 1;
+            const uint32_t e0 = tl_iq3s_grid[b->qs[8 * ib + g0] | (b->qh[ib] >> g0 & 1) << 8];
+            const uint32_t e1 = tl_iq3s_grid[b->qs[8 * ib + g1] | (b->qh[ib] >> g1 & 1) << 8];
+            v[4 * ib + l] = signed8(e0 | (uint64_t)e1 << 32, b->signs[4 * ib + l]);
+        }
+    }
+}
+
 /* iq1: values in eighths, 8g + delta (g in -1..1, delta +-1), which is
  * how the reference dots count them (post 1/8) */
 static inline uint64_t eighths8(unsigned idx, int delta) {
@@ -85,12 +114,15 @@ static void unpack_iq1_m(const uint8_t *blk, uint64_t v[32], int16_t ls[16], flo
 
 const tl_iq_info *tl_iq_info_of(int type) {
     static const tl_iq_info iq2_xxs = {unpack_iq2_xxs, 0.125f, 43}, iq2_xs = {unpack_iq2_xs, 0.125f, 43},
-                            iq2_s = {unpack_iq2_s, 0.125f, 43}, iq1_s = {unpack_iq1_s, 0.125f, 9},
+                            iq2_s = {unpack_iq2_s, 0.125f, 43}, iq3_xxs = {unpack_iq3_xxs, 0.25f, 62},
+                            iq3_s = {unpack_iq3_s, 1.0f, 15}, iq1_s = {unpack_iq1_s, 0.125f, 9},
                             iq1_m = {unpack_iq1_m, 0.125f, 9};
     switch (type) {
     case TL_TYPE_IQ2_XXS: return &iq2_xxs;
     case TL_TYPE_IQ2_XS: return &iq2_xs;
     case TL_TYPE_IQ2_S: return &iq2_s;
+    case TL_TYPE_IQ3_XXS: return &iq3_xxs;
+    case TL_TYPE_IQ3_S: return &iq3_s;
     case TL_TYPE_IQ1_S: return &iq1_s;
     case TL_TYPE_IQ1_M: return &iq1_m;
     default: return NULL;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "iq2_grids.h"
+#include "iq3_grids.h"
 #include "iq1_grids.h"
 #include "quants_impl.h"
 
@@ -209,6 +210,8 @@ void tl_dequantize_row(int type, const void *src, float *dst, int64_t n) {
     case TL_TYPE_IQ2_XXS: tl_dequant_iq2_xxs(src, dst, nb); break;
     case TL_TYPE_IQ2_XS: tl_dequant_iq2_xs(src, dst, nb); break;
     case TL_TYPE_IQ2_S: tl_dequant_iq2_s(src, dst, nb); break;
+    case TL_TYPE_IQ3_XXS: tl_dequant_iq3_xxs(src, dst, nb); break;
+    case TL_TYPE_IQ3_S: tl_dequant_iq3_s(src, dst, nb); break;
     case TL_TYPE_IQ1_S: tl_dequant_iq1_s(src, dst, nb); break;
     case TL_TYPE_IQ1_M: tl_dequant_iq1_m(src, dst, nb); break;
     case TL_TYPE_Q5_1: dequant_q5_1(src, dst, nb); break;
@@ -664,6 +667,8 @@ void tl_quantize_row_ref(int type, const float *src, void *dst, int64_t n) {
     case TL_TYPE_IQ2_XXS: tl_quant_iq2_xxs(src, dst, nb); break;
     case TL_TYPE_IQ2_XS: tl_quant_iq2_xs(src, dst, nb); break;
     case TL_TYPE_IQ2_S: tl_quant_iq2_s(src, dst, nb); break;
+    case TL_TYPE_IQ3_XXS: tl_quant_iq3_xxs(src, dst, nb); break;
+    case TL_TYPE_IQ3_S: tl_quant_iq3_s(src, dst, nb); break;
     case TL_TYPE_IQ1_S: tl_quant_iq1_s(src, dst, nb); break;
     case TL_TYPE_IQ1_M: tl_quant_iq1_m(src, dst, nb); break;
     case TL_TYPE_Q5_1: quant_q5_1(src, dst, nb); break;
@@ -957,6 +962,8 @@ void tl_kernels_fill_ref(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_IQ2_XXS] = tl_dot_iq2_xxs;
     t->vec_dot[TL_TYPE_IQ2_XS] = tl_dot_iq2_xs;
     t->vec_dot[TL_TYPE_IQ2_S] = tl_dot_iq2_s;
+    t->vec_dot[TL_TYPE_IQ3_XXS] = tl_dot_iq3_xxs;
+    t->vec_dot[TL_TYPE_IQ3_S] = tl_dot_iq3_s;
     t->vec_dot[TL_TYPE_Q5_1] = dot_q5_1;
     t->vec_dot[TL_TYPE_Q4_1] = dot_q4_1;
     t->vec_dot[TL_TYPE_Q5_0] = dot_q5_0;

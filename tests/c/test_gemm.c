@@ -68,10 +68,12 @@ static uint64_t rng = 0x243F6A8885A308D3ull;
 
 static float gauss(void) { return test_gauss(&rng); }
 
-/* The iq2 family's weights in the tile checks are random bytes (every bit
- * pattern is a valid block: any grid index, sign and scale), d finite. */
+/* The iq2 and iq3 families' weights in the tile checks are random bytes
+ * (every bit pattern is a valid block: any grid index, sign and scale), d
+ * finite. */
 static int random_blocks(int type) {
-    return type == TL_TYPE_IQ2_XXS || type == TL_TYPE_IQ2_XS || type == TL_TYPE_IQ2_S;
+    return type == TL_TYPE_IQ2_XXS || type == TL_TYPE_IQ2_XS || type == TL_TYPE_IQ2_S || type == TL_TYPE_IQ3_XXS ||
+           type == TL_TYPE_IQ3_S;
 }
 
 static void fill_random_blocks(int type, uint8_t *w, int64_t n) {
@@ -90,7 +92,7 @@ static void test_tiles(void) {
     static const int types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1,
                                 TL_TYPE_Q5_0, TL_TYPE_Q5_1, TL_TYPE_Q8_0, TL_TYPE_IQ4_NL, TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K,
                                 TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K, TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S,
-                                TL_TYPE_IQ1_S, TL_TYPE_IQ1_M};
+                                TL_TYPE_IQ1_S, TL_TYPE_IQ1_M, TL_TYPE_IQ3_XXS, TL_TYPE_IQ3_S};
     enum { MAXR = 17, MAXT = 17, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -258,7 +260,8 @@ static void score_tile(int type, int64_t n, int nr, int nt, const float *out, si
 static void test_gemm_path(void) {
     static const int types[] = {TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q5_0, TL_TYPE_Q4_1, TL_TYPE_Q5_1, TL_TYPE_IQ4_NL,
                                 TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K,
-                                TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S, TL_TYPE_IQ1_S, TL_TYPE_IQ1_M};
+                                TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S, TL_TYPE_IQ1_S, TL_TYPE_IQ1_M,
+                                TL_TYPE_IQ3_XXS, TL_TYPE_IQ3_S};
     enum { MAXR = TL_GEMM_ROWS, MAXT = 19, PAD = 3 };
     const int isa_max = tl_kernels_isa();
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
@@ -417,8 +420,8 @@ static int step_by_step(tl_model *m, const int32_t *prompt, int n, float *logits
 }
 
 static void test_forward(void) {
-    tm_spec specs[TM_ARCH_CASES + 12];
-    const char *names[TM_ARCH_CASES + 12];
+    tm_spec specs[TM_ARCH_CASES + 14];
+    const char *names[TM_ARCH_CASES + 14];
     int nc = tm_arch_cases(specs, names);
     /* and q4_1 weights (packed at AVX-512, with their mins), the output
      * tied to token_embd: lookups gather q4_1 rows from packed groups */
@@ -429,11 +432,11 @@ static void test_forward(void) {
     names[nc++] = "llama q4_1";
     /* and the K-quant kinds whose prefill GEMM decodes through other
      * kernels (row tiles at AVX2, rows_K at AVX-512): dims of 256 */
-    static const int ktypes[] = {TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_IQ4_XS, TL_TYPE_IQ2_XXS,
-                                 TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S, TL_TYPE_IQ1_S, TL_TYPE_IQ1_M};
-    static const char *const knames[] = {"llama q2_k",    "llama q3_k",   "llama iq4_xs", "llama iq2_xxs",
-                                         "llama iq2_xs",  "llama iq2_s",  "llama iq1_s",  "llama iq1_m"};
-    for (int k = 0; k < 8; k++) {
+    static const int ktypes[] = {TL_TYPE_Q2_K,   TL_TYPE_Q3_K,  TL_TYPE_IQ4_XS, TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS,
+                                 TL_TYPE_IQ2_S,  TL_TYPE_IQ1_S, TL_TYPE_IQ1_M,  TL_TYPE_IQ3_XXS, TL_TYPE_IQ3_S};
+    static const char *const knames[] = {"llama q2_k",  "llama q3_k",  "llama iq4_xs", "llama iq2_xxs", "llama iq2_xs",
+                                         "llama iq2_s", "llama iq1_s", "llama iq1_m",  "llama iq3_xxs", "llama iq3_s"};
+    for (int k = 0; k < 10; k++) {
         specs[nc] = tm_default_spec();
         specs[nc].n_embd = 256;
         specs[nc].n_ff = 512;
@@ -893,7 +896,7 @@ static void test_softmax(void) {
 static void test_gemm_k_extremes(void) {
     static const int types[] = {TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K,   TL_TYPE_Q4_K,  TL_TYPE_Q5_K,
                                 TL_TYPE_Q6_K,   TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S,
-                                TL_TYPE_IQ1_S,  TL_TYPE_IQ1_M};
+                                TL_TYPE_IQ1_S,  TL_TYPE_IQ1_M,   TL_TYPE_IQ3_XXS, TL_TYPE_IQ3_S};
     enum { NR = TL_GEMM_ROWS, NT = 41, N = 512 }; /* the i-quants' GEMM takes 32 tokens or more */
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const int type = types[ti];

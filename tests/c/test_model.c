@@ -242,7 +242,8 @@ static void test_decode_equals_chunk(void) {
 static void test_quant_twins(void) {
     static const int types[] = {TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q8_0, TL_TYPE_Q4_0, TL_TYPE_Q4_1, TL_TYPE_Q5_0,
                                 TL_TYPE_Q5_1, TL_TYPE_IQ4_NL, TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K, TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K,
-                                TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S, TL_TYPE_IQ1_S, TL_TYPE_IQ1_M};
+                                TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S, TL_TYPE_IQ1_S, TL_TYPE_IQ1_M, TL_TYPE_IQ3_XXS,
+                                TL_TYPE_IQ3_S};
     /* Weights are identical in both files; the remaining error comes from
      * quantizing activations to Q8_0 / Q8_K in the packed dot products. */
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {

@@ -13,6 +13,12 @@
  *   Q8_0/Q8_K      SIMD activation quantization byte-identical to scalar
  *   fp16           exhaustive round trip; f32->f16 equal to a nearest-even
  *                  search over all half values, and to every SIMD row path
+ *   iq3_xxs/iq3_s  the grids' values (hashes), hand-built blocks decoded
+ *                  exactly, blocks of random bytes (finite d of any
+ *                  magnitude) dotted bitwise as the scalar reference at
+ *                  every level (vec_dot and tiles) and that within 1e-5 *
+ *                  sum |w_i x_i| of the dequantized dot, zero and constant
+ *                  rows quantized without NaN
  *   iq1_s / iq1_m  the grid's hash is gguf-py's; hand-built blocks decode as
  *                  the format says; random-byte blocks (extreme d, -128
  *                  activations): every level bitwise the scalar dot, which
@@ -26,6 +32,7 @@
 #include <string.h>
 
 #include "iq1_grids.h"
+#include "iq3_grids.h"
 #include "quants.h"
 #include "quants_impl.h"
 #include "test.h"
@@ -65,7 +72,7 @@ static int isa_max;
 static const int weight_types[] = {TL_TYPE_F32,  TL_TYPE_F16,  TL_TYPE_BF16, TL_TYPE_Q4_0, TL_TYPE_Q4_1,
                                    TL_TYPE_Q5_0, TL_TYPE_Q5_1, TL_TYPE_Q8_0, TL_TYPE_IQ4_NL, TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K,
                                    TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K, TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S,
-                                   TL_TYPE_IQ1_S, TL_TYPE_IQ1_M};
+                                   TL_TYPE_IQ1_S, TL_TYPE_IQ1_M, TL_TYPE_IQ3_XXS, TL_TYPE_IQ3_S};
 #define N_WTYPES ((int)(sizeof weight_types / sizeof weight_types[0]))
 
 /* Round-trip bounds: about 1.5x the worst the quantizers measure on
@@ -84,6 +91,8 @@ static double rt_bound(int type) {
     case TL_TYPE_IQ4_XS: return 1.5e-2;
     case TL_TYPE_Q2_K: return 1.1e-1;
     case TL_TYPE_Q3_K: return 5e-2;
+    case TL_TYPE_IQ3_XXS: return 5e-2;
+    case TL_TYPE_IQ3_S: return 3e-2;
     case TL_TYPE_Q4_K: return 8e-3;
     case TL_TYPE_Q5_K: return 2e-3;
     case TL_TYPE_Q6_K: return 8e-4;
@@ -699,13 +708,158 @@ static void test_iq1_blocks(void) {
     rng_state = rng_saved;
 }
 
-/* --------------------------------------------- per-type correctness */
+/* ------------------------------------------------------ iq3_xxs, iq3_s */
 
 static double sum_abs_prod(const float *a, const float *b, int64_t n) {
     double s = 0;
     for (int64_t i = 0; i < n; i++) s += fabs((double)a[i] * b[i]);
     return s;
 }
+
+
+/* h = 31 h + entry over a grid (the values were checked equal to ggml's
+ * iq3xxs_grid / iq3s_grid entry by entry when the tables were generated). */
+static uint32_t grid_hash(const uint32_t *g, int n) {
+    uint32_t h = 0;
+    for (int i = 0; i < n; i++) h = h * 31 + g[i];
+    return h;
+}
+
+/* nb blocks of random bytes, each d (the first two bytes of both types) a
+ * random finite half: subnormals up to 65504, either sign. */
+static void iq3_random_blocks(int type, uint8_t *w, int nb) {
+    const size_t bs = tl_type_info(type)->type_size;
+    for (size_t i = 0; i < bs * (size_t)nb; i++) w[i] = (uint8_t)rng_u64();
+    for (int b = 0; b < nb; b++) {
+        uint16_t d;
+        do d = (uint16_t)rng_u64(); while (((d >> 10) & 31) == 31);
+        memcpy(w + bs * (size_t)b, &d, 2);
+    }
+}
+
+static void test_iq3(void) {
+    const uint64_t rng_saved = rng_state; /* the later tests' data as without this test */
+    CHECK(grid_hash(tl_iq3xxs_grid, 256) == 0xeeeadeb6u && grid_hash(tl_iq3s_grid, 512) == 0x87034186u &&
+              tl_iq3xxs_grid[0] == 0x04040404u && tl_iq3xxs_grid[255] == 0x3e341c04u &&
+              tl_iq3s_grid[0] == 0x01010101u && tl_iq3s_grid[511] == 0x0f0f0101u,
+          "the iq3_xxs and iq3_s grids hold the format's values");
+
+    /* hand-built blocks, d = 1 (every value exact in float): iq3_xxs
+     * element 8l + k of sub-block ib is (0.5 + s) / 2 * level, negative
+     * where bit k of the group's 7-bit sign index is set, element 7 where
+     * that index has odd parity; iq3_s's (1 + 2s) * level with the 9th
+     * index bit from qh and the sign from its own bit */
+    float want[QK_K], got[QK_K];
+    block_iq3_xxs bx;
+    memset(&bx, 0, sizeof bx);
+    bx.d = 0x3C00;
+    for (int ib = 0; ib < 8; ib++) {
+        const int sc = (ib * 5 + 3) % 16;
+        uint32_t aux = (uint32_t)sc << 28;
+        for (int g = 0; g < 8; g++) bx.qs[8 * ib + g] = (uint8_t)(37 * (8 * ib + g) + 11);
+        for (int l = 0; l < 4; l++) aux |= (uint32_t)((ib * 29 + l * 53 + 3) & 127) << (7 * l);
+        memcpy(bx.qs + 64 + 4 * ib, &aux, 4);
+        for (int e = 0; e < 32; e++) {
+            const unsigned s7 = (aux >> (7 * (e / 8))) & 127, k = e % 8;
+            const int neg = k < 7 ? (s7 >> k) & 1 : __builtin_parity(s7);
+            const int level = (tl_iq3xxs_grid[bx.qs[8 * ib + e / 4]] >> (8 * (e % 4))) & 255;
+            want[32 * ib + e] = (0.5f + sc) * 0.5f * level * (neg ? -1 : 1);
+        }
+    }
+    tl_dequantize_row(TL_TYPE_IQ3_XXS, &bx, got, QK_K);
+    int bad = 0;
+    for (int e = 0; e < QK_K; e++) bad += got[e] != want[e];
+    CHECK(bad == 0, "iq3_xxs dequantizes a hand-built block exactly (%d wrong)", bad);
+    check_block_dots("iq3_xxs", TL_TYPE_IQ3_XXS, &bx, want);
+    block_iq3_s bs;
+    bs.d = 0x3C00;
+    for (int j = 0; j < 64; j++) bs.qs[j] = (uint8_t)(91 * j + 5);
+    for (int j = 0; j < 8; j++) bs.qh[j] = (uint8_t)(37 * j + 0x5A);
+    for (int j = 0; j < 32; j++) bs.signs[j] = (uint8_t)(73 * j + 1);
+    for (int j = 0; j < 4; j++) bs.scales[j] = (uint8_t)(0x37 * j + 0x1E);
+    for (int e = 0; e < QK_K; e++) {
+        const int ib = e / 32, g = e % 32 / 4, sc = (bs.scales[ib / 2] >> (4 * (ib % 2))) & 15;
+        const int idx = bs.qs[8 * ib + g] | ((bs.qh[ib] >> g) & 1) << 8;
+        const int level = (tl_iq3s_grid[idx] >> (8 * (e % 4))) & 255;
+        want[e] = (float)((1 + 2 * sc) * level * ((bs.signs[e / 8] >> (e % 8)) & 1 ? -1 : 1));
+    }
+    tl_dequantize_row(TL_TYPE_IQ3_S, &bs, got, QK_K);
+    bad = 0;
+    for (int e = 0; e < QK_K; e++) bad += got[e] != want[e];
+    CHECK(bad == 0, "iq3_s dequantizes a hand-built block exactly (%d wrong)", bad);
+    check_block_dots("iq3_s", TL_TYPE_IQ3_S, &bs, want);
+
+    /* random-byte rows x q8_K rows (Gaussian, all +127, alternating +-127) */
+    enum { NB = 12, N = NB * QK_K, NR = 6, NT = 3 };
+    const int types[2] = {TL_TYPE_IQ3_XXS, TL_TYPE_IQ3_S};
+    const size_t rx = tl_row_size(TL_TYPE_Q8_K, N);
+    uint8_t *x = malloc(rx * NT);
+    float *wf = malloc(sizeof(float) * N), *xf = malloc(sizeof(float) * N), out[NR * NT];
+    for (int t = 0; t < NT; t++) {
+        for (int i = 0; i < N; i++) xf[i] = t == 0 ? rng_gauss() : t == 1 ? 1.0f : (i % 2 ? -1.0f : 1.0f);
+        tl_quantize_row_ref(TL_TYPE_Q8_K, xf, x + rx * t, N);
+    }
+    for (int ti = 0; ti < 2; ti++) {
+        const int type = types[ti];
+        const size_t rw = tl_row_size(type, N);
+        uint8_t *w = malloc(rw * NR);
+        iq3_random_blocks(type, w, NB * NR);
+        int bad_dot = 0, bad_tile = 0, far = 0;
+        for (int r = 0; r < NR; r++)
+            for (int t = 0; t < NT; t++) {
+                float ref;
+                tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
+                tl_dequantize_row(type, w + rw * r, wf, N);
+                tl_dequantize_row(TL_TYPE_Q8_K, x + rx * t, xf, N);
+                double exact = 0;
+                for (int i = 0; i < N; i++) exact += (double)wf[i] * xf[i];
+                far += !(fabs(ref - exact) <= 1e-5 * sum_abs_prod(wf, xf, N));
+                for (int lvl = 0; lvl <= isa_max; lvl++) {
+                    tl_kernels_set_isa(lvl);
+                    float got1;
+                    tl_vec_dot(type)(N, &got1, w + rw * r, x + rx * t);
+                    bad_dot += memcmp(&got1, &ref, 4) != 0;
+                }
+            }
+        for (int lvl = 0; lvl <= isa_max; lvl++) {
+            tl_kernels_set_isa(lvl);
+            tl_vec_dot_tile(type, N, NR, NT, out, NR, w, rw, x, rx);
+            for (int r = 0; r < NR; r++)
+                for (int t = 0; t < NT; t++) {
+                    float ref;
+                    tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
+                    bad_tile += memcmp(&out[t * NR + r], &ref, 4) != 0;
+                }
+        }
+        tl_kernels_set_isa(isa_max);
+        const char *name = tl_type_info(type)->name;
+        CHECK(bad_dot == 0 && bad_tile == 0, "%s random-byte blocks: vec_dot and tiles at every level equal the scalar "
+              "reference bitwise (%d, %d differ)", name, bad_dot, bad_tile);
+        CHECK(far == 0, "%s random-byte blocks: the reference dot is within 1e-5 of the dequantized dot (%d far)", name,
+              far);
+
+        /* zeros, constants and a wide range quantize to finite values */
+        static const float consts[] = {0.0f, -0.0f, 0.37f, -2.5e-3f, 1e4f};
+        int nonfinite = 0, off = 0;
+        for (size_t c = 0; c <= sizeof consts / sizeof consts[0]; c++) {
+            for (int i = 0; i < 2 * QK_K; i++)
+                xf[i] = c < sizeof consts / sizeof consts[0] ? consts[c] : (i == 77 ? 3e4f : 1e-3f * rng_gauss());
+            tl_quantize_row(type, xf, w, 2 * QK_K);
+            tl_dequantize_row(type, w, wf, 2 * QK_K);
+            for (int i = 0; i < 2 * QK_K; i++) {
+                nonfinite += !isfinite(wf[i]);
+                if (c < sizeof consts / sizeof consts[0]) off += !(fabsf(wf[i] - xf[i]) <= 1e-3f * fabsf(xf[i]));
+            }
+        }
+        CHECK(nonfinite == 0 && off == 0, "%s quantizes zero and constant rows within 1e-3 and wide rows finite (%d "
+              "non-finite, %d off)", name, nonfinite, off);
+        free(w);
+    }
+    free(x); free(wf); free(xf);
+    rng_state = rng_saved;
+}
+
+/* --------------------------------------------- per-type correctness */
 
 static void test_type(int type, const int64_t *sizes, int nsizes) {
     const tl_type_traits *t = tl_type_info(type);
@@ -975,6 +1129,7 @@ int main(void) {
     test_iq2_random();
     test_iq2_edges();
     test_iq1_blocks();
+    test_iq3();
     test_act_quant();
     test_helpers();
 
