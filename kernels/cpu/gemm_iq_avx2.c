@@ -23,6 +23,7 @@
  * tl_vec_dot_ref's. Fewer than IQ_GEMM_TOKENS tokens (decode, small
  * batches) take the type's tiles instead (quants_iq*_avx2.c), which sum
  * the same way. */
+#include "iq2_grids.h"
 #include "quants_iq.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -53,17 +54,23 @@ typedef struct {
 
 static iq_kind kinds[TL_TYPE_COUNT];
 
-/* Super-block i of the 8 rows (row r at w + roffs[r]) into the workspace g. */
-static void fill_sb(const iq_kind *k, const uint8_t *w, const size_t *roffs, int64_t i, uint8_t *g) {
-    uint32_t *q = (uint32_t *)g, *sc = q + 64 * 8;
-    float *d = (float *)(sc + 16 * 8);
-    for (int r = 0; r < 8; r++) {
-        uint64_t v[32];
-        int16_t ls[16];
-        k->unpack(w + roffs[r] + (size_t)i * k->bw, v, ls, &d[r]);
-        for (int z = 0; z < 64; z++) q[8 * z + r] = (uint32_t)(v[z / 2] >> (32 * (z & 1)));
-        for (int h = 0; h < 16; h++) sc[8 * h + r] = (uint16_t)ls[h] | (uint32_t)(uint16_t)ls[h] << 16;
+/* Super-block i of the 8 rows (row r at w + roffs[r]) into the workspace
+ * g: each row unpacked in element order, then 32-byte columns transposed
+ * (lane r of q[8c + k] = elements 32c + 4k.. of row r). */
+static T2 void fill_sb(const iq_kind *k, const uint8_t *w, const size_t *roffs, int64_t i, uint8_t *g) {
+    _Alignas(32) uint64_t v[8][32];
+    int16_t ls[8][16];
+    __m256i *G = (__m256i *)g;
+    uint32_t *sc = (uint32_t *)(G + 64);
+    float *d = (float *)(G + 80);
+    for (int r = 0; r < 8; r++) k->unpack(w + roffs[r] + (size_t)i * k->bw, v[r], ls[r], &d[r]);
+    for (int c = 0; c < 8; c++) {
+        __m256i z[8];
+        UNROLL for (int r = 0; r < 8; r++) z[r] = _mm256_load_si256((const __m256i *)&v[r][4 * c]);
+        tl_tr8x8(z, G + 8 * c);
     }
+    for (int h = 0; h < 16; h++)
+        for (int r = 0; r < 8; r++) sc[8 * h + r] = (uint16_t)ls[r][h] | (uint32_t)(uint16_t)ls[r][h] << 16;
 }
 
 static inline AI T2 __m256i bcast32(const void *p) {
@@ -181,7 +188,8 @@ void tl_gemm_iq_fill_avx2(tl_kernel_table *t) {
         const tl_iq_info *info = tl_iq_info_of(type);
         /* int16 sums of two k-steps hold 4 * 63 * 127; vmax of 31 or less: all 4 */
         if (!info || info->vmax > 63 || !t->vec_dot_tile[type]) continue;
-        kinds[type] = (iq_kind){info->unpack, tl_type_info(type)->type_size, info->post, info->vmax <= 31 ? 4 : 2,
+        tl_iq_unpack_fn fast = tl_iq2_unpack_avx2(type);
+        kinds[type] = (iq_kind){fast ? fast : info->unpack, tl_type_info(type)->type_size, info->post, info->vmax <= 31 ? 4 : 2,
                                 t->vec_dot_tile[type]};
         t->gemm_tile[type] = all[i].gemm;
         t->gemm_prepare[type] = prepare_q8_K;

@@ -24,7 +24,7 @@
 
 #include <stdint.h>
 
-#include "quants_impl.h"
+#include "quants_iq.h"
 
 extern const uint64_t tl_iq2xxs_grid[256], tl_iq2xs_grid[512], tl_iq2s_grid[1024];
 
@@ -40,7 +40,9 @@ void tl_dot_iq2_xxs(int64_t n, float *out, const void *w, const void *x);
 void tl_dot_iq2_xs(int64_t n, float *out, const void *w, const void *x);
 void tl_dot_iq2_s(int64_t n, float *out, const void *w, const void *x);
 
-/* quants_iq2_avx2.c: the AVX2 tiles (called by tl_kernels_fill_avx2). */
+/* quants_iq2_avx2.c: the AVX2 tiles (called by tl_kernels_fill_avx2), and
+ * the type's AVX2 unpack for the i-quant GEMM (NULL for other types). */
 void tl_iq2_fill_avx2(tl_kernel_table *t);
+tl_iq_unpack_fn tl_iq2_unpack_avx2(int type);
 
 #endif

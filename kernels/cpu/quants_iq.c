@@ -90,10 +90,11 @@ static void unpack_iq3_s(const uint8_t *blk, uint64_t v[32], int16_t ls[16], flo
 /* iq1: values in eighths, 8g + delta (g in -1..1, delta +-1), which is
  * how the reference dots count them (post 1/8) */
 static inline uint64_t eighths8(unsigned idx, int delta) {
-    const uint64_t e = tl_iq1s_grid[idx & 2047];
-    uint64_t v = 0;
-    for (int j = 0; j < 8; j++) v |= (uint64_t)(uint8_t)(int8_t)(8 * ((int)(e >> (8 * j) & 0xFF) - 1) + delta) << (8 * j);
-    return v;
+    /* grid bytes are levels 0..2 (g + 1): 8 * level, then plus delta - 8 in
+     * every byte, added byte by byte without carries between them */
+    const uint64_t a = tl_iq1s_grid[idx & 2047] << 3, b = delta > 0 ? 0xF9F9F9F9F9F9F9F9ull : 0xF7F7F7F7F7F7F7F7ull;
+    const uint64_t lo = 0x7F7F7F7F7F7F7F7Full;
+    return ((a & lo) + (b & lo)) ^ ((a ^ b) & ~lo);
 }
 
 static void unpack_iq1_s(const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
