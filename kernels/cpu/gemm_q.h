@@ -87,6 +87,24 @@ static inline __attribute__((always_inline, target("avx512f"))) void tl_tr16x8(c
  * of a ymm belongs to row r of the group. */
 #define TL_AVX2_AI __attribute__((always_inline, target("avx2,fma,f16c")))
 
+/* The four sums of four rows' int32 lanes (exact), row k in lane k: the
+ * 4-row tiles' reduction (quants_extra_avx2.c, quants_iq*_avx2.c). */
+static inline TL_AVX2_AI __m128i tl_hsum4_i32(const __m256i p[4]) {
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+
+/* Four interleaved row streams lose the hardware prefetcher (q2_K / q3_K
+ * decode: the d loads waited on DRAM, a third of the time): the first
+ * token (pf) of a 4-row tile asks for the next 4 rows' bytes (one address
+ * range after these), block i's share of them (blocks of bw bytes) a step,
+ * 4 KiB ahead. */
+static inline TL_AVX2_AI void tl_prefetch_next_rows4(int pf, const uint8_t *w, size_t ldw, int64_t i, size_t bw) {
+    if (!pf) return;
+    const uint8_t *p = w + 4 * ldw + 4096 + (size_t)i * 4 * bw;
+    for (size_t k = 0; k < 4 * bw; k += 64) _mm_prefetch((const char *)(p + k), _MM_HINT_T0);
+}
+
 /* 8 rows of 8 dwords -> q[j] lane r = dword j of row r: 32- and 64-bit
  * unpacks, then a cross-lane permute. */
 static inline TL_AVX2_AI void tl_tr8x8(const __m256i z[8], __m256i q[8]) {

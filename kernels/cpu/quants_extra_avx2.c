@@ -76,27 +76,11 @@ static inline AI T2 __m256i sb_q23(int q3, const uint8_t *a, __m256i sc16, const
     return acc;
 }
 
-/* The four sums of four rows' int32 lanes (exact), row k in lane k. */
-static inline AI T2 __m128i hsum4_i32(const __m256i p[4]) {
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
-
 /* The fp16 words at offset off of four rows' block i, as floats. */
 static inline AI T2 __m128 f16x4(const uint8_t *const row[4], size_t off) {
     uint64_t d4 = 0;
     UNROLL for (int k = 0; k < 4; k++) d4 |= (uint64_t)ld16(row[k] + off) << (16 * k);
     return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)d4));
-}
-
-/* Four interleaved row streams lose the hardware prefetcher (decode: the
- * d loads waited on DRAM, a third of the time): the first token of a row
- * group asks for the next group's bytes (the 4 rows after these, one
- * address range) linearly, block i's share of them a step, 4 KiB ahead. */
-static inline AI T2 void pf_next(int pf, const uint8_t *w, size_t ldw, int64_t i, size_t bw) {
-    if (!pf) return;
-    const uint8_t *p = w + 4 * ldw + 4096 + (size_t)i * 4 * bw;
-    for (size_t k = 0; k < 4 * bw; k += 64) _mm_prefetch((const char *)(p + k), _MM_HINT_T0);
 }
 
 /* The micro-tiles: R rows (R <= 4) x C tokens (TILE_DRIVER_RC's MK; the
@@ -123,7 +107,7 @@ static inline AI T2 void mk_q23(int q3, int R, int C, int pf, int64_t n, float *
         const block_q8_K *y = (const block_q8_K *)(x + (size_t)c * ldx);
         __m128 s = _mm_setzero_ps();
         for (int64_t i = 0; i < n / QK_K; i++) {
-            pf_next(pf && c == 0, w, ldw, i, bw);
+            tl_prefetch_next_rows4(pf && c == 0, w, ldw, i, bw);
             const __m256i bs = _mm256_loadu_si256((const __m256i *)y[i].bsums);
             __m256i acc[4], pm[4];
             UNROLL for (int k = 0; k < 4; k++) {
@@ -137,12 +121,12 @@ static inline AI T2 void mk_q23(int q3, int R, int C, int pf, int64_t n, float *
             }
             const __m128 dy = _mm_set1_ps(y[i].d), dw = f16x4(row, (size_t)i * bw + dof);
             if (q3) { /* s += d_y * d * (sumi - 4 * sum sc * bsums) */
-                const __m128i sumi = _mm_sub_epi32(hsum4_i32(acc), _mm_slli_epi32(hsum4_i32(pm), 2));
+                const __m128i sumi = _mm_sub_epi32(tl_hsum4_i32(acc), _mm_slli_epi32(tl_hsum4_i32(pm), 2));
                 s = _mm_add_ps(s, _mm_mul_ps(_mm_mul_ps(dy, dw), _mm_cvtepi32_ps(sumi)));
             } else { /* s += d_y * d * sumi - d_y * dmin * summ */
                 const __m128 dm = f16x4(row, (size_t)i * bw + offsetof(block_q2_K, dmin));
-                const __m128 t1 = _mm_mul_ps(_mm_mul_ps(dy, dw), _mm_cvtepi32_ps(hsum4_i32(acc)));
-                const __m128 t2 = _mm_mul_ps(_mm_mul_ps(dy, dm), _mm_cvtepi32_ps(hsum4_i32(pm)));
+                const __m128 t1 = _mm_mul_ps(_mm_mul_ps(dy, dw), _mm_cvtepi32_ps(tl_hsum4_i32(acc)));
+                const __m128 t2 = _mm_mul_ps(_mm_mul_ps(dy, dm), _mm_cvtepi32_ps(tl_hsum4_i32(pm)));
                 s = _mm_add_ps(s, _mm_sub_ps(t1, t2));
             }
         }
@@ -180,7 +164,7 @@ static inline AI T2 void mk_iq4_xs(int R, int C, int pf, int64_t n, float *out, 
         const block_q8_K *y = (const block_q8_K *)(x + (size_t)c * ldx);
         __m128 s = _mm_setzero_ps();
         for (int64_t i = 0; i < n / QK_K; i++) {
-            pf_next(pf && c == 0, w, ldw, i, bw);
+            tl_prefetch_next_rows4(pf && c == 0, w, ldw, i, bw);
             __m256i ya[4], yb[4]; /* (2h: 0..15 | 2h+1: 0..15), (2h: 16..31 | 2h+1: 16..31) */
             UNROLL for (int h = 0; h < 4; h++) {
                 const __m256i y0 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 64 * h));
@@ -209,7 +193,7 @@ static inline AI T2 void mk_iq4_xs(int R, int C, int pf, int64_t n, float *out, 
             }
             /* s += d_y * d * sumi */
             const __m128 dw = f16x4(row, (size_t)i * bw + offsetof(block_iq4_xs, d));
-            s = _mm_add_ps(s, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(y[i].d), dw), _mm_cvtepi32_ps(hsum4_i32(acc))));
+            s = _mm_add_ps(s, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(y[i].d), dw), _mm_cvtepi32_ps(tl_hsum4_i32(acc))));
         }
         STORE4(R, s, out + (size_t)c * ldo);
     }

@@ -28,15 +28,11 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
+#include "gemm_q.h"
+
 #define T2 __attribute__((target("avx2,fma,f16c")))
 #define AI __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
-
-/* The four rows' int32 lanes summed, row k in lane k (exact). */
-static inline AI T2 __m128i hsum4_i32(const __m256i p[4]) {
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
 
 /* Per 32 activation bytes the 8 int32 lanes of their sums of 4. */
 static inline AI T2 __m256i sums_of4(const int8_t *q) {
@@ -158,14 +154,6 @@ static inline AI T2 __m256i row_iq1_m(const block_iq1_m *a, const int8_t *q, __m
     return _mm256_add_epi32(_mm256_slli_epi32(acc, 3), corr);
 }
 
-/* The first token of a row group asks for the next group's bytes (the 4
- * rows after these) a step ahead, as quants_extra_avx2.c's tiles do. */
-static inline AI T2 void pf_next(int pf, const uint8_t *w, size_t ldw, int64_t i, size_t bw) {
-    if (!pf) return;
-    const uint8_t *p = w + 4 * ldw + 4096 + (size_t)i * 4 * bw;
-    for (size_t k = 0; k < 4 * bw; k += 64) _mm_prefetch((const char *)(p + k), _MM_HINT_T0);
-}
-
 /* R rows (R <= 4) x C tokens; lanes past R read row R - 1 and are not
  * stored. m: 0 iq1_s, 1 iq1_m. */
 static inline AI T2 void mk_iq1(int m, int R, int C, int pf, int64_t n, float *out, size_t ldo, const uint8_t *w,
@@ -177,7 +165,7 @@ static inline AI T2 void mk_iq1(int m, int R, int C, int pf, int64_t n, float *o
         const block_q8_K *y = (const block_q8_K *)(x + (size_t)c * ldx);
         __m128 s = _mm_setzero_ps();
         for (int64_t i = 0; i < n / QK_K; i++) {
-            pf_next(pf && c == 0, w, ldw, i, bw);
+            tl_prefetch_next_rows4(pf && c == 0, w, ldw, i, bw);
             const int8_t *q = y[i].qs;
             __m256i acc[4], bP = _mm256_setzero_si256(), bQ = bP;
             __m128i b32 = _mm_setzero_si128();
@@ -194,7 +182,7 @@ static inline AI T2 void mk_iq1(int m, int R, int C, int pf, int64_t n, float *o
             }
             /* s += (d_y * d_w) * sumi */
             const __m128 dw = _mm_cvtph_ps(_mm_cvtsi64_si128((long long)d4));
-            s = _mm_add_ps(s, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(y[i].d), dw), _mm_cvtepi32_ps(hsum4_i32(acc))));
+            s = _mm_add_ps(s, _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(y[i].d), dw), _mm_cvtepi32_ps(tl_hsum4_i32(acc))));
         }
         float o[4];
         _mm_storeu_ps(o, _mm_mul_ps(s, _mm_set1_ps(0.125f)));

@@ -23,6 +23,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
+#include "gemm_q.h"
+
 #define T2 __attribute__((target("avx2,fma,f16c")))
 #define AI __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
@@ -37,12 +39,6 @@
 #define SM16_(s) SM4_(s), SM4_((s) + 4), SM4_((s) + 8), SM4_((s) + 12)
 static const uint64_t sign_mask[128] = {SM16_(0),  SM16_(16), SM16_(32), SM16_(48),
                                         SM16_(64), SM16_(80), SM16_(96), SM16_(112)};
-
-static inline uint32_t ld32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
 
 static inline uint64_t ld64(const uint8_t *p) {
     uint64_t v;
@@ -77,12 +73,6 @@ static inline AI T2 __m256i half_scales(__m256i sb, int ib) {
     return _mm256_shuffle_epi8(sb, _mm256_set_m128i(_mm_set1_epi16(hi), _mm_set1_epi16(lo)));
 }
 
-/* The four sums of four rows' int32 lanes (exact), row k in lane k. */
-static inline AI T2 __m128i hsum4_i32(const __m256i p[4]) {
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
-
 /* The four rows' block i (of bw bytes) fp16 d, which every iq2 block starts with, as floats. */
 static inline AI T2 __m128 d4(const uint8_t *const row[4], int64_t i, size_t bw) {
     uint64_t d = 0;
@@ -92,15 +82,6 @@ static inline AI T2 __m128 d4(const uint8_t *const row[4], int64_t i, size_t bw)
         d |= (uint64_t)h << (16 * k);
     }
     return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)d));
-}
-
-/* The first token of a row group asks for the next group's bytes (the 4
- * rows after these), block i's share a step, 4 KiB ahead: four interleaved
- * row streams lose the hardware prefetcher (quants_extra_avx2.c). */
-static inline AI T2 void pf_next(int pf, const uint8_t *w, size_t ldw, int64_t i, size_t bw) {
-    if (!pf) return;
-    const uint8_t *p = w + 4 * ldw + 4096 + (size_t)i * 4 * bw;
-    for (size_t k = 0; k < 4 * bw; k += 64) _mm_prefetch((const char *)(p + k), _MM_HINT_T0);
 }
 
 enum { XXS, XS, S };
@@ -150,7 +131,7 @@ static inline AI T2 void mk_rows(int kind, int R, int pf, int64_t n, float *out,
     UNROLL4 for (int k = 0; k < 4; k++) row[k] = w + (size_t)(k < R ? k : R - 1) * ldw;
     __m128 s = _mm_setzero_ps();
     for (int64_t i = 0; i < n / QK_K; i++) {
-        pf_next(pf, w, ldw, i, bw);
+        tl_prefetch_next_rows4(pf, w, ldw, i, bw);
         __m256i acc[4], sb[4];
         UNROLL4 for (int k = 0; k < 4; k++) {
             acc[k] = sb[k] = _mm256_setzero_si256();
@@ -162,7 +143,7 @@ static inline AI T2 void mk_rows(int kind, int R, int pf, int64_t n, float *out,
         }
         /* acc += (d_w * d_y) * (float)sum */
         const __m128 dd = _mm_mul_ps(d4(row, i, bw), _mm_set1_ps(y[i].d));
-        s = _mm_add_ps(s, _mm_mul_ps(dd, _mm_cvtepi32_ps(hsum4_i32(acc))));
+        s = _mm_add_ps(s, _mm_mul_ps(dd, _mm_cvtepi32_ps(tl_hsum4_i32(acc))));
     }
     float o[4];
     _mm_storeu_ps(o, _mm_mul_ps(s, _mm_set1_ps(0.125f)));
@@ -195,7 +176,7 @@ static inline AI T2 void mk_tokens8(int kind, int64_t n, float *out, size_t ldo,
         const __m128 dw = _mm_cvtph_ps(_mm_set1_epi16((short)dh));
         UNROLL for (int g = 0; g < 2; g++) {
             const __m128 dy = _mm_setr_ps(y[4 * g]->d, y[4 * g + 1]->d, y[4 * g + 2]->d, y[4 * g + 3]->d);
-            s[g] = _mm_add_ps(s[g], _mm_mul_ps(_mm_mul_ps(dw, dy), _mm_cvtepi32_ps(hsum4_i32(acc + 4 * g))));
+            s[g] = _mm_add_ps(s[g], _mm_mul_ps(_mm_mul_ps(dw, dy), _mm_cvtepi32_ps(tl_hsum4_i32(acc + 4 * g))));
         }
     }
     UNROLL for (int g = 0; g < 2; g++) {

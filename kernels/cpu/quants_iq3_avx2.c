@@ -29,6 +29,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
+#include "gemm_q.h"
+
 #define T2 __attribute__((target("avx2,fma,f16c")))
 #define AI __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
@@ -50,21 +52,6 @@ static inline AI T2 __m128 f16x4(const uint8_t *const row[4], size_t off) {
     uint64_t d4;
     memcpy(&d4, h, 8);
     return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)d4));
-}
-
-/* The four sums of four rows' int32 lanes (exact), row k in lane k. */
-static inline AI T2 __m128i hsum4_i32(const __m256i p[4]) {
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-    return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
-
-/* Four interleaved row streams lose the hardware prefetcher: the first
- * token of a row group asks for the next group's bytes (the 4 rows after
- * these, one address range), block i's share of them a step, 4 KiB ahead. */
-static inline AI T2 void pf_next(int pf, const uint8_t *w, size_t ldw, int64_t i, size_t bw) {
-    if (!pf) return;
-    const uint8_t *p = w + 4 * ldw + 4096 + (size_t)i * 4 * bw;
-    for (size_t k = 0; k < 4 * bw; k += 64) _mm_prefetch((const char *)(p + k), _MM_HINT_T0);
 }
 
 /* What a row's super-block needs per sub-block ib, laid out once per
@@ -155,7 +142,7 @@ static inline AI T2 void mk_iq3(int xxs, int R, int C, int pf, int64_t n, float 
         sumf[c] = _mm_setzero_ps();
     }
     for (int64_t i = 0; i < n / QK_K; i++) {
-        pf_next(pf, w, ldw, i, bw);
+        tl_prefetch_next_rows4(pf, w, ldw, i, bw);
         sb_prep p[4];
         UNROLL for (int k = 0; k < R; k++) {
             const uint8_t *a = row[k] + (size_t)i * bw;
@@ -183,7 +170,7 @@ static inline AI T2 void mk_iq3(int xxs, int R, int C, int pf, int64_t n, float 
         const __m128 dw = f16x4(row, (size_t)i * bw);
         UNROLL for (int c = 0; c < C; c++) {
             const __m128 d = _mm_mul_ps(dw, _mm_set1_ps(y[c][i].d));
-            sumf[c] = _mm_add_ps(sumf[c], _mm_mul_ps(d, _mm_cvtepi32_ps(hsum4_i32(acc[c]))));
+            sumf[c] = _mm_add_ps(sumf[c], _mm_mul_ps(d, _mm_cvtepi32_ps(tl_hsum4_i32(acc[c]))));
         }
     }
     UNROLL for (int c = 0; c < C; c++) {
