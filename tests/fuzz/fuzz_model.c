@@ -19,7 +19,8 @@
 
 /* k >= 5: 256-wide models of the 256-element super-block types, so the
  * mutations reach their decoders (hostile scales, f16 d words, levels) */
-static const int k_types[] = {10, 11, 12, 14, 23}; /* q2_K, q3_K, q4_K, q6_K, iq4_xs */
+static const int k_types[] = {10, 11, 12, 14, 23, /* q2_K, q3_K, q4_K, q6_K, iq4_xs */
+                              16, 17, 22, 18, 21, 19, 29}; /* iq2_xxs/xs/s, iq3_xxs/s, iq1_s/m: grid indices, signs */
 
 static void write_seeds(const char *dir) {
     for (int k = 0; k < 5 + (int)(sizeof k_types / sizeof k_types[0]); k++) {
