@@ -98,42 +98,39 @@ void tl_dot_iq2_xxs(int64_t n, float *out, const void *w, const void *x) {
     *out = 0.125f * acc;
 }
 
-/* iq2_xs and iq2_s: as iq2_xxs with a scale per 16 elements. */
-void tl_dot_iq2_xs(int64_t n, float *out, const void *w, const void *x) {
-    const block_iq2_xs *a = w;
+/* iq2_xs and iq2_s: as iq2_xxs with a scale per 16 elements; they differ
+ * only in where group g's grid entry and sign bits come from. */
+static inline int dot8_group(int is_s, const void *blk, int g, const int8_t *q8) {
+    if (is_s) {
+        const block_iq2_s *a = blk;
+        return dot8(tl_iq2s_grid[iq2s_index(a, g)], a->qs[32 + g], q8);
+    }
+    const unsigned q = ((const block_iq2_xs *)blk)->qs[g];
+    return dot8(tl_iq2xs_grid[q & 511], tl_iq_signs8(q >> 9), q8);
+}
+
+static void dot_iq2_16(int is_s, int64_t n, float *out, const void *w, const void *x) {
+    const size_t bw = is_s ? sizeof(block_iq2_s) : sizeof(block_iq2_xs);
     const block_q8_K *b = x;
     float acc = 0;
     for (int64_t i = 0; i < n / QK_K; i++) {
+        const uint8_t *blk = (const uint8_t *)w + (size_t)i * bw;
+        const uint8_t *scales = is_s ? ((const block_iq2_s *)blk)->scales : ((const block_iq2_xs *)blk)->scales;
+        uint16_t dh;
+        memcpy(&dh, blk, 2); /* d leads both layouts */
         int32_t sum = 0;
         for (int h = 0; h < 16; h++) {
             int32_t sumi = 0;
-            for (int g = 2 * h; g < 2 * h + 2; g++) {
-                const unsigned q = a[i].qs[g];
-                sumi += dot8(tl_iq2xs_grid[q & 511], tl_iq_signs8(q >> 9), b[i].qs + 8 * g);
-            }
-            sum += (int32_t)(2 * (a[i].scales[h / 2] >> (4 * (h % 2)) & 15) + 1) * sumi;
+            for (int g = 2 * h; g < 2 * h + 2; g++) sumi += dot8_group(is_s, blk, g, b[i].qs + 8 * g);
+            sum += (int32_t)(2 * (scales[h / 2] >> (4 * (h % 2)) & 15) + 1) * sumi;
         }
-        acc += (TL_F16(a[i].d) * b[i].d) * (float)sum;
+        acc += (TL_F16(dh) * b[i].d) * (float)sum;
     }
     *out = 0.125f * acc;
 }
 
-void tl_dot_iq2_s(int64_t n, float *out, const void *w, const void *x) {
-    const block_iq2_s *a = w;
-    const block_q8_K *b = x;
-    float acc = 0;
-    for (int64_t i = 0; i < n / QK_K; i++) {
-        int32_t sum = 0;
-        for (int h = 0; h < 16; h++) {
-            int32_t sumi = 0;
-            for (int g = 2 * h; g < 2 * h + 2; g++)
-                sumi += dot8(tl_iq2s_grid[iq2s_index(&a[i], g)], a[i].qs[32 + g], b[i].qs + 8 * g);
-            sum += (int32_t)(2 * (a[i].scales[h / 2] >> (4 * (h % 2)) & 15) + 1) * sumi;
-        }
-        acc += (TL_F16(a[i].d) * b[i].d) * (float)sum;
-    }
-    *out = 0.125f * acc;
-}
+void tl_dot_iq2_xs(int64_t n, float *out, const void *w, const void *x) { dot_iq2_16(0, n, out, w, x); }
+void tl_dot_iq2_s(int64_t n, float *out, const void *w, const void *x) { dot_iq2_16(1, n, out, w, x); }
 
 /* -------------------------------------------------------------- quantize */
 
