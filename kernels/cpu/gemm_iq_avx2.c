@@ -189,6 +189,8 @@ void tl_gemm_iq_fill_avx2(tl_kernel_table *t) {
         /* int16 sums of two k-steps hold 4 * 63 * 127; vmax of 31 or less: all 4 */
         if (!info || info->vmax > 63 || !t->vec_dot_tile[type]) continue;
         tl_iq_unpack_fn fast = tl_iq2_unpack_avx2(type);
+        if (!fast) fast = tl_iq3_unpack_avx2(type);
+        if (!fast) fast = tl_iq1_unpack_avx2(type);
         kinds[type] = (iq_kind){fast ? fast : info->unpack, tl_type_info(type)->type_size, info->post, info->vmax <= 31 ? 4 : 2,
                                 t->vec_dot_tile[type]};
         t->gemm_tile[type] = all[i].gemm;

@@ -40,9 +40,7 @@ void tl_dot_iq2_xxs(int64_t n, float *out, const void *w, const void *x);
 void tl_dot_iq2_xs(int64_t n, float *out, const void *w, const void *x);
 void tl_dot_iq2_s(int64_t n, float *out, const void *w, const void *x);
 
-/* quants_iq2_avx2.c: the AVX2 tiles (called by tl_kernels_fill_avx2), and
- * the type's AVX2 unpack for the i-quant GEMM (NULL for other types). */
+/* quants_iq2_avx2.c: the AVX2 tiles (called by tl_kernels_fill_avx2) */
 void tl_iq2_fill_avx2(tl_kernel_table *t);
-tl_iq_unpack_fn tl_iq2_unpack_avx2(int type);
 
 #endif

@@ -24,6 +24,7 @@
 #include <stddef.h>
 
 #include "iq1_grids.h"
+#include "quants_iq.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -85,9 +86,8 @@ static inline AI T2 __m256i levels_x_scales(const uint16_t *ix, const int8_t *q,
     return acc;
 }
 
-/* One iq1_s row's block: 8 * sum ls * A + sum ls * (delta - 8) * B32. */
-static inline AI T2 __m256i row_iq1_s(const block_iq1_s *a, const int8_t *q, __m128i b32) {
-    _Alignas(32) uint16_t ix[32];
+/* An iq1_s block's 32 grid indices: the qs byte and 3 bits of qh. */
+static inline AI T2 void indices_iq1_s(const block_iq1_s *a, uint16_t ix[32]) {
     const __m128i qh = _mm_loadu_si128((const __m128i *)a->qh);
     const __m256i qhb = _mm256_broadcastsi128_si256(qh);
     /* word ib 4 times (entries 4ib..4ib+3), times 2^(13 - 3l) so field l
@@ -101,6 +101,13 @@ static inline AI T2 __m256i row_iq1_s(const block_iq1_s *a, const int8_t *q, __m
         const __m256i lo = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(a->qs + 16 * h)));
         _mm256_store_si256((__m256i *)(ix + 16 * h), _mm256_or_si256(lo, hi));
     }
+}
+
+/* One iq1_s row's block: 8 * sum ls * A + sum ls * (delta - 8) * B32. */
+static inline AI T2 __m256i row_iq1_s(const block_iq1_s *a, const int8_t *q, __m128i b32) {
+    _Alignas(32) uint16_t ix[32];
+    indices_iq1_s(a, ix);
+    const __m128i qh = _mm_loadu_si128((const __m128i *)a->qh);
     const __m128i fl = _mm_and_si128(_mm_srli_epi16(qh, 12), _mm_set1_epi16(7));
     const __m128i ls = _mm_or_si128(_mm_slli_epi16(fl, 1), _mm_set1_epi16(1));
     const __m256i acc = levels_x_scales(ix, q, _mm256_broadcastsi128_si256(ls));
@@ -124,9 +131,8 @@ static inline AI T2 __m256i iq1m_factors(__m256i ls_dup, __m256i qhb, int upper)
     return _mm256_mullo_epi16(ls_dup, f);
 }
 
-/* One iq1_m row's block: 8 * sum ls * A + sum ls * (delta - 8) * B8. */
-static inline AI T2 __m256i row_iq1_m(const block_iq1_m *a, const int8_t *q, __m256i bP, __m256i bQ) {
-    _Alignas(32) uint16_t ix[32];
+/* An iq1_m block's 32 grid indices: the qs byte and a nibble of qh. */
+static inline AI T2 void indices_iq1_m(const block_iq1_m *a, uint16_t ix[32]) {
     const __m128i qh = _mm_loadu_si128((const __m128i *)a->qh), m7 = _mm_set1_epi8(7);
     /* entry k's 3 high bits: nibble k % 2 of qh byte k / 2 */
     const __m128i nl = _mm_and_si128(qh, m7), nh = _mm_and_si128(_mm_srli_epi16(qh, 4), m7);
@@ -136,6 +142,13 @@ static inline AI T2 __m256i row_iq1_m(const block_iq1_m *a, const int8_t *q, __m
         _mm_store_si128((__m128i *)(ix + 16 * h), _mm_unpacklo_epi8(qs, hb));
         _mm_store_si128((__m128i *)(ix + 16 * h + 8), _mm_unpackhi_epi8(qs, hb));
     }
+}
+
+/* One iq1_m row's block: 8 * sum ls * A + sum ls * (delta - 8) * B8. */
+static inline AI T2 __m256i row_iq1_m(const block_iq1_m *a, const int8_t *q, __m256i bP, __m256i bQ) {
+    _Alignas(32) uint16_t ix[32];
+    indices_iq1_m(a, ix);
+    const __m128i qh = _mm_loadu_si128((const __m128i *)a->qh);
     /* the 16 scales: words twice each, field 0/2 (low lane) or 1/3 (high)
      * of each word moved to the top by a multiply, then 2 * f + 1 */
     long long wd;
@@ -195,6 +208,36 @@ static inline AI T2 void mk_iq1(int m, int R, int C, int pf, int64_t n, float *o
 TILE_DRIVER_RC(tile_iq1_s, T2, MK_IQ1_S, 4, 1)
 TILE_DRIVER_RC(tile_iq1_m, T2, MK_IQ1_M, 4, 1)
 
+/* The i-quant GEMM's unpack (quants_iq.h): values in eighths, 8 * lev +
+ * (delta - 8) byte by byte (lev <= 2, so no byte carries), from the
+ * tiles' vector indices; delta per 32 (iq1_s) or per entry (iq1_m). */
+static inline AI T2 void unpack_iq1(int m, const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
+    _Alignas(32) uint16_t ix[32];
+    const block_iq1_s *s = (const block_iq1_s *)blk;
+    const block_iq1_m *b = (const block_iq1_m *)blk;
+    if (m) indices_iq1_m(b, ix);
+    else indices_iq1_s(s, ix);
+    UNROLL for (int ib = 0; ib < 8; ib++) {
+        __m256i dv;
+        if (m) {
+            long long e[4];
+            UNROLL for (int l = 0; l < 4; l++) e[l] = (long long)(0x0101010101010101ull * (uint8_t)(tl_iq1_m_delta(b, 4 * ib + l) - 8));
+            dv = _mm256_setr_epi64x(e[0], e[1], e[2], e[3]);
+        } else {
+            dv = _mm256_set1_epi8((char)(tl_iq1_s_delta(s, ib) - 8));
+        }
+        _mm256_storeu_si256((__m256i *)(v + 4 * ib), _mm256_add_epi8(_mm256_slli_epi16(grid4(ix + 4 * ib), 3), dv));
+    }
+    for (int j = 0; j < 16; j++) ls[j] = (int16_t)(m ? tl_iq1_m_ls(b, j) : tl_iq1_s_ls(s, j / 2));
+    *d = TL_F16(m ? tl_iq1_m_d(b) : s->d);
+}
+static T2 void unpack_iq1_s(const uint8_t *a, uint64_t v[32], int16_t ls[16], float *d) { unpack_iq1(0, a, v, ls, d); }
+static T2 void unpack_iq1_m(const uint8_t *a, uint64_t v[32], int16_t ls[16], float *d) { unpack_iq1(1, a, v, ls, d); }
+
+tl_iq_unpack_fn tl_iq1_unpack_avx2(int type) {
+    return type == TL_TYPE_IQ1_S ? unpack_iq1_s : type == TL_TYPE_IQ1_M ? unpack_iq1_m : NULL;
+}
+
 void tl_iq1_fill_avx2(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_IQ1_S] = tile_iq1_s_1;
     t->vec_dot_tile[TL_TYPE_IQ1_S] = tile_iq1_s;
@@ -203,5 +246,6 @@ void tl_iq1_fill_avx2(tl_kernel_table *t) {
 }
 
 #else
+tl_iq_unpack_fn tl_iq1_unpack_avx2(int type) { (void)type; return NULL; }
 void tl_iq1_fill_avx2(tl_kernel_table *t) { (void)t; }
 #endif

@@ -24,6 +24,7 @@
  * weight and token alone, 0.037 ns in 16-token tiles (the per-sub-block
  * prep took decode from 0.12 / 0.15 ns for iq3_xxs / iq3_s). */
 #include "iq3_grids.h"
+#include "quants_iq.h"
 #include "quants_impl.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -186,6 +187,30 @@ static inline AI T2 void mk_iq3(int xxs, int R, int C, int pf, int64_t n, float 
 TILE_DRIVER_RC(tile_iq3_xxs, T2, MK_XXS, 4, TB)
 TILE_DRIVER_RC(tile_iq3_s, T2, MK_S, 4, TB)
 
+/* The i-quant GEMM's unpack (quants_iq.h) through the tiles' decode:
+ * each sub-block's levels with its signs put on them, its ls, d. */
+static inline AI T2 void unpack_iq3(int xxs, const uint8_t *a, uint64_t v[32], int16_t ls[16], float *d) {
+    sb_prep p;
+    if (xxs) prep_xxs((const block_iq3_xxs *)a, &p);
+    else prep_s((const block_iq3_s *)a, &p);
+    const uint32_t *grid = xxs ? tl_iq3xxs_grid : tl_iq3s_grid;
+    UNROLL for (int ib = 0; ib < 8; ib++) {
+        __m256i sgn, lw;
+        const __m256i q = levels(grid, &p, ib, &sgn, &lw);
+        _mm256_storeu_si256((__m256i *)(v + 4 * ib), _mm256_sub_epi8(_mm256_xor_si256(q, sgn), sgn));
+        ls[2 * ib] = ls[2 * ib + 1] = (int16_t)p.lw[ib];
+    }
+    uint16_t dh;
+    memcpy(&dh, a, 2);
+    *d = TL_F16(dh);
+}
+static T2 void unpack_iq3_xxs(const uint8_t *a, uint64_t v[32], int16_t ls[16], float *d) { unpack_iq3(1, a, v, ls, d); }
+static T2 void unpack_iq3_s(const uint8_t *a, uint64_t v[32], int16_t ls[16], float *d) { unpack_iq3(0, a, v, ls, d); }
+
+tl_iq_unpack_fn tl_iq3_unpack_avx2(int type) {
+    return type == TL_TYPE_IQ3_XXS ? unpack_iq3_xxs : type == TL_TYPE_IQ3_S ? unpack_iq3_s : NULL;
+}
+
 void tl_iq3_fill_avx2(tl_kernel_table *t) {
     t->vec_dot[TL_TYPE_IQ3_XXS] = tile_iq3_xxs_1;
     t->vec_dot_tile[TL_TYPE_IQ3_XXS] = tile_iq3_xxs;
@@ -194,5 +219,6 @@ void tl_iq3_fill_avx2(tl_kernel_table *t) {
 }
 
 #else
+tl_iq_unpack_fn tl_iq3_unpack_avx2(int type) { (void)type; return NULL; }
 void tl_iq3_fill_avx2(tl_kernel_table *t) { (void)t; }
 #endif
