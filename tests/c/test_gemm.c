@@ -68,6 +68,48 @@ static uint64_t rng = 0x243F6A8885A308D3ull;
 
 static float gauss(void) { return test_gauss(&rng); }
 
+/* Tiles at most TILE_R x TILE_T; results go to a TILE_LDO-float stride. */
+enum { TILE_R = 17, TILE_T = 17, TILE_LDO = TILE_R + 3 };
+
+/* Every ISA level's tiles of nr x nt (all up to 5 and 16, 17, a sample
+ * between) over w x x, n elements: entries not bitwise the 1 x 1 dot (one,
+ * or the level's vec_dot where NULL) in bad[0], those farther than 2e-5 *
+ * sum |w x| from the double dot of wf . xf (where given) in bad[1], writes
+ * outside the tile in bad[2]. out holds TILE_LDO * TILE_T floats. */
+static void sweep_tiles(int type, int64_t n, const uint8_t *w, size_t rw, const uint8_t *x, size_t rx,
+                        tl_vec_dot_fn one, const float *wf, const float *xf, float *out, int bad[3]) {
+    const int isa_max = tl_kernels_isa();
+    bad[0] = bad[1] = bad[2] = 0;
+    for (int lvl = 0; lvl <= isa_max; lvl++) {
+        tl_kernels_set_isa(lvl);
+        for (int nr = 1; nr <= TILE_R; nr++)
+            for (int nt = 1; nt <= TILE_T; nt++) {
+                if (nr > 5 && nr < 16 && nr != 9 && nt > 3 && nt != 8 && nt != 13) continue; /* keep it quick */
+                for (size_t i = 0; i < TILE_LDO * TILE_T; i++) out[i] = -12345.0f;
+                tl_vec_dot_tile(type, n, nr, nt, out, TILE_LDO, w, rw, x, rx);
+                for (int t = 0; t < TILE_T; t++)
+                    for (int r = 0; r < TILE_LDO; r++) {
+                        const float got = out[t * TILE_LDO + r];
+                        if (r >= nr || t >= nt) {
+                            bad[2] += got != -12345.0f;
+                            continue;
+                        }
+                        float want;
+                        (one ? one : tl_vec_dot(type))(n, &want, w + rw * r, x + rx * t);
+                        bad[0] += memcmp(&got, &want, sizeof got) != 0;
+                        if (!wf) continue;
+                        double ref = 0, mag = 0;
+                        for (int64_t i = 0; i < n; i++) {
+                            ref += (double)wf[n * r + i] * xf[n * t + i];
+                            mag += fabs((double)wf[n * r + i] * xf[n * t + i]);
+                        }
+                        bad[1] += fabs(got - ref) > 2e-5 * mag + 1e-30;
+                    }
+            }
+    }
+    tl_kernels_set_isa(isa_max);
+}
+
 /* The iq2 and iq3 families' weights in the tile checks are random bytes
  * (every bit pattern is a valid block: any grid index, sign and scale), d
  * finite. */
@@ -93,8 +135,7 @@ static void test_tiles(void) {
                                 TL_TYPE_Q5_0, TL_TYPE_Q5_1, TL_TYPE_Q8_0, TL_TYPE_IQ4_NL, TL_TYPE_IQ4_XS, TL_TYPE_Q2_K, TL_TYPE_Q3_K,
                                 TL_TYPE_Q4_K, TL_TYPE_Q5_K, TL_TYPE_Q6_K, TL_TYPE_IQ2_XXS, TL_TYPE_IQ2_XS, TL_TYPE_IQ2_S,
                                 TL_TYPE_IQ1_S, TL_TYPE_IQ1_M, TL_TYPE_IQ3_XXS, TL_TYPE_IQ3_S};
-    enum { MAXR = 17, MAXT = 17, PAD = 3 };
-    const int isa_max = tl_kernels_isa();
+    enum { MAXR = TILE_R, MAXT = TILE_T };
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const int type = types[ti], vt = tl_type_info(type)->vec_dot_type, bs = tl_type_info(type)->block_size;
         /* an odd block count (tails of grouped loops), and one block; for
@@ -103,10 +144,10 @@ static void test_tiles(void) {
         const int64_t sizes[3] = {bs == 1 ? 75 : bs == 32 ? 32 * 11 : 256 * 3, bs == 1 ? 8 : bs, 32 * 75};
         for (int si = 0; si < (bs == 32 ? 3 : 2); si++) {
             const int64_t n = sizes[si];
-            const size_t rw = tl_row_size(type, n), rx = tl_row_size(vt, n), ldo = MAXR + PAD;
+            const size_t rw = tl_row_size(type, n), rx = tl_row_size(vt, n);
             uint8_t *w = malloc(rw * MAXR), *x = malloc(rx * MAXT);
             float *wf = malloc(sizeof(float) * n * MAXR), *xf = malloc(sizeof(float) * n * MAXT);
-            float *src = malloc(sizeof(float) * n), *out = malloc(sizeof(float) * ldo * MAXT);
+            float *src = malloc(sizeof(float) * n), *out = malloc(sizeof(float) * TILE_LDO * MAXT);
             for (int r = 0; r < MAXR; r++) {
                 for (int64_t i = 0; i < n; i++) src[i] = gauss() * (1 + (i / 32) % 3);
                 tl_quantize_row(type, src, w + rw * r, n);
@@ -118,40 +159,14 @@ static void test_tiles(void) {
                 tl_quantize_row(vt, src, x + rx * t, n);
                 tl_dequantize_row(vt, x + rx * t, xf + n * t, n);
             }
-            int bad = 0, far = 0, spill = 0;
-            for (int lvl = 0; lvl <= isa_max; lvl++) {
-                tl_kernels_set_isa(lvl);
-                for (int nr = 1; nr <= MAXR; nr++)
-                    for (int nt = 1; nt <= MAXT; nt++) {
-                        if (nr > 5 && nr < 16 && nr != 9 && nt > 3 && nt != 8 && nt != 13) continue; /* keep it quick */
-                        for (size_t i = 0; i < ldo * MAXT; i++) out[i] = -12345.0f;
-                        tl_vec_dot_tile(type, n, nr, nt, out, ldo, w, rw, x, rx);
-                        for (int t = 0; t < MAXT; t++)
-                            for (int r = 0; r < (int)ldo; r++) {
-                                const float got = out[t * ldo + r];
-                                if (r >= nr || t >= nt) {
-                                    spill += got != -12345.0f;
-                                    continue;
-                                }
-                                float one;
-                                tl_vec_dot(type)(n, &one, w + rw * r, x + rx * t);
-                                bad += memcmp(&got, &one, sizeof got) != 0;
-                                double ref = 0, mag = 0;
-                                for (int64_t i = 0; i < n; i++) {
-                                    ref += (double)wf[n * r + i] * xf[n * t + i];
-                                    mag += fabs((double)wf[n * r + i] * xf[n * t + i]);
-                                }
-                                far += fabs(got - ref) > 2e-5 * mag + 1e-30;
-                            }
-                    }
-            }
-            tl_kernels_set_isa(isa_max);
-            CHECK(bad == 0, "%s n=%lld: tile entries equal vec_dot bitwise at every ISA level (%d differ)",
-                  tl_type_info(type)->name, (long long)n, bad);
-            CHECK(far == 0, "%s n=%lld: tile entries are within 2e-5 of the dequantized dot (%d far)",
-                  tl_type_info(type)->name, (long long)n, far);
-            CHECK(spill == 0, "%s n=%lld: nothing outside the tile is written (%d)", tl_type_info(type)->name,
-                  (long long)n, spill);
+            int bad[3];
+            sweep_tiles(type, n, w, rw, x, rx, NULL, wf, xf, out, bad);
+            CHECK(bad[0] == 0, "%s n=%lld: tile entries equal vec_dot bitwise at every ISA level (%d differ)",
+                  tl_type_info(type)->name, (long long)n, bad[0]);
+            CHECK(bad[1] == 0, "%s n=%lld: tile entries are within 2e-5 of the dequantized dot (%d far)",
+                  tl_type_info(type)->name, (long long)n, bad[1]);
+            CHECK(bad[2] == 0, "%s n=%lld: nothing outside the tile is written (%d)", tl_type_info(type)->name,
+                  (long long)n, bad[2]);
             free(w); free(x); free(wf); free(xf); free(src); free(out);
         }
     }
@@ -163,15 +178,14 @@ static void test_tiles(void) {
  * garbage bsums (these kernels read qs only). */
 static void test_iq_random_tiles(void) {
     static const int types[] = {TL_TYPE_IQ1_S, TL_TYPE_IQ1_M};
-    enum { MAXR = 17, MAXT = 17, PAD = 3, N = 256 * 3 };
-    const int isa_max = tl_kernels_isa();
+    enum { MAXR = TILE_R, MAXT = TILE_T, N = 256 * 3 };
     const uint64_t rng_saved = rng; /* the later tests' data stays as it was */
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
         const int type = types[ti];
-        const size_t rw = tl_row_size(type, N), rx = tl_row_size(TL_TYPE_Q8_K, N), ldo = MAXR + PAD;
+        const size_t rw = tl_row_size(type, N), rx = tl_row_size(TL_TYPE_Q8_K, N);
         const size_t bsz = tl_type_info(type)->type_size, bq = tl_type_info(TL_TYPE_Q8_K)->type_size;
         uint8_t *w = malloc(rw * MAXR), *x = malloc(rx * MAXT);
-        float *src = malloc(sizeof(float) * N), *out = malloc(sizeof(float) * ldo * MAXT);
+        float *src = malloc(sizeof(float) * N), *out = malloc(sizeof(float) * TILE_LDO * MAXT);
         for (size_t i = 0; i < rw * MAXR; i++) {
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;
             w[i] = (uint8_t)(rng >> 56);
@@ -196,31 +210,12 @@ static void test_iq_random_tiles(void) {
                     x[rx * t + i] = (uint8_t)(rng >> 56);
                 }
         }
-        int bad = 0, spill = 0;
-        for (int lvl = 0; lvl <= isa_max; lvl++) {
-            tl_kernels_set_isa(lvl);
-            for (int nr = 1; nr <= MAXR; nr++)
-                for (int nt = 1; nt <= MAXT; nt++) {
-                    if (nr > 5 && nr < 16 && nr != 9 && nt > 3 && nt != 8 && nt != 13) continue; /* keep it quick */
-                    for (size_t i = 0; i < ldo * MAXT; i++) out[i] = -12345.0f;
-                    tl_vec_dot_tile(type, N, nr, nt, out, ldo, w, rw, x, rx);
-                    for (int t = 0; t < MAXT; t++)
-                        for (int r = 0; r < (int)ldo; r++) {
-                            const float got = out[t * ldo + r];
-                            if (r >= nr || t >= nt) {
-                                spill += got != -12345.0f;
-                                continue;
-                            }
-                            float ref;
-                            tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
-                            bad += memcmp(&got, &ref, sizeof got) != 0;
-                        }
-                }
-        }
-        tl_kernels_set_isa(isa_max);
-        CHECK(bad == 0, "%s random-byte blocks: tile entries at every level are the scalar reference bitwise (%d differ)",
-              tl_type_info(type)->name, bad);
-        CHECK(spill == 0, "%s random-byte blocks: nothing outside the tile is written (%d)", tl_type_info(type)->name, spill);
+        int bad[3];
+        sweep_tiles(type, N, w, rw, x, rx, tl_vec_dot_ref(type), NULL, NULL, out, bad);
+        CHECK(bad[0] == 0, "%s random-byte blocks: tile entries at every level are the scalar reference bitwise (%d differ)",
+              tl_type_info(type)->name, bad[0]);
+        CHECK(bad[2] == 0, "%s random-byte blocks: nothing outside the tile is written (%d)", tl_type_info(type)->name,
+              bad[2]);
         free(w); free(x); free(src); free(out);
     }
     rng = rng_saved;

@@ -21,6 +21,52 @@
 
 /* ------------------------------------------------------ the iq2 family */
 
+/* nr random-byte rows w x nt q8_K rows x, n elements each: vec_dot and
+ * the tiles (all nr rows, and 3 and 6 fewer: the 4-row groups' leftovers)
+ * at every level are bitwise the scalar reference, and that is within
+ * tol * sum |w x| of the double dot of the dequantized rows. */
+static void check_random_dots(int type, int n, const uint8_t *w, int nr, const uint8_t *x, int nt, double tol) {
+    const size_t rw = tl_row_size(type, n), rx = tl_row_size(TL_TYPE_Q8_K, n);
+    float *wf = malloc(sizeof(float) * n), *xf = malloc(sizeof(float) * n), *out = malloc(sizeof(float) * nr * nt);
+    int far = 0, bad_one = 0, bad_tile = 0;
+    for (int r = 0; r < nr; r++) {
+        tl_dequantize_row(type, w + rw * r, wf, n);
+        for (int t = 0; t < nt; t++) {
+            float ref;
+            tl_vec_dot_ref(type)(n, &ref, w + rw * r, x + rx * t);
+            tl_dequantize_row(TL_TYPE_Q8_K, x + rx * t, xf, n);
+            double dot = 0;
+            for (int i = 0; i < n; i++) dot += (double)wf[i] * xf[i];
+            far += !(fabs(ref - dot) <= tol * sum_abs_prod(wf, xf, n));
+            for (int lvl = 0; lvl <= isa_max; lvl++) {
+                tl_kernels_set_isa(lvl);
+                float one;
+                tl_vec_dot(type)(n, &one, w + rw * r, x + rx * t);
+                bad_one += memcmp(&one, &ref, 4) != 0;
+            }
+        }
+    }
+    for (int lvl = 0; lvl <= isa_max; lvl++) {
+        tl_kernels_set_isa(lvl);
+        for (int rows = nr; rows > 0 && rows > nr - 9; rows -= 3) {
+            tl_vec_dot_tile(type, n, rows, nt, out, nr, w, rw, x, rx);
+            for (int r = 0; r < rows; r++)
+                for (int t = 0; t < nt; t++) {
+                    float ref;
+                    tl_vec_dot_ref(type)(n, &ref, w + rw * r, x + rx * t);
+                    bad_tile += memcmp(&out[t * nr + r], &ref, 4) != 0;
+                }
+        }
+    }
+    tl_kernels_set_isa(isa_max);
+    const char *name = tl_type_info(type)->name;
+    CHECK(bad_one == 0 && bad_tile == 0, "%s random-byte blocks x q8_K rows: vec_dot and tiles at every level are the "
+          "scalar reference bitwise (%d, %d differ)", name, bad_one, bad_tile);
+    CHECK(far == 0, "%s random-byte blocks: the reference dot is within %g of the double dot of the dequantized rows "
+          "(%d far)", name, tol, far);
+    free(wf); free(xf); free(out);
+}
+
 /* Hand-built iq2 blocks, d = 1: the values follow from ggml's layout and
  * grid entries written out here (so a field read from the wrong place, or
  * a sign or scale bit misplaced, moves them), and the dots with all-ones
@@ -98,7 +144,7 @@ static void test_iq2_random(void) {
         const int type = types[ti];
         const size_t bsz = tl_type_info(type)->type_size, rw = tl_row_size(type, N), rx = tl_row_size(TL_TYPE_Q8_K, N);
         uint8_t *w = malloc(rw * NR), *x = malloc(rx * NT);
-        float *wf = malloc(sizeof(float) * N), *xf = malloc(sizeof(float) * N), out[NR * NT];
+        float *xf = malloc(sizeof(float) * N);
         for (size_t i = 0; i < rw * NR; i++) w[i] = (uint8_t)rng_u64();
         for (int b = 0; b < NR * NB; b++) {
             uint16_t d = b % 9 == 8 ? tl_f32_to_f16(rng_gauss()) : ds[b % 9];
@@ -113,40 +159,8 @@ static void test_iq2_random(void) {
                 for (int b = 0; b < NB; b++)
                     for (int j = 0; j < QK_K; j++) y[b].qs[j] = (int8_t)rng_u64();
         }
-        int bad = 0, far = 0;
-        for (int r = 0; r < NR; r++) {
-            tl_dequantize_row(type, w + rw * r, wf, N);
-            for (int t = 0; t < NT; t++) {
-                float ref;
-                tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
-                tl_dequantize_row(TL_TYPE_Q8_K, x + rx * t, xf, N);
-                double dot = 0, mag = 0;
-                for (int i = 0; i < N; i++) dot += (double)wf[i] * xf[i], mag += fabs((double)wf[i] * xf[i]);
-                far += !(fabs(ref - dot) <= 2e-6 * mag);
-                for (int lvl = 0; lvl <= isa_max; lvl++) {
-                    tl_kernels_set_isa(lvl);
-                    float one;
-                    tl_vec_dot(type)(N, &one, w + rw * r, x + rx * t);
-                    bad += memcmp(&one, &ref, 4) != 0;
-                }
-            }
-        }
-        for (int lvl = 0; lvl <= isa_max; lvl++) {
-            tl_kernels_set_isa(lvl);
-            tl_vec_dot_tile(type, N, NR, NT, out, NR, w, rw, x, rx);
-            for (int r = 0; r < NR; r++)
-                for (int t = 0; t < NT; t++) {
-                    float ref;
-                    tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
-                    bad += memcmp(&out[t * NR + r], &ref, 4) != 0;
-                }
-        }
-        tl_kernels_set_isa(isa_max);
-        CHECK(bad == 0, "%s random-byte blocks x q8_K rows: vec_dot and tiles at every level are the scalar reference "
-              "bitwise (%d differ)", tl_type_info(type)->name, bad);
-        CHECK(far == 0, "%s random-byte blocks: the reference dot is within 2e-6 of the double dot of the dequantized "
-              "rows (%d far)", tl_type_info(type)->name, far);
-        free(w); free(x); free(wf); free(xf);
+        check_random_dots(type, N, w, NR, x, NT, 2e-6);
+        free(w); free(x); free(xf);
     }
 }
 
@@ -265,7 +279,6 @@ static void test_iq1_blocks(void) {
         const int type = types[ti];
         const size_t rw = tl_row_size(type, N), rx = tl_row_size(TL_TYPE_Q8_K, N), bs = tl_type_info(type)->type_size;
         uint8_t *w = malloc(rw * NR), *x = malloc(rx * NT);
-        float *wf = malloc(sizeof(float) * N * NR), *xf = malloc(sizeof(float) * N * NT), out[NR * NT];
         for (size_t i = 0; i < rw * NR; i++) w[i] = (uint8_t)rng_u64();
         for (int b = 0; b < NB * NR; b++)
             iq1_set_d(type, w + bs * b, b < 5 ? ds[b] : tl_f32_to_f16(rng_gauss() * 0.01f));
@@ -281,43 +294,8 @@ static void test_iq1_blocks(void) {
                     y[b].d = t == 4 ? 1.0f : 0.0123f;
                 }
         }
-        for (int r = 0; r < NR; r++) tl_dequantize_row(type, w + rw * r, wf + N * r, N);
-        for (int t = 0; t < NT; t++) tl_dequantize_row(TL_TYPE_Q8_K, x + rx * t, xf + N * t, N);
-        int far = 0, bad_one = 0, bad_tile = 0;
-        for (int r = 0; r < NR; r++)
-            for (int t = 0; t < NT; t++) {
-                float ref;
-                tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
-                double dd = 0, mag = 0;
-                for (int i = 0; i < N; i++) dd += (double)wf[N * r + i] * xf[N * t + i], mag += fabs((double)wf[N * r + i] * xf[N * t + i]);
-                far += !(fabs(ref - dd) <= 2e-5 * mag);
-                for (int lvl = 0; lvl <= isa_max; lvl++) {
-                    tl_kernels_set_isa(lvl);
-                    float one;
-                    tl_vec_dot(type)(N, &one, w + rw * r, x + rx * t);
-                    bad_one += memcmp(&one, &ref, sizeof ref) != 0;
-                }
-            }
-        for (int lvl = 0; lvl <= isa_max; lvl++) {
-            tl_kernels_set_isa(lvl);
-            for (int nr = 1; nr <= NR; nr += 3) {
-                tl_vec_dot_tile(type, N, nr, NT, out, NR, w, rw, x, rx);
-                for (int r = 0; r < nr; r++)
-                    for (int t = 0; t < NT; t++) {
-                        float ref;
-                        tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
-                        bad_tile += memcmp(&out[t * NR + r], &ref, sizeof ref) != 0;
-                    }
-            }
-        }
-        tl_kernels_set_isa(isa_max);
-        const char *nm = tl_type_info(type)->name;
-        CHECK(far == 0, "%s random-byte blocks: the reference dot is within 2e-5 of dequantized w . x (%d far)", nm, far);
-        CHECK(bad_one == 0, "%s random-byte blocks, extreme d, -128 activations: every level's vec_dot is bitwise "
-              "the reference (%d differ)", nm, bad_one);
-        CHECK(bad_tile == 0, "%s random-byte blocks: every level's tile entries are bitwise the reference (%d differ)",
-              nm, bad_tile);
-        free(w); free(x); free(wf); free(xf);
+        check_random_dots(type, N, w, NR, x, NT, 2e-5);
+        free(w); free(x);
     }
 
     /* the quantizer: all-zero and constant rows come back finite (zero stays zero) */
@@ -418,7 +396,7 @@ static void test_iq3(void) {
     const int types[2] = {TL_TYPE_IQ3_XXS, TL_TYPE_IQ3_S};
     const size_t rx = tl_row_size(TL_TYPE_Q8_K, N);
     uint8_t *x = malloc(rx * NT);
-    float *wf = malloc(sizeof(float) * N), *xf = malloc(sizeof(float) * N), out[NR * NT];
+    float *wf = malloc(sizeof(float) * N), *xf = malloc(sizeof(float) * N);
     for (int t = 0; t < NT; t++) {
         for (int i = 0; i < N; i++) xf[i] = t == 0 ? rng_gauss() : t == 1 ? 1.0f : (i % 2 ? -1.0f : 1.0f);
         tl_quantize_row_ref(TL_TYPE_Q8_K, xf, x + rx * t, N);
@@ -428,39 +406,8 @@ static void test_iq3(void) {
         const size_t rw = tl_row_size(type, N);
         uint8_t *w = malloc(rw * NR);
         iq3_random_blocks(type, w, NB * NR);
-        int bad_dot = 0, bad_tile = 0, far = 0;
-        for (int r = 0; r < NR; r++)
-            for (int t = 0; t < NT; t++) {
-                float ref;
-                tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
-                tl_dequantize_row(type, w + rw * r, wf, N);
-                tl_dequantize_row(TL_TYPE_Q8_K, x + rx * t, xf, N);
-                double exact = 0;
-                for (int i = 0; i < N; i++) exact += (double)wf[i] * xf[i];
-                far += !(fabs(ref - exact) <= 1e-5 * sum_abs_prod(wf, xf, N));
-                for (int lvl = 0; lvl <= isa_max; lvl++) {
-                    tl_kernels_set_isa(lvl);
-                    float got1;
-                    tl_vec_dot(type)(N, &got1, w + rw * r, x + rx * t);
-                    bad_dot += memcmp(&got1, &ref, 4) != 0;
-                }
-            }
-        for (int lvl = 0; lvl <= isa_max; lvl++) {
-            tl_kernels_set_isa(lvl);
-            tl_vec_dot_tile(type, N, NR, NT, out, NR, w, rw, x, rx);
-            for (int r = 0; r < NR; r++)
-                for (int t = 0; t < NT; t++) {
-                    float ref;
-                    tl_vec_dot_ref(type)(N, &ref, w + rw * r, x + rx * t);
-                    bad_tile += memcmp(&out[t * NR + r], &ref, 4) != 0;
-                }
-        }
-        tl_kernels_set_isa(isa_max);
+        check_random_dots(type, N, w, NR, x, NT, 1e-5);
         const char *name = tl_type_info(type)->name;
-        CHECK(bad_dot == 0 && bad_tile == 0, "%s random-byte blocks: vec_dot and tiles at every level equal the scalar "
-              "reference bitwise (%d, %d differ)", name, bad_dot, bad_tile);
-        CHECK(far == 0, "%s random-byte blocks: the reference dot is within 1e-5 of the dequantized dot (%d far)", name,
-              far);
 
         /* zeros, constants and a wide range quantize to finite values */
         static const float consts[] = {0.0f, -0.0f, 0.37f, -2.5e-3f, 1e4f};
