@@ -20,7 +20,7 @@
  * float ops, acc += (d_w * d_y) * (float)sumi, the type's power-of-two
  * factor (1/8, 1/4, 1) at the end. The integers are the reference dot's
  * (quants_iq*_ref.c) whatever their grouping, so every output is bitwise
- * tl_vec_dot_ref's. Fewer than IQ_GEMM_TOKENS tokens (decode, small
+ * tl_vec_dot_ref's. Fewer tokens than min_tokens_of (decode, small
  * batches) take the type's tiles instead (quants_iq*_avx2.c), which sum
  * the same way. */
 #include "iq2_grids.h"
@@ -36,21 +36,28 @@
 #include "gemm_q.h"
 
 enum { GB_IQ = 81 * 32 }; /* workspace bytes per super-block: q[64] | sc[16] | d */
-/* Fewer tokens take the type's tiles: the scalar unpack of a group costs
- * about as much as 30 tokens' products on it (110M iq2_xxs, one thread:
- * 8 tokens 2.7x slower through the GEMM, 256 tokens 1.7x faster) */
-#define IQ_GEMM_TOKENS 32
 #define TOK_BLOCK 4
 
 /* What the GEMM needs of a type: its unpack, block bytes, the factor the
- * reference applies last, k-steps per vpmaddwd, and its decode tiles. */
+ * reference applies last, k-steps per vpmaddwd, its decode tiles, and the
+ * fewest tokens it takes from them (min_tokens). */
 typedef struct {
     tl_iq_unpack_fn unpack;
     size_t bw;
     float post;
     int kg;
     tl_vec_dot_tile_fn rows;
+    int min_tokens;
 } iq_kind;
+
+/* Where the GEMM overtakes each family's tiles, batched decode of 110M
+ * files, one thread, this Zen 3: the iq1 tiles go one token at a time
+ * (GEMM 1.6x faster at 8 tokens, even at 4, 0.6x at 2); the iq2 tiles
+ * have 8-token tiles (even at 8, GEMM 1.5x at 10); the iq3 tiles 4-token
+ * ones (even at 12, GEMM 1.2-2.4x at 16). */
+static int min_tokens_of(int type) {
+    return type == TL_TYPE_IQ1_S || type == TL_TYPE_IQ1_M ? 6 : type == TL_TYPE_IQ3_XXS || type == TL_TYPE_IQ3_S ? 13 : 9;
+}
 
 static iq_kind kinds[TL_TYPE_COUNT];
 
@@ -136,7 +143,7 @@ static T2 void mk_any(int kg, int C, float post, int64_t nb, const uint8_t *wk, 
 static void gemm_iq(int type, int64_t n, int nr, int nt, float *out, size_t ldo, const void *w, size_t ldw,
                     const void *x, size_t ldx, void *work) {
     const iq_kind *k = &kinds[type];
-    if (nt < IQ_GEMM_TOKENS) {
+    if (nt < k->min_tokens) {
         k->rows(n, nr, nt, out, ldo, w, ldw, x, ldx);
         return;
     }
@@ -192,7 +199,7 @@ void tl_gemm_iq_fill_avx2(tl_kernel_table *t) {
         if (!fast) fast = tl_iq3_unpack_avx2(type);
         if (!fast) fast = tl_iq1_unpack_avx2(type);
         kinds[type] = (iq_kind){fast ? fast : info->unpack, tl_type_info(type)->type_size, info->post, info->vmax <= 31 ? 4 : 2,
-                                t->vec_dot_tile[type]};
+                                t->vec_dot_tile[type], min_tokens_of(type)};
         t->gemm_tile[type] = all[i].gemm;
         t->gemm_prepare[type] = prepare_q8_K;
     }
