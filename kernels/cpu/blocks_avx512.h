@@ -49,7 +49,7 @@ static inline AI TN __m256i unpack_block(int kind, const uint8_t *wb) {
     const __m256i t = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(wb + qoff_of(kind))));
     __m256i q = _mm256_and_si256(_mm256_srlv_epi64(t, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0xF));
     if (kind == Q_5_0 || kind == Q_5_1) /* qh: the 4 bytes before the nibbles */
-        q = _mm256_mask_add_epi8(q, (__mmask32)ld32(wb + qoff_of(kind) - 4), q, _mm256_set1_epi8(0x10));
+        q = _mm256_mask_add_epi8(q, (__mmask32)tl_ld32(wb + qoff_of(kind) - 4), q, _mm256_set1_epi8(0x10));
     if (kind == Q_IQ4NL) q = _mm256_shuffle_epi8(_mm512_castsi512_si256(tl_iq4nl_lut128()), q);
     return q;
 }

@@ -159,7 +159,7 @@ static inline AI T2 void k_step(int kind, int p8, int C, const uint8_t *g, const
     const __m256i aq = is_signed(kind) ? _mm256_abs_epi8(q) : q;
     UNROLL for (int c = 0; c < C; c++) {
         const uint8_t *yq = x + c * ldx + (size_t)b * sizeof(block_q8_0) + 2 + 4 * k;
-        const __m256i y = _mm256_set1_epi32((int)ld32(yq));
+        const __m256i y = _mm256_set1_epi32((int)tl_ld32(yq));
         if (is_signed(kind))
             s[c] = _mm256_add_epi32(s[c], _mm256_madd_epi16(_mm256_maddubs_epi16(aq, _mm256_sign_epi8(y, q)), ones));
         else
@@ -202,7 +202,7 @@ static inline AI T2 void mk(int kind, int p8, int C, int64_t nb, const uint8_t *
         UNROLL for (int c = 0; c < C; c++) {
             /* the bias slot: -off * sum(y) (int32), or sy (q4_1, q5_1: a float) */
             const uint8_t *slot = x + c * ldx + co + 4 * (size_t)b;
-            const __m256i corr = _mm256_set1_epi32((int)ld32(slot));
+            const __m256i corr = _mm256_set1_epi32((int)tl_ld32(slot));
             __m256i isum;
             if (is_signed(kind)) isum = s[c];
             else if (kind == Q_4_1) isum = _mm256_madd_epi16(h[c], ones);
@@ -306,8 +306,8 @@ static inline AI T2 void dot1(int kind, int64_t n, float *out, const void *w, co
         const __m256i base = off_of(kind) ? _mm256_maddubs_epi16(offv, yv) : _mm256_setzero_si256();
         const int isum = hsum_epi32(block_partials(kind, unpack_block(kind, wb), yv, base));
         const float dy = f16(y[b].d);
-        s = fmaf((float)isum, f16(ld16(wb)) * dy, s);
-        if (has_min(kind)) s = fmaf(f16(ld16(wb + 2)), sum_y(yv, dy), s);
+        s = fmaf((float)isum, f16(tl_ld16(wb)) * dy, s);
+        if (has_min(kind)) s = fmaf(f16(tl_ld16(wb + 2)), sum_y(yv, dy), s);
     }
     *out = s;
 }

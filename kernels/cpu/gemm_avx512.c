@@ -77,7 +77,7 @@ static inline AI TN void mk(int kind, int src, int C, int64_t nb, const uint8_t 
         }
         UNROLL for (int k = 0; k < 8; k++) UNROLL for (int c = 0; c < C; c++) {
             const uint8_t *yq = x + c * ldx + (size_t)b * sizeof(block_q8_0) + 2 + 4 * k;
-            s[c] = _mm512_dpbusd_epi32(s[c], q[k], _mm512_set1_epi32((int)ld32(yq)));
+            s[c] = _mm512_dpbusd_epi32(s[c], q[k], _mm512_set1_epi32((int)tl_ld32(yq)));
         }
         UNROLL for (int c = 0; c < C; c++) {
             const float *dy = (const float *)(x + c * ldx + dyo);
@@ -238,8 +238,8 @@ static inline AI TN void dot1_min(int kind, int64_t n, float *out, const void *w
         const int isum = hsum_epi32(_mm256_dpbusd_epi32(z, unpack_block(kind, wb), yv));
         const int sumy = hsum_epi32(_mm256_dpbusd_epi32(z, ones, yv));
         const float dy = _cvtsh_ss(y[b].d);
-        s = _mm_fmadd_ss(_mm_set_ss((float)isum), _mm_set_ss(_cvtsh_ss(ld16(wb)) * dy), s);
-        s = _mm_fmadd_ss(_mm_set_ss(_cvtsh_ss(ld16(wb + 2))), _mm_set_ss((float)sumy * dy), s);
+        s = _mm_fmadd_ss(_mm_set_ss((float)isum), _mm_set_ss(_cvtsh_ss(tl_ld16(wb)) * dy), s);
+        s = _mm_fmadd_ss(_mm_set_ss(_cvtsh_ss(tl_ld16(wb + 2))), _mm_set_ss((float)sumy * dy), s);
     }
     *out = _mm_cvtss_f32(s);
 }

@@ -289,7 +289,7 @@ static inline AI T2 __m256 sb_term(int kind, __m256 acc, __m256 dy, __m256 dw, _
     return _mm256_add_ps(acc, _mm256_sub_ps(t1, _mm256_mul_ps(_mm256_mul_ps(dy, dm), _mm256_cvtepi32_ps(summ))));
 }
 
-static inline AI T2 __m256i bcast32(const void *p) { return _mm256_set1_epi32((int)ld32(p)); }
+static inline AI T2 __m256i bcast32(const void *p) { return _mm256_set1_epi32((int)tl_ld32(p)); }
 
 /* C tokens (prepared q8_K rows at x + c*ldx) against super-block i of a
  * group transposed at g: acc[c] += that super-block's term, lane r = row r. */

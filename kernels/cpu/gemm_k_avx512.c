@@ -295,7 +295,7 @@ static inline AI TN void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
         UNROLL for (int k = 0; k < zps; k++) q[k] = _mm512_load_si512(G + zps * j + k);
         UNROLL for (int c = 0; c < C; c++) s[c] = _mm512_setzero_si512();
         UNROLL for (int k = 0; k < zps; k++) UNROLL for (int c = 0; c < C; c++) {
-            const __m512i y = _mm512_set1_epi32((int)ld32(yb[c]->qs + 4 * (zps * j + k)));
+            const __m512i y = _mm512_set1_epi32((int)tl_ld32(yb[c]->qs + 4 * (zps * j + k)));
             s[c] = _mm512_dpbusd_epi32(s[c], q[k], y);
         }
         const __m512i sc = _mm512_load_si512(G + 64 + j);
@@ -309,7 +309,7 @@ static inline AI TN void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
         UNROLL for (int j = 0; j < 8; j++) {
             const __m512i mn = _mm512_load_si512(G + mo + j);
             UNROLL for (int c = 0; c < C; c++)
-                summ[c] = _mm512_dpwssd_epi32(summ[c], mn, _mm512_set1_epi32((int)ld32(yb[c]->bsums + 2 * j)));
+                summ[c] = _mm512_dpwssd_epi32(summ[c], mn, _mm512_set1_epi32((int)tl_ld32(yb[c]->bsums + 2 * j)));
         }
         const __m512 dw = _mm512_load_ps((const float *)(G + dof)), dm = _mm512_load_ps((const float *)(G + dof + 1));
         UNROLL for (int c = 0; c < C; c++) {
@@ -325,7 +325,7 @@ static inline AI TN void sb_dot(int kind, int C, const uint8_t *g, const uint8_t
     UNROLL for (int k = 0; k < 8; k++) {
         const __m512i cw = _mm512_load_si512(G + co + k);
         UNROLL for (int c = 0; c < C; c++)
-            sumi[c] = _mm512_dpwssd_epi32(sumi[c], cw, _mm512_set1_epi32((int)ld32(yb[c]->bsums + 2 * k)));
+            sumi[c] = _mm512_dpwssd_epi32(sumi[c], cw, _mm512_set1_epi32((int)tl_ld32(yb[c]->bsums + 2 * k)));
     }
     const __m512 dw = _mm512_load_ps((const float *)(G + co + 8));
     UNROLL for (int c = 0; c < C; c++) {

@@ -1,6 +1,6 @@
 /* gemm_q.h - shared by the GEMM files (gemm_avx2.c, gemm_avx512.c,
  * gemm_k_avx512.c, gemm_k_avx2.c): the 32-element weight kinds against q8_0 activations,
- * their block sizes, and small loads and sums.
+ * their block sizes, and small sums.
  * Include after <immintrin.h>. */
 #ifndef TL_GEMM_Q_H
 #define TL_GEMM_Q_H
@@ -13,18 +13,6 @@ static inline size_t bw_of(int kind) {
            : kind == Q_4_1 ? sizeof(block_q4_1)
            : kind == Q_5_1 ? sizeof(block_q5_1)
                            : sizeof(block_q5_0);
-}
-
-static inline uint32_t ld32(const void *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-static inline uint16_t ld16(const void *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
 }
 
 /* iq4_nl's nibbles to its levels plus 128 (tl_iq4nl_values + 128, as

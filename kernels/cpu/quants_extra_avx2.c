@@ -79,7 +79,7 @@ static inline AI T2 __m256i sb_q23(int q3, const uint8_t *a, __m256i sc16, const
 /* The fp16 words at offset off of four rows' block i, as floats. */
 static inline AI T2 __m128 f16x4(const uint8_t *const row[4], size_t off) {
     uint64_t d4 = 0;
-    UNROLL for (int k = 0; k < 4; k++) d4 |= (uint64_t)ld16(row[k] + off) << (16 * k);
+    UNROLL for (int k = 0; k < 4; k++) d4 |= (uint64_t)tl_ld16(row[k] + off) << (16 * k);
     return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)d4));
 }
 
@@ -138,7 +138,7 @@ static inline AI T2 void mk_q23(int q3, int R, int C, int pf, int64_t n, float *
  * lanes: the 4-bit low parts (nibble j of scales_l) and the 2-bit high
  * parts (bits 2j of scales_h) spread to byte j by shifts and masks. */
 static inline AI T2 __m256i iq4xs_scales16(const block_iq4_xs *a) {
-    uint64_t l = ld32(a->scales_l), h = a->scales_h;
+    uint64_t l = tl_ld32(a->scales_l), h = a->scales_h;
     l = (l | l << 16) & 0x0000FFFF0000FFFFull;
     l = (l | l << 8) & 0x00FF00FF00FF00FFull;
     l = (l | l << 4) & 0x0F0F0F0F0F0F0F0Full;

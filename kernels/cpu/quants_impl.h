@@ -148,6 +148,26 @@ static inline uint16_t tl_f32_to_bf16_inl(float f) {
 
 #define TL_F16(h) tl_f16_to_f32_inl(h)
 
+/* Unaligned little-endian loads from block bytes (packed structs' fields
+ * and row strides need not be aligned). */
+static inline uint16_t tl_ld16(const void *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+static inline uint32_t tl_ld32(const void *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint64_t tl_ld64(const void *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
 /* Unpacks the j-th (0..7) 6-bit scale and min of a q4_K/q5_K block. */
 static inline void tl_get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
     if (j < 4) {

@@ -16,23 +16,11 @@ static inline uint64_t signed8(uint64_t g, unsigned s) {
     return (g ^ neg) + (neg & 0x0101010101010101ull);
 }
 
-static inline uint32_t rd32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-static inline uint16_t rd16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
-
 static void unpack_iq2_xxs(const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
     const block_iq2_xxs *b = (const block_iq2_xxs *)blk;
-    *d = TL_F16(rd16(blk));
+    *d = TL_F16(tl_ld16(blk));
     for (int ib = 0; ib < 8; ib++) {
-        const uint32_t idx = rd32((const uint8_t *)b->qs + 8 * ib), aux = rd32((const uint8_t *)b->qs + 8 * ib + 4);
+        const uint32_t idx = tl_ld32((const uint8_t *)b->qs + 8 * ib), aux = tl_ld32((const uint8_t *)b->qs + 8 * ib + 4);
         ls[2 * ib] = ls[2 * ib + 1] = (int16_t)(2 * (aux >> 28) + 1);
         for (int l = 0; l < 4; l++) v[4 * ib + l] = signed8(tl_iq2xxs_grid[idx >> (8 * l) & 0xFF], tl_iq_signs8(aux >> (7 * l)));
     }
@@ -43,9 +31,9 @@ static inline int16_t ls16(const uint8_t *scales, int h) { return (int16_t)(2 * 
 
 static void unpack_iq2_xs(const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
     const block_iq2_xs *b = (const block_iq2_xs *)blk;
-    *d = TL_F16(rd16(blk));
+    *d = TL_F16(tl_ld16(blk));
     for (int g = 0; g < 32; g++) {
-        const unsigned q = rd16((const uint8_t *)b->qs + 2 * g);
+        const unsigned q = tl_ld16((const uint8_t *)b->qs + 2 * g);
         v[g] = signed8(tl_iq2xs_grid[q & 511], tl_iq_signs8(q >> 9));
     }
     for (int h = 0; h < 16; h++) ls[h] = ls16(b->scales, h);
@@ -53,7 +41,7 @@ static void unpack_iq2_xs(const uint8_t *blk, uint64_t v[32], int16_t ls[16], fl
 
 static void unpack_iq2_s(const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
     const block_iq2_s *b = (const block_iq2_s *)blk;
-    *d = TL_F16(rd16(blk));
+    *d = TL_F16(tl_ld16(blk));
     for (int g = 0; g < 32; g++)
         v[g] = signed8(tl_iq2s_grid[b->qs[g] | (unsigned)(b->qh[g / 4] >> (2 * (g % 4)) & 3) << 8], b->qs[32 + g]);
     for (int h = 0; h < 16; h++) ls[h] = ls16(b->scales, h);
@@ -61,9 +49,9 @@ static void unpack_iq2_s(const uint8_t *blk, uint64_t v[32], int16_t ls[16], flo
 
 static void unpack_iq3_xxs(const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
     const block_iq3_xxs *b = (const block_iq3_xxs *)blk;
-    *d = TL_F16(rd16(blk));
+    *d = TL_F16(tl_ld16(blk));
     for (int ib = 0; ib < 8; ib++) {
-        const uint32_t aux = rd32(b->qs + 64 + 4 * ib);
+        const uint32_t aux = tl_ld32(b->qs + 64 + 4 * ib);
         ls[2 * ib] = ls[2 * ib + 1] = (int16_t)(2 * (aux >> 28) + 1);
         for (int l = 0; l < 4; l++) {
             const uint8_t *q = b->qs + 8 * ib + 2 * l;
@@ -75,7 +63,7 @@ static void unpack_iq3_xxs(const uint8_t *blk, uint64_t v[32], int16_t ls[16], f
 
 static void unpack_iq3_s(const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
     const block_iq3_s *b = (const block_iq3_s *)blk;
-    *d = TL_F16(rd16(blk));
+    *d = TL_F16(tl_ld16(blk));
     for (int ib = 0; ib < 8; ib++) {
         ls[2 * ib] = ls[2 * ib + 1] = (int16_t)(2 * (b->scales[ib / 2] >> (4 * (ib % 2)) & 15) + 1);
         for (int l = 0; l < 4; l++) {
@@ -99,7 +87,7 @@ static inline uint64_t eighths8(unsigned idx, int delta) {
 
 static void unpack_iq1_s(const uint8_t *blk, uint64_t v[32], int16_t ls[16], float *d) {
     const block_iq1_s *b = (const block_iq1_s *)blk;
-    *d = TL_F16(rd16(blk));
+    *d = TL_F16(tl_ld16(blk));
     for (int ib = 0; ib < 8; ib++) {
         ls[2 * ib] = ls[2 * ib + 1] = (int16_t)tl_iq1_s_ls(b, ib);
         for (int l = 0; l < 4; l++) v[4 * ib + l] = eighths8(tl_iq1_s_index(b, ib, l), tl_iq1_s_delta(b, ib));

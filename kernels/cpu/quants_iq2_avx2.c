@@ -40,12 +40,6 @@
 static const uint64_t sign_mask[128] = {SM16_(0),  SM16_(16), SM16_(32), SM16_(48),
                                         SM16_(64), SM16_(80), SM16_(96), SM16_(112)};
 
-static inline uint64_t ld64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return v;
-}
-
 /* Four table entries, entry i0 in bytes 0..7. */
 static inline AI T2 __m256i gather4(const uint64_t *tab, unsigned i0, unsigned i1, unsigned i2, unsigned i3) {
     return _mm256_set_epi64x((long long)tab[i3], (long long)tab[i2], (long long)tab[i1], (long long)tab[i0]);
@@ -95,20 +89,20 @@ typedef struct {
 static inline AI T2 sub32 decode(int kind, const uint8_t *a, int ib, __m256i sb) {
     sub32 r;
     if (kind == XXS) {
-        const uint32_t w0 = ld32(a + 2 + 8 * ib), w1 = ld32(a + 6 + 8 * ib);
+        const uint32_t w0 = tl_ld32(a + 2 + 8 * ib), w1 = tl_ld32(a + 6 + 8 * ib);
         const __m256i mags = gather4(tl_iq2xxs_grid, w0 & 255, w0 >> 8 & 255, w0 >> 16 & 255, w0 >> 24);
         r.q = _mm256_sign_epi8(mags, gather4(sign_mask, w1 & 127, w1 >> 7 & 127, w1 >> 14 & 127, w1 >> 21 & 127));
         r.sc = _mm256_set1_epi16((short)(2 * (w1 >> 28) + 1));
     } else if (kind == XS) {
-        const uint64_t q = ld64(a + 2 + 8 * ib);
+        const uint64_t q = tl_ld64(a + 2 + 8 * ib);
         const __m256i mags = gather4(tl_iq2xs_grid, q & 511, q >> 16 & 511, q >> 32 & 511, q >> 48 & 511);
         r.q = _mm256_sign_epi8(mags, gather4(sign_mask, q >> 9 & 127, q >> 25 & 127, q >> 41 & 127, q >> 57));
         r.sc = half_scales(sb, ib);
     } else {
-        const uint32_t w = ld32(a + offsetof(block_iq2_s, qs) + 4 * ib), h = a[offsetof(block_iq2_s, qh) + ib];
+        const uint32_t w = tl_ld32(a + offsetof(block_iq2_s, qs) + 4 * ib), h = a[offsetof(block_iq2_s, qh) + ib];
         const __m256i mags = gather4(tl_iq2s_grid, (w & 255) | (h << 8 & 0x300), (w >> 8 & 255) | (h << 6 & 0x300),
                                      (w >> 16 & 255) | (h << 4 & 0x300), (w >> 24) | (h << 2 & 0x300));
-        const __m256i neg = bits32(ld32(a + offsetof(block_iq2_s, qs) + 32 + 4 * ib));
+        const __m256i neg = bits32(tl_ld32(a + offsetof(block_iq2_s, qs) + 32 + 4 * ib));
         r.q = _mm256_sign_epi8(mags, _mm256_or_si256(neg, _mm256_set1_epi8(1)));
         r.sc = half_scales(sb, ib);
     }

@@ -40,12 +40,6 @@
  * faster again but leaves up to 7 tokens to the 1-token tail) */
 enum { TB = 4 };
 
-static inline uint32_t rd32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 /* The fp16 words at offset off of four rows' block i, as floats. */
 static inline AI T2 __m128 f16x4(const uint8_t *const row[4], size_t off) {
     uint16_t h[4];
@@ -96,7 +90,7 @@ static inline AI T2 void prep_xxs(const block_iq3_xxs *a, sb_prep *p) {
  * (masked to the table's 512 by construction). */
 static inline AI T2 void prep_s(const block_iq3_s *a, sb_prep *p) {
     _mm256_storeu_si256((__m256i *)p->sw, _mm256_loadu_si256((const __m256i *)a->signs));
-    const __m256i s4 = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)rd32(a->scales)),
+    const __m256i s4 = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)tl_ld32(a->scales)),
                                                           _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
                                         _mm256_set1_epi32(0xF));
     _mm256_storeu_si256((__m256i *)p->lw, ls_pairs(s4));

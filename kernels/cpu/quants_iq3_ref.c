@@ -21,12 +21,6 @@
 #include "iq3_grids.h"
 #include "quants_impl.h"
 
-static inline uint32_t rd32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
 /* Level j (0..3) of grid entry e. */
 #define LEVEL(e, j) ((int)(((e) >> (8 * (j))) & 0xFF))
 
@@ -37,7 +31,7 @@ void tl_dequant_iq3_xxs(const void *src, float *y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++) {
         const float d = TL_F16(x[i].d);
         for (int ib = 0; ib < 8; ib++) {
-            const uint32_t aux = rd32(x[i].qs + 64 + 4 * ib);
+            const uint32_t aux = tl_ld32(x[i].qs + 64 + 4 * ib);
             const float db = d * (0.5f + (aux >> 28)) * 0.5f;
             for (int l = 0; l < 4; l++, y += 8) {
                 const unsigned signs = tl_iq_signs8(aux >> (7 * l));
@@ -87,7 +81,7 @@ void tl_dot_iq3_xxs(int64_t n, float *out, const void *w, const void *x) {
     for (int64_t i = 0; i < n / QK_K; i++) {
         int32_t bsum = 0;
         for (int ib = 0; ib < 8; ib++) {
-            const uint32_t aux = rd32(a[i].qs + 64 + 4 * ib);
+            const uint32_t aux = tl_ld32(a[i].qs + 64 + 4 * ib);
             const int8_t *q8 = b[i].qs + 32 * ib;
             int32_t sumi = 0;
             for (int l = 0; l < 4; l++) {

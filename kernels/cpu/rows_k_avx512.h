@@ -195,8 +195,8 @@ static inline AI TN __m512i row_iq4xs(const uint8_t *a, const __m512i y[4]) {
     const __m512i m4 = _mm512_set1_epi8(0xF), b8 = _mm512_set1_epi8(8), zero = _mm512_setzero_si512();
     const __m512i lut = _mm512_broadcast_i32x4(_mm_setr_epi8(127, 104, 83, 65, 49, 35, 22, 10, 1, 13, 25, 38, 53, 69, 89, 113));
     /* byte j = the 6-bit scale j (4 low bits from scales_l, 2 from scales_h), by pdep */
-    const uint64_t ls = _pdep_u64(ld32(a + offsetof(block_iq4_xs, scales_l)), 0x0F0F0F0F0F0F0F0Full) |
-                        _pdep_u64(ld16(a + offsetof(block_iq4_xs, scales_h)), 0x3030303030303030ull);
+    const uint64_t ls = _pdep_u64(tl_ld32(a + offsetof(block_iq4_xs, scales_l)), 0x0F0F0F0F0F0F0F0Full) |
+                        _pdep_u64(tl_ld16(a + offsetof(block_iq4_xs, scales_h)), 0x3030303030303030ull);
     const __m128i sc8 = _mm_sub_epi8(_mm_cvtsi64_si128((long long)ls), _mm_set1_epi8(32));
     const __m512i sc16 = _mm512_broadcast_i32x4(_mm_cvtepi8_epi16(sc8)); /* 8 int16 scales per 128-bit lane */
     __m512i acc = zero;
@@ -275,14 +275,14 @@ static inline AI TN void rows_K(int kind, int C, int nr, int64_t nb, const uint8
                 const __m128 dy = _mm_set1_ps(yb->d);
                 if (!has_dmin) { /* s += (d_y * d_w) * sumi */
                     uint64_t d4 = 0; /* the four rows' d words in one integer, then one move */
-                    UNROLL for (int k = 0; k < 4; k++) d4 |= (uint64_t)ld16(row[k] + (size_t)i * bw + dof) << (16 * k);
+                    UNROLL for (int k = 0; k < 4; k++) d4 |= (uint64_t)tl_ld16(row[k] + (size_t)i * bw + dof) << (16 * k);
                     s = _mm_add_ps(s, _mm_mul_ps(_mm_mul_ps(dy, _mm_cvtph_ps(_mm_cvtsi64_si128((long long)d4))), _mm_cvtepi32_ps(sumi)));
                     continue;
                 }
                 const __m256i wm = _mm256_hadd_epi32(_mm256_hadd_epi32(pm[0], pm[1]), _mm256_hadd_epi32(pm[2], pm[3]));
                 const __m128i summ = _mm_add_epi32(_mm256_castsi256_si128(wm), _mm256_extracti128_si256(wm, 1));
-                const uint64_t d01 = ld32(row[0] + (size_t)i * bw + dof) | (uint64_t)ld32(row[1] + (size_t)i * bw + dof) << 32;
-                const uint64_t d23 = ld32(row[2] + (size_t)i * bw + dof) | (uint64_t)ld32(row[3] + (size_t)i * bw + dof) << 32;
+                const uint64_t d01 = tl_ld32(row[0] + (size_t)i * bw + dof) | (uint64_t)tl_ld32(row[1] + (size_t)i * bw + dof) << 32;
+                const uint64_t d23 = tl_ld32(row[2] + (size_t)i * bw + dof) | (uint64_t)tl_ld32(row[3] + (size_t)i * bw + dof) << 32;
                 const __m256 f = _mm256_cvtph_ps(_mm_set_epi64x((long long)d23, (long long)d01)); /* d0 m0 d1 m1 | d2 m2 d3 m3 */
                 const __m128 flo = _mm256_castps256_ps128(f), fhi = _mm256_extractf128_ps(f, 1);
                 const __m128 dw = _mm_shuffle_ps(flo, fhi, _MM_SHUFFLE(2, 0, 2, 0));
