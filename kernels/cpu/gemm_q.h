@@ -82,6 +82,32 @@ static inline TL_AVX2_AI __m128i tl_hsum4_i32(const __m256i p[4]) {
     return _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
 
+/* 7-bit sign indices in bytes (bit 7 clear) to tl_iq_signs8's sign bytes:
+ * bit 7 set to the parity of the other seven, by a nibble-parity vpshufb
+ * (the i-quants' even-parity signs: iq2_xxs, iq2_xs, iq3_xxs). */
+static inline TL_AVX2_AI __m256i tl_iq_parity7(__m256i b) {
+    const __m256i par = _mm256_setr_epi8(0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0,
+                                         0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0);
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    return _mm256_or_si256(b, _mm256_xor_si256(_mm256_shuffle_epi8(par, _mm256_and_si256(b, m4)),
+                                               _mm256_shuffle_epi8(par, _mm256_and_si256(_mm256_srli_epi16(b, 4), m4))));
+}
+
+/* The 8 sign-and-scale words of an iq2_xxs / iq3_xxs super-block (four
+ * 7-bit sign indices, then a 4-bit s at bits 28..31): sw[ib] the sub-block's
+ * 32 sign bits (byte l: index l and its parity bit), lw[ib] its ls = 2s + 1
+ * in both int16 halves. */
+static inline TL_AVX2_AI void tl_iq_xxs_signs(__m256i aux, uint32_t sw[8], uint32_t lw[8]) {
+    const __m256i b = _mm256_or_si256(
+        _mm256_or_si256(_mm256_and_si256(aux, _mm256_set1_epi32(0x7F)),
+                        _mm256_and_si256(_mm256_slli_epi32(aux, 1), _mm256_set1_epi32(0x7F00))),
+        _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(aux, 2), _mm256_set1_epi32(0x7F0000)),
+                        _mm256_and_si256(_mm256_slli_epi32(aux, 3), _mm256_set1_epi32(0x7F000000))));
+    _mm256_storeu_si256((__m256i *)sw, tl_iq_parity7(b));
+    const __m256i ls = _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(aux, 28), 1), _mm256_set1_epi32(1));
+    _mm256_storeu_si256((__m256i *)lw, _mm256_or_si256(ls, _mm256_slli_epi32(ls, 16)));
+}
+
 /* Four interleaved row streams lose the hardware prefetcher (q2_K / q3_K
  * decode: the d loads waited on DRAM, a third of the time): the first
  * token (pf) of a 4-row tile asks for the next 4 rows' bytes (one address

@@ -4,9 +4,13 @@
  * (d_w * d_y) * sum added in the same order, times 0.125f at the end.
  *
  * A sub-block of 32 is one vector. Decoding it is the costly part: its
- * four grid entries (8 magnitude bytes each) and sign masks gathered by
- * table loads, the signs put on by vpsignb (the mask bytes are 0xFF or
- * 0x01, never 0), the scale(s) 2s + 1 made int16. Each activation then
+ * four grid entries (8 magnitude bytes each) gathered by table loads, its
+ * 32 sign bits made byte masks and put on by vpsignb (the mask bytes are
+ * 0xFF or 0x01, never 0), the scale(s) 2s + 1 made int16. iq2_xxs and
+ * iq2_xs keep their signs as 7-bit indices with an even-parity eighth
+ * bit; those become sign words, and iq2_xs's indices 16-bit, for a whole
+ * block at once by vector ops (prep; table loads of a 128-entry sign
+ * table per entry instead ran decode 1.3x slower). Each activation then
  * costs vpsignb (the signed weights times sign(y)), vpmaddubsw with |y|
  * (unsigned: y = -128 is 128, where putting the sign on y would leave
  * -128), and vpmaddwd with the scales. Bounds: pairs |2 * 128 * 43| <
@@ -29,16 +33,6 @@
 #define AI __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
 #define UNROLL4 _Pragma("GCC unroll 4")
-
-/* Entry s of the 7-bit sign index (tl_iq_signs8): byte j = 0xFF (-1) where
- * element j is negative, else 0x01, the parity bit making element 7's sign. */
-#define SB_(s, j) ((uint64_t)((s) >> (j) & 1 ? 0xFF : 0x01) << (8 * (j)))
-#define PAR_(s) (((s) ^ (s) >> 1 ^ (s) >> 2 ^ (s) >> 3 ^ (s) >> 4 ^ (s) >> 5 ^ (s) >> 6) & 1)
-#define SM_(s) (SB_(s, 0) | SB_(s, 1) | SB_(s, 2) | SB_(s, 3) | SB_(s, 4) | SB_(s, 5) | SB_(s, 6) | SB_(PAR_(s), 0) << 56)
-#define SM4_(s) SM_(s), SM_((s) + 1), SM_((s) + 2), SM_((s) + 3)
-#define SM16_(s) SM4_(s), SM4_((s) + 4), SM4_((s) + 8), SM4_((s) + 12)
-static const uint64_t sign_mask[128] = {SM16_(0),  SM16_(16), SM16_(32), SM16_(48),
-                                        SM16_(64), SM16_(80), SM16_(96), SM16_(112)};
 
 /* Four table entries, entry i0 in bytes 0..7. */
 static inline AI T2 __m256i gather4(const uint64_t *tab, unsigned i0, unsigned i1, unsigned i2, unsigned i3) {
@@ -85,25 +79,51 @@ typedef struct {
     __m256i q, sc;
 } sub32;
 
-/* Sub-block ib of block a (kind's layout); sb: the block's scale_bytes (iq2_xs / iq2_s). */
-static inline AI T2 sub32 decode(int kind, const uint8_t *a, int ib, __m256i sb) {
-    sub32 r;
+/* What decode reads of a row's block besides its bytes, laid out once per
+ * block by vector ops: iq2_xxs / iq2_xs's sign words (bit 8l + j: element
+ * 8l + j of sub-block ib negative; the 7-bit indices with their parity
+ * bits) and iq2_xxs's ls pairs. (iq2_xs's grid indices stay shifts of one
+ * 64-bit load: laid out here too, as 16-bit words, decode ran 1.3x slower.) */
+typedef struct {
+    uint32_t sw[8], lw[8];
+} iq2_prep;
+
+static inline AI T2 void prep(int kind, const uint8_t *a, iq2_prep *p) {
+    const __m256i q0 = _mm256_loadu_si256((const __m256i *)(a + 2)), q1 = _mm256_loadu_si256((const __m256i *)(a + 34));
     if (kind == XXS) {
-        const uint32_t w0 = tl_ld32(a + 2 + 8 * ib), w1 = tl_ld32(a + 6 + 8 * ib);
-        const __m256i mags = gather4(tl_iq2xxs_grid, w0 & 255, w0 >> 8 & 255, w0 >> 16 & 255, w0 >> 24);
-        r.q = _mm256_sign_epi8(mags, gather4(sign_mask, w1 & 127, w1 >> 7 & 127, w1 >> 14 & 127, w1 >> 21 & 127));
-        r.sc = _mm256_set1_epi16((short)(2 * (w1 >> 28) + 1));
+        /* each sub-block's second word: the odd dwords */
+        const __m256i odd = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+        tl_iq_xxs_signs(_mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(q0, odd),
+                                                  _mm256_permutevar8x32_epi32(q1, odd), 0x20),
+                        p->sw, p->lw);
+    } else if (kind == XS) {
+        /* 16-bit words: grid index in bits 0..8, sign index above */
+        const __m256i si = _mm256_packus_epi16(_mm256_srli_epi16(q0, 9), _mm256_srli_epi16(q1, 9));
+        _mm256_storeu_si256((__m256i *)p->sw, tl_iq_parity7(_mm256_permute4x64_epi64(si, 0xD8)));
+    }
+}
+
+/* Sub-block ib of block a (kind's layout); sb: the block's scale_bytes
+ * (iq2_xs / iq2_s), p: its prep (iq2_xxs / iq2_xs). */
+static inline AI T2 sub32 decode(int kind, const uint8_t *a, int ib, __m256i sb, const iq2_prep *p) {
+    sub32 r;
+    const __m256i one = _mm256_set1_epi8(1);
+    if (kind == XXS) {
+        const uint8_t *g = a + 2 + 8 * ib;
+        const __m256i mags = gather4(tl_iq2xxs_grid, g[0], g[1], g[2], g[3]);
+        r.q = _mm256_sign_epi8(mags, _mm256_or_si256(bits32(p->sw[ib]), one));
+        r.sc = _mm256_set1_epi32((int)p->lw[ib]);
     } else if (kind == XS) {
         const uint64_t q = tl_ld64(a + 2 + 8 * ib);
         const __m256i mags = gather4(tl_iq2xs_grid, q & 511, q >> 16 & 511, q >> 32 & 511, q >> 48 & 511);
-        r.q = _mm256_sign_epi8(mags, gather4(sign_mask, q >> 9 & 127, q >> 25 & 127, q >> 41 & 127, q >> 57));
+        r.q = _mm256_sign_epi8(mags, _mm256_or_si256(bits32(p->sw[ib]), one));
         r.sc = half_scales(sb, ib);
     } else {
         const uint32_t w = tl_ld32(a + offsetof(block_iq2_s, qs) + 4 * ib), h = a[offsetof(block_iq2_s, qh) + ib];
         const __m256i mags = gather4(tl_iq2s_grid, (w & 255) | (h << 8 & 0x300), (w >> 8 & 255) | (h << 6 & 0x300),
                                      (w >> 16 & 255) | (h << 4 & 0x300), (w >> 24) | (h << 2 & 0x300));
         const __m256i neg = bits32(tl_ld32(a + offsetof(block_iq2_s, qs) + 32 + 4 * ib));
-        r.q = _mm256_sign_epi8(mags, _mm256_or_si256(neg, _mm256_set1_epi8(1)));
+        r.q = _mm256_sign_epi8(mags, _mm256_or_si256(neg, one));
         r.sc = half_scales(sb, ib);
     }
     return r;
@@ -127,13 +147,17 @@ static inline AI T2 void mk_rows(int kind, int R, int pf, int64_t n, float *out,
     for (int64_t i = 0; i < n / QK_K; i++) {
         tl_prefetch_next_rows4(pf, w, ldw, i, bw);
         __m256i acc[4], sb[4];
+        iq2_prep p[4];
         UNROLL4 for (int k = 0; k < 4; k++) {
             acc[k] = sb[k] = _mm256_setzero_si256();
-            if (kind != XXS && k < R) sb[k] = scale_bytes(row[k] + (size_t)i * bw + sof);
+            if (k >= R) continue;
+            if (kind != XXS) sb[k] = scale_bytes(row[k] + (size_t)i * bw + sof);
+            prep(kind, row[k] + (size_t)i * bw, &p[k]);
         }
         UNROLL for (int ib = 0; ib < 8; ib++) {
             const __m256i yv = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib)), ay = _mm256_abs_epi8(yv);
-            UNROLL4 for (int k = 0; k < R; k++) acc[k] = madd32(acc[k], decode(kind, row[k] + (size_t)i * bw, ib, sb[k]), yv, ay);
+            UNROLL4 for (int k = 0; k < R; k++)
+                acc[k] = madd32(acc[k], decode(kind, row[k] + (size_t)i * bw, ib, sb[k], &p[k]), yv, ay);
         }
         /* acc += (d_w * d_y) * (float)sum */
         const __m128 dd = _mm_mul_ps(d4(row, i, bw), _mm_set1_ps(y[i].d));
@@ -155,10 +179,12 @@ static inline AI T2 void mk_tokens8(int kind, int64_t n, float *out, size_t ldo,
         const block_q8_K *y[8];
         UNROLL for (int c = 0; c < 8; c++) y[c] = (const block_q8_K *)(x + (size_t)c * ldx) + i;
         const __m256i sb = kind == XXS ? _mm256_setzero_si256() : scale_bytes(a + sof);
+        iq2_prep p;
+        prep(kind, a, &p);
         __m256i acc[8];
         UNROLL for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_si256();
         for (int ib = 0; ib < 8; ib++) {
-            const sub32 d = decode(kind, a, ib, sb);
+            const sub32 d = decode(kind, a, ib, sb, &p);
             UNROLL for (int c = 0; c < 8; c++) {
                 const __m256i yv = _mm256_loadu_si256((const __m256i *)(y[c]->qs + 32 * ib));
                 acc[c] = madd32(acc[c], d, yv, _mm256_abs_epi8(yv));
@@ -212,8 +238,10 @@ TILE(iq2_s, S)
 static inline AI T2 void unpack_iq2(int kind, const uint8_t *a, uint64_t v[32], int16_t ls[16], float *d) {
     const size_t sof = kind == XS ? offsetof(block_iq2_xs, scales) : offsetof(block_iq2_s, scales);
     const __m256i sb = kind == XXS ? _mm256_setzero_si256() : scale_bytes(a + sof);
+    iq2_prep p;
+    prep(kind, a, &p);
     UNROLL for (int ib = 0; ib < 8; ib++) {
-        const sub32 r = decode(kind, a, ib, sb);
+        const sub32 r = decode(kind, a, ib, sb, &p);
         _mm256_storeu_si256((__m256i *)(v + 4 * ib), r.q);
         ls[2 * ib] = (int16_t)_mm256_extract_epi16(r.sc, 0);
         ls[2 * ib + 1] = (int16_t)_mm256_extract_epi16(r.sc, 8);

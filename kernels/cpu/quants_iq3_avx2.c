@@ -63,23 +63,9 @@ static inline AI T2 __m256i ls_pairs(__m256i s4) {
     return _mm256_or_si256(ls, _mm256_slli_epi32(ls, 16));
 }
 
-/* iq3_xxs: the four 7-bit sign indices of each sub-block's word to bytes
- * (bits 7l..7l+6 to byte l), bit 7 of each byte the parity of its other
- * seven (tl_iq_signs8), by a nibble-parity lookup; ls from bits 28..31. */
+/* iq3_xxs: the sign and scale words (tl_iq_xxs_signs), the 8-bit indices. */
 static inline AI T2 void prep_xxs(const block_iq3_xxs *a, sb_prep *p) {
-    const __m256i aux = _mm256_loadu_si256((const __m256i *)(a->qs + 64));
-    const __m256i b = _mm256_or_si256(
-        _mm256_or_si256(_mm256_and_si256(aux, _mm256_set1_epi32(0x7F)),
-                        _mm256_and_si256(_mm256_slli_epi32(aux, 1), _mm256_set1_epi32(0x7F00))),
-        _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(aux, 2), _mm256_set1_epi32(0x7F0000)),
-                        _mm256_and_si256(_mm256_slli_epi32(aux, 3), _mm256_set1_epi32(0x7F000000))));
-    const __m256i par = _mm256_setr_epi8(0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0,
-                                         0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0);
-    const __m256i m4 = _mm256_set1_epi8(0xF);
-    const __m256i p8 = _mm256_xor_si256(_mm256_shuffle_epi8(par, _mm256_and_si256(b, m4)),
-                                        _mm256_shuffle_epi8(par, _mm256_and_si256(_mm256_srli_epi16(b, 4), m4)));
-    _mm256_storeu_si256((__m256i *)p->sw, _mm256_or_si256(b, p8));
-    _mm256_storeu_si256((__m256i *)p->lw, ls_pairs(_mm256_srli_epi32(aux, 28)));
+    tl_iq_xxs_signs(_mm256_loadu_si256((const __m256i *)(a->qs + 64)), p->sw, p->lw);
     UNROLL for (int h = 0; h < 4; h++)
         _mm256_storeu_si256((__m256i *)(p->ix + 16 * h),
                             _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(a->qs + 16 * h))));
