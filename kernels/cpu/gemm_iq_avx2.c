@@ -56,7 +56,8 @@ typedef struct {
  * have 8-token tiles (even at 8, GEMM 1.5x at 10); the iq3 tiles 4-token
  * ones (even at 12, GEMM 1.2-2.4x at 16). */
 static int min_tokens_of(int type) {
-    return type == TL_TYPE_IQ1_S || type == TL_TYPE_IQ1_M ? 6 : type == TL_TYPE_IQ3_XXS || type == TL_TYPE_IQ3_S ? 13 : 9;
+    if (type == TL_TYPE_IQ1_S || type == TL_TYPE_IQ1_M) return 6;
+    return type == TL_TYPE_IQ3_XXS || type == TL_TYPE_IQ3_S ? 13 : 9;
 }
 
 static iq_kind kinds[TL_TYPE_COUNT];

@@ -221,7 +221,8 @@ static inline AI T2 void unpack_iq1(int m, const uint8_t *blk, uint64_t v[32], i
         __m256i dv;
         if (m) {
             long long e[4];
-            UNROLL for (int l = 0; l < 4; l++) e[l] = (long long)(0x0101010101010101ull * (uint8_t)(tl_iq1_m_delta(b, 4 * ib + l) - 8));
+            UNROLL for (int l = 0; l < 4; l++)
+                e[l] = (long long)(0x0101010101010101ull * (uint8_t)(tl_iq1_m_delta(b, 4 * ib + l) - 8));
             dv = _mm256_setr_epi64x(e[0], e[1], e[2], e[3]);
         } else {
             dv = _mm256_set1_epi8((char)(tl_iq1_s_delta(s, ib) - 8));

@@ -184,7 +184,9 @@ static inline AI T2 void unpack_iq3(int xxs, const uint8_t *a, uint64_t v[32], i
     memcpy(&dh, a, 2);
     *d = TL_F16(dh);
 }
-static T2 void unpack_iq3_xxs(const uint8_t *a, uint64_t v[32], int16_t ls[16], float *d) { unpack_iq3(1, a, v, ls, d); }
+static T2 void unpack_iq3_xxs(const uint8_t *a, uint64_t v[32], int16_t ls[16], float *d) {
+    unpack_iq3(1, a, v, ls, d);
+}
 static T2 void unpack_iq3_s(const uint8_t *a, uint64_t v[32], int16_t ls[16], float *d) { unpack_iq3(0, a, v, ls, d); }
 
 tl_iq_unpack_fn tl_iq3_unpack_avx2(int type) {
