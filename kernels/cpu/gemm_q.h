@@ -93,6 +93,13 @@ static inline TL_AVX2_AI __m256i tl_iq_parity7(__m256i b) {
                                                _mm256_shuffle_epi8(par, _mm256_and_si256(_mm256_srli_epi16(b, 4), m4))));
 }
 
+/* ls = 2s + 1 in both int16 halves of each int32 lane, from the 4-bit s
+ * in the lanes: the i-quants' sub-block scales as vpmaddwd operands. */
+static inline TL_AVX2_AI __m256i tl_iq_ls_pairs(__m256i s4) {
+    const __m256i ls = _mm256_or_si256(_mm256_slli_epi32(s4, 1), _mm256_set1_epi32(1));
+    return _mm256_or_si256(ls, _mm256_slli_epi32(ls, 16));
+}
+
 /* The 8 sign-and-scale words of an iq2_xxs / iq3_xxs super-block (four
  * 7-bit sign indices, then a 4-bit s at bits 28..31): sw[ib] the sub-block's
  * 32 sign bits (byte l: index l and its parity bit), lw[ib] its ls = 2s + 1
@@ -104,8 +111,7 @@ static inline TL_AVX2_AI void tl_iq_xxs_signs(__m256i aux, uint32_t sw[8], uint3
         _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(aux, 2), _mm256_set1_epi32(0x7F0000)),
                         _mm256_and_si256(_mm256_slli_epi32(aux, 3), _mm256_set1_epi32(0x7F000000))));
     _mm256_storeu_si256((__m256i *)sw, tl_iq_parity7(b));
-    const __m256i ls = _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(aux, 28), 1), _mm256_set1_epi32(1));
-    _mm256_storeu_si256((__m256i *)lw, _mm256_or_si256(ls, _mm256_slli_epi32(ls, 16)));
+    _mm256_storeu_si256((__m256i *)lw, tl_iq_ls_pairs(_mm256_srli_epi32(aux, 28)));
 }
 
 /* Four interleaved row streams lose the hardware prefetcher (q2_K / q3_K

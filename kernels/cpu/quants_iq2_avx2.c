@@ -8,9 +8,8 @@
  * 32 sign bits made byte masks and put on by vpsignb (the mask bytes are
  * 0xFF or 0x01, never 0), the scale(s) 2s + 1 made int16. iq2_xxs and
  * iq2_xs keep their signs as 7-bit indices with an even-parity eighth
- * bit; those become sign words, and iq2_xs's indices 16-bit, for a whole
- * block at once by vector ops (prep; table loads of a 128-entry sign
- * table per entry instead ran decode 1.3x slower). Each activation then
+ * bit; those become sign words for a whole block at once by vector ops
+ * (prep), where per-entry loads from a 128-entry sign table had been. Each activation then
  * costs vpsignb (the signed weights times sign(y)), vpmaddubsw with |y|
  * (unsigned: y = -128 is 128, where putting the sign on y would leave
  * -128), and vpmaddwd with the scales. Bounds: pairs |2 * 128 * 43| <
@@ -89,6 +88,7 @@ typedef struct {
 } iq2_prep;
 
 static inline AI T2 void prep(int kind, const uint8_t *a, iq2_prep *p) {
+    if (kind == S) return; /* its signs are explicit bits */
     const __m256i q0 = _mm256_loadu_si256((const __m256i *)(a + 2)), q1 = _mm256_loadu_si256((const __m256i *)(a + 34));
     if (kind == XXS) {
         /* each sub-block's second word: the odd dwords */
@@ -96,8 +96,8 @@ static inline AI T2 void prep(int kind, const uint8_t *a, iq2_prep *p) {
         tl_iq_xxs_signs(_mm256_permute2x128_si256(_mm256_permutevar8x32_epi32(q0, odd),
                                                   _mm256_permutevar8x32_epi32(q1, odd), 0x20),
                         p->sw, p->lw);
-    } else if (kind == XS) {
-        /* 16-bit words: grid index in bits 0..8, sign index above */
+    } else {
+        /* iq2_xs's 16-bit words: grid index in bits 0..8, sign index above */
         const __m256i si = _mm256_packus_epi16(_mm256_srli_epi16(q0, 9), _mm256_srli_epi16(q1, 9));
         _mm256_storeu_si256((__m256i *)p->sw, tl_iq_parity7(_mm256_permute4x64_epi64(si, 0xD8)));
     }

@@ -57,12 +57,6 @@ typedef struct {
     uint16_t ix[64];
 } sb_prep;
 
-/* ls in both halves of each int32 lane, from the 4-bit s in the lanes. */
-static inline AI T2 __m256i ls_pairs(__m256i s4) {
-    const __m256i ls = _mm256_or_si256(_mm256_slli_epi32(s4, 1), _mm256_set1_epi32(1));
-    return _mm256_or_si256(ls, _mm256_slli_epi32(ls, 16));
-}
-
 /* iq3_xxs: the sign and scale words (tl_iq_xxs_signs), the 8-bit indices. */
 static inline AI T2 void prep_xxs(const block_iq3_xxs *a, sb_prep *p) {
     tl_iq_xxs_signs(_mm256_loadu_si256((const __m256i *)(a->qs + 64)), p->sw, p->lw);
@@ -79,7 +73,7 @@ static inline AI T2 void prep_s(const block_iq3_s *a, sb_prep *p) {
     const __m256i s4 = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)tl_ld32(a->scales)),
                                                           _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
                                         _mm256_set1_epi32(0xF));
-    _mm256_storeu_si256((__m256i *)p->lw, ls_pairs(s4));
+    _mm256_storeu_si256((__m256i *)p->lw, tl_iq_ls_pairs(s4));
     const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384,
                                           (short)32768);
     UNROLL for (int h = 0; h < 4; h++) {
