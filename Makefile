@@ -110,11 +110,11 @@ test test-asan: export TINYLOOP_BACKEND ?= cpu
 # make test: every test (C, CLI, the equivalence tests again in each lossy KV mode, Lua specs,
 # nginx, the GPU tests on the emulation), one summary line.
 test: deps all $(TESTS) $(EMU_TESTS)
-	@sh tests/run.sh build/tests $(TESTS) $(EMU_TESTS) tests/cli/test_cli.sh tests/kv_modes.sh tests/kv_tiers.sh tests/spec/run.sh tests/integration/run.sh
+	@sh tests/run.sh build/tests $(EMU_TESTS) $(TESTS) tests/cli/test_cli.sh tests/kv_modes.sh tests/kv_tiers.sh tests/spec/run.sh tests/integration/run.sh
 
 test-asan: deps-check build/libtinyloop-asan.a $(ASAN_TESTS) $(EMU_ASAN_TESTS)
 	@ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-	  TL_TEST_QUICK=1 sh tests/run.sh build/tests-asan $(ASAN_TESTS) $(EMU_ASAN_TESTS)
+	  TL_TEST_QUICK=1 sh tests/run.sh build/tests-asan $(EMU_ASAN_TESTS) $(ASAN_TESTS)
 
 # make test-long: the cache property test at 1,000,000 random operations
 # (make test runs 100,000), plain and under ASan/UBSan.

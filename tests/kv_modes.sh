@@ -9,8 +9,8 @@
 # TL_KV_TEST_DIR: the test binaries (build/tests, or build/tests-asan).
 dir=${TL_KV_TEST_DIR:-build/tests}
 here=$(dirname "$0")
-bins="test_model test_cache test_engine test_beam test_pool_fixes test_admission test_growth test_resume_sched
-      test_backend test_engine_msgs test_kv_modes test_window_trim"
+bins="test_model test_kv_modes test_window_trim test_resume_sched test_cache test_engine test_beam test_pool_fixes
+      test_admission test_growth test_backend test_engine_msgs"
 total_p=0; total_f=0
 for mode in TINYLOOP_KV_INT8=1 TINYLOOP_KV_INT4=1 TINYLOOP_KV_H_MODE=1 TINYLOOP_KV_INT8=1,TINYLOOP_KV_H_MODE=1 \
             TINYLOOP_KV_INT4=1,TINYLOOP_KV_H_MODE=1; do
