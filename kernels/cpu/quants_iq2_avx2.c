@@ -154,6 +154,7 @@ static inline AI T2 void mk_rows(int kind, int R, int pf, int64_t n, float *out,
             if (kind != XXS) sb[k] = scale_bytes(row[k] + (size_t)i * bw + sof);
             prep(kind, row[k] + (size_t)i * bw, &p[k]);
         }
+        TL_IN_MEMORY(p);
         UNROLL for (int ib = 0; ib < 8; ib++) {
             const __m256i yv = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib)), ay = _mm256_abs_epi8(yv);
             UNROLL4 for (int k = 0; k < R; k++)
@@ -181,6 +182,7 @@ static inline AI T2 void mk_tokens8(int kind, int64_t n, float *out, size_t ldo,
         const __m256i sb = kind == XXS ? _mm256_setzero_si256() : scale_bytes(a + sof);
         iq2_prep p;
         prep(kind, a, &p);
+        TL_IN_MEMORY(&p);
         __m256i acc[8];
         UNROLL for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_si256();
         for (int ib = 0; ib < 8; ib++) {
@@ -240,6 +242,7 @@ static inline AI T2 void unpack_iq2(int kind, const uint8_t *a, uint64_t v[32], 
     const __m256i sb = kind == XXS ? _mm256_setzero_si256() : scale_bytes(a + sof);
     iq2_prep p;
     prep(kind, a, &p);
+    TL_IN_MEMORY(&p);
     UNROLL for (int ib = 0; ib < 8; ib++) {
         const sub32 r = decode(kind, a, ib, sb, &p);
         _mm256_storeu_si256((__m256i *)(v + 4 * ib), r.q);
