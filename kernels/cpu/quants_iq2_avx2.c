@@ -33,16 +33,11 @@
 #define UNROLL _Pragma("GCC unroll 8")
 #define UNROLL4 _Pragma("GCC unroll 4")
 
+#include "avx2_bytes.h"
+
 /* Four table entries, entry i0 in bytes 0..7. */
 static inline AI T2 __m256i gather4(const uint64_t *tab, unsigned i0, unsigned i1, unsigned i2, unsigned i3) {
     return _mm256_set_epi64x((long long)tab[i3], (long long)tab[i2], (long long)tab[i1], (long long)tab[i0]);
-}
-
-/* Byte k = 0xFF where bit k of the 32-bit word is set, else 0 (iq2_s's explicit signs). */
-static inline AI T2 __m256i bits32(uint32_t x) {
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-    const __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
-    return _mm256_cmpeq_epi8(_mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi64x(-1));
 }
 
 /* iq2_xs / iq2_s: a block's 16 half-sub-block scales 2s + 1 as bytes (the
@@ -111,18 +106,18 @@ static inline AI T2 sub32 decode(int kind, const uint8_t *a, int ib, __m256i sb,
     if (kind == XXS) {
         const uint8_t *g = a + 2 + 8 * ib;
         const __m256i mags = gather4(tl_iq2xxs_grid, g[0], g[1], g[2], g[3]);
-        r.q = _mm256_sign_epi8(mags, _mm256_or_si256(bits32(p->sw[ib]), one));
+        r.q = _mm256_sign_epi8(mags, _mm256_or_si256(bit_masks32(p->sw[ib]), one));
         r.sc = _mm256_set1_epi32((int)p->lw[ib]);
     } else if (kind == XS) {
         const uint64_t q = tl_ld64(a + 2 + 8 * ib);
         const __m256i mags = gather4(tl_iq2xs_grid, q & 511, q >> 16 & 511, q >> 32 & 511, q >> 48 & 511);
-        r.q = _mm256_sign_epi8(mags, _mm256_or_si256(bits32(p->sw[ib]), one));
+        r.q = _mm256_sign_epi8(mags, _mm256_or_si256(bit_masks32(p->sw[ib]), one));
         r.sc = half_scales(sb, ib);
     } else {
         const uint32_t w = tl_ld32(a + offsetof(block_iq2_s, qs) + 4 * ib), h = a[offsetof(block_iq2_s, qh) + ib];
         const __m256i mags = gather4(tl_iq2s_grid, (w & 255) | (h << 8 & 0x300), (w >> 8 & 255) | (h << 6 & 0x300),
                                      (w >> 16 & 255) | (h << 4 & 0x300), (w >> 24) | (h << 2 & 0x300));
-        const __m256i neg = bits32(tl_ld32(a + offsetof(block_iq2_s, qs) + 32 + 4 * ib));
+        const __m256i neg = bits32(a + offsetof(block_iq2_s, qs) + 32 + 4 * ib);
         r.q = _mm256_sign_epi8(mags, _mm256_or_si256(neg, one));
         r.sc = half_scales(sb, ib);
     }

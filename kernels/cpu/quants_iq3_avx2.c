@@ -35,6 +35,9 @@
 #define T2 __attribute__((target("avx2,fma,f16c")))
 #define AI __attribute__((always_inline))
 #define UNROLL _Pragma("GCC unroll 8")
+
+#include "avx2_bytes.h"
+
 /* Tokens a micro-tile: one decode of a weight sub-block serves them all
  * (16-token tiles ran 2.7x as fast as one token at a time; 8 ran 1.3x
  * faster again but leaves up to 7 tokens to the 1-token tail) */
@@ -89,11 +92,7 @@ static inline AI T2 void prep_s(const block_iq3_s *a, sb_prep *p) {
 /* Sub-block ib of a prepared row: the 8 entries' levels, its sign bytes
  * (0xFF: negative) and its ls pairs. */
 static inline AI T2 __m256i levels(const uint32_t *grid, const sb_prep *p, int ib, __m256i *sgn, __m256i *ls) {
-    const __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32((int)p->sw[ib]),
-                                             _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                               0x0101010101010101, 0));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    *sgn = _mm256_cmpeq_epi8(_mm256_and_si256(bits, bit), bit);
+    *sgn = bit_masks32(p->sw[ib]);
     *ls = _mm256_set1_epi32((int)p->lw[ib]);
     const uint16_t *ix = p->ix + 8 * ib;
     return _mm256_setr_epi32((int)grid[ix[0]], (int)grid[ix[1]], (int)grid[ix[2]], (int)grid[ix[3]], (int)grid[ix[4]],
