@@ -265,7 +265,7 @@ typedef struct tl_kernel_table {
     void (*axpy_rows_multi_f16)(int nq, float *const *y, const float *const *a, const uint16_t *x, size_t ldx,
                                 int rows, int64_t n);
     /* Prefill scores from K rows transposed into 16-row panels, bitwise the
-     * level's dot_rows_f32 (attn_avx512.c); NULL where a level has none.
+     * level's dot_rows_f32 (attn_avx2.c, attn_avx512.c); NULL where a level has none.
      * A level that replaces dot_rows_f32 without them drops them (dispatch.c). */
     void (*k_panels_f32)(const float *k, size_t ldk, int rows, int64_t n, float *kp);
     void (*k_panels_f16)(const uint16_t *k, size_t ldk, int rows, int64_t n, float *kp);
@@ -299,6 +299,9 @@ void tl_gemm_fill_avx2(tl_kernel_table *t);
  * is bitwise with (the scalar reference's sums; called by tl_kernels_fill_avx2). */
 void tl_gemm_k_fill_avx2(tl_kernel_table *t);
 void tl_gemm_iq_fill_avx2(tl_kernel_table *t);
+/* attn_avx2.c: prefill scores through K panels, bitwise the level's
+ * dot_rows_f32 (called by tl_kernels_fill_avx2). */
+void tl_attn_fill_avx2(tl_kernel_table *t);
 /* quants_extra_avx2.c: q2_K/q3_K/iq4_nl one-row dots (called by tl_kernels_fill_avx2). */
 void tl_extra_fill_avx2(tl_kernel_table *t);
 /* A prepared activation row of nb blocks (tl_gemm_prepare, both GEMM
