@@ -138,43 +138,41 @@ static T2 void axpy_rows_f32_avx2(float *y, const float *a, const float *x, size
     axpy_rows_inl(0, y, a, x, ldx, rows, n);
 }
 
-/* axpy_rows_inl for nq queries (their y distinct), two at a time sharing
- * each row load: per query and lane the same FMAs in the same order, so
- * bitwise one call per query. Prefill's V sums at 4,096 tokens (110M,
- * f16 cache, one thread) had loaded every row once per query, 1.25 loads
- * per FMA. */
+/* axpy_rows_inl for Q queries at once (their y distinct), sharing each
+ * row load: per query and lane the same FMAs in the same order, so
+ * bitwise one call per query. */
+static inline __attribute__((always_inline)) T2 void axpy_rows_q(int Q, int f16, float *const *y, const float *const *a,
+                                                                 const void *x, size_t ldx, int rows, int64_t n) {
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 u[3][4];
+        _Pragma("GCC unroll 3") for (int k = 0; k < Q; k++)
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) u[k][c] = _mm256_loadu_ps(y[k] + i + 8 * c);
+        for (int r = 0; r < rows; r++) {
+            const size_t xr = (size_t)r * ldx + (size_t)i;
+            __m256 va[3];
+            _Pragma("GCC unroll 3") for (int k = 0; k < Q; k++) va[k] = _mm256_set1_ps(a[k][r]);
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
+                const __m256 xv = ld8(f16, x, xr + 8 * (size_t)c);
+                _Pragma("GCC unroll 3") for (int k = 0; k < Q; k++) u[k][c] = _mm256_fmadd_ps(va[k], xv, u[k][c]);
+            }
+        }
+        _Pragma("GCC unroll 3") for (int k = 0; k < Q; k++)
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) _mm256_storeu_ps(y[k] + i + 8 * c, u[k][c]);
+    }
+    _Pragma("GCC unroll 3") for (int k = 0; k < Q; k++) axpy_rows_tail(f16, y[k], a[k], x, ldx, rows, i, n);
+}
+
+/* nq queries three at a time (12 accumulators: with 8, two queries a
+ * pass, the FMA chains left the pipes idle; one query a pass loaded
+ * every row once per query, 1.25 loads per FMA). */
 static inline __attribute__((always_inline)) T2 void axpy_rows_multi_inl(int f16, int nq, float *const *y,
                                                                          const float *const *a, const void *x,
                                                                          size_t ldx, int rows, int64_t n) {
     int q = 0;
-    for (; q + 2 <= nq; q += 2) {
-        float *ya = y[q], *yb = y[q + 1];
-        const float *aa = a[q], *ab = a[q + 1];
-        int64_t i = 0;
-        for (; i + 32 <= n; i += 32) {
-            __m256 u[4], w[4];
-            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
-                u[c] = _mm256_loadu_ps(ya + i + 8 * c);
-                w[c] = _mm256_loadu_ps(yb + i + 8 * c);
-            }
-            for (int r = 0; r < rows; r++) {
-                const size_t xr = (size_t)r * ldx + (size_t)i;
-                const __m256 va = _mm256_set1_ps(aa[r]), vb = _mm256_set1_ps(ab[r]);
-                _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
-                    const __m256 xv = ld8(f16, x, xr + 8 * (size_t)c);
-                    u[c] = _mm256_fmadd_ps(va, xv, u[c]);
-                    w[c] = _mm256_fmadd_ps(vb, xv, w[c]);
-                }
-            }
-            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
-                _mm256_storeu_ps(ya + i + 8 * c, u[c]);
-                _mm256_storeu_ps(yb + i + 8 * c, w[c]);
-            }
-        }
-        axpy_rows_tail(f16, ya, aa, x, ldx, rows, i, n);
-        axpy_rows_tail(f16, yb, ab, x, ldx, rows, i, n);
-    }
-    if (q < nq) axpy_rows_inl(f16, y[q], a[q], x, ldx, rows, n);
+    for (; q + 3 <= nq; q += 3) axpy_rows_q(3, f16, y + q, a + q, x, ldx, rows, n);
+    if (nq - q == 2) axpy_rows_q(2, f16, y + q, a + q, x, ldx, rows, n);
+    if (nq - q == 1) axpy_rows_inl(f16, y[q], a[q], x, ldx, rows, n);
 }
 
 static T2 void axpy_rows_multi_f32_avx2(int nq, float *const *y, const float *const *a, const float *x, size_t ldx,
