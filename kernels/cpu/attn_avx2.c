@@ -128,8 +128,9 @@ static inline AI T2 void panel_q(int Q, int H, const float *const *q, const floa
     UNROLL for (int i = 0; i < Q; i++) {
         float cell[16];
         for (int h = 0; h < H; h++) {
-            const __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0][i][h], v[4][i][h]), _mm256_add_ps(v[2][i][h], v[6][i][h])),
-                                           _mm256_add_ps(_mm256_add_ps(v[1][i][h], v[5][i][h]), _mm256_add_ps(v[3][i][h], v[7][i][h])));
+            const __m256 e = _mm256_add_ps(_mm256_add_ps(v[0][i][h], v[4][i][h]), _mm256_add_ps(v[2][i][h], v[6][i][h]));
+            const __m256 f = _mm256_add_ps(_mm256_add_ps(v[1][i][h], v[5][i][h]), _mm256_add_ps(v[3][i][h], v[7][i][h]));
+            const __m256 s = _mm256_add_ps(e, f);
             _mm256_storeu_ps(cell + 8 * h, _mm256_mul_ps(s, sc));
         }
         if (nr == 16) {
