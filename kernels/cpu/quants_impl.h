@@ -254,7 +254,7 @@ typedef struct tl_kernel_table {
     void (*axpy_rows_f32)(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n);
     /* Attention: softmax (a level's own numerics, within 1e-6 of the scalar
      * level's), and axpy_rows_f32 for several queries, bitwise one
-     * axpy_rows_f32 call per query (attn_avx512.c; dispatch.c's generic
+     * axpy_rows_f32 call per query (quants_avx2.c, attn_avx512.c; dispatch.c's generic
      * loop where a level replaced axpy_rows_f32 without it). */
     void (*softmax_f32)(float *x, int64_t n, float scale);
     void (*axpy_rows_multi_f32)(int nq, float *const *y, const float *const *a, const float *x, size_t ldx, int rows,
