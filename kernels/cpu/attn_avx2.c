@@ -123,7 +123,7 @@ static inline AI T2 void panel_q(int Q, int H, const float *const *q, const floa
         UNROLL for (int i = 0; i < Q; i++)
             for (int h = 0; h < H; h++) v[L][i][h] = a[i][h];
     }
-    __asm__ volatile("" : : "r"(v) : "memory");
+    TL_IN_MEMORY(v);
     const __m256 sc = _mm256_set1_ps(scale);
     UNROLL for (int i = 0; i < Q; i++) {
         float cell[16];

@@ -100,13 +100,6 @@ static inline TL_AVX2_AI __m256i tl_iq_ls_pairs(__m256i s4) {
     return _mm256_or_si256(ls, _mm256_slli_epi32(ls, 16));
 }
 
-/* Keeps a block's prepared words (stored by vector ops, read one at a
- * time) in memory: left to itself GCC forwards the stores in registers and
- * takes each word out by vpsrldq + vpbroadcastd, with spills of the
- * registers it holds them in (iq2_xxs decode: a tenth of its time in
- * vpsrldq), where a broadcast from memory is one load. */
-#define TL_IN_MEMORY(p) __asm__ volatile("" : : "r"(p) : "memory")
-
 /* The 8 sign-and-scale words of an iq2_xxs / iq3_xxs super-block (four
  * 7-bit sign indices, then a 4-bit s at bits 28..31): sw[ib] the sub-block's
  * 32 sign bits (byte l: index l and its parity bit), lw[ib] its ls = 2s + 1

@@ -98,7 +98,7 @@ static inline __attribute__((always_inline)) T2 __m256 ld8(int f16, const void *
     return f16 ? LDH((const uint16_t *)x + i) : _mm256_loadu_ps((const float *)x + i);
 }
 
-/* Elements [i, n) of axpy_rows_inl: row by row, 8 lanes then scalar. */
+/* Elements [i, n) of axpy_rows_q: row by row, 8 lanes then scalar. */
 static inline __attribute__((always_inline)) T2 void axpy_rows_tail(int f16, float *y, const float *a, const void *x,
                                                                     size_t ldx, int rows, int64_t i, int64_t n) {
     for (int r = 0; i < n && r < rows; r++) {
@@ -108,39 +108,12 @@ static inline __attribute__((always_inline)) T2 void axpy_rows_tail(int f16, flo
     }
 }
 
-/* y += a[r] * x_r for r in order: per lane the same FMAs in the same order
- * as separate tl_axpy_f32 calls, with y kept in registers across rows. The
- * f16 rows (attention reading f16 V in place) go through the same FMAs on
- * the widened values, so they are bitwise the f32 rows widened first. */
-static inline __attribute__((always_inline)) T2 void axpy_rows_inl(int f16, float *y, const float *a, const void *x,
-                                                                   size_t ldx, int rows, int64_t n) {
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m256 y0 = _mm256_loadu_ps(y + i), y1 = _mm256_loadu_ps(y + i + 8);
-        __m256 y2 = _mm256_loadu_ps(y + i + 16), y3 = _mm256_loadu_ps(y + i + 24);
-        for (int r = 0; r < rows; r++) {
-            const size_t xr = (size_t)r * ldx + (size_t)i;
-            const __m256 va = _mm256_set1_ps(a[r]);
-            y0 = _mm256_fmadd_ps(va, ld8(f16, x, xr), y0);
-            y1 = _mm256_fmadd_ps(va, ld8(f16, x, xr + 8), y1);
-            y2 = _mm256_fmadd_ps(va, ld8(f16, x, xr + 16), y2);
-            y3 = _mm256_fmadd_ps(va, ld8(f16, x, xr + 24), y3);
-        }
-        _mm256_storeu_ps(y + i, y0);
-        _mm256_storeu_ps(y + i + 8, y1);
-        _mm256_storeu_ps(y + i + 16, y2);
-        _mm256_storeu_ps(y + i + 24, y3);
-    }
-    axpy_rows_tail(f16, y, a, x, ldx, rows, i, n);
-}
-
-static T2 void axpy_rows_f32_avx2(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n) {
-    axpy_rows_inl(0, y, a, x, ldx, rows, n);
-}
-
-/* axpy_rows_inl for Q queries at once (their y distinct), sharing each
- * row load: per query and lane the same FMAs in the same order, so
- * bitwise one call per query. */
+/* y[k] += a[k][r] * x_r for r in order, for Q queries at once (Q <= 3,
+ * their y distinct), sharing each row load: per query and lane the same
+ * FMAs in the same order as separate tl_axpy_f32 calls, with y kept in
+ * registers across rows, so bitwise one call per query and row. The f16
+ * rows (attention reading f16 V in place) go through the same FMAs on the
+ * widened values, so they are bitwise the f32 rows widened first. */
 static inline __attribute__((always_inline)) T2 void axpy_rows_q(int Q, int f16, float *const *y, const float *const *a,
                                                                  const void *x, size_t ldx, int rows, int64_t n) {
     int64_t i = 0;
@@ -163,6 +136,10 @@ static inline __attribute__((always_inline)) T2 void axpy_rows_q(int Q, int f16,
     _Pragma("GCC unroll 3") for (int k = 0; k < Q; k++) axpy_rows_tail(f16, y[k], a[k], x, ldx, rows, i, n);
 }
 
+static T2 void axpy_rows_f32_avx2(float *y, const float *a, const float *x, size_t ldx, int rows, int64_t n) {
+    axpy_rows_q(1, 0, &y, &a, x, ldx, rows, n);
+}
+
 /* nq queries three at a time (12 accumulators: with 8, two queries a
  * pass, the FMA chains left the pipes idle; one query a pass loaded
  * every row once per query, 1.25 loads per FMA). */
@@ -172,7 +149,7 @@ static inline __attribute__((always_inline)) T2 void axpy_rows_multi_inl(int f16
     int q = 0;
     for (; q + 3 <= nq; q += 3) axpy_rows_q(3, f16, y + q, a + q, x, ldx, rows, n);
     if (nq - q == 2) axpy_rows_q(2, f16, y + q, a + q, x, ldx, rows, n);
-    if (nq - q == 1) axpy_rows_inl(f16, y[q], a[q], x, ldx, rows, n);
+    if (nq - q == 1) axpy_rows_q(1, f16, y + q, a + q, x, ldx, rows, n);
 }
 
 static T2 void axpy_rows_multi_f32_avx2(int nq, float *const *y, const float *const *a, const float *x, size_t ldx,

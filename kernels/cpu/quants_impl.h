@@ -156,6 +156,13 @@ static inline uint16_t tl_ld16(const void *p) {
     return v;
 }
 
+/* Keeps an array the kernels stored by vector ops in memory, to be read
+ * back by loads: left to itself GCC forwards such stores in registers and
+ * takes the parts out by shuffles, with spills (iq2_xxs decode: a tenth of
+ * its time in vpsrldq for a block's prepared words, where a broadcast from
+ * memory is one load; attn_avx2.c's lane sums). */
+#define TL_IN_MEMORY(p) __asm__ volatile("" : : "r"(p) : "memory")
+
 static inline uint32_t tl_ld32(const void *p) {
     uint32_t v;
     memcpy(&v, p, 4);
